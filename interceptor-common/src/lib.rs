@@ -1,0 +1,48 @@
+//! The contract between the eBPF programs and the userspace loader: map and program names, and
+//! the `#[repr(C)]` types stored in the maps. `no_std` so both sides compile the same bytes.
+//!
+//! Layout rules: every type is `Copy`, has no implicit padding (explicit `_pad` fields) and uses
+//! `u32` flags rather than `bool`. Fields in network byte order end in `_be`.
+#![no_std]
+
+pub mod counters;
+pub mod names;
+pub mod pod;
+pub mod socket;
+
+pub use counters::{Decision, PodCounters};
+pub use pod::{LocalAddrKey, PodConfig, PortBitmap, SUBNET_KEY_FIXED_BITS, SubnetKey};
+pub use socket::{OrigDst, PendingKey, PendingOrigDst};
+
+/// The most pods one node attachment serves. Bounds the per-CPU counter array (one slot per pod)
+/// and the pod configuration map.
+pub const MAX_PODS: u32 = 1024;
+
+/// Addresses per pod remembered as "the pod's own" (outbound rule 3).
+pub const MAX_LOCAL_ADDRS_PER_POD: u32 = 16;
+
+/// Subnet rules (CIDRs) per node, across pods and directions.
+pub const MAX_SUBNET_RULES: u32 = 16 * 1024;
+
+/// Default capacity of the map of original destinations waiting for the proxy to read them.
+/// Entries are removed when the proxy reads them; entries never read are evicted
+/// least-recently-used first once the map is full.
+pub const DEFAULT_PENDING_ORIG_DST_CAPACITY: u32 = 64 * 1024;
+
+/// `getsockopt(SOL_IP, SO_ORIGINAL_DST)` from `<linux/netfilter_ipv4.h>`.
+pub const SO_ORIGINAL_DST: i32 = 80;
+pub const SOL_IP: i32 = 0;
+
+#[cfg(feature = "user")]
+mod user {
+    use super::*;
+
+    // SAFETY: all of these are `#[repr(C)]`, `Copy`, and have no padding (asserted in their
+    // modules), so any byte pattern is a valid value.
+    unsafe impl aya::Pod for PodConfig {}
+    unsafe impl aya::Pod for LocalAddrKey {}
+    unsafe impl aya::Pod for SubnetKey {}
+    unsafe impl aya::Pod for PodCounters {}
+    unsafe impl aya::Pod for PendingKey {}
+    unsafe impl aya::Pod for PendingOrigDst {}
+}

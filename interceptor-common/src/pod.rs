@@ -1,0 +1,87 @@
+//! Per-pod configuration, keyed by the pod's network namespace cookie.
+
+/// One bit per TCP port: membership is a single load whatever the number of ports or ranges, so
+/// the per-connection cost does not grow with the ignore lists.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PortBitmap {
+    pub bits: [u8; 8192],
+}
+
+impl PortBitmap {
+    pub const EMPTY: Self = Self { bits: [0; 8192] };
+
+    #[inline(always)]
+    pub fn contains(&self, port: u16) -> bool {
+        // `port >> 3` is at most 8191, so the verifier can prove the index in bounds.
+        self.bits[(port >> 3) as usize] & (1 << (port & 7)) != 0
+    }
+
+    pub fn insert(&mut self, port: u16) {
+        self.bits[(port >> 3) as usize] |= 1 << (port & 7);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bits.iter().all(|b| *b == 0)
+    }
+}
+
+/// `PodConfig::flags` bits.
+pub mod flags {
+    /// `proxy_uid` is set: connections by that UID are never redirected.
+    pub const HAS_PROXY_UID: u32 = 1 << 0;
+    /// `proxy_gid` is set: connections by that GID are never redirected.
+    pub const HAS_PROXY_GID: u32 = 1 << 1;
+    /// The pod has outbound subnets to ignore: consult the subnet trie.
+    pub const HAS_OUTBOUND_SUBNETS: u32 = 1 << 2;
+}
+
+/// How one pod is intercepted. Written by userspace, read on every connect in the pod.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PodConfig {
+    /// Index of this pod's counters in the per-CPU counter array.
+    pub slot: u32,
+    /// `flags::*` bits.
+    pub flags: u32,
+    pub proxy_uid: u32,
+    pub proxy_gid: u32,
+    /// Port (host order) the proxy's outbound listener uses on 127.0.0.1.
+    pub outbound_port: u16,
+    /// Port (host order) of the proxy's inbound listener.
+    pub inbound_port: u16,
+    pub _pad: u32,
+    pub outbound_ignore_ports: PortBitmap,
+}
+
+/// Key of the pod-local address set: (pod, IPv4 address).
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct LocalAddrKey {
+    pub netns_cookie: u64,
+    pub ip4_be: u32,
+    pub _pad: u32,
+}
+
+/// Direction of a subnet rule in [`SubnetKey`].
+pub mod direction {
+    pub const OUTBOUND: u32 = 1;
+    pub const INBOUND: u32 = 2;
+}
+
+/// The data part of an LPM trie key: the pod and direction are always matched in full (their 96
+/// bits come first), then the first `prefix_len - SUBNET_KEY_FIXED_BITS` bits of the address.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct SubnetKey {
+    pub netns_cookie: u64,
+    pub direction: u32,
+    pub ip4_be: u32,
+}
+
+/// Bits of [`SubnetKey`] that precede the address.
+pub const SUBNET_KEY_FIXED_BITS: u32 = 96;
+
+const _: () = assert!(core::mem::size_of::<PodConfig>() == 24 + 8192);
+const _: () = assert!(core::mem::size_of::<LocalAddrKey>() == 16);
+const _: () = assert!(core::mem::size_of::<SubnetKey>() == 16);

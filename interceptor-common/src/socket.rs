@@ -1,0 +1,49 @@
+//! Per-connection state that lets the proxy's `getsockopt(SO_ORIGINAL_DST)` answer.
+//!
+//! 1. connect4 stores [`OrigDst`] in the app socket's socket storage when it redirects it.
+//! 2. sock_ops, when that socket is established (its source port is now known), copies it into
+//!    the pending map under the connection's 4-tuple as the proxy will see it ([`PendingKey`]).
+//! 3. getsockopt on the proxy's accepted socket finds it by (netns, peer address, peer port),
+//!    checks it belongs to this very connection (initial sequence number), moves it into the
+//!    proxy socket's own storage (so later calls keep answering) and deletes the pending entry.
+
+/// An original destination, as stored on a socket.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct OrigDst {
+    /// The pod the socket lives in (netns cookie), recorded by connect4 so sock_ops need not
+    /// look it up again.
+    pub netns_cookie: u64,
+    pub ip4_be: u32,
+    pub port_be: u16,
+    pub _pad: u16,
+}
+
+/// The redirected connection as the proxy's accepted socket sees its peer.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct PendingKey {
+    pub netns_cookie: u64,
+    /// The app socket's local address, i.e. the proxy socket's peer address.
+    pub client_ip4_be: u32,
+    /// The app socket's local port (host order).
+    pub client_port: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct PendingOrigDst {
+    pub ip4_be: u32,
+    pub port_be: u16,
+    pub _pad: u16,
+    /// The proxy side's initial sequence number + 1, as the app socket saw it in the SYN-ACK
+    /// (`rcv_nxt` when established). The proxy's socket derives the same number from
+    /// `snd_una - bytes_acked`; a mismatch means the entry is from an earlier connection that
+    /// reused this 4-tuple and was never read, and it must not answer for this one.
+    pub server_isn_next: u32,
+    pub _pad2: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<OrigDst>() == 16);
+const _: () = assert!(core::mem::size_of::<PendingKey>() == 16);
+const _: () = assert!(core::mem::size_of::<PendingOrigDst>() == 16);

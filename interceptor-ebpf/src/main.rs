@@ -1,0 +1,21 @@
+//! The kernel side of interception: programs attached once per node to a cgroup v2 directory,
+//! acting only on sockets whose network namespace is registered in `ICPT_PODS`.
+//!
+//! Nothing here logs per connection: decisions are counted in a per-CPU array instead.
+#![no_std]
+#![no_main]
+
+mod maps;
+mod orig_dst;
+mod outbound;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // eBPF code cannot panic at run time: the verifier rejects any path that reaches here.
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

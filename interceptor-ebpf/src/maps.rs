@@ -1,0 +1,51 @@
+//! Every map of the object. Names come from `interceptor_common::names` (the `name` arguments
+//! must be literals, so the loader checks they match at load time).
+use aya_ebpf::{
+    btf_maps::SkStorage,
+    macros::{btf_map, map},
+    maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray},
+};
+use interceptor_common::{
+    LocalAddrKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS, MAX_SUBNET_RULES, OrigDst, PendingKey,
+    PendingOrigDst, PodConfig, PodCounters, SubnetKey, DEFAULT_PENDING_ORIG_DST_CAPACITY,
+    counters::Decision,
+};
+
+/// Not preallocated: a `PodConfig` is 8 KiB and most nodes run far fewer than `MAX_PODS` pods.
+#[map(name = "ICPT_PODS")]
+pub static PODS: HashMap<u64, PodConfig> =
+    HashMap::with_max_entries(MAX_PODS, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+
+#[map(name = "ICPT_LOCAL_ADDRS")]
+pub static LOCAL_ADDRS: HashMap<LocalAddrKey, u8> =
+    HashMap::with_max_entries(MAX_PODS * MAX_LOCAL_ADDRS_PER_POD, 0);
+
+#[map(name = "ICPT_SUBNETS")]
+pub static SUBNETS: LpmTrie<SubnetKey, u8> = LpmTrie::with_max_entries(MAX_SUBNET_RULES, 0);
+
+#[map(name = "ICPT_COUNTERS")]
+pub static COUNTERS: PerCpuArray<PodCounters> = PerCpuArray::with_max_entries(MAX_PODS, 0);
+
+/// Userspace may resize it at load time (`--orig-dst-capacity`).
+#[map(name = "ICPT_PENDING")]
+pub static PENDING: LruHashMap<PendingKey, PendingOrigDst> =
+    LruHashMap::with_max_entries(DEFAULT_PENDING_ORIG_DST_CAPACITY, 0);
+
+/// Socket-local storage lives and dies with its socket: no cleanup, no growth.
+#[btf_map(name = "ICPT_SK_ORIG")]
+pub static SK_ORIG: SkStorage<OrigDst> = SkStorage::new();
+
+/// The raw map pointer the socket-storage helpers take; aya's `SkStorage` only wraps them for
+/// sock_addr contexts, and sock_ops and sockopt programs need them too.
+#[inline(always)]
+pub fn sk_orig_map() -> *mut core::ffi::c_void {
+    core::ptr::from_ref(&SK_ORIG).cast_mut().cast()
+}
+
+#[inline(always)]
+pub fn count(slot: u32, decision: Decision) {
+    if let Some(counters) = COUNTERS.get_ptr_mut(slot) {
+        // Per-CPU value: no other CPU writes it, so a plain increment is exact.
+        unsafe { (*counters).values[decision as usize] += 1 };
+    }
+}

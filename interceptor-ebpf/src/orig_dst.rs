@@ -1,0 +1,136 @@
+//! Answering `getsockopt(SOL_IP, SO_ORIGINAL_DST)` without conntrack: `sock_ops` indexes each
+//! redirected connection by the 4-tuple the proxy will see, and `cgroup/getsockopt` answers from
+//! that index. See `interceptor_common::socket` for the whole life of an entry.
+use aya_ebpf::{
+    bindings::{bpf_sock, bpf_sockopt, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB},
+    helpers::generated::{bpf_get_netns_cookie, bpf_sk_storage_get, bpf_tcp_sock},
+    macros::{cgroup_sockopt, sock_ops},
+    programs::{SockOpsContext, SockoptContext},
+    EbpfContext as _,
+};
+use interceptor_common::{
+    counters::Decision, OrigDst, PendingKey, PendingOrigDst, SOL_IP, SO_ORIGINAL_DST,
+};
+
+use crate::maps::{count, sk_orig_map, PENDING, PODS};
+
+const AF_INET: u16 = 2;
+const SOCKADDR_IN_LEN: usize = 16;
+const BPF_SK_STORAGE_GET_F_CREATE: u64 = 1;
+
+/// Runs for every TCP callback of every socket under the cgroup (about nine per connection, for
+/// both ends): everything but "an app socket finished connecting" returns at the first compare.
+#[sock_ops]
+pub fn icpt_sockops(ctx: SockOpsContext) -> u32 {
+    if ctx.op() == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB {
+        index_redirected_connection(&ctx);
+    }
+    1
+}
+
+#[inline(always)]
+fn index_redirected_connection(ctx: &SockOpsContext) {
+    let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
+    if sk.is_null() {
+        return;
+    }
+    // Present only on sockets connect4 redirected.
+    let orig = unsafe { bpf_sk_storage_get(sk_orig_map(), sk.cast(), core::ptr::null_mut(), 0) };
+    if orig.is_null() {
+        return;
+    }
+    let orig = unsafe { *orig.cast::<OrigDst>() };
+    let key = PendingKey {
+        netns_cookie: orig.netns_cookie,
+        client_ip4_be: ctx.local_ip4(),
+        client_port: ctx.local_port(),
+    };
+    let pending = PendingOrigDst {
+        ip4_be: orig.ip4_be,
+        port_be: orig.port_be,
+        _pad: 0,
+        server_isn_next: unsafe { (*ctx.ops).rcv_nxt },
+        _pad2: 0,
+    };
+    // On failure the proxy's SO_ORIGINAL_DST fails and it refuses the connection (fails closed).
+    let _ = PENDING.insert(&key, &pending, 0);
+}
+
+/// Runs for every getsockopt under the cgroup: anything but SO_ORIGINAL_DST returns after two
+/// compares with the kernel's own answer untouched.
+#[cgroup_sockopt(getsockopt)]
+pub fn icpt_getsockopt(ctx: SockoptContext) -> i32 {
+    let so = ctx.sockopt;
+    if unsafe { (*so).level } == SOL_IP && unsafe { (*so).optname } == SO_ORIGINAL_DST {
+        serve_orig_dst(&ctx, so);
+    }
+    1
+}
+
+#[inline(always)]
+fn serve_orig_dst(ctx: &SockoptContext, so: *mut bpf_sockopt) {
+    let sk: *mut bpf_sock = unsafe { (*so).__bindgen_anon_1.sk };
+    let map = sk_orig_map();
+    // Answered before on this socket: the proxy may ask more than once.
+    let cached = unsafe { bpf_sk_storage_get(map, sk.cast(), core::ptr::null_mut(), 0) };
+    if !cached.is_null() {
+        let orig = unsafe { *cached.cast::<OrigDst>() };
+        write_sockaddr_in(so, orig.ip4_be, orig.port_be);
+        return;
+    }
+
+    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    let key = PendingKey {
+        netns_cookie,
+        client_ip4_be: unsafe { (*sk).dst_ip4 },
+        client_port: u32::from(u16::from_be(unsafe { (*sk).dst_port })),
+    };
+    let Some(pending) = (unsafe { PENDING.get(&key) }) else {
+        return;
+    };
+    let pending = *pending;
+    let tcp = unsafe { bpf_tcp_sock(sk) };
+    if tcp.is_null() {
+        return;
+    }
+    // snd_una - bytes_acked is this socket's initial sequence number + 1 for its whole life.
+    let isn_next = unsafe { (*tcp).snd_una.wrapping_sub((*tcp).bytes_acked as u32) };
+    if isn_next != pending.server_isn_next {
+        return;
+    }
+    let orig = OrigDst { netns_cookie, ip4_be: pending.ip4_be, port_be: pending.port_be, _pad: 0 };
+    let _ = unsafe {
+        bpf_sk_storage_get(
+            map,
+            sk.cast(),
+            core::ptr::from_ref(&orig).cast_mut().cast(),
+            BPF_SK_STORAGE_GET_F_CREATE,
+        )
+    };
+    let _ = PENDING.remove(&key);
+    write_sockaddr_in(so, orig.ip4_be, orig.port_be);
+    if let Some(pod) = unsafe { PODS.get(&netns_cookie) } {
+        count(pod.slot, Decision::OrigDstServed);
+    }
+}
+
+#[inline(always)]
+fn write_sockaddr_in(so: *mut bpf_sockopt, ip4_be: u32, port_be: u16) {
+    let optval = unsafe { (*so).__bindgen_anon_2.optval } as usize;
+    let optval_end = unsafe { (*so).__bindgen_anon_3.optval_end } as usize;
+    if optval + SOCKADDR_IN_LEN > optval_end {
+        // The caller's buffer is too small for a sockaddr_in: leave the kernel's answer.
+        return;
+    }
+    let sin = optval as *mut u8;
+    unsafe {
+        core::ptr::write_unaligned(sin.cast::<u16>(), AF_INET);
+        core::ptr::write_unaligned(sin.add(2).cast::<u16>(), port_be);
+        core::ptr::write_unaligned(sin.add(4).cast::<u32>(), ip4_be);
+        core::ptr::write_unaligned(sin.add(8).cast::<u64>(), 0);
+        // Separate volatile stores: LLVM merges adjacent 4-byte context stores into one 8-byte
+        // store, which the verifier rejects ("invalid bpf_context access").
+        core::ptr::write_volatile(&raw mut (*so).optlen, SOCKADDR_IN_LEN as i32);
+        core::ptr::write_volatile(&raw mut (*so).retval, 0);
+    }
+}

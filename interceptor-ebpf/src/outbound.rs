@@ -1,0 +1,108 @@
+//! `cgroup/connect4`: the outbound decision (SPEC "Outbound", first match wins) and the rewrite
+//! to the proxy's outbound port.
+use aya_ebpf::{
+    bindings::bpf_sock_addr,
+    helpers::{bpf_get_current_uid_gid, generated::{bpf_get_netns_cookie, bpf_sk_storage_get}},
+    macros::cgroup_sock_addr,
+    maps::lpm_trie::Key,
+    programs::SockAddrContext,
+    EbpfContext as _,
+};
+use interceptor_common::{
+    counters::Decision,
+    pod::{direction, flags},
+    LocalAddrKey, OrigDst, PodConfig, SubnetKey, SUBNET_KEY_FIXED_BITS,
+};
+
+use crate::maps::{count, sk_orig_map, LOCAL_ADDRS, PODS, SUBNETS};
+
+const ALLOW: i32 = 1;
+const IPPROTO_TCP: u32 = 6;
+const LOCALHOST_BE: u32 = u32::from_be_bytes([127, 0, 0, 1]).to_be();
+const BPF_SK_STORAGE_GET_F_CREATE: u64 = 1;
+
+#[cgroup_sock_addr(connect4)]
+pub fn icpt_connect4(ctx: SockAddrContext) -> i32 {
+    try_connect4(&ctx);
+    // Never refuse a connect: a decision either leaves it alone or rewrites it.
+    ALLOW
+}
+
+#[inline(always)]
+fn try_connect4(ctx: &SockAddrContext) {
+    let sa: *mut bpf_sock_addr = ctx.sock_addr;
+    if unsafe { (*sa).protocol } != IPPROTO_TCP {
+        return;
+    }
+    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    // Sockets outside meshed pods: one failed hash lookup, nothing else.
+    let Some(pod) = (unsafe { PODS.get(&netns_cookie) }) else {
+        return;
+    };
+    let dst_ip4_be = unsafe { (*sa).user_ip4 };
+    // user_port holds the port in network order in its low 16 bits.
+    let dst_port_be = unsafe { (*sa).user_port } as u16;
+
+    let decision = decide(pod, netns_cookie, dst_ip4_be, u16::from_be(dst_port_be));
+    if decision != Decision::Redirected {
+        count(pod.slot, decision);
+        return;
+    }
+
+    let orig = OrigDst { netns_cookie, ip4_be: dst_ip4_be, port_be: dst_port_be, _pad: 0 };
+    let sk = unsafe { (*sa).__bindgen_anon_1.sk };
+    let stored = unsafe {
+        bpf_sk_storage_get(
+            sk_orig_map(),
+            sk.cast(),
+            core::ptr::from_ref(&orig).cast_mut().cast(),
+            BPF_SK_STORAGE_GET_F_CREATE,
+        )
+    };
+    if stored.is_null() {
+        // Still redirect: the proxy's SO_ORIGINAL_DST will fail and it refuses the connection,
+        // which fails closed; letting it through would bypass the proxy.
+        count(pod.slot, Decision::OrigDstNotRecorded);
+    } else {
+        // A socket may connect again after a failed attempt: the latest destination wins.
+        unsafe { *stored.cast::<OrigDst>() = orig };
+    }
+    unsafe {
+        (*sa).user_ip4 = LOCALHOST_BE;
+        (*sa).user_port = u32::from(pod.outbound_port.to_be());
+    }
+    count(pod.slot, Decision::Redirected);
+}
+
+#[inline(always)]
+fn decide(pod: &PodConfig, netns_cookie: u64, dst_ip4_be: u32, dst_port: u16) -> Decision {
+    let uid_gid = bpf_get_current_uid_gid();
+    if pod.flags & flags::HAS_PROXY_UID != 0 && uid_gid as u32 == pod.proxy_uid {
+        return Decision::ProxyUid;
+    }
+    if pod.flags & flags::HAS_PROXY_GID != 0 && (uid_gid >> 32) as u32 == pod.proxy_gid {
+        return Decision::ProxyGid;
+    }
+    let dst_ip4 = u32::from_be(dst_ip4_be);
+    // 0.0.0.0 connects to the local host, like 127.0.0.0/8: both are routed over lo.
+    if dst_ip4 >> 24 == 127 || dst_ip4 == 0 {
+        return Decision::Loopback;
+    }
+    let local = LocalAddrKey { netns_cookie, ip4_be: dst_ip4_be, _pad: 0 };
+    if unsafe { LOCAL_ADDRS.get(&local) }.is_some() {
+        return Decision::PodAddress;
+    }
+    if pod.outbound_ignore_ports.contains(dst_port) {
+        return Decision::IgnoredPort;
+    }
+    if pod.flags & flags::HAS_OUTBOUND_SUBNETS != 0 {
+        let key = Key::new(
+            SUBNET_KEY_FIXED_BITS + 32,
+            SubnetKey { netns_cookie, direction: direction::OUTBOUND, ip4_be: dst_ip4_be },
+        );
+        if SUBNETS.get(&key).is_some() {
+            return Decision::IgnoredSubnet;
+        }
+    }
+    Decision::Redirected
+}

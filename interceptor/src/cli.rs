@@ -1,0 +1,176 @@
+//! Command-line shape (SPEC "Command-line shape"); flags compatible with proxy-init.
+use std::path::PathBuf;
+
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use ipnet::IpNet;
+
+use crate::config::{
+    InterceptionConfig, PortRange, PortSet,
+    ports::parse_port,
+    subnets::parse_cidr,
+};
+
+#[derive(Debug, Parser)]
+#[command(name = "interceptor", version, about = "eBPF traffic interception for service-mesh proxies")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+
+    /// Log output format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Plain)]
+    pub log_format: LogFormat,
+
+    /// Log level or tracing filter (e.g. `debug`, `interceptor=trace`).
+    #[arg(long, global = true, default_value = "info")]
+    pub log_level: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Plain,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Mesh one pod: attach, stay in the foreground until SIGINT/SIGTERM, then detach.
+    Run(RunArgs),
+    /// Show what is attached, which pods are served, and their decision counters.
+    Status(StatusArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// cgroup/connect4 + sock_ops + cgroup/getsockopt programs.
+    Ebpf,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub interception: InterceptionArgs,
+
+    /// Interception backend.
+    #[arg(long, value_enum, default_value_t = Mode::Ebpf)]
+    pub mode: Mode,
+
+    /// The pod's network namespace (e.g. /run/netns/NAME or /proc/PID/ns/net).
+    #[arg(long, default_value = "/proc/self/ns/net")]
+    pub netns: PathBuf,
+
+    /// cgroup v2 directory the programs attach to [default: the root of the cgroup2 mount].
+    #[arg(long)]
+    pub cgroup: Option<PathBuf>,
+
+    /// Print what would be done and change nothing.
+    #[arg(long)]
+    pub simulate: bool,
+
+    /// Name of this attachment's state (under /run/interceptor and /sys/fs/bpf/interceptor).
+    #[arg(long, default_value = "default")]
+    pub instance: String,
+
+    /// Original destinations kept for the proxy to read, at most (least recently used evicted).
+    #[arg(long, default_value_t = interceptor_common::DEFAULT_PENDING_ORIG_DST_CAPACITY,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub orig_dst_capacity: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Only this instance.
+    #[arg(long)]
+    pub instance: Option<String>,
+
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The proxy-init flags. List flags take comma-separated values and may be repeated.
+#[derive(Debug, Args)]
+pub struct InterceptionArgs {
+    /// Port of the proxy's inbound listener.
+    #[arg(short = 'p', long, value_parser = parse_port)]
+    pub incoming_proxy_port: u16,
+
+    /// Port of the proxy's outbound listener (on 127.0.0.1).
+    #[arg(short = 'o', long, value_parser = parse_port)]
+    pub outgoing_proxy_port: u16,
+
+    /// Connections opened by this UID are never redirected (ignored when 0).
+    #[arg(short = 'u', long, value_parser = parse_id)]
+    pub proxy_uid: Option<u32>,
+
+    /// Connections opened by this GID are never redirected (ignored when 0).
+    #[arg(short = 'g', long, value_parser = parse_id)]
+    pub proxy_gid: Option<u32>,
+
+    /// Inbound ports and ranges never steered to the proxy (e.g. 4190,4191,25-30).
+    #[arg(long, value_parser = parse_port_list, action = ArgAction::Append)]
+    pub inbound_ports_to_ignore: Vec<PortSet>,
+
+    /// Outbound ports and ranges never redirected to the proxy.
+    #[arg(long, value_parser = parse_port_list, action = ArgAction::Append)]
+    pub outbound_ports_to_ignore: Vec<PortSet>,
+
+    /// If set, only these inbound ports are steered to the proxy.
+    #[arg(short = 'r', long, value_parser = parse_port_only_list, action = ArgAction::Append)]
+    pub ports_to_redirect: Vec<Vec<u16>>,
+
+    /// Inbound connections from these CIDRs are not steered.
+    #[arg(long, value_parser = parse_cidr_list, action = ArgAction::Append)]
+    pub subnets_to_ignore: Vec<Vec<IpNet>>,
+
+    /// Outbound connections to these CIDRs are not redirected (extension to proxy-init).
+    #[arg(long, value_parser = parse_cidr_list, action = ArgAction::Append)]
+    pub outbound_subnets_to_ignore: Vec<Vec<IpNet>>,
+
+    /// Also intercept IPv6 (`--ipv6=false` to turn off, as with proxy-init).
+    #[arg(long, num_args = 0..=1, default_value_t = true, default_missing_value = "true",
+          action = ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    pub ipv6: bool,
+}
+
+impl InterceptionArgs {
+    pub fn into_config(self) -> InterceptionConfig {
+        let positive = |id: Option<u32>| id.filter(|id| *id > 0);
+        InterceptionConfig {
+            incoming_proxy_port: self.incoming_proxy_port,
+            outgoing_proxy_port: self.outgoing_proxy_port,
+            proxy_uid: positive(self.proxy_uid),
+            proxy_gid: positive(self.proxy_gid),
+            inbound_ports_to_ignore: PortSet(self.inbound_ports_to_ignore.into_iter().flat_map(|s| s.0).collect()),
+            outbound_ports_to_ignore: PortSet(self.outbound_ports_to_ignore.into_iter().flat_map(|s| s.0).collect()),
+            ports_to_redirect: self.ports_to_redirect.into_iter().flatten().collect(),
+            subnets_to_ignore: self.subnets_to_ignore.into_iter().flatten().collect(),
+            outbound_subnets_to_ignore: self.outbound_subnets_to_ignore.into_iter().flatten().collect(),
+            ipv6: self.ipv6,
+        }
+    }
+}
+
+fn parse_id(s: &str) -> Result<u32, String> {
+    s.trim().parse().map_err(|_| format!("{s:?} is not a numeric id (0-4294967295)"))
+}
+
+/// Empty entries are skipped (`--inbound-ports-to-ignore ""` is how charts pass "none").
+fn entries(s: &str) -> impl Iterator<Item = &str> {
+    s.split(',').map(str::trim).filter(|e| !e.is_empty())
+}
+
+fn parse_port_list(s: &str) -> Result<PortSet, String> {
+    entries(s).map(str::parse::<PortRange>).collect::<Result<_, _>>().map(PortSet)
+}
+
+fn parse_port_only_list(s: &str) -> Result<Vec<u16>, String> {
+    entries(s).map(parse_port).collect()
+}
+
+fn parse_cidr_list(s: &str) -> Result<Vec<IpNet>, String> {
+    entries(s).map(parse_cidr).collect()
+}
+
+#[cfg(test)]
+#[path = "cli_tests.rs"]
+mod tests;

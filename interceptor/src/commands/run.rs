@@ -1,0 +1,128 @@
+//! `interceptor run`: mesh one pod until SIGINT/SIGTERM.
+use std::{
+    io::Read as _,
+    net::Ipv4Addr,
+    path::PathBuf,
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::Context as _;
+use tokio::{signal::unix::{SignalKind, signal}, sync::mpsc};
+use tracing::{info, warn};
+
+use crate::{
+    cgroup,
+    cli::{Mode, RunArgs},
+    config::InterceptionConfig,
+    ebpf::{EbpfNode, LoadOptions, PodSpec},
+    netns::PodNetns,
+    state::{InstanceLock, InstancePaths, InstanceState, PodState},
+};
+
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let config = args.interception.into_config();
+    let Mode::Ebpf = args.mode;
+    let cgroup = match args.cgroup {
+        Some(path) => path,
+        None => cgroup::cgroup2_root()?,
+    };
+    let paths = InstancePaths::new(&args.instance)?;
+    if config.ipv6 {
+        warn!(
+            "IPv6 connections are NOT intercepted by the eBPF backend yet: only IPv4 goes through \
+             the proxy; pass --ipv6=false to state that this is intended"
+        );
+    }
+    if args.simulate {
+        print_plan(&config, &args.netns, &cgroup, &paths);
+        return Ok(());
+    }
+
+    let netns = PodNetns::open(&args.netns)?;
+    let spec = PodSpec {
+        netns_path: args.netns.clone(),
+        netns_cookie: netns.cookie()?,
+        addresses: netns.ipv4_addresses()?,
+        config,
+    };
+    // Open before attaching: a namespace we cannot watch is an error, not a silent gap.
+    let address_changes = netns.address_changes()?;
+    cgroup::open_cgroup2(&cgroup)?;
+
+    let lock = InstanceLock::acquire(paths)?;
+    let mut node = EbpfNode::load(LoadOptions { orig_dst_capacity: args.orig_dst_capacity })
+        .context("loading the eBPF programs")?;
+    let slot = node.pods().add(&spec).context("registering the pod")?;
+    node.attach(&cgroup).with_context(|| format!("attaching to cgroup {}", cgroup.display()))?;
+    node.pin_maps(&lock.paths().pin_dir)?;
+    let mut state = InstanceState {
+        instance: lock.paths().name.clone(),
+        pid: std::process::id(),
+        backend: "ebpf".into(),
+        cgroup: cgroup.clone(),
+        started_at_unix: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        programs: node.programs(),
+        pods: vec![pod_state(&spec, slot)],
+    };
+    lock.write_state(&state)?;
+    info!(
+        netns = %spec.netns_path.display(),
+        netns_cookie = spec.netns_cookie,
+        cgroup = %cgroup.display(),
+        instance = %lock.paths().name,
+        config = %spec.config,
+        "interception active"
+    );
+
+    let mut changes = watch(address_changes);
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    loop {
+        tokio::select! {
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            Some(()) = changes.recv() => {
+                let addresses = netns.ipv4_addresses()?;
+                info!(netns = %spec.netns_path.display(), ?addresses, "pod addresses changed");
+                node.pods().set_addresses(spec.netns_cookie, &addresses)?;
+                state.pods = vec![pod_state(&PodSpec { addresses, ..spec.clone() }, slot)];
+                lock.write_state(&state)?;
+            }
+        }
+    }
+    info!("detaching");
+    node.pods().remove(spec.netns_cookie)?;
+    drop(node);
+    drop(lock);
+    info!("detached");
+    Ok(())
+}
+
+/// Forwards "something changed" from a blocking netlink socket to the async loop.
+fn watch(fd: std::os::fd::OwnedFd) -> mpsc::UnboundedReceiver<()> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut socket = std::fs::File::from(fd);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 16 * 1024];
+        while socket.read(&mut buf).is_ok_and(|n| n > 0) && tx.send(()).is_ok() {}
+    });
+    rx
+}
+
+fn pod_state(spec: &PodSpec, slot: u32) -> PodState {
+    PodState {
+        netns: spec.netns_path.clone(),
+        netns_cookie: spec.netns_cookie,
+        slot,
+        addresses: spec.addresses.iter().map(Ipv4Addr::to_string).collect(),
+        config: spec.config.summary(),
+    }
+}
+
+fn print_plan(config: &InterceptionConfig, netns: &PathBuf, cgroup: &PathBuf, paths: &InstancePaths) {
+    println!("# simulate: nothing is changed");
+    println!("load eBPF programs: cgroup/connect4, sock_ops, cgroup/getsockopt");
+    println!("attach them to cgroup {}", cgroup.display());
+    println!("register pod {} ({config})", netns.display());
+    println!("pin maps under {}", paths.pin_dir.display());
+}

@@ -1,0 +1,110 @@
+//! `interceptor status`: what is attached, which pods, their counters. Reads the state files and
+//! the pinned maps, so it works from any process.
+use aya::maps::{HashMap, Map, MapData, PerCpuArray};
+use interceptor_common::{PendingKey, PendingOrigDst, PodCounters, names};
+use serde::Serialize;
+
+use crate::{
+    cli::StatusArgs,
+    ebpf::read_counters,
+    state::{InstancePaths, InstanceState},
+};
+
+#[derive(Serialize)]
+struct InstanceReport {
+    instance: String,
+    running: bool,
+    #[serde(flatten)]
+    state: Option<InstanceState>,
+    pending_orig_dst: Option<usize>,
+    counters: Vec<PodCountersReport>,
+}
+
+#[derive(Serialize)]
+struct PodCountersReport {
+    netns_cookie: u64,
+    counters: std::collections::BTreeMap<&'static str, u64>,
+}
+
+pub fn status(args: StatusArgs) -> anyhow::Result<()> {
+    let instances = match &args.instance {
+        Some(name) => vec![InstancePaths::new(name)?],
+        None => InstancePaths::all(),
+    };
+    let reports: Vec<InstanceReport> = instances.iter().map(report).collect();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "instances": reports }))?);
+        return Ok(());
+    }
+    if reports.is_empty() {
+        println!("no interceptor instance is running");
+    }
+    for r in &reports {
+        print_report(r);
+    }
+    Ok(())
+}
+
+fn report(paths: &InstancePaths) -> InstanceReport {
+    let running = paths.is_running();
+    let state = paths.read_state();
+    let open = |name: &str| -> Option<Map> {
+        Map::from_map_data(MapData::from_pin(paths.pin_dir.join(name)).ok()?).ok()
+    };
+    let mut counters = Vec::new();
+    if let (true, Some(state), Some(map)) = (running, &state, open(names::MAP_COUNTERS)) {
+        if let Ok(array) = PerCpuArray::<MapData, PodCounters>::try_from(map) {
+            for pod in &state.pods {
+                if let Ok(c) = read_counters(&array, pod.slot) {
+                    counters.push(PodCountersReport {
+                        netns_cookie: pod.netns_cookie,
+                        counters: c.named().collect(),
+                    });
+                }
+            }
+        }
+    }
+    let pending_orig_dst = running
+        .then(|| open(names::MAP_PENDING))
+        .flatten()
+        .and_then(|m| HashMap::<MapData, PendingKey, PendingOrigDst>::try_from(m).ok())
+        .map(|m| m.keys().filter(Result::is_ok).count());
+    InstanceReport { instance: paths.name.clone(), running, state, pending_orig_dst, counters }
+}
+
+fn print_report(r: &InstanceReport) {
+    let Some(state) = &r.state else {
+        println!("instance {}: no state (not running)", r.instance);
+        return;
+    };
+    let liveness = if r.running { "running" } else { "NOT running (stale state)" };
+    println!(
+        "instance {}: {} backend, pid {} {}, cgroup {}",
+        r.instance, state.backend, state.pid, liveness, state.cgroup.display()
+    );
+    for p in &state.programs {
+        println!("  program {:<16} id {:<6} {}", p.name, p.id, p.attach_type);
+    }
+    if let Some(pending) = r.pending_orig_dst {
+        println!("  original destinations waiting for the proxy: {pending}");
+    }
+    for pod in &state.pods {
+        let c = &pod.config;
+        println!(
+            "  pod {} (netns cookie {}, addresses {}): inbound->{} outbound->{} proxy-uid={} proxy-gid={} outbound-ports-to-ignore={:?}",
+            pod.netns.display(),
+            pod.netns_cookie,
+            pod.addresses.join(","),
+            c.incoming_proxy_port,
+            c.outgoing_proxy_port,
+            c.proxy_uid.map_or("-".into(), |u| u.to_string()),
+            c.proxy_gid.map_or("-".into(), |g| g.to_string()),
+            c.outbound_ports_to_ignore,
+        );
+        if let Some(counters) = r.counters.iter().find(|x| x.netns_cookie == pod.netns_cookie) {
+            for (name, value) in &counters.counters {
+                println!("    {name:<34} {value}");
+            }
+        }
+    }
+}

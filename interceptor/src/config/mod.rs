@@ -1,0 +1,82 @@
+//! The interception contract's configuration (SPEC "Configuration"), validated once and then
+//! shared by every backend.
+pub mod ports;
+pub mod subnets;
+
+use std::fmt;
+
+use ipnet::IpNet;
+pub use ports::{PortRange, PortSet};
+use serde::{Deserialize, Serialize};
+
+/// How one pod is intercepted. Every value is already validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InterceptionConfig {
+    pub incoming_proxy_port: u16,
+    pub outgoing_proxy_port: u16,
+    /// `None` when unset or 0: proxy-init only exempts a UID > 0.
+    pub proxy_uid: Option<u32>,
+    pub proxy_gid: Option<u32>,
+    pub inbound_ports_to_ignore: PortSet,
+    pub outbound_ports_to_ignore: PortSet,
+    /// When not empty, only these inbound ports are steered.
+    pub ports_to_redirect: Vec<u16>,
+    /// Inbound: connections from these sources are not steered.
+    pub subnets_to_ignore: Vec<IpNet>,
+    /// Outbound (extension): connections to these destinations are not redirected.
+    pub outbound_subnets_to_ignore: Vec<IpNet>,
+    pub ipv6: bool,
+}
+
+/// The configuration as `status` shows it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ConfigSummary {
+    pub incoming_proxy_port: u16,
+    pub outgoing_proxy_port: u16,
+    pub proxy_uid: Option<u32>,
+    pub proxy_gid: Option<u32>,
+    pub inbound_ports_to_ignore: String,
+    pub outbound_ports_to_ignore: String,
+    pub ports_to_redirect: Vec<u16>,
+    pub subnets_to_ignore: Vec<String>,
+    pub outbound_subnets_to_ignore: Vec<String>,
+}
+
+impl InterceptionConfig {
+    pub fn summary(&self) -> ConfigSummary {
+        ConfigSummary {
+            incoming_proxy_port: self.incoming_proxy_port,
+            outgoing_proxy_port: self.outgoing_proxy_port,
+            proxy_uid: self.proxy_uid,
+            proxy_gid: self.proxy_gid,
+            inbound_ports_to_ignore: self.inbound_ports_to_ignore.to_string(),
+            outbound_ports_to_ignore: self.outbound_ports_to_ignore.to_string(),
+            ports_to_redirect: self.ports_to_redirect.clone(),
+            subnets_to_ignore: self.subnets_to_ignore.iter().map(IpNet::to_string).collect(),
+            outbound_subnets_to_ignore: self
+                .outbound_subnets_to_ignore
+                .iter()
+                .map(IpNet::to_string)
+                .collect(),
+        }
+    }
+}
+
+impl fmt::Display for InterceptionConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "inbound->{} outbound->{}", self.incoming_proxy_port, self.outgoing_proxy_port)?;
+        if let Some(uid) = self.proxy_uid {
+            write!(f, " proxy-uid={uid}")?;
+        }
+        if let Some(gid) = self.proxy_gid {
+            write!(f, " proxy-gid={gid}")?;
+        }
+        if !self.outbound_ports_to_ignore.is_empty() {
+            write!(f, " outbound-ports-to-ignore={}", self.outbound_ports_to_ignore)?;
+        }
+        if !self.inbound_ports_to_ignore.is_empty() {
+            write!(f, " inbound-ports-to-ignore={}", self.inbound_ports_to_ignore)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,97 @@
+//! Ports and port ranges as proxy-init takes them: `4190,4191,25-30`.
+use std::{fmt, str::FromStr};
+
+use interceptor_common::PortBitmap;
+
+/// An inclusive range of TCP ports; a single port is a range of one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PortRange {
+    pub low: u16,
+    pub high: u16,
+}
+
+impl PortRange {
+    pub fn single(port: u16) -> Self {
+        Self { low: port, high: port }
+    }
+
+    pub fn is_single(&self) -> bool {
+        self.low == self.high
+    }
+
+    pub fn ports(&self) -> impl Iterator<Item = u16> {
+        self.low..=self.high
+    }
+}
+
+impl fmt::Display for PortRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_single() { write!(f, "{}", self.low) } else { write!(f, "{}-{}", self.low, self.high) }
+    }
+}
+
+/// Parses one port: a decimal number in 1..=65535.
+pub fn parse_port(s: &str) -> Result<u16, String> {
+    let s = s.trim();
+    let n: u32 = s.parse().map_err(|_| format!("{s:?} is not a port number (1-65535)"))?;
+    match u16::try_from(n) {
+        Ok(p) if p >= 1 => Ok(p),
+        _ => Err(format!("port {n} is out of range (1-65535)")),
+    }
+}
+
+impl FromStr for PortRange {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        match s.split_once('-') {
+            None => parse_port(s).map(Self::single),
+            Some((low, high)) => {
+                let (low, high) = (parse_port(low)?, parse_port(high)?);
+                if low > high {
+                    return Err(format!("range {s:?} has its low end above its high end"));
+                }
+                Ok(Self { low, high })
+            }
+        }
+    }
+}
+
+/// Ports and ranges in the order the user gave them (the iptables rules keep that order).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PortSet(pub Vec<PortRange>);
+
+impl PortSet {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn contains(&self, port: u16) -> bool {
+        self.0.iter().any(|r| (r.low..=r.high).contains(&port))
+    }
+
+    pub fn bitmap(&self) -> PortBitmap {
+        let mut bitmap = PortBitmap::EMPTY;
+        for port in self.0.iter().flat_map(PortRange::ports) {
+            bitmap.insert(port);
+        }
+        bitmap
+    }
+}
+
+impl fmt::Display for PortSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, r) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{r}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "ports_tests.rs"]
+mod tests;

@@ -1,0 +1,96 @@
+//! Loading the object, its programs, and attaching them to a cgroup.
+use std::path::{Path, PathBuf};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    programs::{CgroupAttachMode, CgroupSockAddr, CgroupSockopt, SockOps},
+};
+use interceptor_common::names;
+use serde::{Deserialize, Serialize};
+
+use super::{EbpfError, LoadOptions, OBJECT, pods::PodMaps};
+
+/// The embedded eBPF object (for tools that want to inspect it).
+pub fn ebpf_object() -> &'static [u8] {
+    OBJECT
+}
+
+/// One loaded program, as `status` reports it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ProgramState {
+    pub name: String,
+    pub id: u32,
+    pub attach_type: String,
+}
+
+const PROGRAMS: [(&str, &str); 3] = [
+    (names::PROG_CONNECT4, "cgroup/connect4"),
+    (names::PROG_SOCKOPS, "sock_ops"),
+    (names::PROG_GETSOCKOPT, "cgroup/getsockopt"),
+];
+
+pub(super) struct Attached {
+    // Dropping `Ebpf` detaches every link and unloads the programs.
+    ebpf: Ebpf,
+}
+
+impl Attached {
+    pub(super) fn load(options: LoadOptions) -> Result<(Self, PodMaps), EbpfError> {
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(names::MAP_PENDING, options.orig_dst_capacity)
+            .load(OBJECT)?;
+        let program_error = |name| move |source| EbpfError::Program { name, source };
+
+        let connect4: &mut CgroupSockAddr = program(&mut ebpf, names::PROG_CONNECT4)?;
+        connect4.load().map_err(program_error(names::PROG_CONNECT4))?;
+        let sockops: &mut SockOps = program(&mut ebpf, names::PROG_SOCKOPS)?;
+        sockops.load().map_err(program_error(names::PROG_SOCKOPS))?;
+        let getsockopt: &mut CgroupSockopt = program(&mut ebpf, names::PROG_GETSOCKOPT)?;
+        getsockopt.load().map_err(program_error(names::PROG_GETSOCKOPT))?;
+
+        let maps = PodMaps::take(&mut ebpf)?;
+        Ok((Self { ebpf }, maps))
+    }
+
+    pub(super) fn attach(&mut self, cgroup_path: &Path) -> Result<(), EbpfError> {
+        let cgroup = crate::cgroup::open_cgroup2(cgroup_path)?;
+        let attach_error = |name| {
+            let cgroup = PathBuf::from(cgroup_path);
+            move |source| EbpfError::Attach { name, cgroup, source }
+        };
+        // Link-based attachments coexist with other programs on the same hook (verified on
+        // 6.18); `AllowMultiple` fails there, so `Single` is the mode that works everywhere.
+        let mode = CgroupAttachMode::Single;
+        let connect4: &mut CgroupSockAddr = program(&mut self.ebpf, names::PROG_CONNECT4)?;
+        connect4.attach(&cgroup, mode).map_err(attach_error(names::PROG_CONNECT4))?;
+        let sockops: &mut SockOps = program(&mut self.ebpf, names::PROG_SOCKOPS)?;
+        sockops.attach(&cgroup, mode).map_err(attach_error(names::PROG_SOCKOPS))?;
+        let getsockopt: &mut CgroupSockopt = program(&mut self.ebpf, names::PROG_GETSOCKOPT)?;
+        getsockopt.attach(&cgroup, mode).map_err(attach_error(names::PROG_GETSOCKOPT))?;
+        Ok(())
+    }
+
+    pub(super) fn programs(&self) -> Vec<ProgramState> {
+        PROGRAMS
+            .iter()
+            .filter_map(|(name, attach_type)| {
+                let info = self.ebpf.program(name)?.info().ok()?;
+                Some(ProgramState {
+                    name: (*name).to_owned(),
+                    id: info.id(),
+                    attach_type: (*attach_type).to_owned(),
+                })
+            })
+            .collect()
+    }
+}
+
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, EbpfError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program>,
+{
+    ebpf.program_mut(name)
+        .ok_or(EbpfError::Missing { kind: "program", name })?
+        .try_into()
+        .map_err(|_| EbpfError::Missing { kind: "program of the expected type", name })
+}

@@ -1,0 +1,265 @@
+//! Registering pods: writing their configuration, addresses and subnets into the maps, and
+//! reading their counters back.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+    path::Path,
+};
+
+use aya::{
+    Ebpf,
+    maps::{
+        HashMap, IterableMap as _, Map, MapData, MapError, PerCpuArray, PerCpuValues,
+        lpm_trie::{Key, LpmTrie},
+    },
+};
+use interceptor_common::{
+    LocalAddrKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS, PendingKey, PendingOrigDst, PodConfig, PodCounters, SUBNET_KEY_FIXED_BITS,
+    SubnetKey, names,
+    pod::{direction, flags},
+};
+use ipnet::IpNet;
+
+use super::{Counters, EbpfError, PodSpec};
+use crate::config::InterceptionConfig;
+
+/// The maps userspace writes, taken out of the loaded object.
+pub(super) struct PodMaps {
+    pods: HashMap<MapData, u64, PodConfig>,
+    local_addrs: HashMap<MapData, LocalAddrKey, u8>,
+    subnets: LpmTrie<MapData, SubnetKey, u8>,
+    counters: PerCpuArray<MapData, PodCounters>,
+    pending: HashMap<MapData, PendingKey, PendingOrigDst>,
+}
+
+fn map_error(map: &'static str) -> impl Fn(MapError) -> EbpfError {
+    move |source| EbpfError::Map { map, source }
+}
+
+fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, EbpfError> {
+    ebpf.take_map(name).ok_or(EbpfError::Missing { kind: "map", name })
+}
+
+impl PodMaps {
+    pub(super) fn take(ebpf: &mut Ebpf) -> Result<Self, EbpfError> {
+        Ok(Self {
+            pods: take(ebpf, names::MAP_PODS)?.try_into().map_err(map_error(names::MAP_PODS))?,
+            local_addrs: take(ebpf, names::MAP_LOCAL_ADDRS)?
+                .try_into()
+                .map_err(map_error(names::MAP_LOCAL_ADDRS))?,
+            subnets: take(ebpf, names::MAP_SUBNETS)?
+                .try_into()
+                .map_err(map_error(names::MAP_SUBNETS))?,
+            counters: take(ebpf, names::MAP_COUNTERS)?
+                .try_into()
+                .map_err(map_error(names::MAP_COUNTERS))?,
+            pending: take(ebpf, names::MAP_PENDING)?
+                .try_into()
+                .map_err(map_error(names::MAP_PENDING))?,
+        })
+    }
+}
+
+/// What was written for one pod, so it can be removed exactly.
+struct Registered {
+    slot: u32,
+    addresses: BTreeSet<Ipv4Addr>,
+    subnets: Vec<Key<SubnetKey>>,
+}
+
+/// The pods one node attachment serves.
+pub struct PodRegistry {
+    maps: PodMaps,
+    pods: BTreeMap<u64, Registered>,
+}
+
+impl PodRegistry {
+    pub(super) fn new(maps: PodMaps) -> Self {
+        Self { maps, pods: BTreeMap::new() }
+    }
+
+    /// Registers a pod. Its configuration is written last, so the programs never see a pod whose
+    /// addresses or subnets are missing. Returns the pod's counter slot.
+    pub fn add(&mut self, spec: &PodSpec) -> Result<u32, EbpfError> {
+        let cookie = spec.netns_cookie;
+        if self.pods.contains_key(&cookie) {
+            return Err(EbpfError::AlreadyRegistered(cookie));
+        }
+        let slot = (0..MAX_PODS)
+            .find(|slot| self.pods.values().all(|p| p.slot != *slot))
+            .ok_or(EbpfError::NoFreeSlot(MAX_PODS))?;
+        if spec.addresses.len() > MAX_LOCAL_ADDRS_PER_POD as usize {
+            return Err(EbpfError::TooManyAddresses {
+                netns: spec.netns_path.clone(),
+                count: spec.addresses.len(),
+                max: MAX_LOCAL_ADDRS_PER_POD,
+            });
+        }
+        self.zero_counters(slot)?;
+        let mut registered = Registered { slot, addresses: BTreeSet::new(), subnets: Vec::new() };
+        let result = self
+            .write_addresses(cookie, &mut registered, &spec.addresses)
+            .and_then(|()| self.write_subnets(cookie, &mut registered, &spec.config))
+            .and_then(|()| {
+                self.maps
+                    .pods
+                    .insert(cookie, pod_config(slot, &spec.config), 0)
+                    .map_err(map_error(names::MAP_PODS))
+            });
+        self.pods.insert(cookie, registered);
+        if let Err(e) = result {
+            let _ = self.remove(cookie);
+            return Err(e);
+        }
+        Ok(slot)
+    }
+
+    /// Unregisters a pod: its connections are no longer intercepted from this call on.
+    pub fn remove(&mut self, cookie: u64) -> Result<(), EbpfError> {
+        let Some(registered) = self.pods.remove(&cookie) else {
+            return Ok(());
+        };
+        let ignore_absent = |r: Result<(), MapError>| match r {
+            Err(MapError::KeyNotFound) | Ok(()) => Ok(()),
+            Err(e) => Err(e),
+        };
+        ignore_absent(self.maps.pods.remove(&cookie)).map_err(map_error(names::MAP_PODS))?;
+        for ip in &registered.addresses {
+            ignore_absent(self.maps.local_addrs.remove(&local_key(cookie, *ip)))
+                .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
+        }
+        for key in &registered.subnets {
+            ignore_absent(self.maps.subnets.remove(key)).map_err(map_error(names::MAP_SUBNETS))?;
+        }
+        self.zero_counters(registered.slot)
+    }
+
+    /// Replaces the pod's set of own addresses (after an address change in its namespace).
+    pub fn set_addresses(&mut self, cookie: u64, addresses: &[Ipv4Addr]) -> Result<(), EbpfError> {
+        let Some(mut registered) = self.pods.remove(&cookie) else {
+            return Ok(());
+        };
+        let result = self.write_addresses(cookie, &mut registered, addresses);
+        self.pods.insert(cookie, registered);
+        result
+    }
+
+    pub fn counters(&self, cookie: u64) -> Result<Option<Counters>, EbpfError> {
+        let Some(registered) = self.pods.get(&cookie) else {
+            return Ok(None);
+        };
+        read_counters(&self.maps.counters, registered.slot).map(Some)
+    }
+
+    /// Number of original destinations recorded and not yet read by a proxy.
+    pub fn pending_orig_dst_entries(&self) -> usize {
+        self.maps.pending.keys().filter(Result::is_ok).count()
+    }
+
+    pub(super) fn pin(&self, dir: &Path) -> Result<(), EbpfError> {
+        let pin = |map: &MapData, name: &'static str| {
+            let path = dir.join(name);
+            map.pin(&path).map_err(|source| EbpfError::Pin { map: name, path, source })
+        };
+        pin(self.maps.pods.map(), names::MAP_PODS)?;
+        pin(self.maps.local_addrs.map(), names::MAP_LOCAL_ADDRS)?;
+        pin(self.maps.counters.map(), names::MAP_COUNTERS)?;
+        pin(self.maps.pending.map(), names::MAP_PENDING)
+    }
+
+    fn write_addresses(
+        &mut self,
+        cookie: u64,
+        registered: &mut Registered,
+        addresses: &[Ipv4Addr],
+    ) -> Result<(), EbpfError> {
+        let wanted: BTreeSet<Ipv4Addr> = addresses.iter().copied().collect();
+        for ip in wanted.difference(&registered.addresses) {
+            self.maps
+                .local_addrs
+                .insert(local_key(cookie, *ip), 1, 0)
+                .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
+        }
+        for ip in registered.addresses.difference(&wanted) {
+            match self.maps.local_addrs.remove(&local_key(cookie, *ip)) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(map_error(names::MAP_LOCAL_ADDRS)(e)),
+            }
+        }
+        registered.addresses = wanted;
+        Ok(())
+    }
+
+    fn write_subnets(
+        &mut self,
+        cookie: u64,
+        registered: &mut Registered,
+        config: &InterceptionConfig,
+    ) -> Result<(), EbpfError> {
+        let rules = config
+            .outbound_subnets_to_ignore
+            .iter()
+            .map(|net| (direction::OUTBOUND, net))
+            .chain(config.subnets_to_ignore.iter().map(|net| (direction::INBOUND, net)));
+        for (direction, net) in rules {
+            // IPv6 subnets only apply to the iptables backend's ip6tables pass for now.
+            let IpNet::V4(net) = net else { continue };
+            let key = Key::new(
+                SUBNET_KEY_FIXED_BITS + u32::from(net.prefix_len()),
+                SubnetKey { netns_cookie: cookie, direction, ip4_be: u32::from(net.network()).to_be() },
+            );
+            self.maps.subnets.insert(&key, 1, 0).map_err(map_error(names::MAP_SUBNETS))?;
+            registered.subnets.push(key);
+        }
+        Ok(())
+    }
+
+    fn zero_counters(&mut self, slot: u32) -> Result<(), EbpfError> {
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| map_error(names::MAP_COUNTERS)(MapError::IoError(e)))?;
+        let zero = PerCpuValues::try_from(vec![PodCounters::ZERO; cpus])
+            .map_err(|e| map_error(names::MAP_COUNTERS)(MapError::IoError(e)))?;
+        self.maps.counters.set(slot, zero, 0).map_err(map_error(names::MAP_COUNTERS))
+    }
+}
+
+fn local_key(netns_cookie: u64, ip: Ipv4Addr) -> LocalAddrKey {
+    LocalAddrKey { netns_cookie, ip4_be: u32::from(ip).to_be(), _pad: 0 }
+}
+
+fn pod_config(slot: u32, config: &InterceptionConfig) -> PodConfig {
+    let mut pod_flags = 0;
+    if config.proxy_uid.is_some() {
+        pod_flags |= flags::HAS_PROXY_UID;
+    }
+    if config.proxy_gid.is_some() {
+        pod_flags |= flags::HAS_PROXY_GID;
+    }
+    if config.outbound_subnets_to_ignore.iter().any(|n| matches!(n, IpNet::V4(_))) {
+        pod_flags |= flags::HAS_OUTBOUND_SUBNETS;
+    }
+    PodConfig {
+        slot,
+        flags: pod_flags,
+        proxy_uid: config.proxy_uid.unwrap_or(0),
+        proxy_gid: config.proxy_gid.unwrap_or(0),
+        outbound_port: config.outgoing_proxy_port,
+        inbound_port: config.incoming_proxy_port,
+        _pad: 0,
+        outbound_ignore_ports: config.outbound_ports_to_ignore.bitmap(),
+    }
+}
+
+/// Sums one slot of the per-CPU counter array.
+pub fn read_counters<T: std::borrow::Borrow<MapData>>(
+    counters: &PerCpuArray<T, PodCounters>,
+    slot: u32,
+) -> Result<Counters, EbpfError> {
+    let per_cpu = counters.get(&slot, 0).map_err(map_error(names::MAP_COUNTERS))?;
+    let mut sum = [0u64; interceptor_common::counters::COUNTERS_PER_POD];
+    for cpu in per_cpu.iter() {
+        for (total, value) in sum.iter_mut().zip(cpu.values) {
+            *total += value;
+        }
+    }
+    Ok(Counters(sum))
+}

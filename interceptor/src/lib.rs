@@ -1,0 +1,16 @@
+//! interceptor: eBPF traffic interception for service-mesh proxies, a drop-in replacement for
+//! the nat-table rules Linkerd's proxy-init writes.
+//!
+//! - [`config`]: the validated interception contract (proxy-init's flags).
+//! - [`ebpf`]: the eBPF backend (loader, pod registry); the programs live in `interceptor-ebpf`.
+//! - [`netns`], [`cgroup`]: where pods live and where programs attach.
+//! - [`state`]: what a running instance leaves for `status`.
+//! - [`cli`], [`commands`]: the command line.
+pub mod cgroup;
+pub mod cli;
+pub mod commands;
+pub mod config;
+pub mod ebpf;
+pub mod logging;
+pub mod netns;
+pub mod state;

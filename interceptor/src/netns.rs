@@ -1,0 +1,153 @@
+//! A pod's network namespace: its identity (the netns cookie) and its addresses. Work inside the
+//! namespace runs on a short-lived thread that `setns`es, so the daemon itself never moves.
+use std::{
+    fs::File,
+    net::Ipv4Addr,
+    os::fd::AsFd as _,
+    path::{Path, PathBuf},
+};
+
+use nix::{
+    sched::{CloneFlags, setns},
+    sys::socket::{AddressFamily, SockFlag, SockType, socket},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    #[error("cannot open network namespace {path}: {source} (pass a path like /run/netns/NAME or /proc/PID/ns/net)")]
+    Open { path: PathBuf, source: std::io::Error },
+    #[error("{path} is not a network namespace")]
+    NotNetns { path: PathBuf },
+    #[error("{call} in network namespace {path}: {source}")]
+    Syscall { call: &'static str, path: PathBuf, source: nix::Error },
+}
+
+/// An open handle on a pod's network namespace; keeps the namespace alive while held.
+pub struct PodNetns {
+    path: PathBuf,
+    file: File,
+}
+
+/// `SO_NETNS_COOKIE` from `<asm-generic/socket.h>` (Linux 5.14).
+const SO_NETNS_COOKIE: libc::c_int = 71;
+/// `NS_GET_NSTYPE` ioctl from `<linux/nsfs.h>`.
+const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+
+impl PodNetns {
+    pub fn open(path: &Path) -> Result<Self, NetnsError> {
+        let file = File::open(path)
+            .map_err(|source| NetnsError::Open { path: path.to_owned(), source })?;
+        // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd.
+        let nstype = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&file), NS_GET_NSTYPE) };
+        if nstype != libc::CLONE_NEWNET {
+            return Err(NetnsError::NotNetns { path: path.to_owned() });
+        }
+        Ok(Self { path: path.to_owned(), file })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` on a thread that has entered this namespace.
+    pub fn run_inside<T: Send>(
+        &self,
+        f: impl FnOnce() -> Result<T, NetnsError> + Send,
+    ) -> Result<T, NetnsError> {
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|source| {
+                        NetnsError::Syscall { call: "setns", path: self.path.clone(), source }
+                    })?;
+                    f()
+                })
+                .join()
+                .expect("netns worker thread panicked")
+        })
+    }
+
+    /// The kernel's 64-bit identity of the namespace, the same value `bpf_get_netns_cookie`
+    /// returns in the eBPF programs. Needs Linux 5.14 (`SO_NETNS_COOKIE`).
+    pub fn cookie(&self) -> Result<u64, NetnsError> {
+        let path = self.path.clone();
+        self.run_inside(move || {
+            let sock = socket(AddressFamily::Inet, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)
+                .map_err(|source| NetnsError::Syscall { call: "socket", path: path.clone(), source })?;
+            let mut cookie: u64 = 0;
+            let mut len = size_of::<u64>() as libc::socklen_t;
+            // SAFETY: the buffer is a valid u64 and len says so.
+            let rc = unsafe {
+                libc::getsockopt(
+                    std::os::fd::AsRawFd::as_raw_fd(&sock),
+                    libc::SOL_SOCKET,
+                    SO_NETNS_COOKIE,
+                    (&raw mut cookie).cast(),
+                    &mut len,
+                )
+            };
+            if rc != 0 {
+                return Err(NetnsError::Syscall {
+                    call: "getsockopt(SO_NETNS_COOKIE)",
+                    path,
+                    source: nix::Error::last(),
+                });
+            }
+            Ok(cookie)
+        })
+    }
+
+    /// The IPv4 addresses assigned to the namespace's interfaces (loopback included).
+    pub fn ipv4_addresses(&self) -> Result<Vec<Ipv4Addr>, NetnsError> {
+        let path = self.path.clone();
+        self.run_inside(move || {
+            let addrs = nix::ifaddrs::getifaddrs()
+                .map_err(|source| NetnsError::Syscall { call: "getifaddrs", path, source })?;
+            let mut v4: Vec<Ipv4Addr> = addrs
+                .filter_map(|a| a.address?.as_sockaddr_in().map(|s| s.ip()))
+                .collect();
+            v4.sort();
+            v4.dedup();
+            Ok(v4)
+        })
+    }
+}
+
+/// `RTMGRP_IPV4_IFADDR` from `<linux/rtnetlink.h>`.
+const RTMGRP_IPV4_IFADDR: u32 = 0x10;
+
+impl PodNetns {
+    /// A netlink socket, bound inside the namespace, that becomes readable whenever an IPv4
+    /// address is added or removed there. The socket stays in the namespace it was created in.
+    pub fn address_changes(&self) -> Result<std::os::fd::OwnedFd, NetnsError> {
+        let path = self.path.clone();
+        self.run_inside(move || {
+            let error = |call, source| NetnsError::Syscall { call, path: path.clone(), source };
+            // SAFETY: plain socket(2); the fd is owned right away.
+            let fd = unsafe {
+                libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE)
+            };
+            if fd < 0 {
+                return Err(error("socket(NETLINK_ROUTE)", nix::Error::last()));
+            }
+            // SAFETY: fd was just returned by socket(2) and is not owned elsewhere.
+            let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            // SAFETY: sockaddr_nl is plain data; zeroed is a valid value.
+            let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+            addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+            addr.nl_groups = RTMGRP_IPV4_IFADDR;
+            // SAFETY: addr is a valid sockaddr_nl of the given length.
+            let rc = unsafe {
+                libc::bind(
+                    std::os::fd::AsRawFd::as_raw_fd(&fd),
+                    (&raw const addr).cast(),
+                    size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+                )
+            };
+            if rc != 0 {
+                return Err(error("bind(RTMGRP_IPV4_IFADDR)", nix::Error::last()));
+            }
+            Ok(fd)
+        })
+    }
+}

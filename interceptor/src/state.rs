@@ -1,0 +1,184 @@
+//! An instance's on-disk state: a lock held for its lifetime, a JSON description of what is
+//! attached, and its pinned maps, so `interceptor status` can report from another process.
+//!
+//! - `/run/interceptor/<instance>/lock`: flock held by the running process; a lock that can be
+//!   taken means the instance is gone (even after a crash).
+//! - `/run/interceptor/<instance>/state.json`: [`InstanceState`].
+//! - `/sys/fs/bpf/interceptor/<instance>/`: pinned maps (on a bpffs, mounted if needed).
+use std::{
+    fs::{self, File, OpenOptions},
+    io,
+    os::fd::AsFd as _,
+    path::{Path, PathBuf},
+};
+
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+
+use crate::{config::ConfigSummary, ebpf::ProgramState};
+
+pub const RUN_ROOT: &str = "/run/interceptor";
+pub const BPFFS_ROOT: &str = "/sys/fs/bpf";
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("instance {instance:?} is already running (pid {pid}): stop it, or pass another --instance")]
+    Busy { instance: String, pid: String },
+    #[error("{action} {path}: {source}")]
+    Io { action: &'static str, path: PathBuf, source: io::Error },
+    #[error("instance name {0:?} is not valid: use letters, digits, '-' and '_'")]
+    BadName(String),
+    #[error("mounting a bpffs on {path}: {source} (mount one: mount -t bpf bpf {path})")]
+    MountBpffs { path: PathBuf, source: nix::Error },
+}
+
+fn io_error<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StateError + 'a {
+    move |source| StateError::Io { action, path: path.to_owned(), source }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PodState {
+    pub netns: PathBuf,
+    pub netns_cookie: u64,
+    pub slot: u32,
+    pub addresses: Vec<String>,
+    pub config: ConfigSummary,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct InstanceState {
+    pub instance: String,
+    pub pid: u32,
+    pub backend: String,
+    pub cgroup: PathBuf,
+    pub started_at_unix: u64,
+    pub programs: Vec<ProgramState>,
+    pub pods: Vec<PodState>,
+}
+
+/// Where an instance keeps its state.
+#[derive(Clone, Debug)]
+pub struct InstancePaths {
+    pub name: String,
+    pub run_dir: PathBuf,
+    pub pin_dir: PathBuf,
+}
+
+impl InstancePaths {
+    pub fn new(name: &str) -> Result<Self, StateError> {
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            return Err(StateError::BadName(name.to_owned()));
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            run_dir: Path::new(RUN_ROOT).join(name),
+            pin_dir: Path::new(BPFFS_ROOT).join("interceptor").join(name),
+        })
+    }
+
+    pub fn state_file(&self) -> PathBuf {
+        self.run_dir.join("state.json")
+    }
+
+    fn lock_file(&self) -> PathBuf {
+        self.run_dir.join("lock")
+    }
+
+    /// Every instance with a state directory, running or stale.
+    pub fn all() -> Vec<Self> {
+        let Ok(entries) = fs::read_dir(RUN_ROOT) else { return Vec::new() };
+        let mut names: Vec<String> =
+            entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
+        names.sort();
+        names.iter().filter_map(|n| Self::new(n).ok()).collect()
+    }
+
+    pub fn read_state(&self) -> Option<InstanceState> {
+        serde_json::from_slice(&fs::read(self.state_file()).ok()?).ok()
+    }
+
+    /// True while the process that owns the instance holds its lock.
+    pub fn is_running(&self) -> bool {
+        let Ok(file) = File::open(self.lock_file()) else { return false };
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(_released_on_drop) => false,
+            Err(_) => true,
+        }
+    }
+}
+
+/// Held by the process that owns an instance; removes the instance's state when dropped.
+pub struct InstanceLock {
+    paths: InstancePaths,
+    _lock: Flock<File>,
+}
+
+impl InstanceLock {
+    /// Takes the instance, clearing what a crashed owner left behind.
+    pub fn acquire(paths: InstancePaths) -> Result<Self, StateError> {
+        fs::create_dir_all(&paths.run_dir).map_err(io_error("creating", &paths.run_dir))?;
+        let lock_path = paths.lock_file();
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io_error("opening", &lock_path))?;
+        let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|_| StateError::Busy {
+            instance: paths.name.clone(),
+            pid: paths.read_state().map_or("unknown".into(), |s| s.pid.to_string()),
+        })?;
+        remove_pins(&paths.pin_dir);
+        let _ = fs::remove_file(paths.state_file());
+        ensure_bpffs(Path::new(BPFFS_ROOT))?;
+        fs::create_dir_all(&paths.pin_dir).map_err(io_error("creating", &paths.pin_dir))?;
+        Ok(Self { paths, _lock: lock })
+    }
+
+    pub fn paths(&self) -> &InstancePaths {
+        &self.paths
+    }
+
+    pub fn write_state(&self, state: &InstanceState) -> Result<(), StateError> {
+        let path = self.paths.state_file();
+        let tmp = path.with_extension("json.tmp");
+        let json = serde_json::to_vec_pretty(state).expect("state serializes");
+        fs::write(&tmp, json).map_err(io_error("writing", &tmp))?;
+        fs::rename(&tmp, &path).map_err(io_error("renaming", &path))
+    }
+}
+
+impl Drop for InstanceLock {
+    fn drop(&mut self) {
+        remove_pins(&self.paths.pin_dir);
+        let _ = fs::remove_file(self.paths.state_file());
+        let _ = fs::remove_file(self.paths.lock_file());
+        let _ = fs::remove_dir(&self.paths.run_dir);
+    }
+}
+
+/// Unpinning only drops the name; the maps live on while the programs using them do.
+fn remove_pins(pin_dir: &Path) {
+    if let Ok(entries) = fs::read_dir(pin_dir) {
+        for entry in entries.flatten() {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+    let _ = fs::remove_dir(pin_dir);
+}
+
+fn ensure_bpffs(path: &Path) -> Result<(), StateError> {
+    let is_bpffs = |p: &Path| {
+        File::open(p)
+            .ok()
+            .and_then(|f| nix::sys::statfs::fstatfs(f.as_fd()).ok())
+            .is_some_and(|fs| fs.filesystem_type().0 as i64 == BPF_FS_MAGIC)
+    };
+    if is_bpffs(path) {
+        return Ok(());
+    }
+    fs::create_dir_all(path).map_err(io_error("creating", path))?;
+    nix::mount::mount(Some("bpf"), path, Some("bpf"), nix::mount::MsFlags::empty(), None::<&str>)
+        .map_err(|source| StateError::MountBpffs { path: path.to_owned(), source })
+}

@@ -1,0 +1,44 @@
+//! The eBPF backend, driven in-process through the same library calls `interceptor run` makes.
+use interceptor::{
+    config::InterceptionConfig,
+    ebpf::{EbpfNode, LoadOptions, PodSpec},
+    netns::PodNetns,
+};
+
+use crate::{Netns, PodFixture, scenario::Backend};
+
+pub struct Ebpf;
+
+impl Backend for Ebpf {
+    fn attach(&self, fixture: &PodFixture, config: &InterceptionConfig) -> Box<dyn std::any::Any> {
+        let mut node = load(LoadOptions::default());
+        register(&mut node, &fixture.pod, config);
+        attach(&mut node, &fixture.cgroup.path);
+        Box::new(node)
+    }
+}
+
+pub fn load(options: LoadOptions) -> EbpfNode {
+    EbpfNode::load(options).unwrap_or_else(|e| panic!("load eBPF: {e}"))
+}
+
+pub fn pod_spec(netns: &Netns, config: &InterceptionConfig) -> PodSpec {
+    let pod = PodNetns::open(&netns.path()).expect("open pod netns");
+    PodSpec {
+        netns_path: netns.path(),
+        netns_cookie: pod.cookie().expect("netns cookie"),
+        addresses: pod.ipv4_addresses().expect("pod addresses"),
+        config: config.clone(),
+    }
+}
+
+/// Registers the pod; returns its netns cookie.
+pub fn register(node: &mut EbpfNode, netns: &Netns, config: &InterceptionConfig) -> u64 {
+    let spec = pod_spec(netns, config);
+    node.pods().add(&spec).unwrap_or_else(|e| panic!("register pod: {e}"));
+    spec.netns_cookie
+}
+
+pub fn attach(node: &mut EbpfNode, cgroup: &std::path::Path) {
+    node.attach(cgroup).unwrap_or_else(|e| panic!("attach: {e}"));
+}

@@ -1,0 +1,131 @@
+//! Namespaces, cgroups and the standard test pod.
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use crate::{Probe, unique_name};
+
+fn sh(program: &str, args: &[&str]) {
+    let out = Command::new(program).args(args).output().unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {}: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A network namespace created with `ip netns add`, deleted on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn new(tag: &str) -> Self {
+        let name = unique_name(tag);
+        sh("ip", &["netns", "add", &name]);
+        let netns = Self { name };
+        netns.ip(&["link", "set", "lo", "up"]);
+        netns
+    }
+
+    pub fn path(&self) -> PathBuf {
+        Path::new("/run/netns").join(&self.name)
+    }
+
+    /// `ip -n NAME ...`
+    pub fn ip(&self, args: &[&str]) {
+        let mut all = vec!["-n", &self.name];
+        all.extend_from_slice(args);
+        sh("ip", &all);
+    }
+
+    /// Connects two namespaces with a veth pair and gives each end an address.
+    pub fn veth_to(&self, self_cidr: &str, other: &Netns, other_cidr: &str) {
+        let (a, b) = ("eth0", "peer0");
+        self.ip(&["link", "add", a, "type", "veth", "peer", "name", b, "netns", &other.name]);
+        self.ip(&["addr", "add", self_cidr, "dev", a]);
+        self.ip(&["link", "set", a, "up"]);
+        other.ip(&["addr", "add", other_cidr, "dev", b]);
+        other.ip(&["link", "set", b, "up"]);
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// A child cgroup of the cgroup2 root (never the root itself); its processes are killed and the
+/// directory removed on drop.
+pub struct Cgroup {
+    pub path: PathBuf,
+}
+
+impl Cgroup {
+    pub fn new(tag: &str) -> Self {
+        let root = interceptor::cgroup::cgroup2_root().expect("a cgroup2 mount");
+        let path = root.join(unique_name(tag));
+        std::fs::create_dir(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
+        Self { path }
+    }
+
+    pub fn pids(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.path.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.parse().ok())
+            .collect()
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            for pid in self.pids() {
+                // SAFETY: only our own test processes are ever moved into this cgroup.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            if std::fs::remove_dir(&self.path).is_ok() || Instant::now() > deadline {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The standard pod: its namespace (10.77.0.1/24 on eth0), a remote host namespace
+/// (10.77.0.2/24) joined by a veth pair, and the pod's cgroup. Nothing routes anywhere else.
+pub struct PodFixture {
+    pub pod: Netns,
+    pub remote: Netns,
+    pub cgroup: Cgroup,
+}
+
+pub const POD_ADDR: &str = "10.77.0.1";
+pub const REMOTE_ADDR: &str = "10.77.0.2";
+
+impl PodFixture {
+    pub fn new(tag: &str) -> Self {
+        let pod = Netns::new(tag);
+        let remote = Netns::new(&format!("{tag}-remote"));
+        pod.veth_to(&format!("{POD_ADDR}/24"), &remote, &format!("{REMOTE_ADDR}/24"));
+        let cgroup = Cgroup::new(tag);
+        Self { pod, remote, cgroup }
+    }
+
+    /// A process of the pod (in its namespace and cgroup).
+    pub fn in_pod(&self) -> Probe {
+        Probe::new().netns(&self.pod.path()).cgroup(&self.cgroup.path)
+    }
+
+    /// A process of the remote host.
+    pub fn on_remote(&self) -> Probe {
+        Probe::new().netns(&self.remote.path())
+    }
+}

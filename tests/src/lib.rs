@@ -1,0 +1,36 @@
+//! Fixtures for tests against the real kernel: uniquely named network namespaces, cgroups and
+//! pod processes, each removed when dropped, so tests run in parallel and can be rerun after a
+//! crash.
+//!
+//! Network safety: every address used here lives inside namespaces these fixtures create. A pod
+//! namespace has no default route, so a connect to anything else (192.0.2.0/24) can only
+//! succeed by being intercepted.
+pub mod ebpf_backend;
+pub mod fixture;
+pub mod probe;
+pub mod scenario;
+
+pub use fixture::{Cgroup, Netns, PodFixture};
+pub use probe::{Landing, Probe};
+
+/// Whether privileged tests can run. Without root they are skipped with a message, unless
+/// `INTERCEPTOR_REQUIRE_PRIVILEGED=1` (set by `cargo xtask test` and CI), which turns every skip
+/// into a failure: a green run must mean the kernel was exercised.
+pub fn privileged(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var("INTERCEPTOR_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1") {
+        panic!("{test}: needs root, and INTERCEPTOR_REQUIRE_PRIVILEGED=1 forbids skipping it");
+    }
+    eprintln!("SKIPPED {test}: needs root (set INTERCEPTOR_REQUIRE_PRIVILEGED=1 to fail instead)");
+    false
+}
+
+/// A name unique across parallel tests and reruns: tag, process id, counter.
+pub fn unique_name(tag: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!("icpt-{tag}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}

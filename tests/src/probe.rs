@@ -1,0 +1,159 @@
+//! Running `netprobe` (the pod's app, proxy and servers) and reading what it saw.
+use std::{
+    io::{BufRead as _, BufReader},
+    net::SocketAddrV4,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+};
+
+/// Where the `netprobe` binary of this package is: next to the test binary's `deps/` folder.
+pub fn netprobe_path() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    dir.join("netprobe")
+}
+
+/// A netprobe invocation: where it runs (netns, cgroup, credentials) and what it does.
+#[derive(Clone, Default)]
+pub struct Probe {
+    context: Vec<String>,
+}
+
+impl Probe {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn netns(mut self, path: &Path) -> Self {
+        self.context.extend(["--netns".into(), path.display().to_string()]);
+        self
+    }
+
+    pub fn cgroup(mut self, path: &Path) -> Self {
+        self.context.extend(["--cgroup".into(), path.display().to_string()]);
+        self
+    }
+
+    pub fn uid(mut self, uid: u32) -> Self {
+        self.context.extend(["--uid".into(), uid.to_string()]);
+        self
+    }
+
+    pub fn gid(mut self, gid: u32) -> Self {
+        self.context.extend(["--gid".into(), gid.to_string()]);
+        self
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(netprobe_path());
+        cmd.args(&self.context).args(args);
+        cmd
+    }
+
+    /// Starts a listener (`proxy ADDR ...` or `server ADDR ...`) and waits until it listens.
+    pub fn listen(&self, args: &[&str]) -> Listener {
+        let mut child = self
+            .command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn netprobe");
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().expect("stdout")).read_line(&mut line).ok();
+        if line.trim() != "ready" {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("netprobe output");
+            panic!("netprobe {args:?} did not start: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Listener { child }
+    }
+
+    /// Runs a command to completion and returns its stdout lines.
+    pub fn run(&self, args: &[&str]) -> Vec<String> {
+        let out = self.command(args).output().expect("run netprobe");
+        assert!(
+            out.status.success(),
+            "netprobe {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
+    }
+
+    /// One connection: where it landed.
+    pub fn connect(&self, target: &str) -> Landing {
+        self.connect_with(target, &[])
+    }
+
+    pub fn connect_with(&self, target: &str, extra: &[&str]) -> Landing {
+        let mut args = vec!["connect", target];
+        args.extend_from_slice(extra);
+        let lines = self.run(&args);
+        Landing::parse(lines.first().map_or("", String::as_str))
+    }
+}
+
+/// A running listener, killed on drop.
+pub struct Listener {
+    child: Child,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Where a connection ended up, as reported by the peer that answered it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Landing {
+    /// A proxy answered; `orig` is what its SO_ORIGINAL_DST returned (`Err(errno)` on failure).
+    Proxy { name: String, orig: Result<SocketAddrV4, i32>, peer: String, local: String },
+    /// A plain server answered.
+    Server { name: String, peer: String, local: String },
+    /// The connection failed (e.g. `connect:ENETUNREACH`).
+    Failed(String),
+}
+
+impl Landing {
+    pub fn parse(line: &str) -> Self {
+        if let Some(error) = line.strip_prefix("error=") {
+            return Self::Failed(error.to_owned());
+        }
+        let field = |key: &str| {
+            line.split(' ')
+                .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+                .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+                .to_owned()
+        };
+        let who = field("who");
+        let (role, name) = who.split_once(':').unwrap_or_else(|| panic!("bad who in {line:?}"));
+        match role {
+            "proxy" => {
+                let orig = field("orig");
+                let orig = match orig.strip_prefix("errno:") {
+                    Some(errno) => Err(errno.parse().expect("errno")),
+                    None => Ok(orig.parse().unwrap_or_else(|_| panic!("bad orig in {line:?}"))),
+                };
+                Self::Proxy { name: name.into(), orig, peer: field("peer"), local: field("local") }
+            }
+            "server" => Self::Server { name: name.into(), peer: field("peer"), local: field("local") },
+            _ => panic!("unknown role in {line:?}"),
+        }
+    }
+
+    /// The original destination a proxy saw, or panics with what happened instead.
+    pub fn proxy_orig(&self) -> SocketAddrV4 {
+        match self {
+            Self::Proxy { orig: Ok(orig), .. } => *orig,
+            other => panic!("expected to land on the proxy with an original destination, got {other:?}"),
+        }
+    }
+
+    pub fn server_name(&self) -> &str {
+        match self {
+            Self::Server { name, .. } => name,
+            other => panic!("expected to reach a real server, got {other:?}"),
+        }
+    }
+}

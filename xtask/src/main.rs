@@ -1,0 +1,65 @@
+//! Project tasks, run as `cargo xtask <task>` (an alias in .cargo/config.toml).
+
+mod cmd;
+mod demo;
+mod setup;
+mod test;
+
+use std::{ffi::OsString, path::Path, process::ExitCode};
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "Tasks for the interceptor workspace")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building and testing need beyond the Rust toolchains (nightly rust-src,
+    /// bpf-linker, iptables, ip, nsenter). Installs only what is missing.
+    Setup,
+    /// Run setup, then every test with privileged tests required to run. Needs root.
+    Test {
+        /// Passed to `cargo test`, e.g. a test name filter or `--release`.
+        #[arg(allow_hyphen_values = true)]
+        cargo_args: Vec<OsString>,
+        /// Passed to the test binaries, e.g. `cargo xtask test -- --test-threads 4`.
+        #[arg(last = true)]
+        test_args: Vec<OsString>,
+    },
+    /// Run setup, then build the demo's binaries.
+    Demo,
+}
+
+fn main() -> ExitCode {
+    // Print the error chain on one line ourselves: returning the error from main would add
+    // a backtrace whenever RUST_BACKTRACE is set, burying the message that says what to do.
+    match run(Cli::parse().task) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(task: Task) -> anyhow::Result<()> {
+    match task {
+        Task::Setup => setup::run().map(drop),
+        Task::Test {
+            cargo_args,
+            test_args,
+        } => test::run(&cargo_args, &test_args),
+        Task::Demo => demo::run(),
+    }
+}
+
+/// The workspace root; child cargo commands run there so `cargo xtask` works from any directory.
+fn workspace_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask/ sits inside the workspace root")
+}

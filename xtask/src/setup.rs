@@ -1,0 +1,251 @@
+//! `cargo xtask setup`: installs what the workspace needs beyond the Rust toolchains.
+//! Every step checks first, so a second run installs nothing and takes a few seconds.
+
+use std::{
+    env,
+    ffi::{OsStr, OsString},
+    fs,
+    os::unix::fs::{PermissionsExt as _, symlink},
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail, ensure};
+
+use crate::cmd;
+
+/// The bpf-linker verified with this workspace's aya and nightly.
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// Binaries the kernel tests run, and the Debian packages that provide them.
+const DEBIAN_PACKAGES: &[(&str, &str)] = &[
+    ("iptables-legacy", "iptables"),
+    ("iptables-nft", "iptables"),
+    ("ip", "iproute2"),
+    ("nsenter", "util-linux"),
+];
+
+/// Installs whatever is missing and returns the `PATH` child cargo commands must use:
+/// the eBPF build finds bpf-linker through it.
+pub fn run() -> anyhow::Result<OsString> {
+    let install_root = cargo_install_root()?;
+    let path = path_with(&install_root.join("bin"))?;
+    debian_packages(&path)?;
+    rust_src()?;
+    bpf_linker(&install_root, &path)?;
+    Ok(path)
+}
+
+fn debian_packages(path: &OsStr) -> anyhow::Result<()> {
+    let missing = |path| -> Vec<&str> {
+        DEBIAN_PACKAGES
+            .iter()
+            .map(|(bin, _)| *bin)
+            .filter(|bin| find_on_path(bin, path).is_none())
+            .collect()
+    };
+    let bins = missing(path);
+    if bins.is_empty() {
+        let all: Vec<&str> = DEBIAN_PACKAGES.iter().map(|(bin, _)| *bin).collect();
+        println!("{}: present", all.join(", "));
+        return Ok(());
+    }
+    let mut packages: Vec<&str> = DEBIAN_PACKAGES
+        .iter()
+        .filter(|(bin, _)| bins.contains(bin))
+        .map(|(_, package)| *package)
+        .collect();
+    packages.dedup();
+    let (bins, packages_list) = (bins.join(", "), packages.join(" "));
+    if find_on_path("apt-get", path).is_none() {
+        bail!(
+            "{bins} missing and there is no apt-get: install them (Debian packages: {packages_list})"
+        );
+    }
+    println!("{bins}: missing, installing {packages_list} with apt-get...");
+    let apt_hint = || {
+        format!(
+            "installing {packages_list} failed: run as root, or run `apt-get install {packages_list}` yourself"
+        )
+    };
+    // Only now: apt-get update is slow, but a fresh machine's package lists are empty.
+    cmd::run(Command::new("apt-get").args(["update", "-qq"])).with_context(apt_hint)?;
+    cmd::run(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&packages)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+    .with_context(apt_hint)?;
+    let still = missing(path);
+    ensure!(
+        still.is_empty(),
+        "installed {packages_list}, but {} still not on PATH (is /usr/sbin on it?)",
+        still.join(", ")
+    );
+    Ok(())
+}
+
+/// aya-build compiles the eBPF crate with `-Z build-std`, which needs the nightly's std sources.
+fn rust_src() -> anyhow::Result<()> {
+    let installed = cmd::output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]))
+    .context("the eBPF programs build with the nightly toolchain: install it with `rustup toolchain install nightly`")?;
+    if installed.lines().any(|line| line.trim() == "rust-src") {
+        println!("rust-src (nightly): present");
+        return Ok(());
+    }
+    println!("rust-src (nightly): installing...");
+    cmd::run(Command::new("rustup").args([
+        "component",
+        "add",
+        "rust-src",
+        "--toolchain",
+        "nightly",
+    ]))
+    .context("could not add rust-src to the nightly toolchain")
+}
+
+fn bpf_linker(install_root: &Path, path: &OsStr) -> anyhow::Result<()> {
+    match bpf_linker_version(path) {
+        Some(version) if version == BPF_LINKER_VERSION => {
+            println!("bpf-linker {BPF_LINKER_VERSION}: present");
+            return Ok(());
+        }
+        Some(version) => println!(
+            "bpf-linker {BPF_LINKER_VERSION}: found {version}, installing {BPF_LINKER_VERSION} (about 75 s)..."
+        ),
+        None => println!("bpf-linker {BPF_LINKER_VERSION}: installing (about 75 s)..."),
+    }
+
+    // bpf-linker must link the LLVM that `rustc +nightly` emits bitcode for. The nightly
+    // ships it as a shared library without the `libLLVM.so` name `-lLLVM` looks for, so
+    // LLVM_PREFIX points at a directory of symlinks. bpf-linker records that directory as
+    // its RUNPATH and loads libLLVM from it at every run, so it must outlive the build: it
+    // sits in the cargo install root next to the binary, not in target/ where `cargo clean`
+    // would break bpf-linker.
+    let (llvm_major, libllvm) = nightly_libllvm()?;
+    let prefix = install_root.join("bpf-linker-llvm");
+    link_libllvm(&prefix.join("lib"), &libllvm)?;
+    cmd::run(
+        cmd::cargo()
+            .arg("install")
+            .arg(format!("bpf-linker@{BPF_LINKER_VERSION}"))
+            .args(["--locked", "--no-default-features", "--features"])
+            .arg(format!("llvm-{llvm_major}"))
+            .arg("--root")
+            .arg(install_root)
+            // cargo skips a version it has recorded as installed even when that binary no
+            // longer starts (e.g. the nightly it linked was updated), so reinstall regardless.
+            .arg("--force")
+            .env("LLVM_PREFIX", &prefix),
+    )
+    .context("building bpf-linker failed; the cargo output above says why")?;
+
+    let installed = bpf_linker_version(path);
+    ensure!(
+        installed.as_deref() == Some(BPF_LINKER_VERSION),
+        "installed bpf-linker {BPF_LINKER_VERSION} into {}, but `bpf-linker --version` reports {installed:?}",
+        install_root.join("bin").display()
+    );
+    Ok(())
+}
+
+/// The version `bpf-linker --version` reports, or `None` when it is absent or does not start.
+fn bpf_linker_version(path: &OsStr) -> Option<String> {
+    let out = Command::new("bpf-linker")
+        .arg("--version")
+        .env("PATH", path)
+        .output()
+        .ok()?;
+    let stdout = String::from_utf8(out.stdout).ok()?;
+    let version = stdout.trim().strip_prefix("bpf-linker ")?;
+    out.status.success().then(|| version.to_owned())
+}
+
+/// The nightly's LLVM major version (which picks bpf-linker's `llvm-N` feature) and its libLLVM.
+fn nightly_libllvm() -> anyhow::Result<(String, PathBuf)> {
+    let rustc_hint = "the eBPF programs build with the nightly toolchain: install it with `rustup toolchain install nightly`";
+    let version =
+        cmd::output(Command::new("rustc").args(["+nightly", "-vV"])).context(rustc_hint)?;
+    let llvm_major = version
+        .lines()
+        .find_map(|line| line.strip_prefix("LLVM version: "))
+        .and_then(|llvm| llvm.split('.').next())
+        .context("`rustc +nightly -vV` printed no `LLVM version: N.x` line")?
+        .to_owned();
+
+    let sysroot = cmd::output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))
+        .context(rustc_hint)?;
+    let lib_dir = Path::new(sysroot.trim()).join("lib");
+    let libs: Vec<PathBuf> = fs::read_dir(&lib_dir)
+        .with_context(|| format!("could not list {}", lib_dir.display()))?
+        .filter_map(|entry| entry.ok())
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with("libLLVM.so.")
+        })
+        .map(|entry| entry.path())
+        .collect();
+    match libs.as_slice() {
+        [libllvm] => Ok((llvm_major, libllvm.clone())),
+        _ => bail!(
+            "expected exactly one libLLVM.so.* in {}, found {libs:?}",
+            lib_dir.display()
+        ),
+    }
+}
+
+/// Makes `lib_dir` hold `libLLVM.so` (for linking) and libLLVM's own name (for loading),
+/// both pointing at `libllvm`.
+fn link_libllvm(lib_dir: &Path, libllvm: &Path) -> anyhow::Result<()> {
+    // Start empty: links left from an earlier nightly would point at a removed library.
+    if lib_dir.exists() {
+        fs::remove_dir_all(lib_dir)
+            .with_context(|| format!("could not remove {}", lib_dir.display()))?;
+    }
+    fs::create_dir_all(lib_dir)
+        .with_context(|| format!("could not create {}", lib_dir.display()))?;
+    let soname = libllvm
+        .file_name()
+        .expect("read_dir entries have file names");
+    for name in [OsStr::new("libLLVM.so"), soname] {
+        let link = lib_dir.join(name);
+        symlink(libllvm, &link)
+            .with_context(|| format!("could not create the symlink {}", link.display()))?;
+    }
+    Ok(())
+}
+
+/// Where `cargo install` puts binaries under `bin/`, by cargo's own rules (CARGO_INSTALL_ROOT,
+/// then CARGO_HOME, then ~/.cargo); passed to it as `--root` so the two always agree.
+fn cargo_install_root() -> anyhow::Result<PathBuf> {
+    if let Some(root) = env::var_os("CARGO_INSTALL_ROOT").or_else(|| env::var_os("CARGO_HOME")) {
+        return Ok(root.into());
+    }
+    let home = env::var_os("HOME").context("neither CARGO_HOME nor HOME is set: set CARGO_HOME")?;
+    Ok(Path::new(&home).join(".cargo"))
+}
+
+/// `PATH` with `bin` first, so the bpf-linker installed there wins over any other one.
+fn path_with(bin: &Path) -> anyhow::Result<OsString> {
+    let rest = env::var_os("PATH").unwrap_or_default();
+    env::join_paths(std::iter::once(bin.to_owned()).chain(env::split_paths(&rest)))
+        .with_context(|| format!("{} cannot go on PATH", bin.display()))
+}
+
+fn find_on_path(name: &str, path: &OsStr) -> Option<PathBuf> {
+    env::split_paths(path)
+        .map(|dir| dir.join(name))
+        .find(|file| {
+            file.metadata()
+                .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+        })
+}
