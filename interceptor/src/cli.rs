@@ -10,6 +10,30 @@ use crate::config::{
     subnets::parse_cidr,
 };
 
+/// The `interceptor` binary: parse, set up logging, run the command.
+pub fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = crate::logging::init(cli.log_format, &cli.log_level) {
+        eprintln!("error: {e:#}");
+        return std::process::ExitCode::from(2);
+    }
+    let result = match cli.command {
+        Command::Run(args) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(crate::commands::run::run(args))),
+        Command::Status(args) => crate::commands::status::status(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 #[derive(Debug, Parser)]
 #[command(name = "interceptor", version, about = "eBPF traffic interception for service-mesh proxies")]
 pub struct Cli {

@@ -105,6 +105,8 @@ pub struct PodFixture {
     pub pod: Netns,
     pub remote: Netns,
     pub cgroup: Cgroup,
+    /// Where the pod's processes run: its own cgroup unless it shares another pod's.
+    processes_cgroup: PathBuf,
 }
 
 pub const POD_ADDR: &str = "10.77.0.1";
@@ -116,12 +118,20 @@ impl PodFixture {
         let remote = Netns::new(&format!("{tag}-remote"));
         pod.veth_to(&format!("{POD_ADDR}/24"), &remote, &format!("{REMOTE_ADDR}/24"));
         let cgroup = Cgroup::new(tag);
-        Self { pod, remote, cgroup }
+        let processes_cgroup = cgroup.path.clone();
+        Self { pod, remote, cgroup, processes_cgroup }
+    }
+
+    /// Runs this pod's processes under `other`'s cgroup, as pods share a node's kubepods cgroup
+    /// that the programs attach to once.
+    pub fn share_cgroup_with(mut self, other: &PodFixture) -> Self {
+        self.processes_cgroup = other.cgroup.path.clone();
+        self
     }
 
     /// A process of the pod (in its namespace and cgroup).
     pub fn in_pod(&self) -> Probe {
-        Probe::new().netns(&self.pod.path()).cgroup(&self.cgroup.path)
+        Probe::new().netns(&self.pod.path()).cgroup(&self.processes_cgroup)
     }
 
     /// A process of the remote host.

@@ -107,7 +107,8 @@ impl Drop for Listener {
 /// Where a connection ended up, as reported by the peer that answered it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Landing {
-    /// A proxy answered; `orig` is what its SO_ORIGINAL_DST returned (`Err(errno)` on failure).
+    /// A proxy answered; `orig` is what its SO_ORIGINAL_DST returned (`Err(errno)` on failure,
+    /// `Err(0)` for a proxy started with `--no-orig`, which does not ask).
     Proxy { name: String, orig: Result<SocketAddrV4, i32>, peer: String, local: String },
     /// A plain server answered.
     Server { name: String, peer: String, local: String },
@@ -132,6 +133,7 @@ impl Landing {
             "proxy" => {
                 let orig = field("orig");
                 let orig = match orig.strip_prefix("errno:") {
+                    _ if orig == "-" => Err(0),
                     Some(errno) => Err(errno.parse().expect("errno")),
                     None => Ok(orig.parse().unwrap_or_else(|_| panic!("bad orig in {line:?}"))),
                 };

@@ -131,10 +131,12 @@ fn serve(args: &[String], is_proxy: bool) {
         let Ok(mut stream) = stream else { continue };
         let name = name.clone();
         std::thread::spawn(move || {
-            let orig = match (is_proxy && ask).then(|| original_dst(&stream)) {
+            // Asked twice: a proxy may ask again, and must get the same answer.
+            let orig = match (is_proxy && ask).then(|| (original_dst(&stream), original_dst(&stream))) {
                 None => "-".to_string(),
-                Some(Ok(a)) => a.to_string(),
-                Some(Err(errno)) => format!("errno:{errno}"),
+                Some((first, second)) if first != second => format!("inconsistent:{first:?}/{second:?}"),
+                Some((Ok(a), _)) => a.to_string(),
+                Some((Err(errno), _)) => format!("errno:{errno}"),
             };
             let peer = stream.peer_addr().map_or("-".into(), |a| a.to_string());
             let local = stream.local_addr().map_or("-".into(), |a| a.to_string());

@@ -1,0 +1,244 @@
+//! Outbound interception properties specific to the eBPF backend: per-pod identity, the original
+//! destination under load and port reuse, bounded state, counters, and detaching.
+use std::{net::SocketAddrV4, time::{Duration, Instant}};
+
+use interceptor::{
+    config::{PortRange, PortSet},
+    ebpf::LoadOptions,
+};
+use interceptor_common::counters::Decision;
+use interceptor_tests::{
+    Landing, PodFixture,
+    ebpf_backend::{attach, load, register},
+    fixture::REMOTE_ADDR,
+    privileged,
+    scenario::{APP_UID, OUTBOUND_PORT, PROXY_UID, Servers, linkerd_config},
+};
+
+#[test]
+fn counters_count_each_decision_per_pod() {
+    if !privileged("counters_count_each_decision_per_pod") {
+        return;
+    }
+    let fixture = PodFixture::new("count");
+    let _servers = Servers::start(&fixture);
+    let mut config = linkerd_config();
+    config.outbound_ports_to_ignore = PortSet(vec![PortRange::single(443)]);
+    config.outbound_subnets_to_ignore = vec!["198.51.100.0/24".parse().unwrap()];
+    let mut node = load(LoadOptions::default());
+    let cookie = register(&mut node, &fixture.pod, &config);
+    attach(&mut node, &fixture.cgroup.path);
+
+    let app = fixture.in_pod().uid(APP_UID);
+    for _ in 0..3 {
+        app.connect("192.0.2.2:1404").proxy_orig();
+    }
+    app.connect("127.0.0.1:8080").server_name();
+    app.connect("10.77.0.1:8081").server_name();
+    app.connect("10.77.0.2:443").server_name();
+    app.connect_with("198.51.100.9:80", &[]);
+    fixture.in_pod().uid(PROXY_UID).connect("10.77.0.2:80").server_name();
+
+    let counters = node.pods().counters(cookie).unwrap().expect("pod registered");
+    let expected = [
+        (Decision::Redirected, 3),
+        (Decision::OrigDstServed, 3),
+        (Decision::Loopback, 1),
+        (Decision::PodAddress, 1),
+        (Decision::IgnoredPort, 1),
+        (Decision::IgnoredSubnet, 1),
+        (Decision::ProxyUid, 1),
+        (Decision::ProxyGid, 0),
+        (Decision::OrigDstNotRecorded, 0),
+    ];
+    for (decision, want) in expected {
+        assert_eq!(counters.get(decision), want, "{}: {counters:?}", decision.name());
+    }
+}
+
+#[test]
+fn two_pods_with_identical_addresses_do_not_interfere() {
+    if !privileged("two_pods_with_identical_addresses_do_not_interfere") {
+        return;
+    }
+    // Both pods are 10.77.0.1 with a remote 10.77.0.2; one node attachment serves both.
+    let a = PodFixture::new("twin-a");
+    let b = PodFixture::new("twin-b").share_cgroup_with(&a);
+    let _servers_a = Servers::start(&a);
+    let _servers_b = Servers::start(&b);
+    let mut config_a = linkerd_config();
+    config_a.outbound_ports_to_ignore = PortSet(vec![PortRange::single(80)]);
+    let config_b = linkerd_config();
+    let mut node = load(LoadOptions::default());
+    register(&mut node, &a.pod, &config_a);
+    register(&mut node, &b.pod, &config_b);
+    attach(&mut node, &a.cgroup.path);
+    let app_a = a.in_pod().uid(APP_UID);
+    let app_b = b.in_pod().uid(APP_UID);
+
+    // Each pod's own configuration applies to it alone.
+    assert_eq!(app_a.connect("10.77.0.2:80").server_name(), "remote-80");
+    assert_eq!(app_b.connect("10.77.0.2:80").proxy_orig().to_string(), "10.77.0.2:80");
+
+    // Same source address and port in both pods, different destinations, at the same time:
+    // each pod's proxy gets its own answer.
+    for round in 0..20 {
+        let bind = format!("10.77.0.1:{}", 40000 + round);
+        let (la, lb) = std::thread::scope(|s| {
+            let ta = s.spawn(|| app_a.connect_with("192.0.2.1:1111", &["--bind", &bind, "--linger0"]));
+            let tb = s.spawn(|| app_b.connect_with("192.0.2.2:2222", &["--bind", &bind, "--linger0"]));
+            (ta.join().unwrap(), tb.join().unwrap())
+        });
+        assert_eq!(la.proxy_orig().to_string(), "192.0.2.1:1111", "round {round}: {la:?}");
+        assert_eq!(lb.proxy_orig().to_string(), "192.0.2.2:2222", "round {round}: {lb:?}");
+        for landing in [&la, &lb] {
+            let Landing::Proxy { peer, .. } = landing else { unreachable!() };
+            assert_eq!(peer, &bind, "the proxy sees the real client address");
+        }
+    }
+}
+
+#[test]
+fn thousands_of_short_connections_all_get_their_original_destination() {
+    if !privileged("thousands_of_short_connections_all_get_their_original_destination") {
+        return;
+    }
+    let fixture = PodFixture::new("loop");
+    let _servers = Servers::start(&fixture);
+    let mut node = load(LoadOptions::default());
+    let cookie = register(&mut node, &fixture.pod, &linkerd_config());
+    attach(&mut node, &fixture.cgroup.path);
+
+    // Closed with RST, so client ports are reused at once: every reuse must get its own answer.
+    let targets = ["192.0.2.1:80", "192.0.2.2:443", "192.0.2.3:8080", "198.51.100.7:5432", "10.77.0.2:80"];
+    let mut args = vec!["check", "--count", "3000", "--threads", "4"];
+    args.extend_from_slice(&targets);
+    let out = fixture.in_pod().uid(APP_UID).run(&args);
+    assert_eq!(out.first().map(String::as_str), Some("ok=3000 bad=0"), "{out:#?}");
+
+    let counters = node.pods().counters(cookie).unwrap().unwrap();
+    assert_eq!(counters.get(Decision::Redirected), 3000);
+    assert_eq!(counters.get(Decision::OrigDstServed), 3000);
+    // Every entry was consumed by the proxy: nothing is left behind.
+    assert_eq!(node.pods().pending_orig_dst_entries(), 0);
+}
+
+#[test]
+fn unread_original_destinations_are_bounded() {
+    if !privileged("unread_original_destinations_are_bounded") {
+        return;
+    }
+    let fixture = PodFixture::new("bound");
+    // A proxy that never asks SO_ORIGINAL_DST: nothing consumes the entries.
+    let _proxy = fixture.in_pod().uid(PROXY_UID).listen(&["proxy", "127.0.0.1:4140", "--no-orig"]);
+    let mut node = load(LoadOptions { orig_dst_capacity: 64 });
+    register(&mut node, &fixture.pod, &linkerd_config());
+    attach(&mut node, &fixture.cgroup.path);
+
+    let out = fixture.in_pod().uid(APP_UID).run(&["connect", "192.0.2.1:80", "--count", "300", "--linger0"]);
+    assert_eq!(out.len(), 300);
+    assert!(out.iter().all(|l| l.starts_with("who=proxy")), "{:?}", out.iter().find(|l| !l.starts_with("who=proxy")));
+    let pending = node.pods().pending_orig_dst_entries();
+    assert!(pending <= 64 && pending > 0, "pending entries: {pending}");
+}
+
+#[test]
+fn a_stale_entry_never_answers_for_a_reused_tuple() {
+    if !privileged("a_stale_entry_never_answers_for_a_reused_tuple") {
+        return;
+    }
+    let fixture = PodFixture::new("stale");
+    let mut node = load(LoadOptions::default());
+    register(&mut node, &fixture.pod, &linkerd_config());
+    attach(&mut node, &fixture.cgroup.path);
+    let app = fixture.in_pod().uid(APP_UID);
+    let proxy_addr = format!("127.0.0.1:{OUTBOUND_PORT}");
+
+    // 1. A redirected connection whose original destination the proxy never reads.
+    {
+        let _proxy = fixture.in_pod().uid(PROXY_UID).listen(&["proxy", &proxy_addr, "--no-orig"]);
+        let landing = app.connect_with("192.0.2.1:80", &["--bind", "127.0.0.1:41000", "--linger0"]);
+        assert!(matches!(landing, Landing::Proxy { .. }), "{landing:?}");
+        assert_eq!(node.pods().pending_orig_dst_entries(), 1);
+    }
+    // 2. A direct (loopback, not redirected) connection from the very same 4-tuple.
+    let _proxy = fixture.in_pod().uid(PROXY_UID).listen(&["proxy", &proxy_addr]);
+    let landing = app.connect_with(&proxy_addr, &["--bind", "127.0.0.1:41000", "--linger0"]);
+    match landing {
+        Landing::Proxy { orig: Err(_), .. } => {}
+        other => panic!("a stale original destination answered for another connection: {other:?}"),
+    }
+}
+
+#[test]
+fn udp_is_never_touched() {
+    if !privileged("udp_is_never_touched") {
+        return;
+    }
+    let fixture = PodFixture::new("udp");
+    let mut node = load(LoadOptions::default());
+    register(&mut node, &fixture.pod, &linkerd_config());
+    attach(&mut node, &fixture.cgroup.path);
+    let mut receiver = std::process::Command::new(interceptor_tests::probe::netprobe_path())
+        .args(["--netns", &fixture.remote.path().display().to_string(), "udp-server", "10.77.0.2:5353"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(receiver.stdout.take().unwrap()));
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    fixture.in_pod().uid(APP_UID).run(&["udp-send", "10.77.0.2:5353", "hello"]);
+    let got = lines.next().unwrap().unwrap();
+    receiver.kill().ok();
+    receiver.wait().ok();
+    assert!(got.starts_with("udp from=10.77.0.1:") && got.ends_with("msg=hello"), "{got}");
+}
+
+#[test]
+fn namespaces_that_are_not_registered_are_untouched() {
+    if !privileged("namespaces_that_are_not_registered_are_untouched") {
+        return;
+    }
+    let meshed = PodFixture::new("meshed");
+    let other = PodFixture::new("other").share_cgroup_with(&meshed);
+    let _servers = Servers::start(&other);
+    let mut node = load(LoadOptions::default());
+    register(&mut node, &meshed.pod, &linkerd_config());
+    attach(&mut node, &meshed.cgroup.path);
+    // In the attached cgroup, but in a namespace no pod registered.
+    let app = other.in_pod().uid(APP_UID);
+    assert_eq!(app.connect("10.77.0.2:80").server_name(), "remote-80");
+    assert_eq!(app.connect("192.0.2.1:80"), Landing::Failed("connect:ENETUNREACH".into()));
+}
+
+#[test]
+fn detaching_restores_direct_connections() {
+    if !privileged("detaching_restores_direct_connections") {
+        return;
+    }
+    let fixture = PodFixture::new("detach");
+    let _servers = Servers::start(&fixture);
+    let mut node = load(LoadOptions::default());
+    let cookie = register(&mut node, &fixture.pod, &linkerd_config());
+    attach(&mut node, &fixture.cgroup.path);
+    let app = fixture.in_pod().uid(APP_UID);
+    let remote: SocketAddrV4 = format!("{REMOTE_ADDR}:80").parse().unwrap();
+    assert_eq!(app.connect(&remote.to_string()).proxy_orig(), remote);
+
+    // Unregistering the pod stops interception at once, programs still attached.
+    node.pods().remove(cookie).unwrap();
+    assert_eq!(app.connect(&remote.to_string()).server_name(), "remote-80");
+
+    // Registered again, then detached altogether by dropping the node.
+    register(&mut node, &fixture.pod, &linkerd_config());
+    assert_eq!(app.connect(&remote.to_string()).proxy_orig(), remote);
+    drop(node);
+    // A child forked by another test may briefly hold copies of the link fds (TOOLCHAIN.md).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match app.connect(&remote.to_string()) {
+            Landing::Server { name, .. } if name == "remote-80" => break,
+            other if Instant::now() > deadline => panic!("still intercepted after detaching: {other:?}"),
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
