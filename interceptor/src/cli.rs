@@ -123,11 +123,11 @@ pub struct InterceptionArgs {
     pub outgoing_proxy_port: u16,
 
     /// Connections opened by this UID are never redirected (ignored when 0).
-    #[arg(short = 'u', long, value_parser = parse_id)]
+    #[arg(short = 'u', long, value_parser = parse_id, allow_hyphen_values = true)]
     pub proxy_uid: Option<u32>,
 
     /// Connections opened by this GID are never redirected (ignored when 0).
-    #[arg(short = 'g', long, value_parser = parse_id)]
+    #[arg(short = 'g', long, value_parser = parse_id, allow_hyphen_values = true)]
     pub proxy_gid: Option<u32>,
 
     /// Inbound ports and ranges never steered to the proxy (e.g. 4190,4191,25-30).
