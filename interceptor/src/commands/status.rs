@@ -1,7 +1,7 @@
 //! `interceptor status`: what is attached, which pods, their counters. Reads the state files and
 //! the pinned maps, so it works from any process.
 use aya::maps::{HashMap, Map, MapData, PerCpuArray};
-use interceptor_common::{PendingKey, PendingOrigDst, PodCounters, names};
+use interceptor_common::{PendingKey, PendingOrigDst, PodCounters, counters::Decision, names};
 use serde::Serialize;
 
 use crate::{
@@ -102,8 +102,9 @@ fn print_report(r: &InstanceReport) {
             c.outbound_ports_to_ignore,
         );
         if let Some(counters) = r.counters.iter().find(|x| x.netns_cookie == pod.netns_cookie) {
-            for (name, value) in &counters.counters {
-                println!("    {name:<34} {value}");
+            for decision in Decision::ALL {
+                let value = counters.counters.get(decision.name()).copied().unwrap_or(0);
+                println!("    {:<34} {value}", decision.name());
             }
         }
     }
