@@ -24,10 +24,24 @@ pub enum Decision {
     OrigDstNotRecorded = 7,
     /// The proxy read an original destination with `SO_ORIGINAL_DST`.
     OrigDstServed = 8,
+    /// Inbound connection delivered to the proxy's inbound listener.
+    Steered = 9,
+    /// Inbound: from inside the pod itself (loopback or one of its own addresses).
+    InboundFromPod = 10,
+    /// Inbound: destination port in the inbound ignore set.
+    InboundIgnoredPort = 11,
+    /// Inbound: source in a subnet to ignore.
+    InboundIgnoredSubnet = 12,
+    /// Inbound: `--ports-to-redirect` is set and does not list the destination port.
+    InboundPortNotRedirected = 13,
+    /// Inbound: to one of the proxy's own ports, which must never loop back into the proxy.
+    InboundProxyPort = 14,
+    /// Inbound: would be steered, but the proxy is not listening: dropped (fails closed).
+    InboundNoListener = 15,
 }
 
 impl Decision {
-    pub const ALL: [Decision; 9] = [
+    pub const ALL: [Decision; 16] = [
         Decision::Redirected,
         Decision::ProxyUid,
         Decision::ProxyGid,
@@ -37,6 +51,13 @@ impl Decision {
         Decision::IgnoredSubnet,
         Decision::OrigDstNotRecorded,
         Decision::OrigDstServed,
+        Decision::Steered,
+        Decision::InboundFromPod,
+        Decision::InboundIgnoredPort,
+        Decision::InboundIgnoredSubnet,
+        Decision::InboundPortNotRedirected,
+        Decision::InboundProxyPort,
+        Decision::InboundNoListener,
     ];
 
     /// Stable name used by `interceptor status` (text and JSON).
@@ -51,12 +72,18 @@ impl Decision {
             Decision::IgnoredSubnet => "outbound_exempt_ignored_subnet",
             Decision::OrigDstNotRecorded => "outbound_orig_dst_not_recorded",
             Decision::OrigDstServed => "orig_dst_served",
+            Decision::Steered => "inbound_steered",
+            Decision::InboundFromPod => "inbound_exempt_from_pod",
+            Decision::InboundIgnoredPort => "inbound_exempt_ignored_port",
+            Decision::InboundIgnoredSubnet => "inbound_exempt_ignored_subnet",
+            Decision::InboundPortNotRedirected => "inbound_exempt_port_not_redirected",
+            Decision::InboundProxyPort => "inbound_exempt_proxy_port",
+            Decision::InboundNoListener => "inbound_dropped_no_listener",
         }
     }
 }
 
-/// Number of counters per pod; leaves room for the inbound decisions without changing the
-/// value size of the counter map.
+/// Number of counters per pod.
 pub const COUNTERS_PER_POD: usize = 16;
 
 #[repr(C)]

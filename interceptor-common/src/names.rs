@@ -4,6 +4,10 @@
 pub const PROG_CONNECT4: &str = "icpt_connect4";
 pub const PROG_SOCKOPS: &str = "icpt_sockops";
 pub const PROG_GETSOCKOPT: &str = "icpt_getsockopt";
+/// Loaded once per pod (sk_lookup attaches to a network namespace, and cannot ask which one it
+/// runs in), with [`GLOBAL_POD_NETNS_COOKIE`] set to that pod's cookie.
+pub const PROG_SK_LOOKUP: &str = "icpt_sk_lookup";
+pub const GLOBAL_POD_NETNS_COOKIE: &str = "POD_NETNS_COOKIE";
 
 /// netns cookie -> [`crate::PodConfig`]: which pods are meshed, and how.
 pub const MAP_PODS: &str = "ICPT_PODS";
@@ -17,6 +21,10 @@ pub const MAP_COUNTERS: &str = "ICPT_COUNTERS";
 pub const MAP_SOCK_ORIG_DST: &str = "ICPT_SK_ORIG";
 /// LRU [`crate::PendingKey`] -> [`crate::PendingOrigDst`]: connections waiting for the proxy.
 pub const MAP_PENDING: &str = "ICPT_PENDING";
+/// Sock hash netns cookie -> the proxy's inbound listening socket.
+pub const MAP_LISTENERS: &str = "ICPT_LISTENERS";
 
-/// Every map the userspace side pins so `interceptor status` can read them from another process.
-pub const PINNED_MAPS: [&str; 4] = [MAP_PODS, MAP_LOCAL_ADDRS, MAP_COUNTERS, MAP_PENDING];
+/// Maps shared by the node's programs and every pod's sk_lookup instance (through pins), and
+/// read by `interceptor status` from another process.
+pub const SHARED_MAPS: [&str; 6] =
+    [MAP_PODS, MAP_LOCAL_ADDRS, MAP_SUBNETS, MAP_COUNTERS, MAP_PENDING, MAP_LISTENERS];

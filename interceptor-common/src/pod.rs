@@ -34,6 +34,10 @@ pub mod flags {
     pub const HAS_PROXY_GID: u32 = 1 << 1;
     /// The pod has outbound subnets to ignore: consult the subnet trie.
     pub const HAS_OUTBOUND_SUBNETS: u32 = 1 << 2;
+    /// The pod has inbound source subnets to ignore: consult the subnet trie.
+    pub const HAS_INBOUND_SUBNETS: u32 = 1 << 3;
+    /// `--ports-to-redirect` was given: only ports in `redirect_ports` are steered inbound.
+    pub const HAS_PORTS_TO_REDIRECT: u32 = 1 << 4;
 }
 
 /// How one pod is intercepted. Written by userspace, read on every connect in the pod.
@@ -52,6 +56,9 @@ pub struct PodConfig {
     pub inbound_port: u16,
     pub _pad: u32,
     pub outbound_ignore_ports: PortBitmap,
+    pub inbound_ignore_ports: PortBitmap,
+    /// Only meaningful with `flags::HAS_PORTS_TO_REDIRECT`.
+    pub redirect_ports: PortBitmap,
 }
 
 /// Key of the pod-local address set: (pod, IPv4 address).
@@ -82,6 +89,6 @@ pub struct SubnetKey {
 /// Bits of [`SubnetKey`] that precede the address.
 pub const SUBNET_KEY_FIXED_BITS: u32 = 96;
 
-const _: () = assert!(core::mem::size_of::<PodConfig>() == 24 + 8192);
+const _: () = assert!(core::mem::size_of::<PodConfig>() == 24 + 3 * 8192);
 const _: () = assert!(core::mem::size_of::<LocalAddrKey>() == 16);
 const _: () = assert!(core::mem::size_of::<SubnetKey>() == 16);

@@ -6,6 +6,7 @@
 #![no_main]
 
 mod maps;
+mod inbound;
 mod orig_dst;
 mod outbound;
 

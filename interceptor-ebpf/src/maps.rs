@@ -3,7 +3,7 @@
 use aya_ebpf::{
     btf_maps::SkStorage,
     macros::{btf_map, map},
-    maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, SockHash},
 };
 use interceptor_common::{
     LocalAddrKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS, MAX_SUBNET_RULES, OrigDst, PendingKey,
@@ -30,6 +30,11 @@ pub static COUNTERS: PerCpuArray<PodCounters> = PerCpuArray::with_max_entries(MA
 #[map(name = "ICPT_PENDING")]
 pub static PENDING: LruHashMap<PendingKey, PendingOrigDst> =
     LruHashMap::with_max_entries(DEFAULT_PENDING_ORIG_DST_CAPACITY, 0);
+
+/// The proxy's inbound listener per pod. The kernel removes a socket when it closes; the next
+/// listen() on the inbound port puts the new one in.
+#[map(name = "ICPT_LISTENERS")]
+pub static LISTENERS: SockHash<u64> = SockHash::with_max_entries(MAX_PODS, 0);
 
 /// Socket-local storage lives and dies with its socket: no cleanup, no growth.
 #[btf_map(name = "ICPT_SK_ORIG")]

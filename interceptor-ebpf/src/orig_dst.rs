@@ -2,7 +2,10 @@
 //! redirected connection by the 4-tuple the proxy will see, and `cgroup/getsockopt` answers from
 //! that index. See `interceptor_common::socket` for the whole life of an entry.
 use aya_ebpf::{
-    bindings::{bpf_sock, bpf_sockopt, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB},
+    bindings::{
+        bpf_sock, bpf_sockopt, BPF_ANY, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
+        BPF_SOCK_OPS_TCP_LISTEN_CB,
+    },
     helpers::generated::{bpf_get_netns_cookie, bpf_sk_storage_get, bpf_tcp_sock},
     macros::{cgroup_sockopt, sock_ops},
     programs::{SockOpsContext, SockoptContext},
@@ -12,20 +15,39 @@ use interceptor_common::{
     counters::Decision, OrigDst, PendingKey, PendingOrigDst, SOL_IP, SO_ORIGINAL_DST,
 };
 
-use crate::maps::{count, sk_orig_map, PENDING, PODS};
+use crate::maps::{count, sk_orig_map, LISTENERS, PENDING, PODS};
 
 const AF_INET: u16 = 2;
 const SOCKADDR_IN_LEN: usize = 16;
 const BPF_SK_STORAGE_GET_F_CREATE: u64 = 1;
 
 /// Runs for every TCP callback of every socket under the cgroup (about nine per connection, for
-/// both ends): everything but "an app socket finished connecting" returns at the first compare.
+/// both ends): everything but "an app socket finished connecting" and "a socket listens" returns
+/// after the first compares.
 #[sock_ops]
 pub fn icpt_sockops(ctx: SockOpsContext) -> u32 {
-    if ctx.op() == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB {
+    let op = ctx.op();
+    if op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB {
         index_redirected_connection(&ctx);
+    } else if op == BPF_SOCK_OPS_TCP_LISTEN_CB {
+        remember_inbound_listener(&ctx);
     }
     1
+}
+
+/// Whoever listens on a meshed pod's inbound port is its proxy's inbound listener, as with
+/// iptables REDIRECT: the proxy needs no change. A restarted proxy's new socket replaces the old
+/// one (the kernel already dropped the old one when it closed).
+#[inline(always)]
+fn remember_inbound_listener(ctx: &SockOpsContext) {
+    let mut netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    let Some(pod) = (unsafe { PODS.get(&netns_cookie) }) else {
+        return;
+    };
+    if ctx.local_port() != u32::from(pod.inbound_port) {
+        return;
+    }
+    let _ = LISTENERS.update(&mut netns_cookie, unsafe { &mut *ctx.ops }, BPF_ANY.into());
 }
 
 #[inline(always)]
@@ -80,12 +102,16 @@ fn serve_orig_dst(ctx: &SockoptContext, so: *mut bpf_sockopt) {
     }
 
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    let Some(pod) = (unsafe { PODS.get(&netns_cookie) }) else {
+        return;
+    };
     let key = PendingKey {
         netns_cookie,
         client_ip4_be: unsafe { (*sk).dst_ip4 },
         client_port: u32::from(u16::from_be(unsafe { (*sk).dst_port })),
     };
     let Some(pending) = (unsafe { PENDING.get(&key) }) else {
+        answer_local_address(so, sk);
         return;
     };
     let pending = *pending;
@@ -96,6 +122,7 @@ fn serve_orig_dst(ctx: &SockoptContext, so: *mut bpf_sockopt) {
     // snd_una - bytes_acked is this socket's initial sequence number + 1 for its whole life.
     let isn_next = unsafe { (*tcp).snd_una.wrapping_sub((*tcp).bytes_acked as u32) };
     if isn_next != pending.server_isn_next {
+        answer_local_address(so, sk);
         return;
     }
     let orig = OrigDst { netns_cookie, ip4_be: pending.ip4_be, port_be: pending.port_be, _pad: 0 };
@@ -109,9 +136,17 @@ fn serve_orig_dst(ctx: &SockoptContext, so: *mut bpf_sockopt) {
     };
     let _ = PENDING.remove(&key);
     write_sockaddr_in(so, orig.ip4_be, orig.port_be);
-    if let Some(pod) = unsafe { PODS.get(&netns_cookie) } {
-        count(pod.slot, Decision::OrigDstServed);
-    }
+    count(pod.slot, Decision::OrigDstServed);
+}
+
+/// Not an outbound-redirected connection: the original destination is the socket's own local
+/// address. That is the inbound case (sk_lookup delivers without rewriting addresses), and what
+/// conntrack answers for any connection that was not NATed.
+#[inline(always)]
+fn answer_local_address(so: *mut bpf_sockopt, sk: *mut bpf_sock) {
+    let ip4_be = unsafe { (*sk).src_ip4 };
+    let port_be = (unsafe { (*sk).src_port } as u16).to_be();
+    write_sockaddr_in(so, ip4_be, port_be);
 }
 
 #[inline(always)]

@@ -49,6 +49,10 @@ impl PodNetns {
         &self.path
     }
 
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
     /// Runs `f` on a thread that has entered this namespace.
     pub fn run_inside<T: Send>(
         &self,

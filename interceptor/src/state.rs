@@ -168,7 +168,8 @@ fn remove_pins(pin_dir: &Path) {
     let _ = fs::remove_dir(pin_dir);
 }
 
-fn ensure_bpffs(path: &Path) -> Result<(), StateError> {
+/// Mounts a bpffs on `path` unless one is there already.
+pub fn ensure_bpffs(path: &Path) -> Result<(), StateError> {
     let is_bpffs = |p: &Path| {
         File::open(p)
             .ok()

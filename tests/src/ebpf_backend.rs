@@ -11,11 +11,18 @@ pub struct Ebpf;
 
 impl Backend for Ebpf {
     fn attach(&self, fixture: &PodFixture, config: &InterceptionConfig) -> Box<dyn std::any::Any> {
-        let mut node = load(LoadOptions::default());
+        let mut node = load(options());
         register(&mut node, &fixture.pod, config);
         attach(&mut node, &fixture.cgroup.path);
         Box::new(node)
     }
+}
+
+/// Default options with a pin directory of this test's own (the node removes it when dropped).
+pub fn options() -> LoadOptions {
+    let bpffs = std::path::Path::new(interceptor::state::BPFFS_ROOT);
+    interceptor::state::ensure_bpffs(bpffs).expect("a bpffs on /sys/fs/bpf");
+    LoadOptions::new(bpffs.join("interceptor-tests").join(crate::unique_name("pins")))
 }
 
 pub fn load(options: LoadOptions) -> EbpfNode {

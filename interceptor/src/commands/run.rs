@@ -50,11 +50,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     cgroup::open_cgroup2(&cgroup)?;
 
     let lock = InstanceLock::acquire(paths)?;
-    let mut node = EbpfNode::load(LoadOptions { orig_dst_capacity: args.orig_dst_capacity })
-        .context("loading the eBPF programs")?;
+    let options = LoadOptions {
+        orig_dst_capacity: args.orig_dst_capacity,
+        pin_dir: lock.paths().pin_dir.clone(),
+    };
+    let mut node = EbpfNode::load(options).context("loading the eBPF programs")?;
     let slot = node.pods().add(&spec).context("registering the pod")?;
     node.attach(&cgroup).with_context(|| format!("attaching to cgroup {}", cgroup.display()))?;
-    node.pin_maps(&lock.paths().pin_dir)?;
     let mut state = InstanceState {
         instance: lock.paths().name.clone(),
         pid: std::process::id(),
@@ -122,7 +124,8 @@ fn pod_state(spec: &PodSpec, slot: u32) -> PodState {
 fn print_plan(config: &InterceptionConfig, netns: &PathBuf, cgroup: &PathBuf, paths: &InstancePaths) {
     println!("# simulate: nothing is changed");
     println!("load eBPF programs: cgroup/connect4, sock_ops, cgroup/getsockopt");
-    println!("attach them to cgroup {}", cgroup.display());
+    println!("pin their maps under {}", paths.pin_dir.display());
     println!("register pod {} ({config})", netns.display());
-    println!("pin maps under {}", paths.pin_dir.display());
+    println!("attach sk_lookup to network namespace {}", netns.display());
+    println!("attach them to cgroup {}", cgroup.display());
 }

@@ -3,7 +3,7 @@ use std::path::{Path, PathBuf};
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{CgroupAttachMode, CgroupSockAddr, CgroupSockopt, SockOps},
+    programs::{CgroupAttachMode, CgroupSockAddr, CgroupSockopt, SkLookup, SockOps},
 };
 use interceptor_common::names;
 use serde::{Deserialize, Serialize};
@@ -23,6 +23,7 @@ pub struct ProgramState {
     pub attach_type: String,
 }
 
+/// The node-wide programs; `icpt_sk_lookup` is loaded per pod instead.
 const PROGRAMS: [(&str, &str); 3] = [
     (names::PROG_CONNECT4, "cgroup/connect4"),
     (names::PROG_SOCKOPS, "sock_ops"),
@@ -35,8 +36,8 @@ pub(super) struct Attached {
 }
 
 impl Attached {
-    pub(super) fn load(options: LoadOptions) -> Result<(Self, PodMaps), EbpfError> {
-        let mut ebpf = EbpfLoader::new()
+    pub(super) fn load(options: &LoadOptions) -> Result<(Self, PodMaps), EbpfError> {
+        let mut ebpf = loader(&options.pin_dir)
             .map_max_entries(names::MAP_PENDING, options.orig_dst_capacity)
             .load(OBJECT)?;
         let program_error = |name| move |source| EbpfError::Program { name, source };
@@ -83,6 +84,31 @@ impl Attached {
             })
             .collect()
     }
+}
+
+/// A loader that creates the shared maps pinned in `pin_dir`, or opens them there when they
+/// already exist (so every pod's sk_lookup instance uses the node's maps).
+pub(super) fn loader(pin_dir: &Path) -> EbpfLoader<'static> {
+    let mut loader = EbpfLoader::new();
+    for name in names::SHARED_MAPS {
+        loader.map_pin_path(name, pin_dir.join(name));
+    }
+    loader
+}
+
+/// Loads one pod's sk_lookup instance (its netns cookie baked in) and attaches it to the pod's
+/// network namespace. Dropping the returned `Ebpf` detaches it.
+pub(super) fn load_inbound(pin_dir: &Path, netns_cookie: u64, netns: &crate::netns::PodNetns) -> Result<Ebpf, EbpfError> {
+    let mut ebpf = loader(pin_dir)
+        .override_global(names::GLOBAL_POD_NETNS_COOKIE, &netns_cookie, true)
+        .load(OBJECT)?;
+    let name = names::PROG_SK_LOOKUP;
+    let sk_lookup: &mut SkLookup = program(&mut ebpf, name)?;
+    sk_lookup.load().map_err(|source| EbpfError::Program { name, source })?;
+    sk_lookup
+        .attach(netns.file())
+        .map_err(|source| EbpfError::AttachNetns { name, netns: netns.path().to_owned(), source })?;
+    Ok(ebpf)
 }
 
 fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, EbpfError>

@@ -1,6 +1,7 @@
 //! The eBPF backend: one attachment per node (a cgroup v2 directory), pods as map entries keyed
 //! by their network namespace cookie. Meshing one pod (`interceptor run`) and many (the node
 //! agent) both go through [`EbpfNode`].
+mod listener;
 mod loader;
 mod pods;
 
@@ -33,10 +34,14 @@ pub enum EbpfError {
     Missing { kind: &'static str, name: &'static str },
     #[error("map {map}: {source}")]
     Map { map: &'static str, source: MapError },
-    #[error("pinning map {map} at {path}: {source}")]
-    Pin { map: &'static str, path: PathBuf, source: aya::pin::PinError },
     #[error("all {0} pod slots are in use: remove a pod first")]
     NoFreeSlot(u32),
+    #[error("creating the pin directory {path}: {source}")]
+    PinDir { path: PathBuf, source: std::io::Error },
+    #[error("attaching {name} to network namespace {netns}: {source}")]
+    AttachNetns { name: &'static str, netns: PathBuf, source: ProgramError },
+    #[error(transparent)]
+    Netns(#[from] crate::netns::NetnsError),
     #[error("pod with netns cookie {0} is already registered")]
     AlreadyRegistered(u64),
     #[error("pod {netns} has {count} IPv4 addresses, more than the {max} supported")]
@@ -66,16 +71,22 @@ impl Counters {
     }
 }
 
-/// Loader options that change the object before it is loaded.
-#[derive(Clone, Copy, Debug)]
+/// How to load the node's programs.
+#[derive(Clone, Debug)]
 pub struct LoadOptions {
     /// Capacity of the map of original destinations not yet read by the proxy.
     pub orig_dst_capacity: u32,
+    /// Directory on a bpffs where the shared maps are pinned: each pod's sk_lookup instance
+    /// opens them there, and so does `interceptor status`. Removed when the node is dropped.
+    pub pin_dir: PathBuf,
 }
 
-impl Default for LoadOptions {
-    fn default() -> Self {
-        Self { orig_dst_capacity: interceptor_common::DEFAULT_PENDING_ORIG_DST_CAPACITY }
+impl LoadOptions {
+    pub fn new(pin_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            orig_dst_capacity: interceptor_common::DEFAULT_PENDING_ORIG_DST_CAPACITY,
+            pin_dir: pin_dir.into(),
+        }
     }
 }
 
@@ -86,10 +97,13 @@ pub struct EbpfNode {
 }
 
 impl EbpfNode {
-    /// Loads the programs (verifying them) without attaching anything.
+    /// Loads the programs (verifying them) and creates the shared maps, pinned under
+    /// `options.pin_dir`, without attaching anything.
     pub fn load(options: LoadOptions) -> Result<Self, EbpfError> {
-        let (attached, maps) = loader::Attached::load(options)?;
-        Ok(Self { attached, pods: PodRegistry::new(maps) })
+        std::fs::create_dir_all(&options.pin_dir)
+            .map_err(|source| EbpfError::PinDir { path: options.pin_dir.clone(), source })?;
+        let (attached, maps) = loader::Attached::load(&options)?;
+        Ok(Self { attached, pods: PodRegistry::new(maps, options.pin_dir) })
     }
 
     /// Attaches every program to `cgroup`. Kernel >= 5.7 (link-based cgroup attachment).
@@ -103,10 +117,5 @@ impl EbpfNode {
 
     pub fn pods(&mut self) -> &mut PodRegistry {
         &mut self.pods
-    }
-
-    /// Pins the maps `interceptor status` reads under `dir` (on a bpffs).
-    pub fn pin_maps(&self, dir: &Path) -> Result<(), EbpfError> {
-        self.pods.pin(dir)
     }
 }

@@ -3,13 +3,14 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::Ipv4Addr,
-    path::Path,
+    os::fd::AsFd as _,
+    path::PathBuf,
 };
 
 use aya::{
     Ebpf,
     maps::{
-        HashMap, IterableMap as _, Map, MapData, MapError, PerCpuArray, PerCpuValues,
+        HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues, SockHash,
         lpm_trie::{Key, LpmTrie},
     },
 };
@@ -20,8 +21,10 @@ use interceptor_common::{
 };
 use ipnet::IpNet;
 
-use super::{Counters, EbpfError, PodSpec};
-use crate::config::InterceptionConfig;
+use super::{Counters, EbpfError, PodSpec, listener::find_listener, loader::load_inbound};
+use crate::{config::InterceptionConfig, netns::PodNetns};
+
+const BPF_NOEXIST: u64 = 1;
 
 /// The maps userspace writes, taken out of the loaded object.
 pub(super) struct PodMaps {
@@ -30,6 +33,7 @@ pub(super) struct PodMaps {
     subnets: LpmTrie<MapData, SubnetKey, u8>,
     counters: PerCpuArray<MapData, PodCounters>,
     pending: HashMap<MapData, PendingKey, PendingOrigDst>,
+    listeners: SockHash<MapData, u64>,
 }
 
 fn map_error(map: &'static str) -> impl Fn(MapError) -> EbpfError {
@@ -56,6 +60,9 @@ impl PodMaps {
             pending: take(ebpf, names::MAP_PENDING)?
                 .try_into()
                 .map_err(map_error(names::MAP_PENDING))?,
+            listeners: take(ebpf, names::MAP_LISTENERS)?
+                .try_into()
+                .map_err(map_error(names::MAP_LISTENERS))?,
         })
     }
 }
@@ -65,17 +72,20 @@ struct Registered {
     slot: u32,
     addresses: BTreeSet<Ipv4Addr>,
     subnets: Vec<Key<SubnetKey>>,
+    /// The pod's sk_lookup instance; dropping it detaches it from the pod's namespace.
+    inbound: Option<Ebpf>,
 }
 
 /// The pods one node attachment serves.
 pub struct PodRegistry {
     maps: PodMaps,
     pods: BTreeMap<u64, Registered>,
+    pin_dir: PathBuf,
 }
 
 impl PodRegistry {
-    pub(super) fn new(maps: PodMaps) -> Self {
-        Self { maps, pods: BTreeMap::new() }
+    pub(super) fn new(maps: PodMaps, pin_dir: PathBuf) -> Self {
+        Self { maps, pods: BTreeMap::new(), pin_dir }
     }
 
     /// Registers a pod. Its configuration is written last, so the programs never see a pod whose
@@ -95,8 +105,10 @@ impl PodRegistry {
                 max: MAX_LOCAL_ADDRS_PER_POD,
             });
         }
+        let netns = PodNetns::open(&spec.netns_path)?;
         self.zero_counters(slot)?;
-        let mut registered = Registered { slot, addresses: BTreeSet::new(), subnets: Vec::new() };
+        let mut registered =
+            Registered { slot, addresses: BTreeSet::new(), subnets: Vec::new(), inbound: None };
         let result = self
             .write_addresses(cookie, &mut registered, &spec.addresses)
             .and_then(|()| self.write_subnets(cookie, &mut registered, &spec.config))
@@ -105,6 +117,12 @@ impl PodRegistry {
                     .pods
                     .insert(cookie, pod_config(slot, &spec.config), 0)
                     .map_err(map_error(names::MAP_PODS))
+            })
+            .and_then(|()| {
+                // From here on inbound connections are steered, or dropped until the proxy
+                // listens: the pod fails closed from its first registered moment.
+                registered.inbound = Some(load_inbound(&self.pin_dir, cookie, &netns)?);
+                self.adopt_existing_listener(cookie, &netns, spec.config.incoming_proxy_port)
             });
         self.pods.insert(cookie, registered);
         if let Err(e) = result {
@@ -114,16 +132,46 @@ impl PodRegistry {
         Ok(slot)
     }
 
+    /// Puts a listener that existed before registration into the listener map (new ones are
+    /// caught by sock_ops; see `listener.rs`). A listener already in the map is newer: keep it.
+    fn adopt_existing_listener(&mut self, cookie: u64, netns: &PodNetns, port: u16) -> Result<(), EbpfError> {
+        if self.has_listener(cookie) {
+            return Ok(());
+        }
+        let Some(socket) = find_listener(netns.path(), port) else {
+            return Ok(());
+        };
+        tracing::info!(netns = %netns.path().display(), port, "adopting the proxy's existing inbound listener");
+        // Our duplicate is closed right after: the map holds the socket only while the proxy
+        // keeps it open.
+        self.maps
+            .listeners
+            .insert(cookie, socket.as_fd(), BPF_NOEXIST)
+            .or_else(|e| match e {
+                // A listen() in between got there first, and it is the newer socket.
+                MapError::SyscallError(ref s) if s.io_error.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+                e => Err(e),
+            })
+            .map_err(map_error(names::MAP_LISTENERS))
+    }
+
+    /// Whether the pod's proxy is listening (as far as steering knows).
+    pub fn has_listener(&self, cookie: u64) -> bool {
+        self.maps.listeners.get(&cookie, 0).is_ok()
+    }
+
     /// Unregisters a pod: its connections are no longer intercepted from this call on.
     pub fn remove(&mut self, cookie: u64) -> Result<(), EbpfError> {
         let Some(registered) = self.pods.remove(&cookie) else {
             return Ok(());
         };
         let ignore_absent = |r: Result<(), MapError>| match r {
-            Err(MapError::KeyNotFound) | Ok(()) => Ok(()),
-            Err(e) => Err(e),
+            Err(e) if is_absent(&e) => Ok(()),
+            r => r,
         };
         ignore_absent(self.maps.pods.remove(&cookie)).map_err(map_error(names::MAP_PODS))?;
+        drop(registered.inbound);
+        ignore_absent(self.maps.listeners.remove(&cookie)).map_err(map_error(names::MAP_LISTENERS))?;
         for ip in &registered.addresses {
             ignore_absent(self.maps.local_addrs.remove(&local_key(cookie, *ip)))
                 .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
@@ -156,17 +204,6 @@ impl PodRegistry {
         self.maps.pending.keys().filter(Result::is_ok).count()
     }
 
-    pub(super) fn pin(&self, dir: &Path) -> Result<(), EbpfError> {
-        let pin = |map: &MapData, name: &'static str| {
-            let path = dir.join(name);
-            map.pin(&path).map_err(|source| EbpfError::Pin { map: name, path, source })
-        };
-        pin(self.maps.pods.map(), names::MAP_PODS)?;
-        pin(self.maps.local_addrs.map(), names::MAP_LOCAL_ADDRS)?;
-        pin(self.maps.counters.map(), names::MAP_COUNTERS)?;
-        pin(self.maps.pending.map(), names::MAP_PENDING)
-    }
-
     fn write_addresses(
         &mut self,
         cookie: u64,
@@ -182,8 +219,8 @@ impl PodRegistry {
         }
         for ip in registered.addresses.difference(&wanted) {
             match self.maps.local_addrs.remove(&local_key(cookie, *ip)) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(e) => return Err(map_error(names::MAP_LOCAL_ADDRS)(e)),
+                Err(e) if !is_absent(&e) => return Err(map_error(names::MAP_LOCAL_ADDRS)(e)),
+                _ => {}
             }
         }
         registered.addresses = wanted;
@@ -222,6 +259,15 @@ impl PodRegistry {
     }
 }
 
+/// A delete of a key that is not there (hash maps say KeyNotFound, sock hashes ENOENT).
+fn is_absent(e: &MapError) -> bool {
+    match e {
+        MapError::KeyNotFound => true,
+        MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),
+        _ => false,
+    }
+}
+
 fn local_key(netns_cookie: u64, ip: Ipv4Addr) -> LocalAddrKey {
     LocalAddrKey { netns_cookie, ip4_be: u32::from(ip).to_be(), _pad: 0 }
 }
@@ -237,6 +283,16 @@ fn pod_config(slot: u32, config: &InterceptionConfig) -> PodConfig {
     if config.outbound_subnets_to_ignore.iter().any(|n| matches!(n, IpNet::V4(_))) {
         pod_flags |= flags::HAS_OUTBOUND_SUBNETS;
     }
+    if config.subnets_to_ignore.iter().any(|n| matches!(n, IpNet::V4(_))) {
+        pod_flags |= flags::HAS_INBOUND_SUBNETS;
+    }
+    let mut redirect_ports = interceptor_common::PortBitmap::EMPTY;
+    for port in &config.ports_to_redirect {
+        redirect_ports.insert(*port);
+    }
+    if !config.ports_to_redirect.is_empty() {
+        pod_flags |= flags::HAS_PORTS_TO_REDIRECT;
+    }
     PodConfig {
         slot,
         flags: pod_flags,
@@ -246,6 +302,8 @@ fn pod_config(slot: u32, config: &InterceptionConfig) -> PodConfig {
         inbound_port: config.incoming_proxy_port,
         _pad: 0,
         outbound_ignore_ports: config.outbound_ports_to_ignore.bitmap(),
+        inbound_ignore_ports: config.inbound_ports_to_ignore.bitmap(),
+        redirect_ports,
     }
 }
 
@@ -262,4 +320,18 @@ pub fn read_counters<T: std::borrow::Borrow<MapData>>(
         }
     }
     Ok(Counters(sum))
+}
+
+impl Drop for PodRegistry {
+    fn drop(&mut self) {
+        // Detach every pod's sk_lookup instance, then drop the pins: the maps themselves go away
+        // once no program or process uses them.
+        for (_, registered) in std::mem::take(&mut self.pods) {
+            drop(registered.inbound);
+        }
+        for name in names::SHARED_MAPS {
+            let _ = std::fs::remove_file(self.pin_dir.join(name));
+        }
+        let _ = std::fs::remove_dir(&self.pin_dir);
+    }
 }

@@ -1,0 +1,83 @@
+//! Finding a proxy inbound listener that already existed when the pod was registered.
+//!
+//! New listeners are caught in the kernel: the sock_ops program sees every listen() in a meshed
+//! pod (`BPF_SOCK_OPS_TCP_LISTEN_CB`) and puts the socket on the inbound port in the listener map.
+//! A socket that was listening before that program was attached produced no callback, so on
+//! registration userspace looks for it: a process in the pod's namespace with a TCP socket in
+//! LISTEN state on the inbound port (from /proc/PID/net/tcp{,6} and /proc/PID/fd), and takes a
+//! duplicate of it with pidfd_getfd(2) (Linux 5.6) to insert into the map. No change to the proxy.
+use std::{
+    collections::HashSet,
+    fs,
+    os::fd::{FromRawFd as _, OwnedFd},
+    os::unix::fs::MetadataExt as _,
+    path::Path,
+};
+
+/// `TCP_LISTEN` in /proc/net/tcp's `st` column.
+const TCP_LISTEN: &str = "0A";
+
+/// A duplicate of a listening TCP socket bound to `port` in the namespace at `netns`, if any
+/// process there has one.
+pub fn find_listener(netns: &Path, port: u16) -> Option<OwnedFd> {
+    let target = fs::metadata(netns).ok()?;
+    for pid in fs::read_dir("/proc").ok()?.flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()) {
+        let proc_dir = Path::new("/proc").join(pid.to_string());
+        let Ok(ns) = fs::metadata(proc_dir.join("ns/net")) else { continue };
+        if (ns.dev(), ns.ino()) != (target.dev(), target.ino()) {
+            continue;
+        }
+        let inodes = listening_inodes(&proc_dir, port);
+        if inodes.is_empty() {
+            continue;
+        }
+        let Ok(fds) = fs::read_dir(proc_dir.join("fd")) else { continue };
+        for fd in fds.flatten() {
+            let Ok(link) = fs::read_link(fd.path()) else { continue };
+            let inode = link.to_str().and_then(|l| l.strip_prefix("socket:[")?.strip_suffix(']')?.parse::<u64>().ok());
+            if inode.is_some_and(|i| inodes.contains(&i)) {
+                let fd_num: i32 = fd.file_name().to_str()?.parse().ok()?;
+                if let Some(dup) = steal_fd(pid, fd_num) {
+                    return Some(dup);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Inodes of sockets listening on `port` in the namespace of `proc_dir`'s process.
+fn listening_inodes(proc_dir: &Path, port: u16) -> HashSet<u64> {
+    let mut inodes = HashSet::new();
+    for table in ["net/tcp", "net/tcp6"] {
+        let Ok(text) = fs::read_to_string(proc_dir.join(table)) else { continue };
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            let (Some(local), Some(state), Some(inode)) = (fields.get(1), fields.get(3), fields.get(9)) else {
+                continue;
+            };
+            let local_port = local.rsplit_once(':').and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+            if *state == TCP_LISTEN && local_port == Some(port) {
+                if let Ok(inode) = inode.parse() {
+                    inodes.insert(inode);
+                }
+            }
+        }
+    }
+    inodes
+}
+
+/// A duplicate of another process's file descriptor (pidfd_open + pidfd_getfd).
+fn steal_fd(pid: i32, fd: i32) -> Option<OwnedFd> {
+    // SAFETY: raw syscalls with plain integer arguments; each returned fd is owned at once.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid, 0);
+        if pidfd < 0 {
+            return None;
+        }
+        let pidfd = OwnedFd::from_raw_fd(pidfd as i32);
+        let dup = libc::syscall(libc::SYS_pidfd_getfd, std::os::fd::AsRawFd::as_raw_fd(&pidfd), fd, 0);
+        (dup >= 0).then(|| OwnedFd::from_raw_fd(dup as i32))
+    }
+}
