@@ -1,5 +1,6 @@
-//! The behaviour contract (SPEC "Outbound") as one table of scenarios, run the same way against
-//! every backend: who connects, to what, under which configuration, and where it must land.
+//! The behaviour contract (SPEC "Outbound" and "Inbound") as one table of scenarios, run the same
+//! way against every backend: who connects, from where, to what, under which configuration, and
+//! where it must land.
 use std::{collections::BTreeMap, net::SocketAddrV4};
 
 use interceptor::config::{InterceptionConfig, PortRange, PortSet};
@@ -39,14 +40,26 @@ pub fn linkerd_config() -> InterceptionConfig {
 pub enum Expect {
     /// On the outbound proxy, whose SO_ORIGINAL_DST returns the connect's target.
     ProxyWithOrigDst,
+    /// On the inbound proxy, whose SO_ORIGINAL_DST returns the connect's target.
+    InboundProxyWithOrigDst,
     /// On the named real server (see [`Servers`]).
     Server(&'static str),
     /// Failing with this error (e.g. `connect:ENETUNREACH`: the real, unreachable destination).
     Failed(&'static str),
 }
 
+/// Where the connecting process runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum From {
+    /// Inside the pod (its namespace and cgroup), as `app_uid`.
+    Pod,
+    /// On the remote host (10.77.0.2), a client of the pod.
+    Remote,
+}
+
 pub struct Scenario {
     pub name: &'static str,
+    pub from: From,
     pub configure: fn(&mut InterceptionConfig),
     pub app_uid: u32,
     pub app_gid: Option<u32>,
@@ -57,7 +70,11 @@ pub struct Scenario {
 fn unchanged(_: &mut InterceptionConfig) {}
 
 const fn app(name: &'static str, target: &'static str, expect: Expect) -> Scenario {
-    Scenario { name, configure: unchanged, app_uid: APP_UID, app_gid: None, target, expect }
+    Scenario { name, from: From::Pod, configure: unchanged, app_uid: APP_UID, app_gid: None, target, expect }
+}
+
+const fn client(name: &'static str, target: &'static str, expect: Expect) -> Scenario {
+    Scenario { from: From::Remote, ..app(name, target, expect) }
 }
 
 /// SPEC "Outbound", rule by rule, each with the side that is intercepted and the side that is not.
@@ -108,21 +125,69 @@ pub const OUTBOUND: &[Scenario] = &[
     },
 ];
 
+/// SPEC "Inbound", rule by rule. The pod is 10.77.0.1; its app serves 80, 4190 and 9090 on all
+/// addresses; clients connect from the remote host 10.77.0.2 unless the row says otherwise.
+pub const INBOUND: &[Scenario] = &[
+    client("inbound_is_steered_to_the_proxy", "10.77.0.1:80", Expect::InboundProxyWithOrigDst),
+    client("an_ignored_inbound_port_reaches_the_app", "10.77.0.1:4190", Expect::Server("app-4190")),
+    Scenario {
+        configure: |c| c.inbound_ports_to_ignore = PortSet(vec![PortRange { low: 9000, high: 9200 }]),
+        ..client("a_port_in_an_ignored_inbound_range_reaches_the_app", "10.77.0.1:9090", Expect::Server("app-9090"))
+    },
+    Scenario {
+        configure: |c| c.subnets_to_ignore = vec!["10.77.0.0/24".parse().unwrap()],
+        ..client("a_client_in_an_ignored_subnet_reaches_the_app", "10.77.0.1:80", Expect::Server("app-80"))
+    },
+    Scenario {
+        configure: |c| c.subnets_to_ignore = vec!["192.0.2.0/24".parse().unwrap()],
+        ..client("clients_outside_ignored_subnets_are_steered", "10.77.0.1:80", Expect::InboundProxyWithOrigDst)
+    },
+    Scenario {
+        configure: |c| c.ports_to_redirect = vec![9090],
+        ..client("ports_to_redirect_steers_listed_ports", "10.77.0.1:9090", Expect::InboundProxyWithOrigDst)
+    },
+    Scenario {
+        configure: |c| c.ports_to_redirect = vec![9090],
+        ..client("ports_to_redirect_leaves_other_ports_alone", "10.77.0.1:80", Expect::Server("app-80"))
+    },
+    client("the_proxy_port_itself_reaches_the_proxy", "10.77.0.1:4143", Expect::InboundProxyWithOrigDst),
+    app("the_pod_reaching_its_own_address_is_not_steered", "10.77.0.1:80", Expect::Server("app-80")),
+    app("the_pod_over_loopback_is_not_steered", "127.0.0.1:80", Expect::Server("app-80")),
+    Scenario {
+        app_uid: PROXY_UID,
+        ..app("the_proxy_forwarding_to_the_app_does_not_loop", "10.77.0.1:80", Expect::Server("app-80"))
+    },
+];
+
 pub fn scenario(name: &str) -> &'static Scenario {
-    OUTBOUND.iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no scenario {name}"))
+    OUTBOUND
+        .iter()
+        .chain(INBOUND)
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("no scenario {name}"))
 }
 
-/// The processes every scenario runs against: the proxy's outbound listener (as the proxy UID),
-/// servers of the pod itself, and servers on the remote host.
+/// The processes every scenario runs against: the proxy's outbound and inbound listeners (as the
+/// proxy UID), servers of the pod itself, and servers on the remote host.
 pub struct Servers {
     _listeners: BTreeMap<&'static str, Listener>,
 }
 
 impl Servers {
     pub fn start(fixture: &PodFixture) -> Self {
+        let mut servers = Self::without_inbound_proxy(fixture);
+        servers._listeners.insert("inbound", start_inbound_proxy(fixture));
+        servers
+    }
+
+    /// Everything but the inbound proxy (tests of a proxy that is not listening yet).
+    pub fn without_inbound_proxy(fixture: &PodFixture) -> Self {
         let mut listeners = BTreeMap::new();
         let outbound = format!("127.0.0.1:{OUTBOUND_PORT}");
         listeners.insert("proxy", fixture.in_pod().uid(PROXY_UID).listen(&["proxy", &outbound, "--name", "outbound"]));
+        for (name, addr) in [("app-80", "0.0.0.0:80"), ("app-4190", "0.0.0.0:4190"), ("app-9090", "0.0.0.0:9090")] {
+            listeners.insert(name, fixture.in_pod().listen(&["server", addr, "--name", name]));
+        }
         listeners.insert("pod-lo", fixture.in_pod().listen(&["server", "127.0.0.1:8080", "--name", "pod-lo"]));
         listeners.insert("pod-lo2", fixture.in_pod().listen(&["server", "127.0.0.2:8080", "--name", "pod-lo2"]));
         let own = format!("{POD_ADDR}:8081");
@@ -133,6 +198,12 @@ impl Servers {
         }
         Self { _listeners: listeners }
     }
+}
+
+/// The proxy's inbound listener, on all addresses as Linkerd's proxy listens.
+pub fn start_inbound_proxy(fixture: &PodFixture) -> Listener {
+    let inbound = format!("0.0.0.0:{INBOUND_PORT}");
+    fixture.in_pod().uid(PROXY_UID).listen(&["proxy", &inbound, "--name", "inbound"])
 }
 
 /// A backend under test: attaches interception for the fixture's pod; dropping the returned
@@ -149,14 +220,23 @@ pub fn run(backend: &dyn Backend, scenario: &Scenario) {
     (scenario.configure)(&mut config);
     let _attached = backend.attach(&fixture, &config);
 
-    let mut app = fixture.in_pod().uid(scenario.app_uid);
+    let mut process = match scenario.from {
+        From::Pod => fixture.in_pod().uid(scenario.app_uid),
+        From::Remote => fixture.on_remote(),
+    };
     if let Some(gid) = scenario.app_gid {
-        app = app.gid(gid);
+        process = process.gid(gid);
     }
-    let landing = app.connect(scenario.target);
+    let landing = process.connect(scenario.target);
     let target: SocketAddrV4 = scenario.target.parse().expect("scenario target");
     let ok = match (&scenario.expect, &landing) {
-        (Expect::ProxyWithOrigDst, Landing::Proxy { orig: Ok(orig), .. }) => *orig == target,
+        (Expect::ProxyWithOrigDst, Landing::Proxy { name, orig: Ok(orig), .. }) => {
+            name == "outbound" && *orig == target
+        }
+        // sk_lookup delivers without rewriting: the accepted socket's own address is the original.
+        (Expect::InboundProxyWithOrigDst, Landing::Proxy { name, orig: Ok(orig), local, peer }) => {
+            name == "inbound" && *orig == target && *local == target.to_string() && peer.starts_with(REMOTE_ADDR)
+        }
         (Expect::Server(want), Landing::Server { name, .. }) => name == want,
         (Expect::Failed(want), Landing::Failed(got)) => got == want,
         _ => false,

@@ -157,7 +157,9 @@ impl PodRegistry {
 
     /// Whether the pod's proxy is listening (as far as steering knows).
     pub fn has_listener(&self, cookie: u64) -> bool {
-        self.maps.listeners.get(&cookie, 0).is_ok()
+        // Walk the keys: a sock hash lookup from userspace needs 8-byte values (socket cookies),
+        // and aya-ebpf declares 4-byte ones.
+        self.maps.listeners.keys().any(|k| k.is_ok_and(|k| k == cookie))
     }
 
     /// Unregisters a pod: its connections are no longer intercepted from this call on.
