@@ -116,6 +116,10 @@ fn run_meshes_a_pod_reports_status_and_detaches_on_sigterm() {
     assert_eq!(counters["orig_dst_served"], 1, "{counters}");
     assert_eq!(counters["outbound_exempt_ignored_port"], 1, "{counters}");
     assert_eq!(report["pending_orig_dst"], 0);
+    assert_eq!(report["counters"][0]["inbound_listener"], true);
+    let landing = fixture.on_remote().connect("10.77.0.1:80");
+    assert!(matches!(&landing, Landing::Proxy { name, .. } if name == "inbound"), "{landing:?}");
+    assert_eq!(status(&instance)["counters"][0]["counters"]["inbound_steered"], 1);
 
     let (exit, logs) = running.stop();
     assert!(exit.success(), "run exits 0 on SIGTERM: {exit} {logs:#?}");
@@ -127,6 +131,7 @@ fn run_meshes_a_pod_reports_status_and_detaches_on_sigterm() {
 
     // Detached: direct connections again, and no state left behind.
     assert_eq!(app.connect("10.77.0.2:80").server_name(), "remote-80");
+    assert_eq!(fixture.on_remote().connect("10.77.0.1:80").server_name(), "app-80");
     assert_eq!(app.connect("192.0.2.2:1404"), Landing::Failed("connect:ENETUNREACH".into()));
     assert!(!std::path::Path::new("/run/interceptor").join(&instance).exists());
     assert!(!std::path::Path::new("/sys/fs/bpf/interceptor").join(&instance).exists());

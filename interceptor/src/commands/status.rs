@@ -1,6 +1,6 @@
 //! `interceptor status`: what is attached, which pods, their counters. Reads the state files and
 //! the pinned maps, so it works from any process.
-use aya::maps::{HashMap, Map, MapData, PerCpuArray};
+use aya::maps::{HashMap, Map, MapData, PerCpuArray, SockHash};
 use interceptor_common::{PendingKey, PendingOrigDst, PodCounters, counters::Decision, names};
 use serde::Serialize;
 
@@ -23,6 +23,8 @@ struct InstanceReport {
 #[derive(Serialize)]
 struct PodCountersReport {
     netns_cookie: u64,
+    /// Whether the proxy's inbound listener is known to steering (else inbound is dropped).
+    inbound_listener: bool,
     counters: std::collections::BTreeMap<&'static str, u64>,
 }
 
@@ -51,6 +53,10 @@ fn report(paths: &InstancePaths) -> InstanceReport {
     let open = |name: &str| -> Option<Map> {
         Map::from_map_data(MapData::from_pin(paths.pin_dir.join(name)).ok()?).ok()
     };
+    let listeners: Vec<u64> = open(names::MAP_LISTENERS)
+        .and_then(|m| SockHash::<MapData, u64>::try_from(m).ok())
+        .map(|m| m.keys().filter_map(Result::ok).collect())
+        .unwrap_or_default();
     let mut counters = Vec::new();
     if let (true, Some(state), Some(map)) = (running, &state, open(names::MAP_COUNTERS)) {
         if let Ok(array) = PerCpuArray::<MapData, PodCounters>::try_from(map) {
@@ -58,6 +64,7 @@ fn report(paths: &InstancePaths) -> InstanceReport {
                 if let Ok(c) = read_counters(&array, pod.slot) {
                     counters.push(PodCountersReport {
                         netns_cookie: pod.netns_cookie,
+                        inbound_listener: listeners.contains(&pod.netns_cookie),
                         counters: c.named().collect(),
                     });
                 }
@@ -91,7 +98,7 @@ fn print_report(r: &InstanceReport) {
     for pod in &state.pods {
         let c = &pod.config;
         println!(
-            "  pod {} (netns cookie {}, addresses {}): inbound->{} outbound->{} proxy-uid={} proxy-gid={} outbound-ports-to-ignore={:?}",
+            "  pod {} (netns cookie {}, addresses {}): inbound->{} outbound->{} proxy-uid={} proxy-gid={} inbound-ports-to-ignore={:?} outbound-ports-to-ignore={:?}",
             pod.netns.display(),
             pod.netns_cookie,
             pod.addresses.join(","),
@@ -99,9 +106,16 @@ fn print_report(r: &InstanceReport) {
             c.outgoing_proxy_port,
             c.proxy_uid.map_or("-".into(), |u| u.to_string()),
             c.proxy_gid.map_or("-".into(), |g| g.to_string()),
+            c.inbound_ports_to_ignore,
             c.outbound_ports_to_ignore,
         );
         if let Some(counters) = r.counters.iter().find(|x| x.netns_cookie == pod.netns_cookie) {
+            let listener = if counters.inbound_listener {
+                "listening (inbound steered to it)"
+            } else {
+                "NOT listening (inbound to steered ports is refused)"
+            };
+            println!("    proxy inbound listener: {listener}");
             for decision in Decision::ALL {
                 let value = counters.counters.get(decision.name()).copied().unwrap_or(0);
                 println!("    {:<34} {value}", decision.name());
