@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use ipnet::IpNet;
 
+use crate::iptables::IptablesMode;
 use crate::config::{
     InterceptionConfig, PortRange, PortSet,
     ports::parse_port,
@@ -24,6 +25,7 @@ pub fn main() -> std::process::ExitCode {
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(crate::commands::run::run(args))),
         Command::Status(args) => crate::commands::status::status(args),
+        Command::IptablesCleanup(args) => crate::commands::iptables_cleanup(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -61,12 +63,45 @@ pub enum Command {
     Run(RunArgs),
     /// Show what is attached, which pods are served, and their decision counters.
     Status(StatusArgs),
+    /// Remove the iptables chains and jumps `run --mode iptables` added, and nothing else.
+    IptablesCleanup(IptablesCleanupArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
-    /// cgroup/connect4 + sock_ops + cgroup/getsockopt programs.
+    /// cgroup/connect4, sock_ops, cgroup/getsockopt and sk_lookup programs.
     Ebpf,
+    /// proxy-init's nat-table chains; writes them and exits.
+    Iptables,
+    /// eBPF when every program loads on this kernel with these privileges, else iptables.
+    Auto,
+}
+
+/// How the iptables backend runs iptables.
+#[derive(Debug, Args)]
+pub struct IptablesArgs {
+    /// Which binaries: iptables-legacy, iptables-nft, or plain iptables (ip6tables-* with --ipv6).
+    #[arg(long, value_enum, default_value_t = IptablesMode::Legacy)]
+    pub iptables_mode: IptablesMode,
+
+    /// Pass -w to iptables (wait for the xtables lock).
+    #[arg(long, short = 'w')]
+    pub use_wait_flag: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct IptablesCleanupArgs {
+    #[command(flatten)]
+    pub iptables: IptablesArgs,
+
+    /// The pod's network namespace [default: the current one].
+    #[arg(long)]
+    pub netns: Option<PathBuf>,
+
+    /// Also clean up the ip6tables chains.
+    #[arg(long, num_args = 0..=1, default_value_t = true, default_missing_value = "true",
+          action = ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    pub ipv6: bool,
 }
 
 #[derive(Debug, Args)]
@@ -77,6 +112,9 @@ pub struct RunArgs {
     /// Interception backend.
     #[arg(long, value_enum, default_value_t = Mode::Ebpf)]
     pub mode: Mode,
+
+    #[command(flatten)]
+    pub iptables: IptablesArgs,
 
     /// The pod's network namespace (e.g. /run/netns/NAME or /proc/PID/ns/net).
     #[arg(long, default_value = "/proc/self/ns/net")]
@@ -157,18 +195,18 @@ pub struct InterceptionArgs {
 }
 
 impl InterceptionArgs {
-    pub fn into_config(self) -> InterceptionConfig {
+    pub fn config(&self) -> InterceptionConfig {
         let positive = |id: Option<u32>| id.filter(|id| *id > 0);
         InterceptionConfig {
             incoming_proxy_port: self.incoming_proxy_port,
             outgoing_proxy_port: self.outgoing_proxy_port,
             proxy_uid: positive(self.proxy_uid),
             proxy_gid: positive(self.proxy_gid),
-            inbound_ports_to_ignore: PortSet(self.inbound_ports_to_ignore.into_iter().flat_map(|s| s.0).collect()),
-            outbound_ports_to_ignore: PortSet(self.outbound_ports_to_ignore.into_iter().flat_map(|s| s.0).collect()),
-            ports_to_redirect: self.ports_to_redirect.into_iter().flatten().collect(),
-            subnets_to_ignore: self.subnets_to_ignore.into_iter().flatten().collect(),
-            outbound_subnets_to_ignore: self.outbound_subnets_to_ignore.into_iter().flatten().collect(),
+            inbound_ports_to_ignore: PortSet(self.inbound_ports_to_ignore.iter().flat_map(|s| s.0.clone()).collect()),
+            outbound_ports_to_ignore: PortSet(self.outbound_ports_to_ignore.iter().flat_map(|s| s.0.clone()).collect()),
+            ports_to_redirect: self.ports_to_redirect.concat(),
+            subnets_to_ignore: self.subnets_to_ignore.concat(),
+            outbound_subnets_to_ignore: self.outbound_subnets_to_ignore.concat(),
             ipv6: self.ipv6,
         }
     }

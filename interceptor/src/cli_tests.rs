@@ -6,7 +6,7 @@ fn run(args: &[&str]) -> Result<InterceptionConfig, String> {
     let mut argv = vec!["interceptor", "run"];
     argv.extend_from_slice(args);
     match Cli::try_parse_from(argv).map_err(|e| e.to_string())?.command {
-        Command::Run(run) => Ok(run.interception.into_config()),
+        Command::Run(run) => Ok(run.interception.config()),
         other => panic!("unexpected command {other:?}"),
     }
 }

@@ -11,6 +11,7 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod ebpf;
+pub mod iptables;
 pub mod logging;
 pub mod netns;
 pub mod state;

@@ -2,26 +2,69 @@
 use std::{
     io::Read as _,
     net::Ipv4Addr,
-    path::PathBuf,
+    path::Path,
     time::{SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::Context as _;
 use tokio::{signal::unix::{SignalKind, signal}, sync::mpsc};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     cgroup,
     cli::{Mode, RunArgs},
     config::InterceptionConfig,
-    ebpf::{EbpfNode, LoadOptions, PodSpec},
+    ebpf::{self, EbpfNode, LoadOptions, PodSpec},
+    iptables,
     netns::PodNetns,
     state::{InstanceLock, InstancePaths, InstanceState, PodState},
 };
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let config = args.interception.into_config();
-    let Mode::Ebpf = args.mode;
+    let config = args.interception.config();
+    let backend = match args.mode {
+        Mode::Auto => match ebpf::probe() {
+            Ok(()) => {
+                info!(backend = "ebpf", "auto mode: every eBPF program loads and verifies on this kernel");
+                Mode::Ebpf
+            }
+            Err(reason) => {
+                warn!(backend = "iptables", %reason, "auto mode: eBPF cannot be used here, falling back to iptables");
+                Mode::Iptables
+            }
+        },
+        mode => mode,
+    };
+    match backend {
+        Mode::Iptables => run_iptables(&config, &args),
+        _ => run_ebpf(config, args).await,
+    }
+}
+
+/// Writes proxy-init's chains and returns, as proxy-init does.
+fn run_iptables(config: &InterceptionConfig, args: &RunArgs) -> anyhow::Result<()> {
+    let options = iptables::IptablesOptions {
+        mode: args.iptables.iptables_mode,
+        wait: args.iptables.use_wait_flag,
+        ipv6: config.ipv6,
+        netns: Some(args.netns.clone()),
+    };
+    if args.simulate {
+        println!("# simulate: nothing is changed");
+        for command in iptables::simulate(config, &options)? {
+            println!("{command}");
+        }
+        return Ok(());
+    }
+    let ran = iptables::install(config, &options)?;
+    for command in &ran {
+        debug!(%command, "ran");
+    }
+    info!(netns = %args.netns.display(), config = %config, commands = ran.len(), "iptables interception installed");
+    Ok(())
+}
+
+async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<()> {
     let cgroup = match args.cgroup {
         Some(path) => path,
         None => cgroup::cgroup2_root()?,
@@ -121,7 +164,7 @@ fn pod_state(spec: &PodSpec, slot: u32) -> PodState {
     }
 }
 
-fn print_plan(config: &InterceptionConfig, netns: &PathBuf, cgroup: &PathBuf, paths: &InstancePaths) {
+fn print_plan(config: &InterceptionConfig, netns: &Path, cgroup: &Path, paths: &InstancePaths) {
     println!("# simulate: nothing is changed");
     println!("load eBPF programs: cgroup/connect4, sock_ops, cgroup/getsockopt");
     println!("pin their maps under {}", paths.pin_dir.display());

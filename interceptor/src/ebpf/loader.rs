@@ -96,6 +96,18 @@ pub(super) fn loader(pin_dir: &Path) -> EbpfLoader<'static> {
     loader
 }
 
+/// Loads (and so verifies) every program without attaching anything: the `auto` mode's probe of
+/// whether this kernel and these privileges support all of them.
+pub(super) fn probe(pin_dir: &Path) -> Result<(), EbpfError> {
+    let (attached, maps) = Attached::load(&LoadOptions { orig_dst_capacity: 1, pin_dir: pin_dir.to_owned() })?;
+    let mut ebpf = loader(pin_dir).override_global(names::GLOBAL_POD_NETNS_COOKIE, &0u64, true).load(OBJECT)?;
+    let name = names::PROG_SK_LOOKUP;
+    let sk_lookup: &mut SkLookup = program(&mut ebpf, name)?;
+    sk_lookup.load().map_err(|source| EbpfError::Program { name, source })?;
+    drop((ebpf, maps, attached));
+    Ok(())
+}
+
 /// Loads one pod's sk_lookup instance (its netns cookie baked in) and attaches it to the pod's
 /// network namespace. Dropping the returned `Ebpf` detaches it.
 pub(super) fn load_inbound(pin_dir: &Path, netns_cookie: u64, netns: &crate::netns::PodNetns) -> Result<Ebpf, EbpfError> {

@@ -90,6 +90,25 @@ impl LoadOptions {
     }
 }
 
+/// Whether the eBPF backend can work here: every program loads and verifies, the shared maps can
+/// be created and pinned, and namespace cookies can be read (Linux 5.14). Nothing is attached.
+pub fn probe() -> Result<(), String> {
+    let bpffs = Path::new(crate::state::BPFFS_ROOT);
+    crate::state::ensure_bpffs(bpffs).map_err(|e| e.to_string())?;
+    let pin_dir = bpffs.join("interceptor-probe").join(std::process::id().to_string());
+    std::fs::create_dir_all(&pin_dir).map_err(|e| format!("creating {}: {e}", pin_dir.display()))?;
+    let result = loader::probe(&pin_dir).map_err(|e| e.to_string());
+    for name in interceptor_common::names::SHARED_MAPS {
+        let _ = std::fs::remove_file(pin_dir.join(name));
+    }
+    let _ = std::fs::remove_dir(&pin_dir);
+    result?;
+    crate::netns::PodNetns::open(Path::new("/proc/self/ns/net"))
+        .and_then(|ns| ns.cookie())
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
 /// The programs loaded and attached once for a node, and the pods they serve.
 pub struct EbpfNode {
     attached: loader::Attached,

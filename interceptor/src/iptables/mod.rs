@@ -1,0 +1,226 @@
+//! The iptables backend: the very nat-table chains proxy-init writes, for kernels or
+//! environments where eBPF cannot be used.
+mod rules;
+
+use std::{
+    fs::File,
+    os::{fd::AsRawFd as _, unix::process::CommandExt as _},
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use clap::ValueEnum;
+pub use rules::{Existing, Family, OUTPUT_CHAIN, REDIRECT_CHAIN, Rule, cleanup as cleanup_rules, install as install_rules, multiport_groups};
+
+use crate::config::InterceptionConfig;
+
+/// Which iptables binaries to run (SPEC: legacy, nft or plain).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum IptablesMode {
+    #[default]
+    Legacy,
+    Nft,
+    Plain,
+}
+
+impl IptablesMode {
+    /// The command and its `-save` counterpart for one family.
+    pub fn binaries(self, family: Family) -> (&'static str, &'static str) {
+        match (self, family) {
+            (Self::Legacy, Family::V4) => ("iptables-legacy", "iptables-legacy-save"),
+            (Self::Legacy, Family::V6) => ("ip6tables-legacy", "ip6tables-legacy-save"),
+            (Self::Nft, Family::V4) => ("iptables-nft", "iptables-nft-save"),
+            (Self::Nft, Family::V6) => ("ip6tables-nft", "ip6tables-nft-save"),
+            (Self::Plain, Family::V4) => ("iptables", "iptables-save"),
+            (Self::Plain, Family::V6) => ("ip6tables", "ip6tables-save"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct IptablesOptions {
+    pub mode: IptablesMode,
+    /// Pass `-w` (wait for the xtables lock).
+    pub wait: bool,
+    /// Also run the ip6tables pass.
+    pub ipv6: bool,
+    /// Act inside this network namespace (default: the current one).
+    pub netns: Option<PathBuf>,
+}
+
+impl IptablesOptions {
+    fn families(&self) -> Vec<Family> {
+        if self.ipv6 { vec![Family::V4, Family::V6] } else { vec![Family::V4] }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IptablesError {
+    #[error("{binary} not found on PATH: install iptables (apt-get install iptables) or choose another --iptables-mode")]
+    MissingBinary { binary: String },
+    #[error("cannot open network namespace {path}: {source}")]
+    Netns { path: PathBuf, source: std::io::Error },
+    #[error("`{command}` could not run: {source}")]
+    Spawn { command: String, source: std::io::Error },
+    #[error("`{command}` failed ({status}): {output}")]
+    Failed { command: String, status: std::process::ExitStatus, output: String },
+}
+
+/// Installs the chains (both families with `ipv6`). Idempotent: existing chains are flushed and
+/// refilled, existing jumps kept. If any command fails, everything this backend adds is removed
+/// again, so no half-installed chain is left behind. Returns the commands that ran.
+pub fn install(config: &InterceptionConfig, options: &IptablesOptions) -> Result<Vec<String>, IptablesError> {
+    let runner = Runner::new(options)?;
+    let mut ran = Vec::new();
+    for family in options.families() {
+        let (binary, save) = options.mode.binaries(family);
+        runner.require(binary)?;
+        runner.require(save)?;
+        let existing = runner.existing(save)?;
+        for rule in rules::install(config, family, existing) {
+            match runner.run(binary, &rule) {
+                Ok(command) => ran.push(command),
+                Err(e) => {
+                    let _ = cleanup(options);
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(ran)
+}
+
+/// The commands [`install`] would run, for `--simulate`. Reads the current state (to show a
+/// re-run's flushes) when the save binary is there, changes nothing.
+pub fn simulate(config: &InterceptionConfig, options: &IptablesOptions) -> Result<Vec<String>, IptablesError> {
+    let runner = Runner::new(options)?;
+    let mut commands = Vec::new();
+    for family in options.families() {
+        let (binary, save) = options.mode.binaries(family);
+        let existing = if runner.require(save).is_ok() { runner.existing(save)? } else { Existing::default() };
+        commands.extend(rules::install(config, family, existing).iter().map(|r| runner.show(binary, r)));
+    }
+    Ok(commands)
+}
+
+/// Removes the two jumps and the two chains, and nothing else. Idempotent.
+pub fn cleanup(options: &IptablesOptions) -> Result<Vec<String>, IptablesError> {
+    let runner = Runner::new(options)?;
+    let mut ran = Vec::new();
+    for family in options.families() {
+        let (binary, save) = options.mode.binaries(family);
+        runner.require(binary)?;
+        runner.require(save)?;
+        let existing = runner.existing(save)?;
+        let wanted = [existing.prerouting_jump, existing.output_jump, existing.redirect_chain, existing.redirect_chain, existing.output_chain, existing.output_chain];
+        for (rule, present) in rules::cleanup().iter().zip(wanted) {
+            if present {
+                ran.push(runner.run(binary, rule)?);
+            }
+        }
+    }
+    Ok(ran)
+}
+
+/// The nat table as `<save> -t nat` prints it, inside the options' namespace.
+pub fn save_nat(options: &IptablesOptions, family: Family) -> Result<String, IptablesError> {
+    let runner = Runner::new(options)?;
+    let (_, save) = options.mode.binaries(family);
+    runner.require(save)?;
+    runner.output(save, &["-t", "nat"])
+}
+
+struct Runner<'a> {
+    options: &'a IptablesOptions,
+    netns: Option<File>,
+}
+
+impl<'a> Runner<'a> {
+    fn new(options: &'a IptablesOptions) -> Result<Self, IptablesError> {
+        let netns = match &options.netns {
+            Some(path) => Some(File::open(path).map_err(|source| IptablesError::Netns { path: path.clone(), source })?),
+            None => None,
+        };
+        Ok(Self { options, netns })
+    }
+
+    fn require(&self, binary: &str) -> Result<(), IptablesError> {
+        let found = std::env::var_os("PATH")
+            .is_some_and(|path| std::env::split_paths(&path).any(|dir| is_executable(&dir.join(binary))));
+        if found { Ok(()) } else { Err(IptablesError::MissingBinary { binary: binary.into() }) }
+    }
+
+    fn show(&self, binary: &str, rule: &Rule) -> String {
+        if self.options.wait { format!("{binary} -w {rule}") } else { format!("{binary} {rule}") }
+    }
+
+    fn command(&self, binary: &str, args: &[String]) -> Command {
+        let mut cmd = Command::new(binary);
+        cmd.args(args);
+        if let Some(netns) = &self.netns {
+            let fd = netns.as_raw_fd();
+            // SAFETY: setns(2) is async-signal-safe; the fd stays open until after the spawn.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        cmd
+    }
+
+    fn run(&self, binary: &str, rule: &Rule) -> Result<String, IptablesError> {
+        let mut args = Vec::new();
+        if self.options.wait {
+            args.push("-w".to_owned());
+        }
+        args.extend(rule.0.iter().cloned());
+        let shown = self.show(binary, rule);
+        self.capture(binary, &args, &shown)?;
+        Ok(shown)
+    }
+
+    fn output(&self, binary: &str, args: &[&str]) -> Result<String, IptablesError> {
+        let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+        self.capture(binary, &args, &format!("{binary} {}", args.join(" ")))
+    }
+
+    fn capture(&self, binary: &str, args: &[String], shown: &str) -> Result<String, IptablesError> {
+        let out = self
+            .command(binary, args)
+            .output()
+            .map_err(|source| IptablesError::Spawn { command: shown.into(), source })?;
+        if !out.status.success() {
+            let mut output = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+            output.push_str(String::from_utf8_lossy(&out.stdout).trim());
+            return Err(IptablesError::Failed { command: shown.into(), status: out.status, output });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Which of our chains and jumps are already there.
+    fn existing(&self, save: &str) -> Result<Existing, IptablesError> {
+        Ok(parse_existing(&self.output(save, &["-t", "nat"])?))
+    }
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    path.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Reads `iptables-save -t nat` output.
+pub fn parse_existing(save: &str) -> Existing {
+    let jump = |chain: &str, target: &str| {
+        save.lines().any(|l| l.starts_with(&format!("-A {chain} ")) && l.contains(&format!("-j {target}")))
+    };
+    Existing {
+        redirect_chain: save.lines().any(|l| l.starts_with(&format!(":{REDIRECT_CHAIN} "))),
+        output_chain: save.lines().any(|l| l.starts_with(&format!(":{OUTPUT_CHAIN} "))),
+        prerouting_jump: jump("PREROUTING", REDIRECT_CHAIN),
+        output_jump: jump("OUTPUT", OUTPUT_CHAIN),
+    }
+}
