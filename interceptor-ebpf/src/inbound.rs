@@ -31,6 +31,11 @@ pub fn icpt_sk_lookup(ctx: SkLookupContext) -> u32 {
     if unsafe { (*lookup).protocol } != IPPROTO_TCP || unsafe { (*lookup).family } != AF_INET {
         return SK_PASS;
     }
+    // Another sk_lookup program (e.g. a second instance during an upgrade) already chose a
+    // socket: leave its choice, assigning again would fail.
+    if !unsafe { (*lookup).__bindgen_anon_1.__bindgen_anon_1.sk }.is_null() {
+        return SK_PASS;
+    }
     let netns_cookie = unsafe { core::ptr::read_volatile(&POD_NETNS_COOKIE) };
     let Some(pod) = (unsafe { PODS.get(&netns_cookie) }) else {
         return SK_PASS;

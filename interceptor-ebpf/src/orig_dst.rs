@@ -141,9 +141,13 @@ fn serve_orig_dst(ctx: &SockoptContext, so: *mut bpf_sockopt) {
 
 /// Not an outbound-redirected connection: the original destination is the socket's own local
 /// address. That is the inbound case (sk_lookup delivers without rewriting addresses), and what
-/// conntrack answers for any connection that was not NATed.
+/// conntrack answers for any connection that was not NATed. An answer that is already there
+/// (conntrack's, or another instance's during an upgrade) is kept.
 #[inline(always)]
 fn answer_local_address(so: *mut bpf_sockopt, sk: *mut bpf_sock) {
+    if unsafe { (*so).retval } == 0 {
+        return;
+    }
     let ip4_be = unsafe { (*sk).src_ip4 };
     let port_be = (unsafe { (*sk).src_port } as u16).to_be();
     write_sockaddr_in(so, ip4_be, port_be);

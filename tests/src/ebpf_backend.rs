@@ -16,6 +16,10 @@ impl Backend for Ebpf {
         attach(&mut node, &fixture.cgroup.path);
         Box::new(node)
     }
+
+    fn inbound_keeps_local_address(&self) -> bool {
+        true
+    }
 }
 
 /// Default options with a pin directory of this test's own (the node removes it when dropped).

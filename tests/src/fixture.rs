@@ -100,7 +100,13 @@ impl Drop for Cgroup {
 }
 
 /// The standard pod: its namespace (10.77.0.1/24 on eth0), a remote host namespace
-/// (10.77.0.2/24) joined by a veth pair, and the pod's cgroup. Nothing routes anywhere else.
+/// (10.77.0.2/24) joined by a veth pair, and the pod's cgroup.
+///
+/// Like a real pod it has a default route (iptables REDIRECT needs one: routing happens before
+/// the OUTPUT hook), pointing at the remote namespace. The remote namespace treats the
+/// documentation ranges 192.0.2.0/24 and 198.51.100.0/24 as its own, so a connection to them
+/// that is not intercepted is refused there at once. The remote has no other route: nothing
+/// leaves the two namespaces.
 pub struct PodFixture {
     pub pod: Netns,
     pub remote: Netns,
@@ -117,6 +123,10 @@ impl PodFixture {
         let pod = Netns::new(tag);
         let remote = Netns::new(&format!("{tag}-remote"));
         pod.veth_to(&format!("{POD_ADDR}/24"), &remote, &format!("{REMOTE_ADDR}/24"));
+        pod.ip(&["route", "add", "default", "via", REMOTE_ADDR]);
+        for range in ["192.0.2.0/24", "198.51.100.0/24"] {
+            remote.ip(&["route", "add", "local", range, "dev", "lo"]);
+        }
         let cgroup = Cgroup::new(tag);
         let processes_cgroup = cgroup.path.clone();
         Self { pod, remote, cgroup, processes_cgroup }

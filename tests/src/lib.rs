@@ -7,6 +7,7 @@
 //! succeed by being intercepted.
 pub mod ebpf_backend;
 pub mod fixture;
+pub mod iptables_backend;
 pub mod probe;
 pub mod scenario;
 

@@ -44,7 +44,7 @@ pub enum Expect {
     InboundProxyWithOrigDst,
     /// On the named real server (see [`Servers`]).
     Server(&'static str),
-    /// Failing with this error (e.g. `connect:ENETUNREACH`: the real, unreachable destination).
+    /// Failing with this error (e.g. `connect:ECONNREFUSED` from the real destination).
     Failed(&'static str),
 }
 
@@ -59,6 +59,8 @@ pub enum From {
 
 pub struct Scenario {
     pub name: &'static str,
+    /// Set up interception twice (a re-run of the setup) before connecting.
+    pub twice: bool,
     pub from: From,
     pub configure: fn(&mut InterceptionConfig),
     pub app_uid: u32,
@@ -70,7 +72,7 @@ pub struct Scenario {
 fn unchanged(_: &mut InterceptionConfig) {}
 
 const fn app(name: &'static str, target: &'static str, expect: Expect) -> Scenario {
-    Scenario { name, from: From::Pod, configure: unchanged, app_uid: APP_UID, app_gid: None, target, expect }
+    Scenario { name, twice: false, from: From::Pod, configure: unchanged, app_uid: APP_UID, app_gid: None, target, expect }
 }
 
 const fn client(name: &'static str, target: &'static str, expect: Expect) -> Scenario {
@@ -84,7 +86,8 @@ pub const OUTBOUND: &[Scenario] = &[
     Scenario { app_uid: PROXY_UID, ..app("proxy_uid_is_exempt", "10.77.0.2:80", Expect::Server("remote-80")) },
     Scenario {
         app_uid: PROXY_UID,
-        ..app("proxy_uid_reaches_the_real_unreachable_address", "192.0.2.2:1404", Expect::Failed("connect:ENETUNREACH"))
+        // 192.0.2.2 is the remote host, which refuses: the proxy's own connect went there.
+        ..app("proxy_uid_connects_to_the_real_address", "192.0.2.2:1404", Expect::Failed("connect:ECONNREFUSED"))
     },
     Scenario {
         app_uid: 0,
@@ -123,6 +126,7 @@ pub const OUTBOUND: &[Scenario] = &[
         configure: |c| c.outbound_subnets_to_ignore = vec!["10.77.0.0/24".parse().unwrap()],
         ..app("other_subnets_are_still_redirected", "192.0.2.2:1404", Expect::ProxyWithOrigDst)
     },
+    Scenario { twice: true, ..app("running_the_setup_twice_redirects_once", "10.77.0.2:80", Expect::ProxyWithOrigDst) },
 ];
 
 /// SPEC "Inbound", rule by rule. The pod is 10.77.0.1; its app serves 80, 4190 and 9090 on all
@@ -153,6 +157,7 @@ pub const INBOUND: &[Scenario] = &[
     client("the_proxy_port_itself_reaches_the_proxy", "10.77.0.1:4143", Expect::InboundProxyWithOrigDst),
     app("the_pod_reaching_its_own_address_is_not_steered", "10.77.0.1:80", Expect::Server("app-80")),
     app("the_pod_over_loopback_is_not_steered", "127.0.0.1:80", Expect::Server("app-80")),
+    Scenario { twice: true, ..client("running_the_setup_twice_steers_once", "10.77.0.1:80", Expect::InboundProxyWithOrigDst) },
     Scenario {
         app_uid: PROXY_UID,
         ..app("the_proxy_forwarding_to_the_app_does_not_loop", "10.77.0.1:80", Expect::Server("app-80"))
@@ -210,6 +215,10 @@ pub fn start_inbound_proxy(fixture: &PodFixture) -> Listener {
 /// guard detaches it.
 pub trait Backend {
     fn attach(&self, fixture: &PodFixture, config: &InterceptionConfig) -> Box<dyn std::any::Any>;
+
+    /// sk_lookup keeps the original address on the proxy's inbound socket; iptables REDIRECT
+    /// rewrites it to the proxy port (SPEC: both are acceptable, SO_ORIGINAL_DST is the contract).
+    fn inbound_keeps_local_address(&self) -> bool;
 }
 
 /// Runs one scenario against a backend, on a fresh pod.
@@ -219,6 +228,7 @@ pub fn run(backend: &dyn Backend, scenario: &Scenario) {
     let mut config = linkerd_config();
     (scenario.configure)(&mut config);
     let _attached = backend.attach(&fixture, &config);
+    let _again = scenario.twice.then(|| backend.attach(&fixture, &config));
 
     let mut process = match scenario.from {
         From::Pod => fixture.in_pod().uid(scenario.app_uid),
@@ -235,7 +245,12 @@ pub fn run(backend: &dyn Backend, scenario: &Scenario) {
         }
         // sk_lookup delivers without rewriting: the accepted socket's own address is the original.
         (Expect::InboundProxyWithOrigDst, Landing::Proxy { name, orig: Ok(orig), local, peer }) => {
-            name == "inbound" && *orig == target && *local == target.to_string() && peer.starts_with(REMOTE_ADDR)
+            let local_ok = if backend.inbound_keeps_local_address() {
+                *local == target.to_string()
+            } else {
+                local.ends_with(&format!(":{INBOUND_PORT}"))
+            };
+            name == "inbound" && *orig == target && local_ok && peer.starts_with(REMOTE_ADDR)
         }
         (Expect::Server(want), Landing::Server { name, .. }) => name == want,
         (Expect::Failed(want), Landing::Failed(got)) => got == want,

@@ -132,7 +132,7 @@ fn run_meshes_a_pod_reports_status_and_detaches_on_sigterm() {
     // Detached: direct connections again, and no state left behind.
     assert_eq!(app.connect("10.77.0.2:80").server_name(), "remote-80");
     assert_eq!(fixture.on_remote().connect("10.77.0.1:80").server_name(), "app-80");
-    assert_eq!(app.connect("192.0.2.2:1404"), Landing::Failed("connect:ENETUNREACH".into()));
+    assert_eq!(app.connect("192.0.2.2:1404"), Landing::Failed("connect:ECONNREFUSED".into()));
     assert!(!std::path::Path::new("/run/interceptor").join(&instance).exists());
     assert!(!std::path::Path::new("/sys/fs/bpf/interceptor").join(&instance).exists());
 }

@@ -208,7 +208,7 @@ fn namespaces_that_are_not_registered_are_untouched() {
     // In the attached cgroup, but in a namespace no pod registered.
     let app = other.in_pod().uid(APP_UID);
     assert_eq!(app.connect("10.77.0.2:80").server_name(), "remote-80");
-    assert_eq!(app.connect("192.0.2.1:80"), Landing::Failed("connect:ENETUNREACH".into()));
+    assert_eq!(app.connect("192.0.2.1:80"), Landing::Failed("connect:ECONNREFUSED".into()));
 }
 
 #[test]

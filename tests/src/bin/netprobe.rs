@@ -10,7 +10,7 @@ use std::{
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
     os::fd::{AsRawFd as _, FromRawFd as _},
     path::PathBuf,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 fn usage() -> ! {
@@ -21,6 +21,7 @@ fn usage() -> ! {
            server ADDR [--name N]              accept, answer who it is\n  \
            connect ADDR... [--count N] [--bind ADDR] [--linger0]\n  \
            check ADDR... --count N [--threads T]  connect in a loop, verify every orig\n  \
+           bench ADDR... --seconds S [--threads T] connect in a loop for S seconds, print the rate\n  \
            udp-server ADDR | udp-send ADDR MSG"
     );
     std::process::exit(2)
@@ -35,6 +36,7 @@ fn main() {
         "server" => serve(&args, false),
         "connect" => connect_cmd(&args),
         "check" => check_cmd(&args),
+        "bench" => bench_cmd(&args),
         "udp-server" => udp_server(&args),
         "udp-send" => udp_send(&args),
         _ => usage(),
@@ -262,6 +264,43 @@ fn check_cmd(args: &[String]) {
             println!("sample {s}");
         }
     }
+}
+
+/// Short connections as `check` makes them, for a fixed time and without looking at the replies,
+/// so the loop costs little more than the connections themselves (for `cargo xtask bench`).
+fn bench_cmd(args: &[String]) {
+    let mut args = args.to_vec();
+    let seconds: f64 = take_opt(&mut args, "--seconds").map_or(3.0, |s| s.parse().unwrap_or_else(|e| die("--seconds", e)));
+    let threads: usize = take_opt(&mut args, "--threads").map_or(1, |c| c.parse().unwrap_or_else(|e| die("--threads", e)));
+    let targets: Vec<SocketAddrV4> = args.iter().map(|a| parse_addr(a)).collect();
+    if targets.is_empty() {
+        usage()
+    }
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(seconds);
+    let (conns, failures) = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let targets = &targets;
+                s.spawn(move || {
+                    let (mut conns, mut failures) = (0u64, 0u64);
+                    for &target in targets.iter().cycle().skip(t) {
+                        if Instant::now() >= deadline {
+                            break;
+                        }
+                        match connect_once(target, None, true) {
+                            Ok(_) => conns += 1,
+                            Err(_) => failures += 1,
+                        }
+                    }
+                    (conns, failures)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("bench thread")).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    });
+    let elapsed = start.elapsed().as_secs_f64();
+    println!("conns={conns} failures={failures} seconds={elapsed:.3} rate={:.1}", conns as f64 / elapsed);
 }
 
 fn udp_server(args: &[String]) {
