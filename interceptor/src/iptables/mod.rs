@@ -141,6 +141,9 @@ impl<'a> Runner<'a> {
             Some(path) => Some(File::open(path).map_err(|source| IptablesError::Netns { path: path.clone(), source })?),
             None => None,
         };
+        // Entering the namespace we are already in would still need CAP_SYS_ADMIN, which
+        // iptables itself does not: skip it.
+        let netns = netns.filter(|ns| !same_file(ns, Path::new("/proc/self/ns/net")));
         Ok(Self { options, netns })
     }
 
@@ -204,6 +207,14 @@ impl<'a> Runner<'a> {
     /// Which of our chains and jumps are already there.
     fn existing(&self, save: &str) -> Result<Existing, IptablesError> {
         Ok(parse_existing(&self.output(save, &["-t", "nat"])?))
+    }
+}
+
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
     }
 }
 
