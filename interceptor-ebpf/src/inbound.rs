@@ -1,18 +1,13 @@
 //! `sk_lookup`: steers inbound TCP to the proxy's inbound listener (SPEC "Inbound", first match
 //! wins). One instance per pod, attached to the pod's network namespace.
-use aya_ebpf::{
-    bindings::bpf_sk_lookup,
-    macros::sk_lookup,
-    maps::lpm_trie::Key,
-    programs::SkLookupContext,
-};
+use aya_ebpf::{bindings::bpf_sk_lookup, macros::sk_lookup, programs::SkLookupContext};
 use interceptor_common::{
-    LocalAddrKey, PodConfig, SUBNET_KEY_FIXED_BITS, SubnetKey,
+    LocalAddrKey, PodConfig,
     counters::Decision,
     pod::{direction, flags},
 };
 
-use crate::maps::{LISTENERS, LOCAL_ADDRS, PODS, SUBNETS, count};
+use crate::maps::{LISTENERS, LOCAL_ADDRS, PODS, count, in_subnets};
 
 const SK_PASS: u32 = 1;
 const SK_DROP: u32 = 0;
@@ -73,14 +68,8 @@ fn decide(lookup: *mut bpf_sk_lookup, pod: &PodConfig, netns_cookie: u64) -> Dec
     if pod.inbound_ignore_ports.contains(local_port) {
         return Decision::InboundIgnoredPort;
     }
-    if pod.flags & flags::HAS_INBOUND_SUBNETS != 0 {
-        let key = Key::new(
-            SUBNET_KEY_FIXED_BITS + 32,
-            SubnetKey { netns_cookie, direction: direction::INBOUND, ip4_be: remote_ip4_be },
-        );
-        if SUBNETS.get(&key).is_some() {
-            return Decision::InboundIgnoredSubnet;
-        }
+    if pod.flags & flags::HAS_INBOUND_SUBNETS != 0 && in_subnets(netns_cookie, direction::INBOUND, remote_ip4_be) {
+        return Decision::InboundIgnoredSubnet;
     }
     if pod.flags & flags::HAS_PORTS_TO_REDIRECT != 0 && !pod.redirect_ports.contains(local_port) {
         return Decision::InboundPortNotRedirected;

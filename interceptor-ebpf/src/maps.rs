@@ -3,11 +3,12 @@
 use aya_ebpf::{
     btf_maps::SkStorage,
     macros::{btf_map, map},
-    maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, SockHash},
+    maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, SockHash, lpm_trie::Key},
 };
 use interceptor_common::{
     LocalAddrKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS, MAX_SUBNET_RULES, OrigDst, PendingKey,
     PendingOrigDst, PodConfig, PodCounters, SubnetKey, DEFAULT_PENDING_ORIG_DST_CAPACITY,
+    SUBNET_KEY_FIXED_BITS,
     counters::Decision,
 };
 
@@ -45,6 +46,13 @@ pub static SK_ORIG: SkStorage<OrigDst> = SkStorage::new();
 #[inline(always)]
 pub fn sk_orig_map() -> *mut core::ffi::c_void {
     core::ptr::from_ref(&SK_ORIG).cast_mut().cast()
+}
+
+/// Whether `ip4_be` is in one of the pod's subnets for `direction`.
+#[inline(always)]
+pub fn in_subnets(netns_cookie: u64, direction: u32, ip4_be: u32) -> bool {
+    let key = Key::new(SUBNET_KEY_FIXED_BITS + 32, SubnetKey { netns_cookie, direction, ip4_be });
+    SUBNETS.get(&key).is_some()
 }
 
 #[inline(always)]

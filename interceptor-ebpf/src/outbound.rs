@@ -4,17 +4,16 @@ use aya_ebpf::{
     bindings::bpf_sock_addr,
     helpers::{bpf_get_current_uid_gid, generated::{bpf_get_netns_cookie, bpf_sk_storage_get}},
     macros::cgroup_sock_addr,
-    maps::lpm_trie::Key,
     programs::SockAddrContext,
     EbpfContext as _,
 };
 use interceptor_common::{
     counters::Decision,
     pod::{direction, flags},
-    LocalAddrKey, OrigDst, PodConfig, SubnetKey, SUBNET_KEY_FIXED_BITS,
+    LocalAddrKey, OrigDst, PodConfig,
 };
 
-use crate::maps::{count, sk_orig_map, LOCAL_ADDRS, PODS, SUBNETS};
+use crate::maps::{count, in_subnets, sk_orig_map, LOCAL_ADDRS, PODS};
 
 const ALLOW: i32 = 1;
 const IPPROTO_TCP: u32 = 6;
@@ -95,14 +94,8 @@ fn decide(pod: &PodConfig, netns_cookie: u64, dst_ip4_be: u32, dst_port: u16) ->
     if pod.outbound_ignore_ports.contains(dst_port) {
         return Decision::IgnoredPort;
     }
-    if pod.flags & flags::HAS_OUTBOUND_SUBNETS != 0 {
-        let key = Key::new(
-            SUBNET_KEY_FIXED_BITS + 32,
-            SubnetKey { netns_cookie, direction: direction::OUTBOUND, ip4_be: dst_ip4_be },
-        );
-        if SUBNETS.get(&key).is_some() {
-            return Decision::IgnoredSubnet;
-        }
+    if pod.flags & flags::HAS_OUTBOUND_SUBNETS != 0 && in_subnets(netns_cookie, direction::OUTBOUND, dst_ip4_be) {
+        return Decision::IgnoredSubnet;
     }
     Decision::Redirected
 }

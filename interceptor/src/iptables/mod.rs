@@ -73,10 +73,7 @@ pub fn install(config: &InterceptionConfig, options: &IptablesOptions) -> Result
     let runner = Runner::new(options)?;
     let mut ran = Vec::new();
     for family in options.families() {
-        let (binary, save) = options.mode.binaries(family);
-        runner.require(binary)?;
-        runner.require(save)?;
-        let existing = runner.existing(save)?;
+        let (binary, existing) = runner.prepare(family)?;
         for rule in rules::install(config, family, existing) {
             match runner.run(binary, &rule) {
                 Ok(command) => ran.push(command),
@@ -108,10 +105,7 @@ pub fn cleanup(options: &IptablesOptions) -> Result<Vec<String>, IptablesError> 
     let runner = Runner::new(options)?;
     let mut ran = Vec::new();
     for family in options.families() {
-        let (binary, save) = options.mode.binaries(family);
-        runner.require(binary)?;
-        runner.require(save)?;
-        let existing = runner.existing(save)?;
+        let (binary, existing) = runner.prepare(family)?;
         let wanted = [existing.prerouting_jump, existing.output_jump, existing.redirect_chain, existing.redirect_chain, existing.output_chain, existing.output_chain];
         for (rule, present) in rules::cleanup().iter().zip(wanted) {
             if present {
@@ -145,6 +139,15 @@ impl<'a> Runner<'a> {
         // iptables itself does not: skip it.
         let netns = netns.filter(|ns| !same_file(ns, Path::new("/proc/self/ns/net")));
         Ok(Self { options, netns })
+    }
+
+    /// The family's iptables binary, once both it and its save counterpart are known to be there,
+    /// and what of ours is already installed.
+    fn prepare(&self, family: Family) -> Result<(&'static str, Existing), IptablesError> {
+        let (binary, save) = self.options.mode.binaries(family);
+        self.require(binary)?;
+        self.require(save)?;
+        Ok((binary, self.existing(save)?))
     }
 
     fn require(&self, binary: &str) -> Result<(), IptablesError> {
