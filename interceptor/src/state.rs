@@ -44,6 +44,8 @@ pub struct PodState {
     pub slot: u32,
     pub addresses: Vec<String>,
     pub config: ConfigSummary,
+    /// The pod's sk_lookup instance, attached to its network namespace.
+    pub sk_lookup: Option<ProgramState>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

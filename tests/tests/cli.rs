@@ -84,7 +84,14 @@ impl Running {
 }
 
 impl Drop for Running {
+    /// SIGTERM first, so the instance removes its state; SIGKILL only if it does not exit.
     fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -1,7 +1,9 @@
 //! Project tasks, run as `cargo xtask <task>` (an alias in .cargo/config.toml).
 
+mod bench;
 mod cmd;
 mod demo;
+mod sandbox;
 mod setup;
 mod test;
 
@@ -32,6 +34,8 @@ enum Task {
     },
     /// Run setup, then build the demo's binaries.
     Demo,
+    /// Run setup, then measure what outbound interception costs per connection. Needs root.
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +58,7 @@ fn run(task: Task) -> anyhow::Result<()> {
             test_args,
         } => test::run(&cargo_args, &test_args),
         Task::Demo => demo::run(),
+        Task::Bench(args) => bench::run(&args),
     }
 }
 

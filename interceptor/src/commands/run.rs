@@ -81,6 +81,10 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
         return Ok(());
     }
 
+    // Registered before anything is set up: a SIGTERM while loading is then handled by the
+    // detach below instead of killing the process with its state half-written.
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
     let netns = PodNetns::open(&args.netns)?;
     let spec = PodSpec {
         netns_path: args.netns.clone(),
@@ -107,7 +111,7 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
         cgroup: cgroup.clone(),
         started_at_unix: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         programs: node.programs(),
-        pods: vec![pod_state(&spec, slot)],
+        pods: vec![pod_state(&spec, slot, node.pods().inbound_program(spec.netns_cookie))],
     };
     lock.write_state(&state)?;
     info!(
@@ -120,8 +124,6 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
     );
 
     let mut changes = watch(address_changes);
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
     loop {
         tokio::select! {
             _ = sigint.recv() => break,
@@ -130,7 +132,8 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
                 let addresses = netns.ipv4_addresses()?;
                 info!(netns = %spec.netns_path.display(), ?addresses, "pod addresses changed");
                 node.pods().set_addresses(spec.netns_cookie, &addresses)?;
-                state.pods = vec![pod_state(&PodSpec { addresses, ..spec.clone() }, slot)];
+                let sk_lookup = node.pods().inbound_program(spec.netns_cookie);
+                state.pods = vec![pod_state(&PodSpec { addresses, ..spec.clone() }, slot, sk_lookup)];
                 lock.write_state(&state)?;
             }
         }
@@ -154,8 +157,9 @@ fn watch(fd: std::os::fd::OwnedFd) -> mpsc::UnboundedReceiver<()> {
     rx
 }
 
-fn pod_state(spec: &PodSpec, slot: u32) -> PodState {
+fn pod_state(spec: &PodSpec, slot: u32, sk_lookup: Option<ebpf::ProgramState>) -> PodState {
     PodState {
+        sk_lookup,
         netns: spec.netns_path.clone(),
         netns_cookie: spec.netns_cookie,
         slot,

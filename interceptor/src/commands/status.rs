@@ -116,6 +116,9 @@ fn print_report(r: &InstanceReport) {
                 "NOT listening (inbound to steered ports is refused)"
             };
             println!("    proxy inbound listener: {listener}");
+            if let Some(p) = &pod.sk_lookup {
+                println!("    program {:<16} id {:<6} {} (this pod's namespace)", p.name, p.id, p.attach_type);
+            }
             for decision in Decision::ALL {
                 let value = counters.counters.get(decision.name()).copied().unwrap_or(0);
                 println!("    {:<34} {value}", decision.name());

@@ -155,6 +155,13 @@ impl PodRegistry {
             .map_err(map_error(names::MAP_LISTENERS))
     }
 
+    /// The pod's own sk_lookup program instance, as `status` reports it.
+    pub fn inbound_program(&self, cookie: u64) -> Option<super::ProgramState> {
+        let ebpf = self.pods.get(&cookie)?.inbound.as_ref()?;
+        let info = ebpf.program(names::PROG_SK_LOOKUP)?.info().ok()?;
+        Some(super::ProgramState { name: names::PROG_SK_LOOKUP.into(), id: info.id(), attach_type: "sk_lookup".into() })
+    }
+
     /// Whether the pod's proxy is listening (as far as steering knows).
     pub fn has_listener(&self, cookie: u64) -> bool {
         // Walk the keys: a sock hash lookup from userspace needs 8-byte values (socket cookies),

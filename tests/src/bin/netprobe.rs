@@ -17,7 +17,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: netprobe [--netns PATH] [--cgroup DIR] [--uid N] [--gid N] COMMAND\n\
          commands:\n  \
-           proxy ADDR [--name N] [--no-orig]   accept, answer with SO_ORIGINAL_DST\n  \
+           proxy ADDR [--name N] [--no-orig] [--inline]  accept, answer with SO_ORIGINAL_DST\n  \
            server ADDR [--name N]              accept, answer who it is\n  \
            connect ADDR... [--count N] [--bind ADDR] [--linger0]\n  \
            check ADDR... --count N [--threads T]  connect in a loop, verify every orig\n  \
@@ -124,6 +124,9 @@ fn serve(args: &[String], is_proxy: bool) {
     let mut args = args.to_vec();
     let name = take_opt(&mut args, "--name").unwrap_or_else(|| "-".into());
     let ask = !take_flag(&mut args, "--no-orig");
+    // A lean proxy for the bench: one SO_ORIGINAL_DST per connection, answered in the accept
+    // loop instead of a thread per connection.
+    let inline = take_flag(&mut args, "--inline");
     let Some(addr) = args.first() else { usage() };
     let listener = TcpListener::bind(parse_addr(addr)).unwrap_or_else(|e| die(&format!("listen {addr}"), e));
     println!("ready");
@@ -132,9 +135,13 @@ fn serve(args: &[String], is_proxy: bool) {
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else { continue };
         let name = name.clone();
-        std::thread::spawn(move || {
-            // Asked twice: a proxy may ask again, and must get the same answer.
-            let orig = match (is_proxy && ask).then(|| (original_dst(&stream), original_dst(&stream))) {
+        let mut answer = move || {
+            // Asked twice (unless --inline): a proxy may ask again, and must get the same answer.
+            let ask_twice = |s: &TcpStream| {
+                let first = original_dst(s);
+                (first, if inline { first } else { original_dst(s) })
+            };
+            let orig = match (is_proxy && ask).then(|| ask_twice(&stream)) {
                 None => "-".to_string(),
                 Some((first, second)) if first != second => format!("inconsistent:{first:?}/{second:?}"),
                 Some((Ok(a), _)) => a.to_string(),
@@ -143,7 +150,12 @@ fn serve(args: &[String], is_proxy: bool) {
             let peer = stream.peer_addr().map_or("-".into(), |a| a.to_string());
             let local = stream.local_addr().map_or("-".into(), |a| a.to_string());
             let _ = writeln!(stream, "who={role}:{name} orig={orig} peer={peer} local={local}");
-        });
+        };
+        if inline {
+            answer();
+        } else {
+            std::thread::spawn(answer);
+        }
     }
 }
 
