@@ -18,6 +18,7 @@ use interceptor_common::{
 use crate::maps::{count, sk_orig_map, LISTENERS, PENDING, PODS};
 
 const AF_INET: u16 = 2;
+const IPPROTO_TCP: u32 = 6;
 const SOCKADDR_IN_LEN: usize = 16;
 const BPF_SK_STORAGE_GET_F_CREATE: u64 = 1;
 
@@ -92,6 +93,10 @@ pub fn icpt_getsockopt(ctx: SockoptContext) -> i32 {
 #[inline(always)]
 fn serve_orig_dst(ctx: &SockoptContext, so: *mut bpf_sockopt) {
     let sk: *mut bpf_sock = unsafe { (*so).__bindgen_anon_1.sk };
+    // Like conntrack's getorigdst: IPv4 TCP sockets only.
+    if unsafe { (*sk).family } != u32::from(AF_INET) || unsafe { (*sk).protocol } != IPPROTO_TCP {
+        return;
+    }
     let map = sk_orig_map();
     // Answered before on this socket: the proxy may ask more than once.
     let cached = unsafe { bpf_sk_storage_get(map, sk.cast(), core::ptr::null_mut(), 0) };
