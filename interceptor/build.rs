@@ -13,7 +13,11 @@ fn main() -> anyhow::Result<()> {
 
     let started = SystemTime::now();
     aya_build::build_ebpf(
-        [Package { name: "interceptor-ebpf", root_dir: ebpf_dir, ..Default::default() }],
+        [Package {
+            name: "interceptor-ebpf",
+            root_dir: ebpf_dir,
+            ..Default::default()
+        }],
         Toolchain::default(),
     )
     .context("building the eBPF programs failed: run `cargo xtask setup` (rust-src, bpf-linker)")?;
@@ -25,7 +29,10 @@ fn main() -> anyhow::Result<()> {
         .and_then(|m| m.modified())
         .with_context(|| format!("eBPF object {} was not produced", object.display()))?;
     if modified < started {
-        bail!("eBPF object {} is stale: the eBPF build did not produce it", object.display());
+        bail!(
+            "eBPF object {} is stale: the eBPF build did not produce it",
+            object.display()
+        );
     }
     Ok(())
 }

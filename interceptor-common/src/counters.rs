@@ -93,7 +93,9 @@ pub struct PodCounters {
 }
 
 impl PodCounters {
-    pub const ZERO: Self = Self { values: [0; COUNTERS_PER_POD] };
+    pub const ZERO: Self = Self {
+        values: [0; COUNTERS_PER_POD],
+    };
 }
 
 const _: () = assert!(Decision::ALL.len() <= COUNTERS_PER_POD);

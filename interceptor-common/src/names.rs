@@ -26,5 +26,11 @@ pub const MAP_LISTENERS: &str = "ICPT_LISTENERS";
 
 /// Maps shared by the node's programs and every pod's sk_lookup instance (through pins), and
 /// read by `interceptor status` from another process.
-pub const SHARED_MAPS: [&str; 6] =
-    [MAP_PODS, MAP_LOCAL_ADDRS, MAP_SUBNETS, MAP_COUNTERS, MAP_PENDING, MAP_LISTENERS];
+pub const SHARED_MAPS: [&str; 6] = [
+    MAP_PODS,
+    MAP_LOCAL_ADDRS,
+    MAP_SUBNETS,
+    MAP_COUNTERS,
+    MAP_PENDING,
+    MAP_LISTENERS,
+];

@@ -61,14 +61,23 @@ fn decide(lookup: *mut bpf_sk_lookup, pod: &PodConfig, netns_cookie: u64) -> Dec
     // From the pod itself: over lo, or from one of its own addresses (a connection to its own
     // veth address arrives with the veth's ifindex). iptables' PREROUTING never sees these.
     let from_pod = unsafe { (*lookup).ingress_ifindex } == LOOPBACK_IFINDEX
-        || unsafe { LOCAL_ADDRS.get(&LocalAddrKey { netns_cookie, ip4_be: remote_ip4_be, _pad: 0 }) }.is_some();
+        || unsafe {
+            LOCAL_ADDRS.get(&LocalAddrKey {
+                netns_cookie,
+                ip4_be: remote_ip4_be,
+                _pad: 0,
+            })
+        }
+        .is_some();
     if from_pod {
         return Decision::InboundFromPod;
     }
     if pod.inbound_ignore_ports.contains(local_port) {
         return Decision::InboundIgnoredPort;
     }
-    if pod.flags & flags::HAS_INBOUND_SUBNETS != 0 && in_subnets(netns_cookie, direction::INBOUND, remote_ip4_be) {
+    if pod.flags & flags::HAS_INBOUND_SUBNETS != 0
+        && in_subnets(netns_cookie, direction::INBOUND, remote_ip4_be)
+    {
         return Decision::InboundIgnoredSubnet;
     }
     if pod.flags & flags::HAS_PORTS_TO_REDIRECT != 0 && !pod.redirect_ports.contains(local_port) {

@@ -5,8 +5,8 @@
 #![no_std]
 #![no_main]
 
-mod maps;
 mod inbound;
+mod maps;
 mod orig_dst;
 mod outbound;
 

@@ -6,10 +6,9 @@ use aya_ebpf::{
     maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, SockHash, lpm_trie::Key},
 };
 use interceptor_common::{
-    LocalAddrKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS, MAX_SUBNET_RULES, OrigDst, PendingKey,
-    PendingOrigDst, PodConfig, PodCounters, SubnetKey, DEFAULT_PENDING_ORIG_DST_CAPACITY,
-    SUBNET_KEY_FIXED_BITS,
-    counters::Decision,
+    DEFAULT_PENDING_ORIG_DST_CAPACITY, LocalAddrKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS,
+    MAX_SUBNET_RULES, OrigDst, PendingKey, PendingOrigDst, PodConfig, PodCounters,
+    SUBNET_KEY_FIXED_BITS, SubnetKey, counters::Decision,
 };
 
 /// Not preallocated: a `PodConfig` is 8 KiB and most nodes run far fewer than `MAX_PODS` pods.
@@ -51,7 +50,14 @@ pub fn sk_orig_map() -> *mut core::ffi::c_void {
 /// Whether `ip4_be` is in one of the pod's subnets for `direction`.
 #[inline(always)]
 pub fn in_subnets(netns_cookie: u64, direction: u32, ip4_be: u32) -> bool {
-    let key = Key::new(SUBNET_KEY_FIXED_BITS + 32, SubnetKey { netns_cookie, direction, ip4_be });
+    let key = Key::new(
+        SUBNET_KEY_FIXED_BITS + 32,
+        SubnetKey {
+            netns_cookie,
+            direction,
+            ip4_be,
+        },
+    );
     SUBNETS.get(&key).is_some()
 }
 

@@ -2,20 +2,20 @@
 //! redirected connection by the 4-tuple the proxy will see, and `cgroup/getsockopt` answers from
 //! that index. See `interceptor_common::socket` for the whole life of an entry.
 use aya_ebpf::{
+    EbpfContext as _,
     bindings::{
-        bpf_sock, bpf_sockopt, BPF_ANY, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB,
-        BPF_SOCK_OPS_TCP_LISTEN_CB,
+        BPF_ANY, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_TCP_LISTEN_CB, bpf_sock,
+        bpf_sockopt,
     },
     helpers::generated::{bpf_get_netns_cookie, bpf_sk_storage_get, bpf_tcp_sock},
     macros::{cgroup_sockopt, sock_ops},
     programs::{SockOpsContext, SockoptContext},
-    EbpfContext as _,
 };
 use interceptor_common::{
-    counters::Decision, OrigDst, PendingKey, PendingOrigDst, SOL_IP, SO_ORIGINAL_DST,
+    OrigDst, PendingKey, PendingOrigDst, SO_ORIGINAL_DST, SOL_IP, counters::Decision,
 };
 
-use crate::maps::{count, sk_orig_map, LISTENERS, PENDING, PODS};
+use crate::maps::{LISTENERS, PENDING, PODS, count, sk_orig_map};
 
 const AF_INET: u16 = 2;
 const IPPROTO_TCP: u32 = 6;
@@ -130,7 +130,12 @@ fn serve_orig_dst(ctx: &SockoptContext, so: *mut bpf_sockopt) {
         answer_local_address(so, sk);
         return;
     }
-    let orig = OrigDst { netns_cookie, ip4_be: pending.ip4_be, port_be: pending.port_be, _pad: 0 };
+    let orig = OrigDst {
+        netns_cookie,
+        ip4_be: pending.ip4_be,
+        port_be: pending.port_be,
+        _pad: 0,
+    };
     let _ = unsafe {
         bpf_sk_storage_get(
             map,

@@ -1,19 +1,22 @@
 //! `cgroup/connect4`: the outbound decision (SPEC "Outbound", first match wins) and the rewrite
 //! to the proxy's outbound port.
 use aya_ebpf::{
+    EbpfContext as _,
     bindings::bpf_sock_addr,
-    helpers::{bpf_get_current_uid_gid, generated::{bpf_get_netns_cookie, bpf_sk_storage_get}},
+    helpers::{
+        bpf_get_current_uid_gid,
+        generated::{bpf_get_netns_cookie, bpf_sk_storage_get},
+    },
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
-    EbpfContext as _,
 };
 use interceptor_common::{
+    LocalAddrKey, OrigDst, PodConfig,
     counters::Decision,
     pod::{direction, flags},
-    LocalAddrKey, OrigDst, PodConfig,
 };
 
-use crate::maps::{count, in_subnets, sk_orig_map, LOCAL_ADDRS, PODS};
+use crate::maps::{LOCAL_ADDRS, PODS, count, in_subnets, sk_orig_map};
 
 const ALLOW: i32 = 1;
 const IPPROTO_TCP: u32 = 6;
@@ -48,7 +51,12 @@ fn try_connect4(ctx: &SockAddrContext) {
         return;
     }
 
-    let orig = OrigDst { netns_cookie, ip4_be: dst_ip4_be, port_be: dst_port_be, _pad: 0 };
+    let orig = OrigDst {
+        netns_cookie,
+        ip4_be: dst_ip4_be,
+        port_be: dst_port_be,
+        _pad: 0,
+    };
     let sk = unsafe { (*sa).__bindgen_anon_1.sk };
     let stored = unsafe {
         bpf_sk_storage_get(
@@ -87,14 +95,20 @@ fn decide(pod: &PodConfig, netns_cookie: u64, dst_ip4_be: u32, dst_port: u16) ->
     if dst_ip4 >> 24 == 127 || dst_ip4 == 0 {
         return Decision::Loopback;
     }
-    let local = LocalAddrKey { netns_cookie, ip4_be: dst_ip4_be, _pad: 0 };
+    let local = LocalAddrKey {
+        netns_cookie,
+        ip4_be: dst_ip4_be,
+        _pad: 0,
+    };
     if unsafe { LOCAL_ADDRS.get(&local) }.is_some() {
         return Decision::PodAddress;
     }
     if pod.outbound_ignore_ports.contains(dst_port) {
         return Decision::IgnoredPort;
     }
-    if pod.flags & flags::HAS_OUTBOUND_SUBNETS != 0 && in_subnets(netns_cookie, direction::OUTBOUND, dst_ip4_be) {
+    if pod.flags & flags::HAS_OUTBOUND_SUBNETS != 0
+        && in_subnets(netns_cookie, direction::OUTBOUND, dst_ip4_be)
+    {
         return Decision::IgnoredSubnet;
     }
     Decision::Redirected

@@ -6,12 +6,17 @@ use std::{
 
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
-    #[error("no cgroup2 filesystem in /proc/self/mountinfo: mount one (mount -t cgroup2 none /sys/fs/cgroup/unified) or pass --cgroup")]
+    #[error(
+        "no cgroup2 filesystem in /proc/self/mountinfo: mount one (mount -t cgroup2 none /sys/fs/cgroup/unified) or pass --cgroup"
+    )]
     NoCgroup2Mount,
     #[error("reading /proc/self/mountinfo: {0}")]
     Mountinfo(std::io::Error),
     #[error("cannot open cgroup {path}: {source}")]
-    Open { path: PathBuf, source: std::io::Error },
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path} is not a cgroup v2 directory (pass a directory under the cgroup2 mount)")]
     NotCgroup2 { path: PathBuf },
 }
@@ -21,7 +26,8 @@ const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 /// The root of the cgroup2 hierarchy, from this process's mount table (never hard-coded: on
 /// hybrid systems it is /sys/fs/cgroup/unified, on unified ones /sys/fs/cgroup).
 pub fn cgroup2_root() -> Result<PathBuf, CgroupError> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(CgroupError::Mountinfo)?;
+    let mountinfo =
+        std::fs::read_to_string("/proc/self/mountinfo").map_err(CgroupError::Mountinfo)?;
     find_cgroup2_mount(&mountinfo).ok_or(CgroupError::NoCgroup2Mount)
 }
 
@@ -43,7 +49,10 @@ fn unescape_mountinfo(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 4 <= bytes.len() && bytes[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
+        if bytes[i] == b'\\'
+            && i + 4 <= bytes.len()
+            && bytes[i + 1..i + 4].iter().all(u8::is_ascii_digit)
+        {
             let code = u8::from_str_radix(&s[i + 1..i + 4], 8).unwrap_or(b'?');
             out.push(code as char);
             i += 4;
@@ -57,11 +66,18 @@ fn unescape_mountinfo(s: &str) -> String {
 
 /// Opens `path` and checks it is a cgroup v2 directory.
 pub fn open_cgroup2(path: &Path) -> Result<File, CgroupError> {
-    let file = File::open(path).map_err(|source| CgroupError::Open { path: path.to_owned(), source })?;
-    let fs = nix::sys::statfs::fstatfs(&file)
-        .map_err(|e| CgroupError::Open { path: path.to_owned(), source: e.into() })?;
+    let file = File::open(path).map_err(|source| CgroupError::Open {
+        path: path.to_owned(),
+        source,
+    })?;
+    let fs = nix::sys::statfs::fstatfs(&file).map_err(|e| CgroupError::Open {
+        path: path.to_owned(),
+        source: e.into(),
+    })?;
     if fs.filesystem_type().0 as i64 != CGROUP2_SUPER_MAGIC || !path.is_dir() {
-        return Err(CgroupError::NotCgroup2 { path: path.to_owned() });
+        return Err(CgroupError::NotCgroup2 {
+            path: path.to_owned(),
+        });
     }
     Ok(file)
 }
@@ -77,13 +93,22 @@ mod tests {
 26 25 0:24 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw
 27 25 0:25 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
 ";
-        assert_eq!(find_cgroup2_mount(mountinfo), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert_eq!(
+            find_cgroup2_mount(mountinfo),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
     }
 
     #[test]
     fn unescapes_mount_points() {
         let mountinfo = "26 25 0:24 / /mnt/my\\040cgroups rw - cgroup2 none rw\n";
-        assert_eq!(find_cgroup2_mount(mountinfo), Some(PathBuf::from("/mnt/my cgroups")));
-        assert_eq!(find_cgroup2_mount("1 2 0:1 / / rw - ext4 /dev/vda rw\n"), None);
+        assert_eq!(
+            find_cgroup2_mount(mountinfo),
+            Some(PathBuf::from("/mnt/my cgroups"))
+        );
+        assert_eq!(
+            find_cgroup2_mount("1 2 0:1 / / rw - ext4 /dev/vda rw\n"),
+            None
+        );
     }
 }

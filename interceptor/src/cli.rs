@@ -4,12 +4,10 @@ use std::path::PathBuf;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use ipnet::IpNet;
 
-use crate::iptables::IptablesMode;
 use crate::config::{
-    InterceptionConfig, PortRange, PortSet,
-    ports::parse_port,
-    subnets::parse_cidr,
+    InterceptionConfig, PortRange, PortSet, ports::parse_port, subnets::parse_cidr,
 };
+use crate::iptables::IptablesMode;
 
 /// The `interceptor` binary: parse, set up logging, run the command.
 pub fn main() -> std::process::ExitCode {
@@ -37,7 +35,11 @@ pub fn main() -> std::process::ExitCode {
 }
 
 #[derive(Debug, Parser)]
-#[command(name = "interceptor", version, about = "eBPF traffic interception for service-mesh proxies")]
+#[command(
+    name = "interceptor",
+    version,
+    about = "eBPF traffic interception for service-mesh proxies"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -202,8 +204,18 @@ impl InterceptionArgs {
             outgoing_proxy_port: self.outgoing_proxy_port,
             proxy_uid: positive(self.proxy_uid),
             proxy_gid: positive(self.proxy_gid),
-            inbound_ports_to_ignore: PortSet(self.inbound_ports_to_ignore.iter().flat_map(|s| s.0.clone()).collect()),
-            outbound_ports_to_ignore: PortSet(self.outbound_ports_to_ignore.iter().flat_map(|s| s.0.clone()).collect()),
+            inbound_ports_to_ignore: PortSet(
+                self.inbound_ports_to_ignore
+                    .iter()
+                    .flat_map(|s| s.0.clone())
+                    .collect(),
+            ),
+            outbound_ports_to_ignore: PortSet(
+                self.outbound_ports_to_ignore
+                    .iter()
+                    .flat_map(|s| s.0.clone())
+                    .collect(),
+            ),
             ports_to_redirect: self.ports_to_redirect.concat(),
             subnets_to_ignore: self.subnets_to_ignore.concat(),
             outbound_subnets_to_ignore: self.outbound_subnets_to_ignore.concat(),
@@ -213,7 +225,9 @@ impl InterceptionArgs {
 }
 
 fn parse_id(s: &str) -> Result<u32, String> {
-    s.trim().parse().map_err(|_| format!("{s:?} is not a numeric id (0-4294967295)"))
+    s.trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a numeric id (0-4294967295)"))
 }
 
 /// Empty entries are skipped (`--inbound-ports-to-ignore ""` is how charts pass "none").
@@ -222,7 +236,10 @@ fn entries(s: &str) -> impl Iterator<Item = &str> {
 }
 
 fn parse_port_list(s: &str) -> Result<PortSet, String> {
-    entries(s).map(str::parse::<PortRange>).collect::<Result<_, _>>().map(PortSet)
+    entries(s)
+        .map(str::parse::<PortRange>)
+        .collect::<Result<_, _>>()
+        .map(PortSet)
 }
 
 fn parse_port_only_list(s: &str) -> Result<Vec<u16>, String> {

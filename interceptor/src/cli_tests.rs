@@ -5,7 +5,10 @@ use super::*;
 fn run(args: &[&str]) -> Result<InterceptionConfig, String> {
     let mut argv = vec!["interceptor", "run"];
     argv.extend_from_slice(args);
-    match Cli::try_parse_from(argv).map_err(|e| e.to_string())?.command {
+    match Cli::try_parse_from(argv)
+        .map_err(|e| e.to_string())?
+        .command
+    {
         Command::Run(run) => Ok(run.interception.config()),
         other => panic!("unexpected command {other:?}"),
     }
@@ -14,16 +17,27 @@ fn run(args: &[&str]) -> Result<InterceptionConfig, String> {
 #[test]
 fn parses_the_default_linkerd_arguments() {
     let config = run(&[
-        "--ipv6=false", "--incoming-proxy-port", "4143", "--outgoing-proxy-port", "4140",
-        "--proxy-uid", "2102", "--inbound-ports-to-ignore", "4190,4191,4567,4568",
-        "--outbound-ports-to-ignore", "443,6443",
+        "--ipv6=false",
+        "--incoming-proxy-port",
+        "4143",
+        "--outgoing-proxy-port",
+        "4140",
+        "--proxy-uid",
+        "2102",
+        "--inbound-ports-to-ignore",
+        "4190,4191,4567,4568",
+        "--outbound-ports-to-ignore",
+        "443,6443",
     ])
     .unwrap();
     assert_eq!(config.incoming_proxy_port, 4143);
     assert_eq!(config.outgoing_proxy_port, 4140);
     assert_eq!(config.proxy_uid, Some(2102));
     assert_eq!(config.proxy_gid, None);
-    assert_eq!(config.inbound_ports_to_ignore.to_string(), "4190,4191,4567,4568");
+    assert_eq!(
+        config.inbound_ports_to_ignore.to_string(),
+        "4190,4191,4567,4568"
+    );
     assert_eq!(config.outbound_ports_to_ignore.to_string(), "443,6443");
     assert!(!config.ipv6);
 }
@@ -31,16 +45,33 @@ fn parses_the_default_linkerd_arguments() {
 #[test]
 fn list_flags_repeat_and_skip_empty_entries() {
     let config = run(&[
-        "-p", "4143", "-o", "4140", "-r", "80,8080", "-r", "9090",
-        "--outbound-ports-to-ignore", "", "--outbound-ports-to-ignore", "25-30,,22",
-        "--subnets-to-ignore", "10.0.0.0/8,192.0.2.1", "--outbound-subnets-to-ignore", "198.51.100.0/24",
-        "-u", "0",
+        "-p",
+        "4143",
+        "-o",
+        "4140",
+        "-r",
+        "80,8080",
+        "-r",
+        "9090",
+        "--outbound-ports-to-ignore",
+        "",
+        "--outbound-ports-to-ignore",
+        "25-30,,22",
+        "--subnets-to-ignore",
+        "10.0.0.0/8,192.0.2.1",
+        "--outbound-subnets-to-ignore",
+        "198.51.100.0/24",
+        "-u",
+        "0",
     ])
     .unwrap();
     assert_eq!(config.ports_to_redirect, vec![80, 8080, 9090]);
     assert_eq!(config.outbound_ports_to_ignore.to_string(), "25-30,22");
     assert_eq!(config.subnets_to_ignore.len(), 2);
-    assert_eq!(config.outbound_subnets_to_ignore[0].to_string(), "198.51.100.0/24");
+    assert_eq!(
+        config.outbound_subnets_to_ignore[0].to_string(),
+        "198.51.100.0/24"
+    );
     assert_eq!(config.proxy_uid, None, "uid 0 is never the proxy");
     assert!(config.ipv6, "ipv6 defaults to true, as in proxy-init");
 }
@@ -49,12 +80,51 @@ fn list_flags_repeat_and_skip_empty_entries() {
 fn rejects_bad_values_naming_them() {
     for (args, needle) in [
         (&["-p", "0", "-o", "4140"][..], "port 0 is out of range"),
-        (&["-p", "4143", "-o", "70000"][..], "port 70000 is out of range"),
-        (&["-p", "4143", "-o", "4140", "--outbound-ports-to-ignore", "443,99999"][..], "port 99999"),
-        (&["-p", "4143", "-o", "4140", "--inbound-ports-to-ignore", "30-20"][..], "\"30-20\""),
-        (&["-p", "4143", "-o", "4140", "-u", "proxy"][..], "\"proxy\" is not a numeric id"),
-        (&["-p", "4143", "-o", "4140", "--subnets-to-ignore", "10.0.0.0/40"][..], "\"10.0.0.0/40\""),
-        (&["-p", "4143", "-o", "4140", "-r", "80-90"][..], "\"80-90\" is not a port number"),
+        (
+            &["-p", "4143", "-o", "70000"][..],
+            "port 70000 is out of range",
+        ),
+        (
+            &[
+                "-p",
+                "4143",
+                "-o",
+                "4140",
+                "--outbound-ports-to-ignore",
+                "443,99999",
+            ][..],
+            "port 99999",
+        ),
+        (
+            &[
+                "-p",
+                "4143",
+                "-o",
+                "4140",
+                "--inbound-ports-to-ignore",
+                "30-20",
+            ][..],
+            "\"30-20\"",
+        ),
+        (
+            &["-p", "4143", "-o", "4140", "-u", "proxy"][..],
+            "\"proxy\" is not a numeric id",
+        ),
+        (
+            &[
+                "-p",
+                "4143",
+                "-o",
+                "4140",
+                "--subnets-to-ignore",
+                "10.0.0.0/40",
+            ][..],
+            "\"10.0.0.0/40\"",
+        ),
+        (
+            &["-p", "4143", "-o", "4140", "-r", "80-90"][..],
+            "\"80-90\" is not a port number",
+        ),
         (&["-o", "4140"][..], "--incoming-proxy-port"),
     ] {
         let err = run(args).unwrap_err();

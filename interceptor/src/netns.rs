@@ -14,12 +14,21 @@ use nix::{
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
-    #[error("cannot open network namespace {path}: {source} (pass a path like /run/netns/NAME or /proc/PID/ns/net)")]
-    Open { path: PathBuf, source: std::io::Error },
+    #[error(
+        "cannot open network namespace {path}: {source} (pass a path like /run/netns/NAME or /proc/PID/ns/net)"
+    )]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path} is not a network namespace")]
     NotNetns { path: PathBuf },
     #[error("{call} in network namespace {path}: {source}")]
-    Syscall { call: &'static str, path: PathBuf, source: nix::Error },
+    Syscall {
+        call: &'static str,
+        path: PathBuf,
+        source: nix::Error,
+    },
 }
 
 /// An open handle on a pod's network namespace; keeps the namespace alive while held.
@@ -35,14 +44,21 @@ const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
 
 impl PodNetns {
     pub fn open(path: &Path) -> Result<Self, NetnsError> {
-        let file = File::open(path)
-            .map_err(|source| NetnsError::Open { path: path.to_owned(), source })?;
+        let file = File::open(path).map_err(|source| NetnsError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
         // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd.
         let nstype = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&file), NS_GET_NSTYPE) };
         if nstype != libc::CLONE_NEWNET {
-            return Err(NetnsError::NotNetns { path: path.to_owned() });
+            return Err(NetnsError::NotNetns {
+                path: path.to_owned(),
+            });
         }
-        Ok(Self { path: path.to_owned(), file })
+        Ok(Self {
+            path: path.to_owned(),
+            file,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -62,7 +78,11 @@ impl PodNetns {
             scope
                 .spawn(|| {
                     setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|source| {
-                        NetnsError::Syscall { call: "setns", path: self.path.clone(), source }
+                        NetnsError::Syscall {
+                            call: "setns",
+                            path: self.path.clone(),
+                            source,
+                        }
                     })?;
                     f()
                 })
@@ -76,8 +96,17 @@ impl PodNetns {
     pub fn cookie(&self) -> Result<u64, NetnsError> {
         let path = self.path.clone();
         self.run_inside(move || {
-            let sock = socket(AddressFamily::Inet, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)
-                .map_err(|source| NetnsError::Syscall { call: "socket", path: path.clone(), source })?;
+            let sock = socket(
+                AddressFamily::Inet,
+                SockType::Datagram,
+                SockFlag::SOCK_CLOEXEC,
+                None,
+            )
+            .map_err(|source| NetnsError::Syscall {
+                call: "socket",
+                path: path.clone(),
+                source,
+            })?;
             let mut cookie: u64 = 0;
             let mut len = size_of::<u64>() as libc::socklen_t;
             // SAFETY: the buffer is a valid u64 and len says so.
@@ -105,8 +134,11 @@ impl PodNetns {
     pub fn ipv4_addresses(&self) -> Result<Vec<Ipv4Addr>, NetnsError> {
         let path = self.path.clone();
         self.run_inside(move || {
-            let addrs = nix::ifaddrs::getifaddrs()
-                .map_err(|source| NetnsError::Syscall { call: "getifaddrs", path, source })?;
+            let addrs = nix::ifaddrs::getifaddrs().map_err(|source| NetnsError::Syscall {
+                call: "getifaddrs",
+                path,
+                source,
+            })?;
             let mut v4: Vec<Ipv4Addr> = addrs
                 .filter_map(|a| a.address?.as_sockaddr_in().map(|s| s.ip()))
                 .collect();
@@ -126,10 +158,18 @@ impl PodNetns {
     pub fn address_changes(&self) -> Result<std::os::fd::OwnedFd, NetnsError> {
         let path = self.path.clone();
         self.run_inside(move || {
-            let error = |call, source| NetnsError::Syscall { call, path: path.clone(), source };
+            let error = |call, source| NetnsError::Syscall {
+                call,
+                path: path.clone(),
+                source,
+            };
             // SAFETY: plain socket(2); the fd is owned right away.
             let fd = unsafe {
-                libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE)
+                libc::socket(
+                    libc::AF_NETLINK,
+                    libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                    libc::NETLINK_ROUTE,
+                )
             };
             if fd < 0 {
                 return Err(error("socket(NETLINK_ROUTE)", nix::Error::last()));

@@ -23,10 +23,16 @@ const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    #[error("instance {instance:?} is already running (pid {pid}): stop it, or pass another --instance")]
+    #[error(
+        "instance {instance:?} is already running (pid {pid}): stop it, or pass another --instance"
+    )]
     Busy { instance: String, pid: String },
     #[error("{action} {path}: {source}")]
-    Io { action: &'static str, path: PathBuf, source: io::Error },
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
     #[error("instance name {0:?} is not valid: use letters, digits, '-' and '_'")]
     BadName(String),
     #[error("mounting a bpffs on {path}: {source} (mount one: mount -t bpf bpf {path})")]
@@ -34,7 +40,11 @@ pub enum StateError {
 }
 
 fn io_error<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StateError + 'a {
-    move |source| StateError::Io { action, path: path.to_owned(), source }
+    move |source| StateError::Io {
+        action,
+        path: path.to_owned(),
+        source,
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -69,7 +79,11 @@ pub struct InstancePaths {
 
 impl InstancePaths {
     pub fn new(name: &str) -> Result<Self, StateError> {
-        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
             return Err(StateError::BadName(name.to_owned()));
         }
         Ok(Self {
@@ -89,9 +103,12 @@ impl InstancePaths {
 
     /// Every instance with a state directory, running or stale.
     pub fn all() -> Vec<Self> {
-        let Ok(entries) = fs::read_dir(RUN_ROOT) else { return Vec::new() };
-        let mut names: Vec<String> =
-            entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
+        let Ok(entries) = fs::read_dir(RUN_ROOT) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .collect();
         names.sort();
         names.iter().filter_map(|n| Self::new(n).ok()).collect()
     }
@@ -102,7 +119,9 @@ impl InstancePaths {
 
     /// True while the process that owns the instance holds its lock.
     pub fn is_running(&self) -> bool {
-        let Ok(file) = File::open(self.lock_file()) else { return false };
+        let Ok(file) = File::open(self.lock_file()) else {
+            return false;
+        };
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(_released_on_drop) => false,
             Err(_) => true,
@@ -127,10 +146,13 @@ impl InstanceLock {
             .write(true)
             .open(&lock_path)
             .map_err(io_error("opening", &lock_path))?;
-        let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|_| StateError::Busy {
-            instance: paths.name.clone(),
-            pid: paths.read_state().map_or("unknown".into(), |s| s.pid.to_string()),
-        })?;
+        let lock =
+            Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|_| StateError::Busy {
+                instance: paths.name.clone(),
+                pid: paths
+                    .read_state()
+                    .map_or("unknown".into(), |s| s.pid.to_string()),
+            })?;
         remove_pins(&paths.pin_dir);
         let _ = fs::remove_file(paths.state_file());
         ensure_bpffs(Path::new(BPFFS_ROOT))?;
@@ -176,12 +198,21 @@ pub fn ensure_bpffs(path: &Path) -> Result<(), StateError> {
         File::open(p)
             .ok()
             .and_then(|f| nix::sys::statfs::fstatfs(f.as_fd()).ok())
-            .is_some_and(|fs| fs.filesystem_type().0 as i64 == BPF_FS_MAGIC)
+            .is_some_and(|fs| fs.filesystem_type().0 == BPF_FS_MAGIC)
     };
     if is_bpffs(path) {
         return Ok(());
     }
     fs::create_dir_all(path).map_err(io_error("creating", path))?;
-    nix::mount::mount(Some("bpf"), path, Some("bpf"), nix::mount::MsFlags::empty(), None::<&str>)
-        .map_err(|source| StateError::MountBpffs { path: path.to_owned(), source })
+    nix::mount::mount(
+        Some("bpf"),
+        path,
+        Some("bpf"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(|source| StateError::MountBpffs {
+        path: path.to_owned(),
+        source,
+    })
 }

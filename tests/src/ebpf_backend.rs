@@ -26,7 +26,11 @@ impl Backend for Ebpf {
 pub fn options() -> LoadOptions {
     let bpffs = std::path::Path::new(interceptor::state::BPFFS_ROOT);
     interceptor::state::ensure_bpffs(bpffs).expect("a bpffs on /sys/fs/bpf");
-    LoadOptions::new(bpffs.join("interceptor-tests").join(crate::unique_name("pins")))
+    LoadOptions::new(
+        bpffs
+            .join("interceptor-tests")
+            .join(crate::unique_name("pins")),
+    )
 }
 
 pub fn load(options: LoadOptions) -> EbpfNode {
@@ -46,10 +50,13 @@ pub fn pod_spec(netns: &Netns, config: &InterceptionConfig) -> PodSpec {
 /// Registers the pod; returns its netns cookie.
 pub fn register(node: &mut EbpfNode, netns: &Netns, config: &InterceptionConfig) -> u64 {
     let spec = pod_spec(netns, config);
-    node.pods().add(&spec).unwrap_or_else(|e| panic!("register pod: {e}"));
+    node.pods()
+        .add(&spec)
+        .unwrap_or_else(|e| panic!("register pod: {e}"));
     spec.netns_cookie
 }
 
 pub fn attach(node: &mut EbpfNode, cgroup: &std::path::Path) {
-    node.attach(cgroup).unwrap_or_else(|e| panic!("attach: {e}"));
+    node.attach(cgroup)
+        .unwrap_or_else(|e| panic!("attach: {e}"));
 }

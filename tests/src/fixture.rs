@@ -8,7 +8,10 @@ use std::{
 use crate::{Probe, unique_name};
 
 fn sh(program: &str, args: &[&str]) {
-    let out = Command::new(program).args(args).output().unwrap_or_else(|e| panic!("{program}: {e}"));
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
     assert!(
         out.status.success(),
         "{program} {}: {}{}",
@@ -46,7 +49,18 @@ impl Netns {
     /// Connects two namespaces with a veth pair and gives each end an address.
     pub fn veth_to(&self, self_cidr: &str, other: &Netns, other_cidr: &str) {
         let (a, b) = ("eth0", "peer0");
-        self.ip(&["link", "add", a, "type", "veth", "peer", "name", b, "netns", &other.name]);
+        self.ip(&[
+            "link",
+            "add",
+            a,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            b,
+            "netns",
+            &other.name,
+        ]);
         self.ip(&["addr", "add", self_cidr, "dev", a]);
         self.ip(&["link", "set", a, "up"]);
         other.ip(&["addr", "add", other_cidr, "dev", b]);
@@ -56,7 +70,9 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
     }
 }
 
@@ -122,14 +138,23 @@ impl PodFixture {
     pub fn new(tag: &str) -> Self {
         let pod = Netns::new(tag);
         let remote = Netns::new(&format!("{tag}-remote"));
-        pod.veth_to(&format!("{POD_ADDR}/24"), &remote, &format!("{REMOTE_ADDR}/24"));
+        pod.veth_to(
+            &format!("{POD_ADDR}/24"),
+            &remote,
+            &format!("{REMOTE_ADDR}/24"),
+        );
         pod.ip(&["route", "add", "default", "via", REMOTE_ADDR]);
         for range in ["192.0.2.0/24", "198.51.100.0/24"] {
             remote.ip(&["route", "add", "local", range, "dev", "lo"]);
         }
         let cgroup = Cgroup::new(tag);
         let processes_cgroup = cgroup.path.clone();
-        Self { pod, remote, cgroup, processes_cgroup }
+        Self {
+            pod,
+            remote,
+            cgroup,
+            processes_cgroup,
+        }
     }
 
     /// Runs this pod's processes under `other`'s cgroup, as pods share a node's kubepods cgroup
@@ -141,7 +166,9 @@ impl PodFixture {
 
     /// A process of the pod (in its namespace and cgroup).
     pub fn in_pod(&self) -> Probe {
-        Probe::new().netns(&self.pod.path()).cgroup(&self.processes_cgroup)
+        Probe::new()
+            .netns(&self.pod.path())
+            .cgroup(&self.processes_cgroup)
     }
 
     /// A process of the remote host.

@@ -12,7 +12,12 @@ pub struct Iptables(pub IptablesMode);
 impl Iptables {
     pub fn options(&self, fixture: &PodFixture) -> IptablesOptions {
         // -w: tests run in parallel and the xtables lock is machine-wide.
-        IptablesOptions { mode: self.0, wait: true, ipv6: false, netns: Some(fixture.pod.path()) }
+        IptablesOptions {
+            mode: self.0,
+            wait: true,
+            ipv6: false,
+            netns: Some(fixture.pod.path()),
+        }
     }
 }
 

@@ -25,12 +25,14 @@ impl Probe {
     }
 
     pub fn netns(mut self, path: &Path) -> Self {
-        self.context.extend(["--netns".into(), path.display().to_string()]);
+        self.context
+            .extend(["--netns".into(), path.display().to_string()]);
         self
     }
 
     pub fn cgroup(mut self, path: &Path) -> Self {
-        self.context.extend(["--cgroup".into(), path.display().to_string()]);
+        self.context
+            .extend(["--cgroup".into(), path.display().to_string()]);
         self
     }
 
@@ -59,11 +61,16 @@ impl Probe {
             .spawn()
             .expect("spawn netprobe");
         let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().expect("stdout")).read_line(&mut line).ok();
+        BufReader::new(child.stdout.as_mut().expect("stdout"))
+            .read_line(&mut line)
+            .ok();
         if line.trim() != "ready" {
             let _ = child.kill();
             let out = child.wait_with_output().expect("netprobe output");
-            panic!("netprobe {args:?} did not start: {}", String::from_utf8_lossy(&out.stderr));
+            panic!(
+                "netprobe {args:?} did not start: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         Listener { child }
     }
@@ -76,7 +83,10 @@ impl Probe {
             "netprobe {args:?} failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
     }
 
     /// One connection: where it landed.
@@ -109,9 +119,18 @@ impl Drop for Listener {
 pub enum Landing {
     /// A proxy answered; `orig` is what its SO_ORIGINAL_DST returned (`Err(errno)` on failure,
     /// `Err(0)` for a proxy started with `--no-orig`, which does not ask).
-    Proxy { name: String, orig: Result<SocketAddrV4, i32>, peer: String, local: String },
+    Proxy {
+        name: String,
+        orig: Result<SocketAddrV4, i32>,
+        peer: String,
+        local: String,
+    },
     /// A plain server answered.
-    Server { name: String, peer: String, local: String },
+    Server {
+        name: String,
+        peer: String,
+        local: String,
+    },
     /// The connection failed (e.g. `connect:ENETUNREACH`).
     Failed(String),
 }
@@ -128,18 +147,31 @@ impl Landing {
                 .to_owned()
         };
         let who = field("who");
-        let (role, name) = who.split_once(':').unwrap_or_else(|| panic!("bad who in {line:?}"));
+        let (role, name) = who
+            .split_once(':')
+            .unwrap_or_else(|| panic!("bad who in {line:?}"));
         match role {
             "proxy" => {
                 let orig = field("orig");
                 let orig = match orig.strip_prefix("errno:") {
                     _ if orig == "-" => Err(0),
                     Some(errno) => Err(errno.parse().expect("errno")),
-                    None => Ok(orig.parse().unwrap_or_else(|_| panic!("bad orig in {line:?}"))),
+                    None => Ok(orig
+                        .parse()
+                        .unwrap_or_else(|_| panic!("bad orig in {line:?}"))),
                 };
-                Self::Proxy { name: name.into(), orig, peer: field("peer"), local: field("local") }
+                Self::Proxy {
+                    name: name.into(),
+                    orig,
+                    peer: field("peer"),
+                    local: field("local"),
+                }
             }
-            "server" => Self::Server { name: name.into(), peer: field("peer"), local: field("local") },
+            "server" => Self::Server {
+                name: name.into(),
+                peer: field("peer"),
+                local: field("local"),
+            },
             _ => panic!("unknown role in {line:?}"),
         }
     }
@@ -148,7 +180,9 @@ impl Landing {
     pub fn proxy_orig(&self) -> SocketAddrV4 {
         match self {
             Self::Proxy { orig: Ok(orig), .. } => *orig,
-            other => panic!("expected to land on the proxy with an original destination, got {other:?}"),
+            other => {
+                panic!("expected to land on the proxy with an original destination, got {other:?}")
+            }
         }
     }
 

@@ -70,6 +70,10 @@ mod iptables_nft {
 fn every_scenario_has_a_test() {
     let source = include_str!("behaviour_table.rs");
     for s in scenario::OUTBOUND.iter().chain(scenario::INBOUND) {
-        assert!(source.contains(&format!("            {},\n", s.name)), "scenario {} is not in the table", s.name);
+        assert!(
+            source.contains(&format!("            {},\n", s.name)),
+            "scenario {} is not in the table",
+            s.name
+        );
     }
 }

@@ -17,9 +17,22 @@ const BIN: &str = env!("CARGO_BIN_EXE_interceptor-under-test");
 
 fn run_args(fixture: &PodFixture, instance: &str) -> Vec<String> {
     [
-        "run", "--instance", instance, "--netns", &fixture.pod.path().display().to_string(),
-        "--cgroup", &fixture.cgroup.path.display().to_string(), "-p", "4143", "-o", "4140",
-        "-u", "2102", "--ipv6=false", "--outbound-ports-to-ignore", "443",
+        "run",
+        "--instance",
+        instance,
+        "--netns",
+        &fixture.pod.path().display().to_string(),
+        "--cgroup",
+        &fixture.cgroup.path.display().to_string(),
+        "-p",
+        "4143",
+        "-o",
+        "4140",
+        "-u",
+        "2102",
+        "--ipv6=false",
+        "--outbound-ports-to-ignore",
+        "443",
     ]
     .map(String::from)
     .to_vec()
@@ -41,8 +54,15 @@ fn with_flag(mut args: Vec<String>, flag: &str, value: &str) -> Vec<String> {
 }
 
 fn status(instance: &str) -> Value {
-    let out = Command::new(BIN).args(["status", "--json", "--instance", instance]).output().unwrap();
-    assert!(out.status.success(), "status: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BIN)
+        .args(["status", "--json", "--instance", instance])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "status: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let json: Value = serde_json::from_slice(&out.stdout).expect("status --json is JSON");
     json["instances"][0].clone()
 }
@@ -58,16 +78,28 @@ impl Running {
         let instance = unique_name("cli");
         let mut args = run_args(fixture, &instance);
         args.extend(extra.iter().map(|s| s.to_string()));
-        let child = Command::new(BIN).args(&args).stderr(Stdio::piped()).spawn().unwrap();
+        let child = Command::new(BIN)
+            .args(&args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
         let mut running = Self { child, instance };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while status(&running.instance)["running"] != true || status(&running.instance)["pods"].as_array().is_none_or(Vec::is_empty) {
+        while status(&running.instance)["running"] != true
+            || status(&running.instance)["pods"]
+                .as_array()
+                .is_none_or(Vec::is_empty)
+        {
             if let Some(exit) = running.child.try_wait().unwrap() {
                 let mut err = String::new();
-                std::io::Read::read_to_string(running.child.stderr.as_mut().unwrap(), &mut err).ok();
+                std::io::Read::read_to_string(running.child.stderr.as_mut().unwrap(), &mut err)
+                    .ok();
                 panic!("interceptor run exited early ({exit}): {err}");
             }
-            assert!(Instant::now() < deadline, "interceptor run did not become ready");
+            assert!(
+                Instant::now() < deadline,
+                "interceptor run did not become ready"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         running
@@ -78,7 +110,10 @@ impl Running {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let status = self.child.wait().unwrap();
-        let logs = BufReader::new(self.child.stderr.take().unwrap()).lines().map_while(Result::ok).collect();
+        let logs = BufReader::new(self.child.stderr.take().unwrap())
+            .lines()
+            .map_while(Result::ok)
+            .collect();
         (status, logs)
     }
 }
@@ -108,16 +143,33 @@ fn run_meshes_a_pod_reports_status_and_detaches_on_sigterm() {
     let running = Running::start(&fixture, &["--log-format", "json"]);
     let instance = running.instance.clone();
 
-    assert_eq!(app.connect("192.0.2.2:1404").proxy_orig().to_string(), "192.0.2.2:1404");
+    assert_eq!(
+        app.connect("192.0.2.2:1404").proxy_orig().to_string(),
+        "192.0.2.2:1404"
+    );
     assert_eq!(app.connect("10.77.0.2:443").server_name(), "remote-443");
 
     let report = status(&instance);
     assert_eq!(report["backend"], "ebpf");
     assert_eq!(report["cgroup"], fixture.cgroup.path.display().to_string());
-    let programs: Vec<&str> = report["programs"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
-    assert_eq!(programs, ["icpt_connect4", "icpt_sockops", "icpt_getsockopt"]);
-    assert_eq!(report["pods"][0]["netns"], fixture.pod.path().display().to_string());
-    assert_eq!(report["pods"][0]["config"]["outbound_ports_to_ignore"], "443");
+    let programs: Vec<&str> = report["programs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        programs,
+        ["icpt_connect4", "icpt_sockops", "icpt_getsockopt"]
+    );
+    assert_eq!(
+        report["pods"][0]["netns"],
+        fixture.pod.path().display().to_string()
+    );
+    assert_eq!(
+        report["pods"][0]["config"]["outbound_ports_to_ignore"],
+        "443"
+    );
     let counters = &report["counters"][0]["counters"];
     assert_eq!(counters["outbound_redirected"], 1, "{counters}");
     assert_eq!(counters["orig_dst_served"], 1, "{counters}");
@@ -125,23 +177,50 @@ fn run_meshes_a_pod_reports_status_and_detaches_on_sigterm() {
     assert_eq!(report["pending_orig_dst"], 0);
     assert_eq!(report["counters"][0]["inbound_listener"], true);
     let landing = fixture.on_remote().connect("10.77.0.1:80");
-    assert!(matches!(&landing, Landing::Proxy { name, .. } if name == "inbound"), "{landing:?}");
-    assert_eq!(status(&instance)["counters"][0]["counters"]["inbound_steered"], 1);
+    assert!(
+        matches!(&landing, Landing::Proxy { name, .. } if name == "inbound"),
+        "{landing:?}"
+    );
+    assert_eq!(
+        status(&instance)["counters"][0]["counters"]["inbound_steered"],
+        1
+    );
 
     let (exit, logs) = running.stop();
     assert!(exit.success(), "run exits 0 on SIGTERM: {exit} {logs:#?}");
     for line in &logs {
-        let json: Value = serde_json::from_str(line).unwrap_or_else(|_| panic!("not a JSON log line: {line}"));
-        assert!(json["level"].is_string() && json["message"].is_string(), "{line}");
+        let json: Value =
+            serde_json::from_str(line).unwrap_or_else(|_| panic!("not a JSON log line: {line}"));
+        assert!(
+            json["level"].is_string() && json["message"].is_string(),
+            "{line}"
+        );
     }
-    assert!(logs.iter().any(|l| l.contains("interception active")), "{logs:#?}");
+    assert!(
+        logs.iter().any(|l| l.contains("interception active")),
+        "{logs:#?}"
+    );
 
     // Detached: direct connections again, and no state left behind.
     assert_eq!(app.connect("10.77.0.2:80").server_name(), "remote-80");
-    assert_eq!(fixture.on_remote().connect("10.77.0.1:80").server_name(), "app-80");
-    assert_eq!(app.connect("192.0.2.2:1404"), Landing::Failed("connect:ECONNREFUSED".into()));
-    assert!(!std::path::Path::new("/run/interceptor").join(&instance).exists());
-    assert!(!std::path::Path::new("/sys/fs/bpf/interceptor").join(&instance).exists());
+    assert_eq!(
+        fixture.on_remote().connect("10.77.0.1:80").server_name(),
+        "app-80"
+    );
+    assert_eq!(
+        app.connect("192.0.2.2:1404"),
+        Landing::Failed("connect:ECONNREFUSED".into())
+    );
+    assert!(
+        !std::path::Path::new("/run/interceptor")
+            .join(&instance)
+            .exists()
+    );
+    assert!(
+        !std::path::Path::new("/sys/fs/bpf/interceptor")
+            .join(&instance)
+            .exists()
+    );
 }
 
 #[test]
@@ -151,7 +230,10 @@ fn a_second_run_of_the_same_instance_is_refused() {
     }
     let fixture = PodFixture::new("cli-twice");
     let running = Running::start(&fixture, &[]);
-    let out = Command::new(BIN).args(run_args(&fixture, &running.instance)).output().unwrap();
+    let out = Command::new(BIN)
+        .args(run_args(&fixture, &running.instance))
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("is already running"), "{stderr}");
@@ -168,29 +250,62 @@ fn bad_flags_are_rejected_by_name_and_nothing_is_attached() {
     let _servers = Servers::start(&fixture);
     let instance = unique_name("cli-bad");
     for (flag, value, needle) in [
-        ("--outbound-ports-to-ignore", "443,70000", "port 70000 is out of range"),
+        (
+            "--outbound-ports-to-ignore",
+            "443,70000",
+            "port 70000 is out of range",
+        ),
         ("--inbound-ports-to-ignore", "30-20", "\"30-20\""),
-        ("--outbound-ports-to-ignore", "https", "\"https\" is not a port number"),
+        (
+            "--outbound-ports-to-ignore",
+            "https",
+            "\"https\" is not a port number",
+        ),
         ("--proxy-uid", "-5", "\"-5\" is not a numeric id"),
-        ("--proxy-gid", "4294967296", "\"4294967296\" is not a numeric id"),
+        (
+            "--proxy-gid",
+            "4294967296",
+            "\"4294967296\" is not a numeric id",
+        ),
         ("--proxy-uid", "proxy", "\"proxy\" is not a numeric id"),
         ("--subnets-to-ignore", "10.0.0.0/33", "\"10.0.0.0/33\""),
         ("--outbound-subnets-to-ignore", "10.0.0/8", "\"10.0.0/8\""),
         ("--outgoing-proxy-port", "0", "port 0 is out of range"),
     ] {
-        let out = Command::new(BIN).args(with_flag(run_args(&fixture, &instance), flag, value)).output().unwrap();
+        let out = Command::new(BIN)
+            .args(with_flag(run_args(&fixture, &instance), flag, value))
+            .output()
+            .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{flag} {value}: {stderr}");
-        assert!(stderr.contains(needle) && stderr.contains(flag.trim_start_matches("--")), "{flag} {value}: {stderr}");
+        assert!(
+            stderr.contains(needle) && stderr.contains(flag.trim_start_matches("--")),
+            "{flag} {value}: {stderr}"
+        );
     }
     // A netns that does not exist: refused before anything is attached.
-    let args = with_flag(run_args(&fixture, &instance), "--netns", "/run/netns/does-not-exist");
+    let args = with_flag(
+        run_args(&fixture, &instance),
+        "--netns",
+        "/run/netns/does-not-exist",
+    );
     let out = Command::new(BIN).args(&args).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/run/netns/does-not-exist"));
 
-    assert!(!std::path::Path::new("/run/interceptor").join(&instance).exists());
-    assert_eq!(fixture.in_pod().uid(APP_UID).connect("10.77.0.2:80").server_name(), "remote-80");
+    assert!(
+        !std::path::Path::new("/run/interceptor")
+            .join(&instance)
+            .exists()
+    );
+    assert_eq!(
+        fixture
+            .in_pod()
+            .uid(APP_UID)
+            .connect("10.77.0.2:80")
+            .server_name(),
+        "remote-80"
+    );
 }
 
 #[test]
@@ -206,9 +321,24 @@ fn simulate_prints_the_plan_and_changes_nothing() {
     let out = Command::new(BIN).args(&args).output().unwrap();
     assert!(out.status.success());
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("attach them to cgroup") && stdout.contains(&fixture.pod.path().display().to_string()), "{stdout}");
-    assert!(!std::path::Path::new("/run/interceptor").join(&instance).exists());
-    assert_eq!(fixture.in_pod().uid(APP_UID).connect("10.77.0.2:80").server_name(), "remote-80");
+    assert!(
+        stdout.contains("attach them to cgroup")
+            && stdout.contains(&fixture.pod.path().display().to_string()),
+        "{stdout}"
+    );
+    assert!(
+        !std::path::Path::new("/run/interceptor")
+            .join(&instance)
+            .exists()
+    );
+    assert_eq!(
+        fixture
+            .in_pod()
+            .uid(APP_UID)
+            .connect("10.77.0.2:80")
+            .server_name(),
+        "remote-80"
+    );
 }
 
 #[test]
@@ -221,15 +351,24 @@ fn addresses_added_to_the_pod_later_are_its_own() {
     let _running = Running::start(&fixture, &[]);
     let app = fixture.in_pod().uid(APP_UID);
     // Not yet the pod's: redirected like any remote address.
-    assert_eq!(app.connect("10.88.0.1:8082").proxy_orig().to_string(), "10.88.0.1:8082");
+    assert_eq!(
+        app.connect("10.88.0.1:8082").proxy_orig().to_string(),
+        "10.88.0.1:8082"
+    );
 
-    fixture.pod.ip(&["addr", "add", "10.88.0.1/32", "dev", "eth0"]);
-    let _server = fixture.in_pod().listen(&["server", "10.88.0.1:8082", "--name", "new-addr"]);
+    fixture
+        .pod
+        .ip(&["addr", "add", "10.88.0.1/32", "dev", "eth0"]);
+    let _server = fixture
+        .in_pod()
+        .listen(&["server", "10.88.0.1:8082", "--name", "new-addr"]);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         match app.connect("10.88.0.1:8082") {
             Landing::Server { name, .. } if name == "new-addr" => break,
-            other if Instant::now() > deadline => panic!("new pod address still redirected: {other:?}"),
+            other if Instant::now() > deadline => {
+                panic!("new pod address still redirected: {other:?}")
+            }
             _ => std::thread::sleep(Duration::from_millis(50)),
         }
     }

@@ -13,7 +13,12 @@ use interceptor_tests::{
 
 fn assert_steered(landing: &Landing, target: &str) {
     match landing {
-        Landing::Proxy { name, orig: Ok(orig), local, .. } if name == "inbound" && orig.to_string() == target && local == target => {}
+        Landing::Proxy {
+            name,
+            orig: Ok(orig),
+            local,
+            ..
+        } if name == "inbound" && orig.to_string() == target && local == target => {}
         other => panic!("expected {target} steered to the inbound proxy, got {other:?}"),
     }
 }
@@ -43,7 +48,10 @@ fn without_a_listening_proxy_inbound_fails_closed_then_steers_once_it_listens() 
     let client = fixture.on_remote();
 
     // The app listens on 80, but a meshed pod's inbound traffic must not reach it around the proxy.
-    assert_eq!(client.connect("10.77.0.1:80"), Landing::Failed("connect:ECONNREFUSED".into()));
+    assert_eq!(
+        client.connect("10.77.0.1:80"),
+        Landing::Failed("connect:ECONNREFUSED".into())
+    );
     // Exempt traffic is not affected.
     assert_eq!(client.connect("10.77.0.1:4190").server_name(), "app-4190");
     assert!(!node.pods().has_listener(cookie));
@@ -73,7 +81,10 @@ fn a_restarted_proxy_listener_replaces_the_old_one() {
     assert_steered(&client.connect("10.77.0.1:80"), "10.77.0.1:80");
     drop(proxy);
     // Closed: the kernel dropped the socket from the map, so the pod fails closed again.
-    let landing = eventually(|| client.connect("10.77.0.1:80"), |l| matches!(l, Landing::Failed(_)));
+    let landing = eventually(
+        || client.connect("10.77.0.1:80"),
+        |l| matches!(l, Landing::Failed(_)),
+    );
     assert_eq!(landing, Landing::Failed("connect:ECONNREFUSED".into()));
     let _proxy = start_inbound_proxy(&fixture);
     assert_steered(&client.connect("10.77.0.1:80"), "10.77.0.1:80");
@@ -105,9 +116,16 @@ fn a_listener_on_another_port_is_not_taken_for_the_proxy() {
     let cookie = register(&mut node, &fixture.pod, &linkerd_config());
     attach(&mut node, &fixture.cgroup.path);
     // The app (and the proxy's other ports) listening must not become the inbound target.
-    let _other = fixture.in_pod().uid(PROXY_UID).listen(&["proxy", "0.0.0.0:4191", "--name", "admin"]);
+    let _other =
+        fixture
+            .in_pod()
+            .uid(PROXY_UID)
+            .listen(&["proxy", "0.0.0.0:4191", "--name", "admin"]);
     assert!(!node.pods().has_listener(cookie));
-    assert_eq!(fixture.on_remote().connect("10.77.0.1:80"), Landing::Failed("connect:ECONNREFUSED".into()));
+    assert_eq!(
+        fixture.on_remote().connect("10.77.0.1:80"),
+        Landing::Failed("connect:ECONNREFUSED".into())
+    );
 }
 
 #[test]
@@ -126,10 +144,22 @@ fn inbound_counters_count_each_decision() {
 
     fixture.on_remote().connect("10.77.0.1:4190").server_name();
     fixture.on_remote().connect("10.77.0.1:80").server_name();
-    fixture.in_pod().uid(APP_UID).connect("10.77.0.1:80").server_name();
+    fixture
+        .in_pod()
+        .uid(APP_UID)
+        .connect("10.77.0.1:80")
+        .server_name();
     let counters = node.pods().counters(cookie).unwrap().unwrap();
-    assert_eq!(counters.get(Decision::InboundIgnoredPort), 1, "{counters:?}");
-    assert_eq!(counters.get(Decision::InboundIgnoredSubnet), 1, "{counters:?}");
+    assert_eq!(
+        counters.get(Decision::InboundIgnoredPort),
+        1,
+        "{counters:?}"
+    );
+    assert_eq!(
+        counters.get(Decision::InboundIgnoredSubnet),
+        1,
+        "{counters:?}"
+    );
     assert!(counters.get(Decision::InboundFromPod) >= 1, "{counters:?}");
     assert_eq!(counters.get(Decision::Steered), 0, "{counters:?}");
 }
@@ -151,13 +181,22 @@ fn two_pods_with_identical_addresses_each_steer_to_their_own_proxy() {
     attach(&mut node, &a.cgroup.path);
 
     // Same addresses, own rules: A steers only 9090, B steers everything but has no proxy yet.
-    assert_eq!(a.on_remote().connect("10.77.0.1:80").server_name(), "app-80");
+    assert_eq!(
+        a.on_remote().connect("10.77.0.1:80").server_name(),
+        "app-80"
+    );
     assert_steered(&a.on_remote().connect("10.77.0.1:9090"), "10.77.0.1:9090");
-    assert_eq!(b.on_remote().connect("10.77.0.1:9090"), Landing::Failed("connect:ECONNREFUSED".into()));
+    assert_eq!(
+        b.on_remote().connect("10.77.0.1:9090"),
+        Landing::Failed("connect:ECONNREFUSED".into())
+    );
     // B's proxy starting does not affect A, and A's listener never served B.
     let _proxy_b = start_inbound_proxy(&b);
     assert_steered(&b.on_remote().connect("10.77.0.1:80"), "10.77.0.1:80");
-    assert_eq!(a.on_remote().connect("10.77.0.1:80").server_name(), "app-80");
+    assert_eq!(
+        a.on_remote().connect("10.77.0.1:80").server_name(),
+        "app-80"
+    );
 }
 
 #[test]
@@ -172,5 +211,8 @@ fn unregistering_a_pod_stops_steering() {
     attach(&mut node, &fixture.cgroup.path);
     assert_steered(&fixture.on_remote().connect("10.77.0.1:80"), "10.77.0.1:80");
     node.pods().remove(cookie).unwrap();
-    assert_eq!(fixture.on_remote().connect("10.77.0.1:80").server_name(), "app-80");
+    assert_eq!(
+        fixture.on_remote().connect("10.77.0.1:80").server_name(),
+        "app-80"
+    );
 }

@@ -1,9 +1,6 @@
 //! The iptables backend on the real kernel: the exact chains proxy-init leaves, idempotence,
 //! cleanup that removes only ours, failures that leave nothing behind, and the auto mode.
-use std::{
-    os::unix::fs::PermissionsExt as _,
-    process::Command,
-};
+use std::{os::unix::fs::PermissionsExt as _, process::Command};
 
 use interceptor::iptables::{self, Family, IptablesError, IptablesMode, IptablesOptions};
 use interceptor_tests::{
@@ -17,22 +14,44 @@ const BIN: &str = env!("CARGO_BIN_EXE_interceptor-under-test");
 /// Default Linkerd arguments (the seed's `linkerd-init` args).
 fn linkerd_args(netns: &Netns) -> Vec<String> {
     [
-        "run", "--mode", "iptables", "--netns", &netns.path().display().to_string(), "--ipv6=false",
-        "--incoming-proxy-port", "4143", "--outgoing-proxy-port", "4140", "--proxy-uid", "2102",
-        "--inbound-ports-to-ignore", "4190,4191,4567,4568", "--outbound-ports-to-ignore", "443,6443", "-w",
+        "run",
+        "--mode",
+        "iptables",
+        "--netns",
+        &netns.path().display().to_string(),
+        "--ipv6=false",
+        "--incoming-proxy-port",
+        "4143",
+        "--outgoing-proxy-port",
+        "4140",
+        "--proxy-uid",
+        "2102",
+        "--inbound-ports-to-ignore",
+        "4190,4191,4567,4568",
+        "--outbound-ports-to-ignore",
+        "443,6443",
+        "-w",
     ]
     .map(String::from)
     .to_vec()
 }
 
 fn options(netns: &Netns, mode: IptablesMode) -> IptablesOptions {
-    IptablesOptions { mode, wait: true, ipv6: false, netns: Some(netns.path()) }
+    IptablesOptions {
+        mode,
+        wait: true,
+        ipv6: false,
+        netns: Some(netns.path()),
+    }
 }
 
 /// `iptables-save -t nat` without the lines that change from run to run.
 fn nat_rules(netns: &Netns, mode: IptablesMode, family: Family) -> String {
     let save = iptables::save_nat(&options(netns, mode), family).expect("iptables-save");
-    save.lines().filter(|l| !l.starts_with('#')).map(|l| format!("{l}\n")).collect()
+    save.lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect()
 }
 
 /// What proxy-init leaves in a pod for Linkerd's default configuration, as iptables-save prints
@@ -56,7 +75,10 @@ COMMIT
 "#;
 
 fn run_cli(args: &[String]) -> std::process::Output {
-    Command::new(BIN).args(args).output().expect("run interceptor")
+    Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("run interceptor")
 }
 
 #[test]
@@ -69,8 +91,16 @@ fn the_default_linkerd_configuration_lists_exactly_as_proxy_init() {
         let mut args = linkerd_args(&netns);
         args.extend(["--iptables-mode".into(), name.into()]);
         let out = run_cli(&args);
-        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
-        assert_eq!(nat_rules(&netns, mode, Family::V4), DEFAULT_LINKERD_NAT, "{name}");
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            nat_rules(&netns, mode, Family::V4),
+            DEFAULT_LINKERD_NAT,
+            "{name}"
+        );
     }
 }
 
@@ -82,9 +112,16 @@ fn running_twice_is_idempotent() {
     let netns = Netns::new("ipt-twice");
     for _ in 0..2 {
         let out = run_cli(&linkerd_args(&netns));
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
-    assert_eq!(nat_rules(&netns, IptablesMode::Legacy, Family::V4), DEFAULT_LINKERD_NAT);
+    assert_eq!(
+        nat_rules(&netns, IptablesMode::Legacy, Family::V4),
+        DEFAULT_LINKERD_NAT
+    );
 }
 
 #[test]
@@ -94,24 +131,40 @@ fn cleanup_removes_ours_and_nothing_else() {
     }
     let netns = Netns::new("ipt-clean");
     let ipt = |args: &[&str]| {
-        let status = Command::new("nsenter").arg(format!("--net={}", netns.path().display())).arg("iptables-legacy").arg("-w").args(args).status().unwrap();
+        let status = Command::new("nsenter")
+            .arg(format!("--net={}", netns.path().display()))
+            .arg("iptables-legacy")
+            .arg("-w")
+            .args(args)
+            .status()
+            .unwrap();
         assert!(status.success(), "iptables {args:?}");
     };
     // Someone else's chain and rules in the same table.
     ipt(&["-t", "nat", "-N", "CNI_OTHER"]);
     ipt(&["-t", "nat", "-A", "CNI_OTHER", "-p", "udp", "-j", "RETURN"]);
     ipt(&["-t", "nat", "-A", "PREROUTING", "-j", "CNI_OTHER"]);
-    ipt(&["-t", "nat", "-A", "OUTPUT", "-p", "tcp", "--dport", "9", "-j", "RETURN"]);
+    ipt(&[
+        "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "--dport", "9", "-j", "RETURN",
+    ]);
     let before = nat_rules(&netns, IptablesMode::Legacy, Family::V4);
 
     assert!(run_cli(&linkerd_args(&netns)).status.success());
     assert!(nat_rules(&netns, IptablesMode::Legacy, Family::V4).contains("PROXY_INIT_REDIRECT"));
     let cleanup = [
-        "iptables-cleanup", "--netns", &netns.path().display().to_string(), "--ipv6=false", "-w",
+        "iptables-cleanup",
+        "--netns",
+        &netns.path().display().to_string(),
+        "--ipv6=false",
+        "-w",
     ];
     for _ in 0..2 {
         let out = Command::new(BIN).args(cleanup).output().unwrap();
-        assert!(out.status.success(), "cleanup (idempotent): {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "cleanup (idempotent): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     assert_eq!(nat_rules(&netns, IptablesMode::Legacy, Family::V4), before);
 }
@@ -125,12 +178,21 @@ fn ipv6_applies_the_same_rules_with_ip6tables() {
     let mut config = linkerd_config();
     config.ipv6 = true;
     config.subnets_to_ignore = vec!["10.0.0.0/8".parse().unwrap(), "fd00::/8".parse().unwrap()];
-    let options = IptablesOptions { ipv6: true, ..options(&netns, IptablesMode::Legacy) };
+    let options = IptablesOptions {
+        ipv6: true,
+        ..options(&netns, IptablesMode::Legacy)
+    };
     iptables::install(&config, &options).unwrap();
     let v4 = nat_rules(&netns, IptablesMode::Legacy, Family::V4);
     let v6 = nat_rules(&netns, IptablesMode::Legacy, Family::V6);
-    assert!(v4.contains("-s 10.0.0.0/8") && !v4.contains("fd00::"), "{v4}");
-    assert!(v6.contains("-s fd00::/8") && !v6.contains("10.0.0.0"), "{v6}");
+    assert!(
+        v4.contains("-s 10.0.0.0/8") && !v4.contains("fd00::"),
+        "{v4}"
+    );
+    assert!(
+        v6.contains("-s fd00::/8") && !v6.contains("10.0.0.0"),
+        "{v6}"
+    );
     assert!(v6.contains("redirect-all-outgoing-to-proxy-port"), "{v6}");
     iptables::cleanup(&options).unwrap();
     assert!(!nat_rules(&netns, IptablesMode::Legacy, Family::V6).contains("PROXY_INIT"));
@@ -146,14 +208,25 @@ fn a_missing_binary_is_named_and_nothing_is_installed() {
     std::fs::create_dir_all(&empty).unwrap();
     let mut args = linkerd_args(&netns);
     args.extend(["--iptables-mode".into(), "plain".into()]);
-    let out = Command::new(BIN).args(&args).env("PATH", &empty).output().unwrap();
+    let out = Command::new(BIN)
+        .args(&args)
+        .env("PATH", &empty)
+        .output()
+        .unwrap();
     std::fs::remove_dir(&empty).ok();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("iptables not found on PATH") && stderr.contains("apt-get install iptables"), "{stderr}");
+    assert!(
+        stderr.contains("iptables not found on PATH")
+            && stderr.contains("apt-get install iptables"),
+        "{stderr}"
+    );
     assert!(!nat_rules(&netns, IptablesMode::Legacy, Family::V4).contains("PROXY_INIT"));
     let err = iptables::install(&linkerd_config(), &options(&netns, IptablesMode::Plain)).err();
-    assert!(matches!(err, None | Some(IptablesError::MissingBinary { .. })));
+    assert!(matches!(
+        err,
+        None | Some(IptablesError::MissingBinary { .. })
+    ));
 }
 
 #[test]
@@ -168,21 +241,36 @@ fn a_failing_command_is_reported_and_leaves_no_half_installed_chain() {
     std::fs::create_dir_all(&dir).unwrap();
     let fake = dir.join("iptables");
     std::fs::write(&fake, "#!/bin/sh\ncase \"$*\" in *redirect-all-outgoing*) echo 'iptables: simulated failure' >&2; exit 4;; esac\nexec iptables-legacy \"$@\"\n").unwrap();
-    std::fs::write(dir.join("iptables-save"), "#!/bin/sh\nexec iptables-legacy-save \"$@\"\n").unwrap();
+    std::fs::write(
+        dir.join("iptables-save"),
+        "#!/bin/sh\nexec iptables-legacy-save \"$@\"\n",
+    )
+    .unwrap();
     for f in ["iptables", "iptables-save"] {
         std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let mut args = linkerd_args(&netns);
     args.extend(["--iptables-mode".into(), "plain".into()]);
     let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap());
-    let out = Command::new(BIN).args(&args).env("PATH", path).output().unwrap();
+    let out = Command::new(BIN)
+        .args(&args)
+        .env("PATH", path)
+        .output()
+        .unwrap();
     std::fs::remove_dir_all(&dir).ok();
 
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("redirect-all-outgoing-to-proxy-port") && stderr.contains("simulated failure"), "{stderr}");
+    assert!(
+        stderr.contains("redirect-all-outgoing-to-proxy-port")
+            && stderr.contains("simulated failure"),
+        "{stderr}"
+    );
     let nat = nat_rules(&netns, IptablesMode::Legacy, Family::V4);
-    assert!(!nat.contains("PROXY_INIT"), "half-installed chains left behind:\n{nat}");
+    assert!(
+        !nat.contains("PROXY_INIT"),
+        "half-installed chains left behind:\n{nat}"
+    );
 }
 
 #[test]
@@ -196,7 +284,10 @@ fn simulate_prints_the_commands_and_changes_nothing() {
     let out = run_cli(&args);
     assert!(out.status.success());
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("iptables-legacy -w -t nat -N PROXY_INIT_REDIRECT\n"), "{stdout}");
+    assert!(
+        stdout.contains("iptables-legacy -w -t nat -N PROXY_INIT_REDIRECT\n"),
+        "{stdout}"
+    );
     assert!(stdout.contains("iptables-legacy -w -t nat -A OUTPUT -j PROXY_INIT_OUTPUT -m comment --comment proxy-init/install-proxy-init-output\n"), "{stdout}");
     assert!(!nat_rules(&netns, IptablesMode::Legacy, Family::V4).contains("PROXY_INIT"));
 }
@@ -210,7 +301,21 @@ fn auto_mode_uses_ebpf_when_the_kernel_allows_it() {
     let _servers = Servers::start(&fixture);
     let instance = unique_name("auto");
     let mut child = Command::new(BIN)
-        .args(["run", "--mode", "auto", "--instance", &instance, "--ipv6=false", "-p", "4143", "-o", "4140", "-u", "2102", "--netns"])
+        .args([
+            "run",
+            "--mode",
+            "auto",
+            "--instance",
+            &instance,
+            "--ipv6=false",
+            "-p",
+            "4143",
+            "-o",
+            "4140",
+            "-u",
+            "2102",
+            "--netns",
+        ])
         .arg(fixture.pod.path())
         .arg("--cgroup")
         .arg(&fixture.cgroup.path)
@@ -221,15 +326,24 @@ fn auto_mode_uses_ebpf_when_the_kernel_allows_it() {
     let mut lines = Vec::new();
     loop {
         let mut line = String::new();
-        if std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() == 0 || line.contains("interception active") {
+        if std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() == 0
+            || line.contains("interception active")
+        {
             lines.push(line);
             break;
         }
         lines.push(line);
     }
     let chosen: Vec<&String> = lines.iter().filter(|l| l.contains("auto mode")).collect();
-    assert_eq!(chosen.len(), 1, "one line says which backend and why: {lines:#?}");
-    assert!(chosen[0].contains("backend") && chosen[0].contains("ebpf"), "{lines:#?}");
+    assert_eq!(
+        chosen.len(),
+        1,
+        "one line says which backend and why: {lines:#?}"
+    );
+    assert!(
+        chosen[0].contains("backend") && chosen[0].contains("ebpf"),
+        "{lines:#?}"
+    );
     let landing = fixture.in_pod().uid(APP_UID).connect("192.0.2.2:1404");
     assert_eq!(landing.proxy_orig().to_string(), "192.0.2.2:1404");
     // eBPF, not iptables: no chains in the pod.
@@ -250,16 +364,38 @@ fn auto_mode_falls_back_to_iptables_without_bpf_privileges() {
     // CAP_PERFMON: NET_ADMIN is left, which is all iptables needs, and eBPF cannot load.
     let out = Command::new("nsenter")
         .arg(format!("--net={}", fixture.pod.path().display()))
-        .args(["setpriv", "--bounding-set=-bpf,-sys_admin,-perfmon", "--inh-caps=-bpf,-sys_admin,-perfmon", BIN])
-        .args(["run", "--mode", "auto", "--ipv6=false", "-w", "-p", "4143", "-o", "4140", "-u", "2102"])
+        .args([
+            "setpriv",
+            "--bounding-set=-bpf,-sys_admin,-perfmon",
+            "--inh-caps=-bpf,-sys_admin,-perfmon",
+            BIN,
+        ])
+        .args([
+            "run",
+            "--mode",
+            "auto",
+            "--ipv6=false",
+            "-w",
+            "-p",
+            "4143",
+            "-o",
+            "4140",
+            "-u",
+            "2102",
+        ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let chosen: Vec<&str> = stderr.lines().filter(|l| l.contains("auto mode")).collect();
     assert_eq!(chosen.len(), 1, "{stderr}");
-    assert!(chosen[0].contains("iptables") && chosen[0].contains("reason"), "{stderr}");
-    assert!(nat_rules(&fixture.pod, IptablesMode::Legacy, Family::V4).contains("PROXY_INIT_OUTPUT"));
+    assert!(
+        chosen[0].contains("iptables") && chosen[0].contains("reason"),
+        "{stderr}"
+    );
+    assert!(
+        nat_rules(&fixture.pod, IptablesMode::Legacy, Family::V4).contains("PROXY_INIT_OUTPUT")
+    );
     let landing = fixture.in_pod().uid(APP_UID).connect("192.0.2.2:1404");
     assert_eq!(landing.proxy_orig().to_string(), "192.0.2.2:1404");
 }

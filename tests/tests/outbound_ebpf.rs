@@ -1,6 +1,9 @@
 //! Outbound interception properties specific to the eBPF backend: per-pod identity, the original
 //! destination under load and port reuse, bounded state, counters, and detaching.
-use std::{net::SocketAddrV4, time::{Duration, Instant}};
+use std::{
+    net::SocketAddrV4,
+    time::{Duration, Instant},
+};
 
 use interceptor::{
     config::{PortRange, PortSet},
@@ -37,9 +40,17 @@ fn counters_count_each_decision_per_pod() {
     app.connect("10.77.0.1:8081").server_name();
     app.connect("10.77.0.2:443").server_name();
     app.connect_with("198.51.100.9:80", &[]);
-    fixture.in_pod().uid(PROXY_UID).connect("10.77.0.2:80").server_name();
+    fixture
+        .in_pod()
+        .uid(PROXY_UID)
+        .connect("10.77.0.2:80")
+        .server_name();
 
-    let counters = node.pods().counters(cookie).unwrap().expect("pod registered");
+    let counters = node
+        .pods()
+        .counters(cookie)
+        .unwrap()
+        .expect("pod registered");
     let expected = [
         (Decision::Redirected, 3),
         (Decision::OrigDstServed, 3),
@@ -52,7 +63,12 @@ fn counters_count_each_decision_per_pod() {
         (Decision::OrigDstNotRecorded, 0),
     ];
     for (decision, want) in expected {
-        assert_eq!(counters.get(decision), want, "{}: {counters:?}", decision.name());
+        assert_eq!(
+            counters.get(decision),
+            want,
+            "{}: {counters:?}",
+            decision.name()
+        );
     }
 }
 
@@ -78,21 +94,36 @@ fn two_pods_with_identical_addresses_do_not_interfere() {
 
     // Each pod's own configuration applies to it alone.
     assert_eq!(app_a.connect("10.77.0.2:80").server_name(), "remote-80");
-    assert_eq!(app_b.connect("10.77.0.2:80").proxy_orig().to_string(), "10.77.0.2:80");
+    assert_eq!(
+        app_b.connect("10.77.0.2:80").proxy_orig().to_string(),
+        "10.77.0.2:80"
+    );
 
     // Same source address and port in both pods, different destinations, at the same time:
     // each pod's proxy gets its own answer.
     for round in 0..20 {
         let bind = format!("10.77.0.1:{}", 40000 + round);
         let (la, lb) = std::thread::scope(|s| {
-            let ta = s.spawn(|| app_a.connect_with("192.0.2.1:1111", &["--bind", &bind, "--linger0"]));
-            let tb = s.spawn(|| app_b.connect_with("192.0.2.2:2222", &["--bind", &bind, "--linger0"]));
+            let ta =
+                s.spawn(|| app_a.connect_with("192.0.2.1:1111", &["--bind", &bind, "--linger0"]));
+            let tb =
+                s.spawn(|| app_b.connect_with("192.0.2.2:2222", &["--bind", &bind, "--linger0"]));
             (ta.join().unwrap(), tb.join().unwrap())
         });
-        assert_eq!(la.proxy_orig().to_string(), "192.0.2.1:1111", "round {round}: {la:?}");
-        assert_eq!(lb.proxy_orig().to_string(), "192.0.2.2:2222", "round {round}: {lb:?}");
+        assert_eq!(
+            la.proxy_orig().to_string(),
+            "192.0.2.1:1111",
+            "round {round}: {la:?}"
+        );
+        assert_eq!(
+            lb.proxy_orig().to_string(),
+            "192.0.2.2:2222",
+            "round {round}: {lb:?}"
+        );
         for landing in [&la, &lb] {
-            let Landing::Proxy { peer, .. } = landing else { unreachable!() };
+            let Landing::Proxy { peer, .. } = landing else {
+                unreachable!()
+            };
             assert_eq!(peer, &bind, "the proxy sees the real client address");
         }
     }
@@ -110,11 +141,21 @@ fn thousands_of_short_connections_all_get_their_original_destination() {
     attach(&mut node, &fixture.cgroup.path);
 
     // Closed with RST, so client ports are reused at once: every reuse must get its own answer.
-    let targets = ["192.0.2.1:80", "192.0.2.2:443", "192.0.2.3:8080", "198.51.100.7:5432", "10.77.0.2:80"];
+    let targets = [
+        "192.0.2.1:80",
+        "192.0.2.2:443",
+        "192.0.2.3:8080",
+        "198.51.100.7:5432",
+        "10.77.0.2:80",
+    ];
     let mut args = vec!["check", "--count", "3000", "--threads", "4"];
     args.extend_from_slice(&targets);
     let out = fixture.in_pod().uid(APP_UID).run(&args);
-    assert_eq!(out.first().map(String::as_str), Some("ok=3000 bad=0"), "{out:#?}");
+    assert_eq!(
+        out.first().map(String::as_str),
+        Some("ok=3000 bad=0"),
+        "{out:#?}"
+    );
 
     let counters = node.pods().counters(cookie).unwrap().unwrap();
     assert_eq!(counters.get(Decision::Redirected), 3000);
@@ -130,14 +171,30 @@ fn unread_original_destinations_are_bounded() {
     }
     let fixture = PodFixture::new("bound");
     // A proxy that never asks SO_ORIGINAL_DST: nothing consumes the entries.
-    let _proxy = fixture.in_pod().uid(PROXY_UID).listen(&["proxy", "127.0.0.1:4140", "--no-orig"]);
-    let mut node = load(LoadOptions { orig_dst_capacity: 64, ..options() });
+    let _proxy = fixture
+        .in_pod()
+        .uid(PROXY_UID)
+        .listen(&["proxy", "127.0.0.1:4140", "--no-orig"]);
+    let mut node = load(LoadOptions {
+        orig_dst_capacity: 64,
+        ..options()
+    });
     register(&mut node, &fixture.pod, &linkerd_config());
     attach(&mut node, &fixture.cgroup.path);
 
-    let out = fixture.in_pod().uid(APP_UID).run(&["connect", "192.0.2.1:80", "--count", "300", "--linger0"]);
+    let out = fixture.in_pod().uid(APP_UID).run(&[
+        "connect",
+        "192.0.2.1:80",
+        "--count",
+        "300",
+        "--linger0",
+    ]);
     assert_eq!(out.len(), 300);
-    assert!(out.iter().all(|l| l.starts_with("who=proxy")), "{:?}", out.iter().find(|l| !l.starts_with("who=proxy")));
+    assert!(
+        out.iter().all(|l| l.starts_with("who=proxy")),
+        "{:?}",
+        out.iter().find(|l| !l.starts_with("who=proxy"))
+    );
     let pending = node.pods().pending_orig_dst_entries();
     assert!(pending <= 64 && pending > 0, "pending entries: {pending}");
 }
@@ -156,13 +213,19 @@ fn a_stale_entry_never_answers_for_a_reused_tuple() {
 
     // 1. A redirected connection whose original destination the proxy never reads.
     {
-        let _proxy = fixture.in_pod().uid(PROXY_UID).listen(&["proxy", &proxy_addr, "--no-orig"]);
+        let _proxy = fixture
+            .in_pod()
+            .uid(PROXY_UID)
+            .listen(&["proxy", &proxy_addr, "--no-orig"]);
         let landing = app.connect_with("192.0.2.1:80", &["--bind", "127.0.0.1:41000", "--linger0"]);
         assert!(matches!(landing, Landing::Proxy { .. }), "{landing:?}");
         assert_eq!(node.pods().pending_orig_dst_entries(), 1);
     }
     // 2. A direct (loopback, not redirected) connection from the very same 4-tuple.
-    let _proxy = fixture.in_pod().uid(PROXY_UID).listen(&["proxy", &proxy_addr]);
+    let _proxy = fixture
+        .in_pod()
+        .uid(PROXY_UID)
+        .listen(&["proxy", &proxy_addr]);
     let landing = app.connect_with(&proxy_addr, &["--bind", "127.0.0.1:41000", "--linger0"]);
     // Answered like conntrack answers for a connection that was not NATed: its own destination.
     match landing {
@@ -181,17 +244,29 @@ fn udp_is_never_touched() {
     register(&mut node, &fixture.pod, &linkerd_config());
     attach(&mut node, &fixture.cgroup.path);
     let mut receiver = std::process::Command::new(interceptor_tests::probe::netprobe_path())
-        .args(["--netns", &fixture.remote.path().display().to_string(), "udp-server", "10.77.0.2:5353"])
+        .args([
+            "--netns",
+            &fixture.remote.path().display().to_string(),
+            "udp-server",
+            "10.77.0.2:5353",
+        ])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(receiver.stdout.take().unwrap()));
+    let mut lines =
+        std::io::BufRead::lines(std::io::BufReader::new(receiver.stdout.take().unwrap()));
     assert_eq!(lines.next().unwrap().unwrap(), "ready");
-    fixture.in_pod().uid(APP_UID).run(&["udp-send", "10.77.0.2:5353", "hello"]);
+    fixture
+        .in_pod()
+        .uid(APP_UID)
+        .run(&["udp-send", "10.77.0.2:5353", "hello"]);
     let got = lines.next().unwrap().unwrap();
     receiver.kill().ok();
     receiver.wait().ok();
-    assert!(got.starts_with("udp from=10.77.0.1:") && got.ends_with("msg=hello"), "{got}");
+    assert!(
+        got.starts_with("udp from=10.77.0.1:") && got.ends_with("msg=hello"),
+        "{got}"
+    );
 }
 
 #[test]
@@ -208,7 +283,10 @@ fn namespaces_that_are_not_registered_are_untouched() {
     // In the attached cgroup, but in a namespace no pod registered.
     let app = other.in_pod().uid(APP_UID);
     assert_eq!(app.connect("10.77.0.2:80").server_name(), "remote-80");
-    assert_eq!(app.connect("192.0.2.1:80"), Landing::Failed("connect:ECONNREFUSED".into()));
+    assert_eq!(
+        app.connect("192.0.2.1:80"),
+        Landing::Failed("connect:ECONNREFUSED".into())
+    );
 }
 
 #[test]
@@ -238,7 +316,9 @@ fn detaching_restores_direct_connections() {
     loop {
         match app.connect(&remote.to_string()) {
             Landing::Server { name, .. } if name == "remote-80" => break,
-            other if Instant::now() > deadline => panic!("still intercepted after detaching: {other:?}"),
+            other if Instant::now() > deadline => {
+                panic!("still intercepted after detaching: {other:?}")
+            }
             _ => std::thread::sleep(Duration::from_millis(50)),
         }
     }

@@ -45,7 +45,12 @@ enum Mode {
     IptablesNft,
 }
 
-const MODES: [Mode; 4] = [Mode::Direct, Mode::Ebpf, Mode::IptablesLegacy, Mode::IptablesNft];
+const MODES: [Mode; 4] = [
+    Mode::Direct,
+    Mode::Ebpf,
+    Mode::IptablesLegacy,
+    Mode::IptablesNft,
+];
 
 struct Sample {
     conns: f64,
@@ -54,7 +59,10 @@ struct Sample {
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    ensure!(args.seconds > 0.0 && args.rounds > 0 && args.threads > 0, "--seconds, --rounds and --threads must be positive");
+    ensure!(
+        args.seconds > 0.0 && args.rounds > 0 && args.threads > 0,
+        "--seconds, --rounds and --threads must be positive"
+    );
     // Ctrl-C reaches the children too (same process group); surviving it turns their deaths into
     // an error, so the pod is removed by Drop instead of being left behind.
     extern "C" fn ignore(_: libc::c_int) {}
@@ -65,7 +73,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mut proxy = pod.probe(PROXY_UID);
     proxy.args(["proxy", PROXY_ADDR, "--name", "proxy", "--inline"]);
     pod.listen(proxy)?;
-    println!("command: cargo xtask {}", env::args().skip(1).collect::<Vec<_>>().join(" "));
+    println!(
+        "command: cargo xtask {}",
+        env::args().skip(1).collect::<Vec<_>>().join(" ")
+    );
     println!(
         "settings: --seconds {} --rounds {} --threads {}, load generator, proxy and interceptor on CPU 0",
         args.seconds, args.rounds, args.threads
@@ -85,7 +96,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             let sample = measure(&mut pod, mode, args)?;
             println!(
                 "round {} {:<16} {:>9.0} conn/s {:>7.2} µs/conn  ({} failures)",
-                round + 1, mode.name(), sample.rate, 1e6 / sample.rate, sample.failures
+                round + 1,
+                mode.name(),
+                sample.rate,
+                1e6 / sample.rate,
+                sample.failures
             );
             rates[index].push(sample.rate);
         }
@@ -97,7 +112,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     for (mode, rate) in MODES.iter().zip(&medians) {
         println!(
             "{:<16} {rate:>15.0}  {:>7.2}  {:.3} of the rate, {:+.2} µs/conn",
-            mode.name(), 1e6 / rate, rate / direct, 1e6 / rate - 1e6 / direct
+            mode.name(),
+            1e6 / rate,
+            rate / direct,
+            1e6 / rate - 1e6 / direct
         );
     }
 
@@ -119,10 +137,25 @@ impl Mode {
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     let mid = values.len() / 2;
-    if values.len().is_multiple_of(2) { (values[mid - 1] + values[mid]) / 2.0 } else { values[mid] }
+    if values.len().is_multiple_of(2) {
+        (values[mid - 1] + values[mid]) / 2.0
+    } else {
+        values[mid]
+    }
 }
 
-const EBPF_ARGS: [&str; 10] = ["-p", "4143", "-o", "4140", "-u", PROXY_UID, "--ipv6=false", "--log-level", "warn", "--orig-dst-capacity=65536"];
+const EBPF_ARGS: [&str; 10] = [
+    "-p",
+    "4143",
+    "-o",
+    "4140",
+    "-u",
+    PROXY_UID,
+    "--ipv6=false",
+    "--log-level",
+    "warn",
+    "--orig-dst-capacity=65536",
+];
 
 fn measure(pod: &mut Pod, mode: Mode, args: &Args) -> anyhow::Result<Sample> {
     match mode {
@@ -135,7 +168,11 @@ fn measure(pod: &mut Pod, mode: Mode, args: &Args) -> anyhow::Result<Sample> {
             sample
         }
         Mode::IptablesLegacy | Mode::IptablesNft => {
-            let binaries = if mode == Mode::IptablesLegacy { "legacy" } else { "nft" };
+            let binaries = if mode == Mode::IptablesLegacy {
+                "legacy"
+            } else {
+                "nft"
+            };
             pod.iptables(binaries, true)?;
             let sample = bench(pod, REDIRECTED_ADDR, args);
             pod.iptables(binaries, false)?;
@@ -156,7 +193,11 @@ fn bench(pod: &Pod, target: &str, args: &Args) -> anyhow::Result<Sample> {
             .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
             .with_context(|| format!("no {key}= in netprobe's {out:?}"))
     };
-    Ok(Sample { conns: field("conns")?, failures: field("failures")? as u64, rate: field("rate")? })
+    Ok(Sample {
+        conns: field("conns")?,
+        failures: field("failures")? as u64,
+        rate: field("rate")?,
+    })
 }
 
 /// Per program: average run time and runs per connection, from the kernel's counters taken
@@ -166,7 +207,10 @@ fn program_costs(pod: &mut Pod, args: &Args) -> anyhow::Result<()> {
     let _stats = enable_bpf_stats()?;
     pod.mesh_ebpf(&EBPF_ARGS)?;
     let pid = pod.meshed_pid().context("meshed")?;
-    let progs: Vec<OwnedFd> = program_ids(pid)?.into_iter().map(prog_fd).collect::<anyhow::Result<_>>()?;
+    let progs: Vec<OwnedFd> = program_ids(pid)?
+        .into_iter()
+        .map(prog_fd)
+        .collect::<anyhow::Result<_>>()?;
     let before: Vec<ProgInfo> = progs.iter().map(prog_info).collect::<anyhow::Result<_>>()?;
     let sample = bench(pod, REDIRECTED_ADDR, args)?;
     let after: Vec<ProgInfo> = progs.iter().map(prog_info).collect::<anyhow::Result<_>>()?;
@@ -179,10 +223,15 @@ fn program_costs(pod: &mut Pod, args: &Args) -> anyhow::Result<()> {
         total += per_conn;
         println!(
             "  {:<16} {:>6.0} ns/run x {:>5.2} runs/conn = {per_conn:.2} µs/conn",
-            after.name, ns / runs.max(1.0), runs / sample.conns
+            after.name,
+            ns / runs.max(1.0),
+            runs / sample.conns
         );
     }
-    println!("  total: {total:.2} µs/conn in eBPF ({:.0} conns, {} failures)", sample.conns, sample.failures);
+    println!(
+        "  total: {total:.2} µs/conn in eBPF ({:.0} conns, {} failures)",
+        sample.conns, sample.failures
+    );
     Ok(())
 }
 
@@ -196,7 +245,11 @@ const BPF_ENABLE_STATS: libc::c_long = 32;
 fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> anyhow::Result<libc::c_long> {
     // SAFETY: attr is valid for size_of::<T>() bytes, read and written by the kernel only.
     let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, std::ptr::from_mut(attr), size_of::<T>()) };
-    ensure!(rc >= 0, "bpf command {cmd}: {}", std::io::Error::last_os_error());
+    ensure!(
+        rc >= 0,
+        "bpf command {cmd}: {}",
+        std::io::Error::last_os_error()
+    );
     Ok(rc)
 }
 
@@ -221,8 +274,13 @@ fn program_ids(pid: u32) -> anyhow::Result<BTreeSet<u32>> {
     let mut ids = BTreeSet::new();
     for entry in fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
         // An fd closed since the directory was listed has no fdinfo any more.
-        let Ok(info) = fs::read_to_string(entry?.path()) else { continue };
-        ids.extend(info.lines().find_map(|l| l.strip_prefix("prog_id:")?.trim().parse::<u32>().ok()));
+        let Ok(info) = fs::read_to_string(entry?.path()) else {
+            continue;
+        };
+        ids.extend(
+            info.lines()
+                .find_map(|l| l.strip_prefix("prog_id:")?.trim().parse::<u32>().ok()),
+        );
     }
     Ok(ids)
 }
@@ -245,9 +303,20 @@ fn prog_info(fd: &OwnedFd) -> anyhow::Result<ProgInfo> {
         info_len: u32,
         info: u64,
     }
-    let mut attr = InfoByFd { bpf_fd: fd.as_raw_fd() as u32, info_len: info.len() as u32, info: info.as_mut_ptr() as u64 };
+    let mut attr = InfoByFd {
+        bpf_fd: fd.as_raw_fd() as u32,
+        info_len: info.len() as u32,
+        info: info.as_mut_ptr() as u64,
+    };
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
     let u64_at = |at: usize| u64::from_ne_bytes(info[at..at + 8].try_into().expect("8 bytes"));
-    let name = info[NAME..NAME + 16].split(|&b| b == 0).next().unwrap_or_default();
-    Ok(ProgInfo { name: String::from_utf8_lossy(name).into_owned(), run_time_ns: u64_at(RUN_TIME_NS), run_cnt: u64_at(RUN_CNT) })
+    let name = info[NAME..NAME + 16]
+        .split(|&b| b == 0)
+        .next()
+        .unwrap_or_default();
+    Ok(ProgInfo {
+        name: String::from_utf8_lossy(name).into_owned(),
+        run_time_ns: u64_at(RUN_TIME_NS),
+        run_cnt: u64_at(RUN_CNT),
+    })
 }

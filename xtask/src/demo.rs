@@ -29,36 +29,83 @@ pub fn run() -> anyhow::Result<()> {
     admin.args(["server", "0.0.0.0:4191", "--name", "proxy-admin"]);
     pod.listen(admin)?;
 
-    step("A pod", &format!(
-        "network namespace {} ({POD_ADDR}, default route to a peer namespace that refuses everything),\n  \
+    step(
+        "A pod",
+        &format!(
+            "network namespace {} ({POD_ADDR}, default route to a peer namespace that refuses everything),\n  \
          cgroup {},\n  a stand-in proxy as UID {PROXY_UID} on 127.0.0.1:4140 (outbound) and :4143 (inbound), the app on :8080.",
-        pod.netns.display(), pod.cgroup.display()
-    ));
-    step("Before meshing", "the app (UID 1000) connects to Linkerd's validator address 192.0.2.2:1404");
+            pod.netns.display(),
+            pod.cgroup.display()
+        ),
+    );
+    step(
+        "Before meshing",
+        "the app (UID 1000) connects to Linkerd's validator address 192.0.2.2:1404",
+    );
     app_connect(&pod, APP_UID, "192.0.2.2:1404")?;
 
-    let args = ["-p", "4143", "-o", "4140", "-u", PROXY_UID, "--inbound-ports-to-ignore", "4190,4191",
-        "--outbound-ports-to-ignore", "443,6443", "--ipv6=false"];
-    step("Meshing", &format!("{} run --netns {} --cgroup {} {}", pod.interceptor.display(), pod.netns.display(),
-        pod.cgroup.display(), args.join(" ")));
+    let args = [
+        "-p",
+        "4143",
+        "-o",
+        "4140",
+        "-u",
+        PROXY_UID,
+        "--inbound-ports-to-ignore",
+        "4190,4191",
+        "--outbound-ports-to-ignore",
+        "443,6443",
+        "--ipv6=false",
+    ];
+    step(
+        "Meshing",
+        &format!(
+            "{} run --netns {} --cgroup {} {}",
+            pod.interceptor.display(),
+            pod.netns.display(),
+            pod.cgroup.display(),
+            args.join(" ")
+        ),
+    );
     pod.mesh_ebpf(&args)?;
 
-    step("Outbound", "the same connect lands on the proxy, whose getsockopt(SO_ORIGINAL_DST) reports where the app meant to go");
+    step(
+        "Outbound",
+        "the same connect lands on the proxy, whose getsockopt(SO_ORIGINAL_DST) reports where the app meant to go",
+    );
     app_connect(&pod, APP_UID, "192.0.2.2:1404")?;
     app_connect(&pod, APP_UID, "198.51.100.7:80")?;
-    step("Outbound exemptions", "an ignored port (443), the proxy's own UID, loopback and the pod's own address");
+    step(
+        "Outbound exemptions",
+        "an ignored port (443), the proxy's own UID, loopback and the pod's own address",
+    );
     app_connect(&pod, APP_UID, "198.51.100.7:443")?;
     app_connect(&pod, PROXY_UID, "192.0.2.2:1404")?;
     app_connect(&pod, APP_UID, "127.0.0.1:8080")?;
     app_connect(&pod, APP_UID, &format!("{POD_ADDR}:8080"))?;
-    step("Inbound", &format!("a client ({PEER_ADDR}) connects to the app; sk_lookup hands it to the proxy's inbound listener"));
+    step(
+        "Inbound",
+        &format!(
+            "a client ({PEER_ADDR}) connects to the app; sk_lookup hands it to the proxy's inbound listener"
+        ),
+    );
     client_connect(&pod, &format!("{POD_ADDR}:8080"))?;
     client_connect(&pod, &format!("{POD_ADDR}:4191"))?;
 
-    step("Status", &format!("{} status --instance {}", pod.interceptor.display(), pod.name));
+    step(
+        "Status",
+        &format!(
+            "{} status --instance {}",
+            pod.interceptor.display(),
+            pod.name
+        ),
+    );
     cmd::run(Command::new(&pod.interceptor).args(["status", "--instance", &pod.name]))?;
 
-    step("Detaching", "SIGTERM to interceptor run: programs detach, connections go direct again");
+    step(
+        "Detaching",
+        "SIGTERM to interceptor run: programs detach, connections go direct again",
+    );
     let status = pod.unmesh()?;
     ensure!(status.success(), "interceptor run exited with {status}");
     app_connect(&pod, APP_UID, "192.0.2.2:1404")?;
@@ -85,12 +132,24 @@ fn describe(line: &str) -> String {
     if let Some(error) = line.strip_prefix("error=") {
         return format!("not intercepted: {error} (refused by the real destination)");
     }
-    let field = |key: &str| line.split(' ').find_map(|kv| kv.strip_prefix(key)).unwrap_or("?");
+    let field = |key: &str| {
+        line.split(' ')
+            .find_map(|kv| kv.strip_prefix(key))
+            .unwrap_or("?")
+    };
     let who = field("who=");
     if who.starts_with("proxy:proxy-") {
-        format!("landed on {}, SO_ORIGINAL_DST={}, peer={}", &who[6..], field("orig="), field("peer="))
+        format!(
+            "landed on {}, SO_ORIGINAL_DST={}, peer={}",
+            &who[6..],
+            field("orig="),
+            field("peer=")
+        )
     } else {
-        format!("reached {} directly", &who[who.find(':').map_or(0, |i| i + 1)..])
+        format!(
+            "reached {} directly",
+            &who[who.find(':').map_or(0, |i| i + 1)..]
+        )
     }
 }
 

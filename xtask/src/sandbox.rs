@@ -25,12 +25,23 @@ pub const PEER_ADDR: &str = "10.99.0.20";
 /// Installs what is missing, builds the release binaries; returns (interceptor, netprobe).
 pub fn build() -> anyhow::Result<(PathBuf, PathBuf)> {
     // SAFETY: geteuid has no preconditions.
-    ensure!(unsafe { libc::geteuid() } == 0, "this attaches eBPF programs and creates namespaces: run it as root");
+    ensure!(
+        unsafe { libc::geteuid() } == 0,
+        "this attaches eBPF programs and creates namespaces: run it as root"
+    );
     let path = setup::run()?;
     cmd::run(
         cmd::cargo()
             .current_dir(workspace_root())
-            .args(["build", "--release", "-p", "interceptor", "-p", "interceptor-tests", "--bins"])
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "interceptor",
+                "-p",
+                "interceptor-tests",
+                "--bins",
+            ])
             .env("PATH", path),
     )?;
     let dir = env::var_os("CARGO_TARGET_DIR").unwrap_or_else(|| "target".into());
@@ -71,16 +82,36 @@ impl Pod {
         ip(&["netns", "add", peer_ns])?;
         ip(&["-n", pod_ns, "link", "set", "lo", "up"])?;
         ip(&["-n", peer_ns, "link", "set", "lo", "up"])?;
-        ip(&["-n", pod_ns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", peer_ns])?;
-        ip(&["-n", pod_ns, "addr", "add", &format!("{POD_ADDR}/24"), "dev", "eth0"])?;
-        ip(&["-n", peer_ns, "addr", "add", &format!("{PEER_ADDR}/24"), "dev", "eth0"])?;
+        ip(&[
+            "-n", pod_ns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns",
+            peer_ns,
+        ])?;
+        ip(&[
+            "-n",
+            pod_ns,
+            "addr",
+            "add",
+            &format!("{POD_ADDR}/24"),
+            "dev",
+            "eth0",
+        ])?;
+        ip(&[
+            "-n",
+            peer_ns,
+            "addr",
+            "add",
+            &format!("{PEER_ADDR}/24"),
+            "dev",
+            "eth0",
+        ])?;
         ip(&["-n", pod_ns, "link", "set", "eth0", "up"])?;
         ip(&["-n", peer_ns, "link", "set", "eth0", "up"])?;
         ip(&["-n", pod_ns, "route", "add", "default", "via", PEER_ADDR])?;
         for range in ["192.0.2.0/24", "198.51.100.0/24"] {
             ip(&["-n", peer_ns, "route", "add", "local", range, "dev", "lo"])?;
         }
-        fs::create_dir(&pod.cgroup).with_context(|| format!("creating cgroup {}", pod.cgroup.display()))?;
+        fs::create_dir(&pod.cgroup)
+            .with_context(|| format!("creating cgroup {}", pod.cgroup.display()))?;
         Ok(pod)
     }
 
@@ -98,20 +129,28 @@ impl Pod {
     /// netprobe as a process of the pod (its namespace, cgroup and UID).
     pub fn probe(&self, uid: &str) -> Command {
         let mut cmd = self.command(&self.netprobe);
-        cmd.arg("--netns").arg(&self.netns).arg("--cgroup").arg(&self.cgroup).args(["--uid", uid]);
+        cmd.arg("--netns")
+            .arg(&self.netns)
+            .arg("--cgroup")
+            .arg(&self.cgroup)
+            .args(["--uid", uid]);
         cmd
     }
 
     /// netprobe on the peer, a client of the pod.
     pub fn peer_probe(&self) -> Command {
         let mut cmd = self.command(&self.netprobe);
-        cmd.arg("--netns").arg(Path::new("/run/netns").join(&self.peer));
+        cmd.arg("--netns")
+            .arg(Path::new("/run/netns").join(&self.peer));
         cmd
     }
 
     /// Starts a netprobe listener and waits until it listens; it lives as long as the pod.
     pub fn listen(&mut self, mut cmd: Command) -> anyhow::Result<()> {
-        let mut child = cmd.stdout(Stdio::piped()).spawn().context("starting netprobe")?;
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting netprobe")?;
         let mut line = String::new();
         BufReader::new(child.stdout.as_mut().expect("piped")).read_line(&mut line)?;
         self.children.push(child);
@@ -131,13 +170,20 @@ impl Pod {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let pods = self.status().map(|s| s["instances"][0]["pods"].clone());
-            if pods.as_ref().and_then(Value::as_array).is_some_and(|p| !p.is_empty()) {
+            if pods
+                .as_ref()
+                .and_then(Value::as_array)
+                .is_some_and(|p| !p.is_empty())
+            {
                 return Ok(());
             }
             if let Some(status) = self.meshed.as_mut().expect("meshed").try_wait()? {
                 bail!("interceptor run exited early ({status})");
             }
-            ensure!(Instant::now() < deadline, "interceptor run did not become ready in 20 s");
+            ensure!(
+                Instant::now() < deadline,
+                "interceptor run did not become ready in 20 s"
+            );
             sleep(Duration::from_millis(50));
         }
     }
@@ -156,24 +202,51 @@ impl Pod {
     pub fn iptables(&self, iptables_mode: &str, install: bool) -> anyhow::Result<()> {
         let mut cmd = Command::new(&self.interceptor);
         if install {
-            cmd.args(["run", "--mode", "iptables", "-p", "4143", "-o", "4140", "-u", PROXY_UID, "--ipv6=false"]);
+            cmd.args([
+                "run",
+                "--mode",
+                "iptables",
+                "-p",
+                "4143",
+                "-o",
+                "4140",
+                "-u",
+                PROXY_UID,
+                "--ipv6=false",
+            ]);
         } else {
             cmd.args(["iptables-cleanup", "--ipv6=false"]);
         }
-        cmd.args(["--iptables-mode", iptables_mode, "-w", "--log-level", "warn", "--netns"]).arg(&self.netns);
+        cmd.args([
+            "--iptables-mode",
+            iptables_mode,
+            "-w",
+            "--log-level",
+            "warn",
+            "--netns",
+        ])
+        .arg(&self.netns);
         cmd::output(&mut cmd).map(drop)
     }
 
     /// `interceptor status --json` of this pod's instance.
     pub fn status(&self) -> Option<Value> {
-        let out = Command::new(&self.interceptor).args(["status", "--json", "--instance", &self.name]).output().ok()?;
+        let out = Command::new(&self.interceptor)
+            .args(["status", "--json", "--instance", &self.name])
+            .output()
+            .ok()?;
         serde_json::from_slice(&out.stdout).ok()
     }
 }
 
 impl Drop for Pod {
     fn drop(&mut self) {
-        for child in self.meshed.take().into_iter().chain(self.children.drain(..).rev()) {
+        for child in self
+            .meshed
+            .take()
+            .into_iter()
+            .chain(self.children.drain(..).rev())
+        {
             let _ = stop(child);
         }
         let _ = fs::remove_dir(&self.cgroup);

@@ -7,7 +7,10 @@ use std::{
 };
 
 use anyhow::Context as _;
-use tokio::{signal::unix::{SignalKind, signal}, sync::mpsc};
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::mpsc,
+};
 use tracing::{debug, info, warn};
 
 use crate::{
@@ -25,7 +28,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let backend = match args.mode {
         Mode::Auto => match ebpf::probe() {
             Ok(()) => {
-                info!(backend = "ebpf", "auto mode: every eBPF program loads and verifies on this kernel");
+                info!(
+                    backend = "ebpf",
+                    "auto mode: every eBPF program loads and verifies on this kernel"
+                );
                 Mode::Ebpf
             }
             Err(reason) => {
@@ -103,15 +109,22 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
     };
     let mut node = EbpfNode::load(options).context("loading the eBPF programs")?;
     let slot = node.pods().add(&spec).context("registering the pod")?;
-    node.attach(&cgroup).with_context(|| format!("attaching to cgroup {}", cgroup.display()))?;
+    node.attach(&cgroup)
+        .with_context(|| format!("attaching to cgroup {}", cgroup.display()))?;
     let mut state = InstanceState {
         instance: lock.paths().name.clone(),
         pid: std::process::id(),
         backend: "ebpf".into(),
         cgroup: cgroup.clone(),
-        started_at_unix: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        started_at_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
         programs: node.programs(),
-        pods: vec![pod_state(&spec, slot, node.pods().inbound_program(spec.netns_cookie))],
+        pods: vec![pod_state(
+            &spec,
+            slot,
+            node.pods().inbound_program(spec.netns_cookie),
+        )],
     };
     lock.write_state(&state)?;
     info!(

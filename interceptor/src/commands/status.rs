@@ -35,7 +35,10 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
     };
     let reports: Vec<InstanceReport> = instances.iter().map(report).collect();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "instances": reports }))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "instances": reports }))?
+        );
         return Ok(());
     }
     if reports.is_empty() {
@@ -58,16 +61,16 @@ fn report(paths: &InstancePaths) -> InstanceReport {
         .map(|m| m.keys().filter_map(Result::ok).collect())
         .unwrap_or_default();
     let mut counters = Vec::new();
-    if let (true, Some(state), Some(map)) = (running, &state, open(names::MAP_COUNTERS)) {
-        if let Ok(array) = PerCpuArray::<MapData, PodCounters>::try_from(map) {
-            for pod in &state.pods {
-                if let Ok(c) = read_counters(&array, pod.slot) {
-                    counters.push(PodCountersReport {
-                        netns_cookie: pod.netns_cookie,
-                        inbound_listener: listeners.contains(&pod.netns_cookie),
-                        counters: c.named().collect(),
-                    });
-                }
+    if let (true, Some(state), Some(map)) = (running, &state, open(names::MAP_COUNTERS))
+        && let Ok(array) = PerCpuArray::<MapData, PodCounters>::try_from(map)
+    {
+        for pod in &state.pods {
+            if let Ok(c) = read_counters(&array, pod.slot) {
+                counters.push(PodCountersReport {
+                    netns_cookie: pod.netns_cookie,
+                    inbound_listener: listeners.contains(&pod.netns_cookie),
+                    counters: c.named().collect(),
+                });
             }
         }
     }
@@ -76,7 +79,13 @@ fn report(paths: &InstancePaths) -> InstanceReport {
         .flatten()
         .and_then(|m| HashMap::<MapData, PendingKey, PendingOrigDst>::try_from(m).ok())
         .map(|m| m.keys().filter(Result::is_ok).count());
-    InstanceReport { instance: paths.name.clone(), running, state, pending_orig_dst, counters }
+    InstanceReport {
+        instance: paths.name.clone(),
+        running,
+        state,
+        pending_orig_dst,
+        counters,
+    }
 }
 
 fn print_report(r: &InstanceReport) {
@@ -84,10 +93,18 @@ fn print_report(r: &InstanceReport) {
         println!("instance {}: no state (not running)", r.instance);
         return;
     };
-    let liveness = if r.running { "running" } else { "NOT running (stale state)" };
+    let liveness = if r.running {
+        "running"
+    } else {
+        "NOT running (stale state)"
+    };
     println!(
         "instance {}: {} backend, pid {} {}, cgroup {}",
-        r.instance, state.backend, state.pid, liveness, state.cgroup.display()
+        r.instance,
+        state.backend,
+        state.pid,
+        liveness,
+        state.cgroup.display()
     );
     for p in &state.programs {
         println!("  program {:<16} id {:<6} {}", p.name, p.id, p.attach_type);
@@ -109,7 +126,11 @@ fn print_report(r: &InstanceReport) {
             c.inbound_ports_to_ignore,
             c.outbound_ports_to_ignore,
         );
-        if let Some(counters) = r.counters.iter().find(|x| x.netns_cookie == pod.netns_cookie) {
+        if let Some(counters) = r
+            .counters
+            .iter()
+            .find(|x| x.netns_cookie == pod.netns_cookie)
+        {
             let listener = if counters.inbound_listener {
                 "listening (inbound steered to it)"
             } else {
@@ -117,7 +138,10 @@ fn print_report(r: &InstanceReport) {
             };
             println!("    proxy inbound listener: {listener}");
             if let Some(p) = &pod.sk_lookup {
-                println!("    program {:<16} id {:<6} {} (this pod's namespace)", p.name, p.id, p.attach_type);
+                println!(
+                    "    program {:<16} id {:<6} {} (this pod's namespace)",
+                    p.name, p.id, p.attach_type
+                );
             }
             for decision in Decision::ALL {
                 let value = counters.counters.get(decision.name()).copied().unwrap_or(0);

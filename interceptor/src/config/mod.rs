@@ -52,7 +52,11 @@ impl InterceptionConfig {
             inbound_ports_to_ignore: self.inbound_ports_to_ignore.to_string(),
             outbound_ports_to_ignore: self.outbound_ports_to_ignore.to_string(),
             ports_to_redirect: self.ports_to_redirect.clone(),
-            subnets_to_ignore: self.subnets_to_ignore.iter().map(IpNet::to_string).collect(),
+            subnets_to_ignore: self
+                .subnets_to_ignore
+                .iter()
+                .map(IpNet::to_string)
+                .collect(),
             outbound_subnets_to_ignore: self
                 .outbound_subnets_to_ignore
                 .iter()
@@ -64,7 +68,11 @@ impl InterceptionConfig {
 
 impl fmt::Display for InterceptionConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "inbound->{} outbound->{}", self.incoming_proxy_port, self.outgoing_proxy_port)?;
+        write!(
+            f,
+            "inbound->{} outbound->{}",
+            self.incoming_proxy_port, self.outgoing_proxy_port
+        )?;
         if let Some(uid) = self.proxy_uid {
             write!(f, " proxy-uid={uid}")?;
         }
@@ -72,10 +80,18 @@ impl fmt::Display for InterceptionConfig {
             write!(f, " proxy-gid={gid}")?;
         }
         if !self.outbound_ports_to_ignore.is_empty() {
-            write!(f, " outbound-ports-to-ignore={}", self.outbound_ports_to_ignore)?;
+            write!(
+                f,
+                " outbound-ports-to-ignore={}",
+                self.outbound_ports_to_ignore
+            )?;
         }
         if !self.inbound_ports_to_ignore.is_empty() {
-            write!(f, " inbound-ports-to-ignore={}", self.inbound_ports_to_ignore)?;
+            write!(
+                f,
+                " inbound-ports-to-ignore={}",
+                self.inbound_ports_to_ignore
+            )?;
         }
         Ok(())
     }

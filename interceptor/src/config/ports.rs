@@ -12,7 +12,10 @@ pub struct PortRange {
 
 impl PortRange {
     pub fn single(port: u16) -> Self {
-        Self { low: port, high: port }
+        Self {
+            low: port,
+            high: port,
+        }
     }
 
     pub fn is_single(&self) -> bool {
@@ -26,14 +29,20 @@ impl PortRange {
 
 impl fmt::Display for PortRange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.is_single() { write!(f, "{}", self.low) } else { write!(f, "{}-{}", self.low, self.high) }
+        if self.is_single() {
+            write!(f, "{}", self.low)
+        } else {
+            write!(f, "{}-{}", self.low, self.high)
+        }
     }
 }
 
 /// Parses one port: a decimal number in 1..=65535.
 pub fn parse_port(s: &str) -> Result<u16, String> {
     let s = s.trim();
-    let n: u32 = s.parse().map_err(|_| format!("{s:?} is not a port number (1-65535)"))?;
+    let n: u32 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a port number (1-65535)"))?;
     match u16::try_from(n) {
         Ok(p) if p >= 1 => Ok(p),
         _ => Err(format!("port {n} is out of range (1-65535)")),

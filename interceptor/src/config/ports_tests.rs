@@ -4,7 +4,13 @@ use super::*;
 fn parses_ports_and_ranges() {
     assert_eq!("80".parse(), Ok(PortRange::single(80)));
     assert_eq!(" 25-30 ".parse(), Ok(PortRange { low: 25, high: 30 }));
-    assert_eq!("1-65535".parse(), Ok(PortRange { low: 1, high: 65535 }));
+    assert_eq!(
+        "1-65535".parse(),
+        Ok(PortRange {
+            low: 1,
+            high: 65535
+        })
+    );
     assert_eq!("7-7".parse(), Ok(PortRange::single(7)));
 }
 
@@ -27,7 +33,14 @@ fn rejects_bad_ports_naming_the_value() {
 
 #[test]
 fn bitmap_matches_membership() {
-    let set = PortSet(vec![PortRange::single(443), PortRange { low: 6000, high: 6010 }, PortRange::single(65535)]);
+    let set = PortSet(vec![
+        PortRange::single(443),
+        PortRange {
+            low: 6000,
+            high: 6010,
+        },
+        PortRange::single(65535),
+    ]);
     let bitmap = set.bitmap();
     for port in 1..=65535u16 {
         assert_eq!(bitmap.contains(port), set.contains(port), "port {port}");

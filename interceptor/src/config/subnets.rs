@@ -6,10 +6,12 @@ use ipnet::IpNet;
 pub fn parse_cidr(s: &str) -> Result<IpNet, String> {
     let s = s.trim();
     let net = if s.contains('/') {
-        s.parse::<IpNet>().map_err(|e| format!("{s:?} is not a CIDR: {e}"))?
+        s.parse::<IpNet>()
+            .map_err(|e| format!("{s:?} is not a CIDR: {e}"))?
     } else {
-        let addr: std::net::IpAddr =
-            s.parse().map_err(|_| format!("{s:?} is not a CIDR (expected e.g. 10.0.0.0/8)"))?;
+        let addr: std::net::IpAddr = s
+            .parse()
+            .map_err(|_| format!("{s:?} is not a CIDR (expected e.g. 10.0.0.0/8)"))?;
         IpNet::from(addr)
     };
     Ok(net.trunc())
@@ -29,7 +31,14 @@ mod tests {
 
     #[test]
     fn rejects_bad_cidrs_naming_the_value() {
-        for bad in ["10.0.0.0/33", "10.0.0/8", "banana", "", "10.0.0.0/", "::/129"] {
+        for bad in [
+            "10.0.0.0/33",
+            "10.0.0/8",
+            "banana",
+            "",
+            "10.0.0.0/",
+            "::/129",
+        ] {
             let err = parse_cidr(bad).unwrap_err();
             assert!(err.contains(&format!("{bad:?}")), "{bad}: {err}");
         }

@@ -21,9 +21,15 @@ const TCP_LISTEN: &str = "0A";
 /// process there has one.
 pub fn find_listener(netns: &Path, port: u16) -> Option<OwnedFd> {
     let target = fs::metadata(netns).ok()?;
-    for pid in fs::read_dir("/proc").ok()?.flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()) {
+    for pid in fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+    {
         let proc_dir = Path::new("/proc").join(pid.to_string());
-        let Ok(ns) = fs::metadata(proc_dir.join("ns/net")) else { continue };
+        let Ok(ns) = fs::metadata(proc_dir.join("ns/net")) else {
+            continue;
+        };
         if (ns.dev(), ns.ino()) != (target.dev(), target.ino()) {
             continue;
         }
@@ -31,10 +37,19 @@ pub fn find_listener(netns: &Path, port: u16) -> Option<OwnedFd> {
         if inodes.is_empty() {
             continue;
         }
-        let Ok(fds) = fs::read_dir(proc_dir.join("fd")) else { continue };
+        let Ok(fds) = fs::read_dir(proc_dir.join("fd")) else {
+            continue;
+        };
         for fd in fds.flatten() {
-            let Ok(link) = fs::read_link(fd.path()) else { continue };
-            let inode = link.to_str().and_then(|l| l.strip_prefix("socket:[")?.strip_suffix(']')?.parse::<u64>().ok());
+            let Ok(link) = fs::read_link(fd.path()) else {
+                continue;
+            };
+            let inode = link.to_str().and_then(|l| {
+                l.strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .parse::<u64>()
+                    .ok()
+            });
             if inode.is_some_and(|i| inodes.contains(&i)) {
                 let fd_num: i32 = fd.file_name().to_str()?.parse().ok()?;
                 if let Some(dup) = steal_fd(pid, fd_num) {
@@ -50,18 +65,25 @@ pub fn find_listener(netns: &Path, port: u16) -> Option<OwnedFd> {
 fn listening_inodes(proc_dir: &Path, port: u16) -> HashSet<u64> {
     let mut inodes = HashSet::new();
     for table in ["net/tcp", "net/tcp6"] {
-        let Ok(text) = fs::read_to_string(proc_dir.join(table)) else { continue };
+        let Ok(text) = fs::read_to_string(proc_dir.join(table)) else {
+            continue;
+        };
         for line in text.lines().skip(1) {
             let fields: Vec<&str> = line.split_whitespace().collect();
             // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
-            let (Some(local), Some(state), Some(inode)) = (fields.get(1), fields.get(3), fields.get(9)) else {
+            let (Some(local), Some(state), Some(inode)) =
+                (fields.get(1), fields.get(3), fields.get(9))
+            else {
                 continue;
             };
-            let local_port = local.rsplit_once(':').and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
-            if *state == TCP_LISTEN && local_port == Some(port) {
-                if let Ok(inode) = inode.parse() {
-                    inodes.insert(inode);
-                }
+            let local_port = local
+                .rsplit_once(':')
+                .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+            if *state == TCP_LISTEN
+                && local_port == Some(port)
+                && let Ok(inode) = inode.parse()
+            {
+                inodes.insert(inode);
             }
         }
     }
@@ -77,7 +99,12 @@ fn steal_fd(pid: i32, fd: i32) -> Option<OwnedFd> {
             return None;
         }
         let pidfd = OwnedFd::from_raw_fd(pidfd as i32);
-        let dup = libc::syscall(libc::SYS_pidfd_getfd, std::os::fd::AsRawFd::as_raw_fd(&pidfd), fd, 0);
+        let dup = libc::syscall(
+            libc::SYS_pidfd_getfd,
+            std::os::fd::AsRawFd::as_raw_fd(&pidfd),
+            fd,
+            0,
+        );
         (dup >= 0).then(|| OwnedFd::from_raw_fd(dup as i32))
     }
 }

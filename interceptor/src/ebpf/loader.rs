@@ -43,11 +43,15 @@ impl Attached {
         let program_error = |name| move |source| EbpfError::Program { name, source };
 
         let connect4: &mut CgroupSockAddr = program(&mut ebpf, names::PROG_CONNECT4)?;
-        connect4.load().map_err(program_error(names::PROG_CONNECT4))?;
+        connect4
+            .load()
+            .map_err(program_error(names::PROG_CONNECT4))?;
         let sockops: &mut SockOps = program(&mut ebpf, names::PROG_SOCKOPS)?;
         sockops.load().map_err(program_error(names::PROG_SOCKOPS))?;
         let getsockopt: &mut CgroupSockopt = program(&mut ebpf, names::PROG_GETSOCKOPT)?;
-        getsockopt.load().map_err(program_error(names::PROG_GETSOCKOPT))?;
+        getsockopt
+            .load()
+            .map_err(program_error(names::PROG_GETSOCKOPT))?;
 
         let maps = PodMaps::take(&mut ebpf)?;
         Ok((Self { ebpf }, maps))
@@ -57,17 +61,27 @@ impl Attached {
         let cgroup = crate::cgroup::open_cgroup2(cgroup_path)?;
         let attach_error = |name| {
             let cgroup = PathBuf::from(cgroup_path);
-            move |source| EbpfError::Attach { name, cgroup, source }
+            move |source| EbpfError::Attach {
+                name,
+                cgroup,
+                source,
+            }
         };
         // Link-based attachments coexist with other programs on the same hook (verified on
         // 6.18); `AllowMultiple` fails there, so `Single` is the mode that works everywhere.
         let mode = CgroupAttachMode::Single;
         let connect4: &mut CgroupSockAddr = program(&mut self.ebpf, names::PROG_CONNECT4)?;
-        connect4.attach(&cgroup, mode).map_err(attach_error(names::PROG_CONNECT4))?;
+        connect4
+            .attach(&cgroup, mode)
+            .map_err(attach_error(names::PROG_CONNECT4))?;
         let sockops: &mut SockOps = program(&mut self.ebpf, names::PROG_SOCKOPS)?;
-        sockops.attach(&cgroup, mode).map_err(attach_error(names::PROG_SOCKOPS))?;
+        sockops
+            .attach(&cgroup, mode)
+            .map_err(attach_error(names::PROG_SOCKOPS))?;
         let getsockopt: &mut CgroupSockopt = program(&mut self.ebpf, names::PROG_GETSOCKOPT)?;
-        getsockopt.attach(&cgroup, mode).map_err(attach_error(names::PROG_GETSOCKOPT))?;
+        getsockopt
+            .attach(&cgroup, mode)
+            .map_err(attach_error(names::PROG_GETSOCKOPT))?;
         Ok(())
     }
 
@@ -99,27 +113,44 @@ pub(super) fn loader(pin_dir: &Path) -> EbpfLoader<'static> {
 /// Loads (and so verifies) every program without attaching anything: the `auto` mode's probe of
 /// whether this kernel and these privileges support all of them.
 pub(super) fn probe(pin_dir: &Path) -> Result<(), EbpfError> {
-    let (attached, maps) = Attached::load(&LoadOptions { orig_dst_capacity: 1, pin_dir: pin_dir.to_owned() })?;
-    let mut ebpf = loader(pin_dir).override_global(names::GLOBAL_POD_NETNS_COOKIE, &0u64, true).load(OBJECT)?;
+    let (attached, maps) = Attached::load(&LoadOptions {
+        orig_dst_capacity: 1,
+        pin_dir: pin_dir.to_owned(),
+    })?;
+    let mut ebpf = loader(pin_dir)
+        .override_global(names::GLOBAL_POD_NETNS_COOKIE, &0u64, true)
+        .load(OBJECT)?;
     let name = names::PROG_SK_LOOKUP;
     let sk_lookup: &mut SkLookup = program(&mut ebpf, name)?;
-    sk_lookup.load().map_err(|source| EbpfError::Program { name, source })?;
+    sk_lookup
+        .load()
+        .map_err(|source| EbpfError::Program { name, source })?;
     drop((ebpf, maps, attached));
     Ok(())
 }
 
 /// Loads one pod's sk_lookup instance (its netns cookie baked in) and attaches it to the pod's
 /// network namespace. Dropping the returned `Ebpf` detaches it.
-pub(super) fn load_inbound(pin_dir: &Path, netns_cookie: u64, netns: &crate::netns::PodNetns) -> Result<Ebpf, EbpfError> {
+pub(super) fn load_inbound(
+    pin_dir: &Path,
+    netns_cookie: u64,
+    netns: &crate::netns::PodNetns,
+) -> Result<Ebpf, EbpfError> {
     let mut ebpf = loader(pin_dir)
         .override_global(names::GLOBAL_POD_NETNS_COOKIE, &netns_cookie, true)
         .load(OBJECT)?;
     let name = names::PROG_SK_LOOKUP;
     let sk_lookup: &mut SkLookup = program(&mut ebpf, name)?;
-    sk_lookup.load().map_err(|source| EbpfError::Program { name, source })?;
+    sk_lookup
+        .load()
+        .map_err(|source| EbpfError::Program { name, source })?;
     sk_lookup
         .attach(netns.file())
-        .map_err(|source| EbpfError::AttachNetns { name, netns: netns.path().to_owned(), source })?;
+        .map_err(|source| EbpfError::AttachNetns {
+            name,
+            netns: netns.path().to_owned(),
+            source,
+        })?;
     Ok(ebpf)
 }
 
@@ -128,7 +159,13 @@ where
     &'a mut T: TryFrom<&'a mut aya::programs::Program>,
 {
     ebpf.program_mut(name)
-        .ok_or(EbpfError::Missing { kind: "program", name })?
+        .ok_or(EbpfError::Missing {
+            kind: "program",
+            name,
+        })?
         .try_into()
-        .map_err(|_| EbpfError::Missing { kind: "program of the expected type", name })
+        .map_err(|_| EbpfError::Missing {
+            kind: "program of the expected type",
+            name,
+        })
 }

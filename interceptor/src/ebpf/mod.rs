@@ -25,27 +25,50 @@ pub enum EbpfError {
     #[error("loading the eBPF object: {0}")]
     Load(#[from] aya::EbpfError),
     #[error("loading program {name} into the kernel (the verifier log follows):\n{source}")]
-    Program { name: &'static str, source: ProgramError },
+    Program {
+        name: &'static str,
+        source: ProgramError,
+    },
     #[error("attaching {name} to cgroup {cgroup}: {source}")]
-    Attach { name: &'static str, cgroup: PathBuf, source: ProgramError },
+    Attach {
+        name: &'static str,
+        cgroup: PathBuf,
+        source: ProgramError,
+    },
     #[error(transparent)]
     Cgroup(#[from] crate::cgroup::CgroupError),
-    #[error("the eBPF object has no {kind} named {name}: the build is out of date (cargo clean -p interceptor)")]
-    Missing { kind: &'static str, name: &'static str },
+    #[error(
+        "the eBPF object has no {kind} named {name}: the build is out of date (cargo clean -p interceptor)"
+    )]
+    Missing {
+        kind: &'static str,
+        name: &'static str,
+    },
     #[error("map {map}: {source}")]
     Map { map: &'static str, source: MapError },
     #[error("all {0} pod slots are in use: remove a pod first")]
     NoFreeSlot(u32),
     #[error("creating the pin directory {path}: {source}")]
-    PinDir { path: PathBuf, source: std::io::Error },
+    PinDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("attaching {name} to network namespace {netns}: {source}")]
-    AttachNetns { name: &'static str, netns: PathBuf, source: ProgramError },
+    AttachNetns {
+        name: &'static str,
+        netns: PathBuf,
+        source: ProgramError,
+    },
     #[error(transparent)]
     Netns(#[from] crate::netns::NetnsError),
     #[error("pod with netns cookie {0} is already registered")]
     AlreadyRegistered(u64),
     #[error("pod {netns} has {count} IPv4 addresses, more than the {max} supported")]
-    TooManyAddresses { netns: PathBuf, count: usize, max: u32 },
+    TooManyAddresses {
+        netns: PathBuf,
+        count: usize,
+        max: u32,
+    },
 }
 
 /// What registering a pod needs: its identity, its addresses and its configuration.
@@ -95,8 +118,11 @@ impl LoadOptions {
 pub fn probe() -> Result<(), String> {
     let bpffs = Path::new(crate::state::BPFFS_ROOT);
     crate::state::ensure_bpffs(bpffs).map_err(|e| e.to_string())?;
-    let pin_dir = bpffs.join("interceptor-probe").join(std::process::id().to_string());
-    std::fs::create_dir_all(&pin_dir).map_err(|e| format!("creating {}: {e}", pin_dir.display()))?;
+    let pin_dir = bpffs
+        .join("interceptor-probe")
+        .join(std::process::id().to_string());
+    std::fs::create_dir_all(&pin_dir)
+        .map_err(|e| format!("creating {}: {e}", pin_dir.display()))?;
     let result = loader::probe(&pin_dir).map_err(|e| e.to_string());
     for name in interceptor_common::names::SHARED_MAPS {
         let _ = std::fs::remove_file(pin_dir.join(name));
@@ -119,10 +145,15 @@ impl EbpfNode {
     /// Loads the programs (verifying them) and creates the shared maps, pinned under
     /// `options.pin_dir`, without attaching anything.
     pub fn load(options: LoadOptions) -> Result<Self, EbpfError> {
-        std::fs::create_dir_all(&options.pin_dir)
-            .map_err(|source| EbpfError::PinDir { path: options.pin_dir.clone(), source })?;
+        std::fs::create_dir_all(&options.pin_dir).map_err(|source| EbpfError::PinDir {
+            path: options.pin_dir.clone(),
+            source,
+        })?;
         let (attached, maps) = loader::Attached::load(&options)?;
-        Ok(Self { attached, pods: PodRegistry::new(maps, options.pin_dir) })
+        Ok(Self {
+            attached,
+            pods: PodRegistry::new(maps, options.pin_dir),
+        })
     }
 
     /// Attaches every program to `cgroup`. Kernel >= 5.7 (link-based cgroup attachment).

@@ -15,8 +15,8 @@ use aya::{
     },
 };
 use interceptor_common::{
-    LocalAddrKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS, PendingKey, PendingOrigDst, PodConfig, PodCounters, SUBNET_KEY_FIXED_BITS,
-    SubnetKey, names,
+    LocalAddrKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS, PendingKey, PendingOrigDst, PodConfig,
+    PodCounters, SUBNET_KEY_FIXED_BITS, SubnetKey, names,
     pod::{direction, flags},
 };
 use ipnet::IpNet;
@@ -41,13 +41,16 @@ fn map_error(map: &'static str) -> impl Fn(MapError) -> EbpfError {
 }
 
 fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, EbpfError> {
-    ebpf.take_map(name).ok_or(EbpfError::Missing { kind: "map", name })
+    ebpf.take_map(name)
+        .ok_or(EbpfError::Missing { kind: "map", name })
 }
 
 impl PodMaps {
     pub(super) fn take(ebpf: &mut Ebpf) -> Result<Self, EbpfError> {
         Ok(Self {
-            pods: take(ebpf, names::MAP_PODS)?.try_into().map_err(map_error(names::MAP_PODS))?,
+            pods: take(ebpf, names::MAP_PODS)?
+                .try_into()
+                .map_err(map_error(names::MAP_PODS))?,
             local_addrs: take(ebpf, names::MAP_LOCAL_ADDRS)?
                 .try_into()
                 .map_err(map_error(names::MAP_LOCAL_ADDRS))?,
@@ -85,7 +88,11 @@ pub struct PodRegistry {
 
 impl PodRegistry {
     pub(super) fn new(maps: PodMaps, pin_dir: PathBuf) -> Self {
-        Self { maps, pods: BTreeMap::new(), pin_dir }
+        Self {
+            maps,
+            pods: BTreeMap::new(),
+            pin_dir,
+        }
     }
 
     /// Registers a pod. Its configuration is written last, so the programs never see a pod whose
@@ -107,8 +114,12 @@ impl PodRegistry {
         }
         let netns = PodNetns::open(&spec.netns_path)?;
         self.zero_counters(slot)?;
-        let mut registered =
-            Registered { slot, addresses: BTreeSet::new(), subnets: Vec::new(), inbound: None };
+        let mut registered = Registered {
+            slot,
+            addresses: BTreeSet::new(),
+            subnets: Vec::new(),
+            inbound: None,
+        };
         let result = self
             .write_addresses(cookie, &mut registered, &spec.addresses)
             .and_then(|()| self.write_subnets(cookie, &mut registered, &spec.config))
@@ -134,7 +145,12 @@ impl PodRegistry {
 
     /// Puts a listener that existed before registration into the listener map (new ones are
     /// caught by sock_ops; see `listener.rs`). A listener already in the map is newer: keep it.
-    fn adopt_existing_listener(&mut self, cookie: u64, netns: &PodNetns, port: u16) -> Result<(), EbpfError> {
+    fn adopt_existing_listener(
+        &mut self,
+        cookie: u64,
+        netns: &PodNetns,
+        port: u16,
+    ) -> Result<(), EbpfError> {
         if self.has_listener(cookie) {
             return Ok(());
         }
@@ -149,7 +165,11 @@ impl PodRegistry {
             .insert(cookie, socket.as_fd(), BPF_NOEXIST)
             .or_else(|e| match e {
                 // A listen() in between got there first, and it is the newer socket.
-                MapError::SyscallError(ref s) if s.io_error.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+                MapError::SyscallError(ref s)
+                    if s.io_error.raw_os_error() == Some(libc::EEXIST) =>
+                {
+                    Ok(())
+                }
                 e => Err(e),
             })
             .map_err(map_error(names::MAP_LISTENERS))
@@ -159,14 +179,21 @@ impl PodRegistry {
     pub fn inbound_program(&self, cookie: u64) -> Option<super::ProgramState> {
         let ebpf = self.pods.get(&cookie)?.inbound.as_ref()?;
         let info = ebpf.program(names::PROG_SK_LOOKUP)?.info().ok()?;
-        Some(super::ProgramState { name: names::PROG_SK_LOOKUP.into(), id: info.id(), attach_type: "sk_lookup".into() })
+        Some(super::ProgramState {
+            name: names::PROG_SK_LOOKUP.into(),
+            id: info.id(),
+            attach_type: "sk_lookup".into(),
+        })
     }
 
     /// Whether the pod's proxy is listening (as far as steering knows).
     pub fn has_listener(&self, cookie: u64) -> bool {
         // Walk the keys: a sock hash lookup from userspace needs 8-byte values (socket cookies),
         // and aya-ebpf declares 4-byte ones.
-        self.maps.listeners.keys().any(|k| k.is_ok_and(|k| k == cookie))
+        self.maps
+            .listeners
+            .keys()
+            .any(|k| k.is_ok_and(|k| k == cookie))
     }
 
     /// Unregisters a pod: its connections are no longer intercepted from this call on.
@@ -180,7 +207,8 @@ impl PodRegistry {
         };
         ignore_absent(self.maps.pods.remove(&cookie)).map_err(map_error(names::MAP_PODS))?;
         drop(registered.inbound);
-        ignore_absent(self.maps.listeners.remove(&cookie)).map_err(map_error(names::MAP_LISTENERS))?;
+        ignore_absent(self.maps.listeners.remove(&cookie))
+            .map_err(map_error(names::MAP_LISTENERS))?;
         for ip in &registered.addresses {
             ignore_absent(self.maps.local_addrs.remove(&local_key(cookie, *ip)))
                 .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
@@ -246,25 +274,41 @@ impl PodRegistry {
             .outbound_subnets_to_ignore
             .iter()
             .map(|net| (direction::OUTBOUND, net))
-            .chain(config.subnets_to_ignore.iter().map(|net| (direction::INBOUND, net)));
+            .chain(
+                config
+                    .subnets_to_ignore
+                    .iter()
+                    .map(|net| (direction::INBOUND, net)),
+            );
         for (direction, net) in rules {
             // IPv6 subnets only apply to the iptables backend's ip6tables pass for now.
             let IpNet::V4(net) = net else { continue };
             let key = Key::new(
                 SUBNET_KEY_FIXED_BITS + u32::from(net.prefix_len()),
-                SubnetKey { netns_cookie: cookie, direction, ip4_be: u32::from(net.network()).to_be() },
+                SubnetKey {
+                    netns_cookie: cookie,
+                    direction,
+                    ip4_be: u32::from(net.network()).to_be(),
+                },
             );
-            self.maps.subnets.insert(&key, 1, 0).map_err(map_error(names::MAP_SUBNETS))?;
+            self.maps
+                .subnets
+                .insert(&key, 1, 0)
+                .map_err(map_error(names::MAP_SUBNETS))?;
             registered.subnets.push(key);
         }
         Ok(())
     }
 
     fn zero_counters(&mut self, slot: u32) -> Result<(), EbpfError> {
-        let cpus = aya::util::nr_cpus().map_err(|(_, e)| map_error(names::MAP_COUNTERS)(MapError::IoError(e)))?;
+        let cpus = aya::util::nr_cpus()
+            .map_err(|(_, e)| map_error(names::MAP_COUNTERS)(MapError::IoError(e)))?;
         let zero = PerCpuValues::try_from(vec![PodCounters::ZERO; cpus])
             .map_err(|e| map_error(names::MAP_COUNTERS)(MapError::IoError(e)))?;
-        self.maps.counters.set(slot, zero, 0).map_err(map_error(names::MAP_COUNTERS))
+        self.maps
+            .counters
+            .set(slot, zero, 0)
+            .map_err(map_error(names::MAP_COUNTERS))
     }
 }
 
@@ -278,7 +322,11 @@ fn is_absent(e: &MapError) -> bool {
 }
 
 fn local_key(netns_cookie: u64, ip: Ipv4Addr) -> LocalAddrKey {
-    LocalAddrKey { netns_cookie, ip4_be: u32::from(ip).to_be(), _pad: 0 }
+    LocalAddrKey {
+        netns_cookie,
+        ip4_be: u32::from(ip).to_be(),
+        _pad: 0,
+    }
 }
 
 fn pod_config(slot: u32, config: &InterceptionConfig) -> PodConfig {
@@ -289,10 +337,18 @@ fn pod_config(slot: u32, config: &InterceptionConfig) -> PodConfig {
     if config.proxy_gid.is_some() {
         pod_flags |= flags::HAS_PROXY_GID;
     }
-    if config.outbound_subnets_to_ignore.iter().any(|n| matches!(n, IpNet::V4(_))) {
+    if config
+        .outbound_subnets_to_ignore
+        .iter()
+        .any(|n| matches!(n, IpNet::V4(_)))
+    {
         pod_flags |= flags::HAS_OUTBOUND_SUBNETS;
     }
-    if config.subnets_to_ignore.iter().any(|n| matches!(n, IpNet::V4(_))) {
+    if config
+        .subnets_to_ignore
+        .iter()
+        .any(|n| matches!(n, IpNet::V4(_)))
+    {
         pod_flags |= flags::HAS_INBOUND_SUBNETS;
     }
     let mut redirect_ports = interceptor_common::PortBitmap::EMPTY;
@@ -321,7 +377,9 @@ pub fn read_counters<T: std::borrow::Borrow<MapData>>(
     counters: &PerCpuArray<T, PodCounters>,
     slot: u32,
 ) -> Result<Counters, EbpfError> {
-    let per_cpu = counters.get(&slot, 0).map_err(map_error(names::MAP_COUNTERS))?;
+    let per_cpu = counters
+        .get(&slot, 0)
+        .map_err(map_error(names::MAP_COUNTERS))?;
     let mut sum = [0u64; interceptor_common::counters::COUNTERS_PER_POD];
     for cpu in per_cpu.iter() {
         for (total, value) in sum.iter_mut().zip(cpu.values) {

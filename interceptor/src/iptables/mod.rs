@@ -10,7 +10,10 @@ use std::{
 };
 
 use clap::ValueEnum;
-pub use rules::{Existing, Family, OUTPUT_CHAIN, REDIRECT_CHAIN, Rule, cleanup as cleanup_rules, install as install_rules, multiport_groups};
+pub use rules::{
+    Existing, Family, OUTPUT_CHAIN, REDIRECT_CHAIN, Rule, cleanup as cleanup_rules,
+    install as install_rules, multiport_groups,
+};
 
 use crate::config::InterceptionConfig;
 
@@ -50,26 +53,45 @@ pub struct IptablesOptions {
 
 impl IptablesOptions {
     fn families(&self) -> Vec<Family> {
-        if self.ipv6 { vec![Family::V4, Family::V6] } else { vec![Family::V4] }
+        if self.ipv6 {
+            vec![Family::V4, Family::V6]
+        } else {
+            vec![Family::V4]
+        }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum IptablesError {
-    #[error("{binary} not found on PATH: install iptables (apt-get install iptables) or choose another --iptables-mode")]
+    #[error(
+        "{binary} not found on PATH: install iptables (apt-get install iptables) or choose another --iptables-mode"
+    )]
     MissingBinary { binary: String },
     #[error("cannot open network namespace {path}: {source}")]
-    Netns { path: PathBuf, source: std::io::Error },
+    Netns {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("`{command}` could not run: {source}")]
-    Spawn { command: String, source: std::io::Error },
+    Spawn {
+        command: String,
+        source: std::io::Error,
+    },
     #[error("`{command}` failed ({status}): {output}")]
-    Failed { command: String, status: std::process::ExitStatus, output: String },
+    Failed {
+        command: String,
+        status: std::process::ExitStatus,
+        output: String,
+    },
 }
 
 /// Installs the chains (both families with `ipv6`). Idempotent: existing chains are flushed and
 /// refilled, existing jumps kept. If any command fails, everything this backend adds is removed
 /// again, so no half-installed chain is left behind. Returns the commands that ran.
-pub fn install(config: &InterceptionConfig, options: &IptablesOptions) -> Result<Vec<String>, IptablesError> {
+pub fn install(
+    config: &InterceptionConfig,
+    options: &IptablesOptions,
+) -> Result<Vec<String>, IptablesError> {
     let runner = Runner::new(options)?;
     let mut ran = Vec::new();
     for family in options.families() {
@@ -89,13 +111,24 @@ pub fn install(config: &InterceptionConfig, options: &IptablesOptions) -> Result
 
 /// The commands [`install`] would run, for `--simulate`. Reads the current state (to show a
 /// re-run's flushes) when the save binary is there, changes nothing.
-pub fn simulate(config: &InterceptionConfig, options: &IptablesOptions) -> Result<Vec<String>, IptablesError> {
+pub fn simulate(
+    config: &InterceptionConfig,
+    options: &IptablesOptions,
+) -> Result<Vec<String>, IptablesError> {
     let runner = Runner::new(options)?;
     let mut commands = Vec::new();
     for family in options.families() {
         let (binary, save) = options.mode.binaries(family);
-        let existing = if runner.require(save).is_ok() { runner.existing(save)? } else { Existing::default() };
-        commands.extend(rules::install(config, family, existing).iter().map(|r| runner.show(binary, r)));
+        let existing = if runner.require(save).is_ok() {
+            runner.existing(save)?
+        } else {
+            Existing::default()
+        };
+        commands.extend(
+            rules::install(config, family, existing)
+                .iter()
+                .map(|r| runner.show(binary, r)),
+        );
     }
     Ok(commands)
 }
@@ -106,7 +139,14 @@ pub fn cleanup(options: &IptablesOptions) -> Result<Vec<String>, IptablesError> 
     let mut ran = Vec::new();
     for family in options.families() {
         let (binary, existing) = runner.prepare(family)?;
-        let wanted = [existing.prerouting_jump, existing.output_jump, existing.redirect_chain, existing.redirect_chain, existing.output_chain, existing.output_chain];
+        let wanted = [
+            existing.prerouting_jump,
+            existing.output_jump,
+            existing.redirect_chain,
+            existing.redirect_chain,
+            existing.output_chain,
+            existing.output_chain,
+        ];
         for (rule, present) in rules::cleanup().iter().zip(wanted) {
             if present {
                 ran.push(runner.run(binary, rule)?);
@@ -132,7 +172,10 @@ struct Runner<'a> {
 impl<'a> Runner<'a> {
     fn new(options: &'a IptablesOptions) -> Result<Self, IptablesError> {
         let netns = match &options.netns {
-            Some(path) => Some(File::open(path).map_err(|source| IptablesError::Netns { path: path.clone(), source })?),
+            Some(path) => Some(File::open(path).map_err(|source| IptablesError::Netns {
+                path: path.clone(),
+                source,
+            })?),
             None => None,
         };
         // Entering the namespace we are already in would still need CAP_SYS_ADMIN, which
@@ -151,13 +194,24 @@ impl<'a> Runner<'a> {
     }
 
     fn require(&self, binary: &str) -> Result<(), IptablesError> {
-        let found = std::env::var_os("PATH")
-            .is_some_and(|path| std::env::split_paths(&path).any(|dir| is_executable(&dir.join(binary))));
-        if found { Ok(()) } else { Err(IptablesError::MissingBinary { binary: binary.into() }) }
+        let found = std::env::var_os("PATH").is_some_and(|path| {
+            std::env::split_paths(&path).any(|dir| is_executable(&dir.join(binary)))
+        });
+        if found {
+            Ok(())
+        } else {
+            Err(IptablesError::MissingBinary {
+                binary: binary.into(),
+            })
+        }
     }
 
     fn show(&self, binary: &str, rule: &Rule) -> String {
-        if self.options.wait { format!("{binary} -w {rule}") } else { format!("{binary} {rule}") }
+        if self.options.wait {
+            format!("{binary} -w {rule}")
+        } else {
+            format!("{binary} {rule}")
+        }
     }
 
     fn command(&self, binary: &str, args: &[String]) -> Command {
@@ -198,11 +252,18 @@ impl<'a> Runner<'a> {
         let out = self
             .command(binary, args)
             .output()
-            .map_err(|source| IptablesError::Spawn { command: shown.into(), source })?;
+            .map_err(|source| IptablesError::Spawn {
+                command: shown.into(),
+                source,
+            })?;
         if !out.status.success() {
             let mut output = String::from_utf8_lossy(&out.stderr).trim().to_owned();
             output.push_str(String::from_utf8_lossy(&out.stdout).trim());
-            return Err(IptablesError::Failed { command: shown.into(), status: out.status, output });
+            return Err(IptablesError::Failed {
+                command: shown.into(),
+                status: out.status,
+                output,
+            });
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
@@ -223,17 +284,23 @@ fn same_file(file: &File, path: &Path) -> bool {
 
 fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt as _;
-    path.metadata().is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    path.metadata()
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// Reads `iptables-save -t nat` output.
 pub fn parse_existing(save: &str) -> Existing {
     let jump = |chain: &str, target: &str| {
-        save.lines().any(|l| l.starts_with(&format!("-A {chain} ")) && l.contains(&format!("-j {target}")))
+        save.lines()
+            .any(|l| l.starts_with(&format!("-A {chain} ")) && l.contains(&format!("-j {target}")))
     };
     Existing {
-        redirect_chain: save.lines().any(|l| l.starts_with(&format!(":{REDIRECT_CHAIN} "))),
-        output_chain: save.lines().any(|l| l.starts_with(&format!(":{OUTPUT_CHAIN} "))),
+        redirect_chain: save
+            .lines()
+            .any(|l| l.starts_with(&format!(":{REDIRECT_CHAIN} "))),
+        output_chain: save
+            .lines()
+            .any(|l| l.starts_with(&format!(":{OUTPUT_CHAIN} "))),
         prerouting_jump: jump("PREROUTING", REDIRECT_CHAIN),
         output_jump: jump("OUTPUT", OUTPUT_CHAIN),
     }

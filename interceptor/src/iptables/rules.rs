@@ -34,7 +34,12 @@ fn rule(parts: &[&str]) -> Rule {
 }
 
 fn comment(text: &str) -> [String; 4] {
-    ["-m".into(), "comment".into(), "--comment".into(), format!("proxy-init/{text}")]
+    [
+        "-m".into(),
+        "comment".into(),
+        "--comment".into(),
+        format!("proxy-init/{text}"),
+    ]
 }
 
 fn append(chain: &str, mut matches: Vec<String>, target: &[&str], text: &str) -> Rule {
@@ -62,16 +67,30 @@ pub struct Existing {
 /// The commands that install interception for `config` on one address family.
 pub fn install(config: &InterceptionConfig, family: Family, existing: Existing) -> Vec<Rule> {
     let mut rules = Vec::new();
-    let create = |chain: &str, exists: bool| rule(&["-t", "nat", if exists { "-F" } else { "-N" }, chain]);
+    let create =
+        |chain: &str, exists: bool| rule(&["-t", "nat", if exists { "-F" } else { "-N" }, chain]);
 
     rules.push(create(REDIRECT_CHAIN, existing.redirect_chain));
-    rules.extend(ignore_ports(REDIRECT_CHAIN, &config.inbound_ports_to_ignore));
+    rules.extend(ignore_ports(
+        REDIRECT_CHAIN,
+        &config.inbound_ports_to_ignore,
+    ));
     for net in subnets(&config.subnets_to_ignore, family) {
-        rules.push(append(REDIRECT_CHAIN, strings(&["-p", "all", "-j", "RETURN", "-s", &net]), &[], &format!("ignore-subnet-{net}")));
+        rules.push(append(
+            REDIRECT_CHAIN,
+            strings(&["-p", "all", "-j", "RETURN", "-s", &net]),
+            &[],
+            &format!("ignore-subnet-{net}"),
+        ));
     }
     let inbound = config.incoming_proxy_port.to_string();
     if config.ports_to_redirect.is_empty() {
-        rules.push(append(REDIRECT_CHAIN, strings(&["-p", "tcp"]), &["-j", "REDIRECT", "--to-port", &inbound], "redirect-all-incoming-to-proxy-port"));
+        rules.push(append(
+            REDIRECT_CHAIN,
+            strings(&["-p", "tcp"]),
+            &["-j", "REDIRECT", "--to-port", &inbound],
+            "redirect-all-incoming-to-proxy-port",
+        ));
     }
     for port in &config.ports_to_redirect {
         let port = port.to_string();
@@ -83,26 +102,61 @@ pub fn install(config: &InterceptionConfig, family: Family, existing: Existing) 
         ));
     }
     if !existing.prerouting_jump {
-        rules.push(jump("-A", "PREROUTING", REDIRECT_CHAIN, "install-proxy-init-prerouting"));
+        rules.push(jump(
+            "-A",
+            "PREROUTING",
+            REDIRECT_CHAIN,
+            "install-proxy-init-prerouting",
+        ));
     }
 
     rules.push(create(OUTPUT_CHAIN, existing.output_chain));
     if let Some(uid) = config.proxy_uid {
-        rules.push(append(OUTPUT_CHAIN, strings(&["-m", "owner", "--uid-owner", &uid.to_string()]), &["-j", "RETURN"], "ignore-proxy-user-id"));
+        rules.push(append(
+            OUTPUT_CHAIN,
+            strings(&["-m", "owner", "--uid-owner", &uid.to_string()]),
+            &["-j", "RETURN"],
+            "ignore-proxy-user-id",
+        ));
     }
     if let Some(gid) = config.proxy_gid {
-        rules.push(append(OUTPUT_CHAIN, strings(&["-m", "owner", "--gid-owner", &gid.to_string()]), &["-j", "RETURN"], "ignore-proxy-group-id"));
+        rules.push(append(
+            OUTPUT_CHAIN,
+            strings(&["-m", "owner", "--gid-owner", &gid.to_string()]),
+            &["-j", "RETURN"],
+            "ignore-proxy-group-id",
+        ));
     }
-    rules.push(append(OUTPUT_CHAIN, strings(&["-o", "lo"]), &["-j", "RETURN"], "ignore-loopback"));
+    rules.push(append(
+        OUTPUT_CHAIN,
+        strings(&["-o", "lo"]),
+        &["-j", "RETURN"],
+        "ignore-loopback",
+    ));
     rules.extend(ignore_ports(OUTPUT_CHAIN, &config.outbound_ports_to_ignore));
     // Extension (not in proxy-init): outbound destinations never redirected.
     for net in subnets(&config.outbound_subnets_to_ignore, family) {
-        rules.push(append(OUTPUT_CHAIN, strings(&["-p", "all", "-j", "RETURN", "-d", &net]), &[], &format!("ignore-outbound-subnet-{net}")));
+        rules.push(append(
+            OUTPUT_CHAIN,
+            strings(&["-p", "all", "-j", "RETURN", "-d", &net]),
+            &[],
+            &format!("ignore-outbound-subnet-{net}"),
+        ));
     }
     let outbound = config.outgoing_proxy_port.to_string();
-    rules.push(append(OUTPUT_CHAIN, strings(&["-p", "tcp"]), &["-j", "REDIRECT", "--to-port", &outbound], "redirect-all-outgoing-to-proxy-port"));
+    rules.push(append(
+        OUTPUT_CHAIN,
+        strings(&["-p", "tcp"]),
+        &["-j", "REDIRECT", "--to-port", &outbound],
+        "redirect-all-outgoing-to-proxy-port",
+    ));
     if !existing.output_jump {
-        rules.push(jump("-A", "OUTPUT", OUTPUT_CHAIN, "install-proxy-init-output"));
+        rules.push(jump(
+            "-A",
+            "OUTPUT",
+            OUTPUT_CHAIN,
+            "install-proxy-init-output",
+        ));
     }
     rules
 }
@@ -110,7 +164,12 @@ pub fn install(config: &InterceptionConfig, family: Family, existing: Existing) 
 /// The commands that remove exactly what [`install`] added.
 pub fn cleanup() -> Vec<Rule> {
     vec![
-        jump("-D", "PREROUTING", REDIRECT_CHAIN, "install-proxy-init-prerouting"),
+        jump(
+            "-D",
+            "PREROUTING",
+            REDIRECT_CHAIN,
+            "install-proxy-init-prerouting",
+        ),
         jump("-D", "OUTPUT", OUTPUT_CHAIN, "install-proxy-init-output"),
         rule(&["-t", "nat", "-F", REDIRECT_CHAIN]),
         rule(&["-t", "nat", "-X", REDIRECT_CHAIN]),
@@ -131,7 +190,12 @@ fn ignore_ports(chain: &str, ports: &PortSet) -> Vec<Rule> {
         .into_iter()
         .map(|group| {
             let list = group.join(",");
-            append(chain, strings(&["-p", "tcp", "--match", "multiport", "--dports", &list]), &["-j", "RETURN"], &format!("ignore-port-{list}"))
+            append(
+                chain,
+                strings(&["-p", "tcp", "--match", "multiport", "--dports", &list]),
+                &["-j", "RETURN"],
+                &format!("ignore-port-{list}"),
+            )
         })
         .collect()
 }
@@ -146,19 +210,31 @@ pub fn multiport_groups(ports: &PortSet) -> Vec<Vec<String>> {
             groups.push(Vec::new());
             used = 0;
         }
-        groups.last_mut().expect("a group was just pushed").push(text);
+        groups
+            .last_mut()
+            .expect("a group was just pushed")
+            .push(text);
         used += slots;
     }
     groups
 }
 
 fn multiport_entry(range: &PortRange) -> (String, usize) {
-    if range.is_single() { (range.low.to_string(), 1) } else { (format!("{}:{}", range.low, range.high), 2) }
+    if range.is_single() {
+        (range.low.to_string(), 1)
+    } else {
+        (format!("{}:{}", range.low, range.high), 2)
+    }
 }
 
 fn subnets(nets: &[IpNet], family: Family) -> Vec<String> {
     nets.iter()
-        .filter(|n| matches!((n, family), (IpNet::V4(_), Family::V4) | (IpNet::V6(_), Family::V6)))
+        .filter(|n| {
+            matches!(
+                (n, family),
+                (IpNet::V4(_), Family::V4) | (IpNet::V6(_), Family::V6)
+            )
+        })
         .map(IpNet::to_string)
         .collect()
 }

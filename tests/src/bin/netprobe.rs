@@ -30,7 +30,9 @@ fn usage() -> ! {
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     enter_context(&mut args);
-    let Some(command) = (!args.is_empty()).then(|| args.remove(0)) else { usage() };
+    let Some(command) = (!args.is_empty()).then(|| args.remove(0)) else {
+        usage()
+    };
     match command.as_str() {
         "proxy" => serve(&args, true),
         "server" => serve(&args, false),
@@ -51,7 +53,10 @@ fn take_opt(args: &mut Vec<String>, flag: &str) -> Option<String> {
 }
 
 fn take_flag(args: &mut Vec<String>, flag: &str) -> bool {
-    args.iter().position(|a| a == flag).map(|i| args.remove(i)).is_some()
+    args.iter()
+        .position(|a| a == flag)
+        .map(|i| args.remove(i))
+        .is_some()
 }
 
 fn die(what: &str, e: impl std::fmt::Display) -> ! {
@@ -78,26 +83,25 @@ fn enter_context(args: &mut Vec<String>) {
     }
     // SAFETY: plain credential syscalls.
     unsafe {
-        if uid.is_some() || gid.is_some() {
-            if libc::setgroups(0, std::ptr::null()) != 0 {
-                die("setgroups", std::io::Error::last_os_error());
-            }
+        if (uid.is_some() || gid.is_some()) && libc::setgroups(0, std::ptr::null()) != 0 {
+            die("setgroups", std::io::Error::last_os_error());
         }
-        if let Some(gid) = gid {
-            if libc::setresgid(gid, gid, gid) != 0 {
-                die("setresgid", std::io::Error::last_os_error());
-            }
+        if let Some(gid) = gid
+            && libc::setresgid(gid, gid, gid) != 0
+        {
+            die("setresgid", std::io::Error::last_os_error());
         }
-        if let Some(uid) = uid {
-            if libc::setresuid(uid, uid, uid) != 0 {
-                die("setresuid", std::io::Error::last_os_error());
-            }
+        if let Some(uid) = uid
+            && libc::setresuid(uid, uid, uid) != 0
+        {
+            die("setresuid", std::io::Error::last_os_error());
         }
     }
 }
 
 fn parse_addr(s: &str) -> SocketAddrV4 {
-    s.parse().unwrap_or_else(|e| die(&format!("address {s:?}"), e))
+    s.parse()
+        .unwrap_or_else(|e| die(&format!("address {s:?}"), e))
 }
 
 /// `getsockopt(SOL_IP, SO_ORIGINAL_DST)`, as Linkerd's proxy calls it.
@@ -116,7 +120,10 @@ fn original_dst(stream: &TcpStream) -> Result<SocketAddrV4, i32> {
         if rc != 0 {
             return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
         }
-        Ok(SocketAddrV4::new(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)), u16::from_be(sin.sin_port)))
+        Ok(SocketAddrV4::new(
+            Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
+            u16::from_be(sin.sin_port),
+        ))
     }
 }
 
@@ -128,7 +135,8 @@ fn serve(args: &[String], is_proxy: bool) {
     // loop instead of a thread per connection.
     let inline = take_flag(&mut args, "--inline");
     let Some(addr) = args.first() else { usage() };
-    let listener = TcpListener::bind(parse_addr(addr)).unwrap_or_else(|e| die(&format!("listen {addr}"), e));
+    let listener =
+        TcpListener::bind(parse_addr(addr)).unwrap_or_else(|e| die(&format!("listen {addr}"), e));
     println!("ready");
     std::io::stdout().flush().ok();
     let role = if is_proxy { "proxy" } else { "server" };
@@ -143,13 +151,18 @@ fn serve(args: &[String], is_proxy: bool) {
             };
             let orig = match (is_proxy && ask).then(|| ask_twice(&stream)) {
                 None => "-".to_string(),
-                Some((first, second)) if first != second => format!("inconsistent:{first:?}/{second:?}"),
+                Some((first, second)) if first != second => {
+                    format!("inconsistent:{first:?}/{second:?}")
+                }
                 Some((Ok(a), _)) => a.to_string(),
                 Some((Err(errno), _)) => format!("errno:{errno}"),
             };
             let peer = stream.peer_addr().map_or("-".into(), |a| a.to_string());
             let local = stream.local_addr().map_or("-".into(), |a| a.to_string());
-            let _ = writeln!(stream, "who={role}:{name} orig={orig} peer={peer} local={local}");
+            let _ = writeln!(
+                stream,
+                "who={role}:{name} orig={orig} peer={peer} local={local}"
+            );
         };
         if inline {
             answer();
@@ -160,7 +173,11 @@ fn serve(args: &[String], is_proxy: bool) {
 }
 
 /// Connects (optionally from a fixed local address), returns the peer's line.
-fn connect_once(target: SocketAddrV4, bind: Option<SocketAddrV4>, linger0: bool) -> Result<String, String> {
+fn connect_once(
+    target: SocketAddrV4,
+    bind: Option<SocketAddrV4>,
+    linger0: bool,
+) -> Result<String, String> {
     // SAFETY: plain socket syscalls on an fd this function owns.
     let stream = unsafe {
         let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
@@ -169,26 +186,53 @@ fn connect_once(target: SocketAddrV4, bind: Option<SocketAddrV4>, linger0: bool)
         }
         let stream = TcpStream::from_raw_fd(fd);
         let one: libc::c_int = 1;
-        libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, (&raw const one).cast(), 4);
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&raw const one).cast(),
+            4,
+        );
         if let Some(bind) = bind {
             let sin = sockaddr(bind);
-            if libc::bind(fd, (&raw const sin).cast(), size_of::<libc::sockaddr_in>() as u32) != 0 {
+            if libc::bind(
+                fd,
+                (&raw const sin).cast(),
+                size_of::<libc::sockaddr_in>() as u32,
+            ) != 0
+            {
                 return Err(format!("bind:{}", errno_name()));
             }
         }
         let sin = sockaddr(target);
-        if libc::connect(fd, (&raw const sin).cast(), size_of::<libc::sockaddr_in>() as u32) != 0 {
+        if libc::connect(
+            fd,
+            (&raw const sin).cast(),
+            size_of::<libc::sockaddr_in>() as u32,
+        ) != 0
+        {
             return Err(format!("connect:{}", errno_name()));
         }
         if linger0 {
-            let linger = libc::linger { l_onoff: 1, l_linger: 0 };
-            libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, (&raw const linger).cast(), 8);
+            let linger = libc::linger {
+                l_onoff: 1,
+                l_linger: 0,
+            };
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&raw const linger).cast(),
+                8,
+            );
         }
         stream
     };
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok();
     let mut line = String::new();
-    BufReader::new(&stream).read_line(&mut line).map_err(|e| format!("read:{e}"))?;
+    BufReader::new(&stream)
+        .read_line(&mut line)
+        .map_err(|e| format!("read:{e}"))?;
     if line.is_empty() {
         return Err("read:eof".into());
     }
@@ -211,14 +255,17 @@ fn sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
     libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: a.port().to_be(),
-        sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*a.ip()).to_be(),
+        },
         sin_zero: [0; 8],
     }
 }
 
 fn connect_cmd(args: &[String]) {
     let mut args = args.to_vec();
-    let count: usize = take_opt(&mut args, "--count").map_or(1, |c| c.parse().unwrap_or_else(|e| die("--count", e)));
+    let count: usize = take_opt(&mut args, "--count")
+        .map_or(1, |c| c.parse().unwrap_or_else(|e| die("--count", e)));
     let bind = take_opt(&mut args, "--bind").map(|b| parse_addr(&b));
     let linger0 = take_flag(&mut args, "--linger0");
     if args.is_empty() {
@@ -238,8 +285,10 @@ fn connect_cmd(args: &[String]) {
 /// on a proxy that reports exactly the address the app asked for.
 fn check_cmd(args: &[String]) {
     let mut args = args.to_vec();
-    let count: usize = take_opt(&mut args, "--count").map_or(1000, |c| c.parse().unwrap_or_else(|e| die("--count", e)));
-    let threads: usize = take_opt(&mut args, "--threads").map_or(4, |c| c.parse().unwrap_or_else(|e| die("--threads", e)));
+    let count: usize = take_opt(&mut args, "--count")
+        .map_or(1000, |c| c.parse().unwrap_or_else(|e| die("--count", e)));
+    let threads: usize = take_opt(&mut args, "--threads")
+        .map_or(4, |c| c.parse().unwrap_or_else(|e| die("--threads", e)));
     let targets: Vec<SocketAddrV4> = args.iter().map(|a| parse_addr(a)).collect();
     if targets.is_empty() {
         usage()
@@ -253,7 +302,12 @@ fn check_cmd(args: &[String]) {
                     for i in (t..count).step_by(threads) {
                         let target = targets[i % targets.len()];
                         match connect_once(target, None, true) {
-                            Ok(line) if line.contains(&format!(" orig={target} ")) && line.starts_with("who=proxy") => ok += 1,
+                            Ok(line)
+                                if line.contains(&format!(" orig={target} "))
+                                    && line.starts_with("who=proxy") =>
+                            {
+                                ok += 1
+                            }
                             other => {
                                 bad += 1;
                                 if samples.len() < 5 {
@@ -266,7 +320,10 @@ fn check_cmd(args: &[String]) {
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("check thread")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("check thread"))
+            .collect()
     });
     let ok: usize = results.iter().map(|r| r.0).sum();
     let bad: usize = results.iter().map(|r| r.1).sum();
@@ -282,8 +339,10 @@ fn check_cmd(args: &[String]) {
 /// so the loop costs little more than the connections themselves (for `cargo xtask bench`).
 fn bench_cmd(args: &[String]) {
     let mut args = args.to_vec();
-    let seconds: f64 = take_opt(&mut args, "--seconds").map_or(3.0, |s| s.parse().unwrap_or_else(|e| die("--seconds", e)));
-    let threads: usize = take_opt(&mut args, "--threads").map_or(1, |c| c.parse().unwrap_or_else(|e| die("--threads", e)));
+    let seconds: f64 = take_opt(&mut args, "--seconds")
+        .map_or(3.0, |s| s.parse().unwrap_or_else(|e| die("--seconds", e)));
+    let threads: usize = take_opt(&mut args, "--threads")
+        .map_or(1, |c| c.parse().unwrap_or_else(|e| die("--threads", e)));
     let targets: Vec<SocketAddrV4> = args.iter().map(|a| parse_addr(a)).collect();
     if targets.is_empty() {
         usage()
@@ -309,15 +368,22 @@ fn bench_cmd(args: &[String]) {
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("bench thread")).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("bench thread"))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     });
     let elapsed = start.elapsed().as_secs_f64();
-    println!("conns={conns} failures={failures} seconds={elapsed:.3} rate={:.1}", conns as f64 / elapsed);
+    println!(
+        "conns={conns} failures={failures} seconds={elapsed:.3} rate={:.1}",
+        conns as f64 / elapsed
+    );
 }
 
 fn udp_server(args: &[String]) {
     let Some(addr) = args.first() else { usage() };
-    let socket = UdpSocket::bind(parse_addr(addr)).unwrap_or_else(|e| die(&format!("udp bind {addr}"), e));
+    let socket =
+        UdpSocket::bind(parse_addr(addr)).unwrap_or_else(|e| die(&format!("udp bind {addr}"), e));
     println!("ready");
     std::io::stdout().flush().ok();
     let mut buf = [0u8; 1500];
@@ -330,8 +396,13 @@ fn udp_server(args: &[String]) {
 }
 
 fn udp_send(args: &[String]) {
-    let (Some(addr), Some(msg)) = (args.first(), args.get(1)) else { usage() };
-    let socket = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0))).unwrap_or_else(|e| die("udp bind", e));
-    socket.send_to(msg.as_bytes(), parse_addr(addr)).unwrap_or_else(|e| die("udp send", e));
+    let (Some(addr), Some(msg)) = (args.first(), args.get(1)) else {
+        usage()
+    };
+    let socket = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))
+        .unwrap_or_else(|e| die("udp bind", e));
+    socket
+        .send_to(msg.as_bytes(), parse_addr(addr))
+        .unwrap_or_else(|e| die("udp send", e));
     println!("sent");
 }
