@@ -62,6 +62,8 @@ pub struct PodState {
 pub struct InstanceState {
     pub instance: String,
     pub pid: u32,
+    /// Where this run's maps and links are pinned.
+    pub pin_dir: PathBuf,
     pub backend: String,
     pub cgroup: PathBuf,
     pub started_at_unix: u64,
@@ -153,7 +155,8 @@ impl InstanceLock {
                     .read_state()
                     .map_or("unknown".into(), |s| s.pid.to_string()),
             })?;
-        remove_pins(&paths.pin_dir);
+        // A previous run that died left its programs attached and pinned (fail closed); they
+        // stay until this run has attached its own (`take_over`).
         let _ = fs::remove_file(paths.state_file());
         ensure_bpffs(Path::new(BPFFS_ROOT))?;
         fs::create_dir_all(&paths.pin_dir).map_err(io_error("creating", &paths.pin_dir))?;
@@ -162,6 +165,30 @@ impl InstanceLock {
 
     pub fn paths(&self) -> &InstancePaths {
         &self.paths
+    }
+
+    /// This process's pin directory: maps and links of one run ("generation") of the instance.
+    pub fn generation_dir(&self) -> PathBuf {
+        self.paths.pin_dir.join(std::process::id().to_string())
+    }
+
+    /// Detaches and unpins what earlier runs of the instance that died left attached; called once
+    /// this run's programs are attached, so there is no moment without interception. Returns
+    /// the generations removed.
+    pub fn take_over(&self) -> Vec<PathBuf> {
+        let own = self.generation_dir();
+        let Ok(entries) = fs::read_dir(&self.paths.pin_dir) else {
+            return Vec::new();
+        };
+        let stale: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| *p != own)
+            .collect();
+        for dir in &stale {
+            remove_pins(dir);
+        }
+        stale
     }
 
     pub fn write_state(&self, state: &InstanceState) -> Result<(), StateError> {
@@ -175,14 +202,16 @@ impl InstanceLock {
 
 impl Drop for InstanceLock {
     fn drop(&mut self) {
-        remove_pins(&self.paths.pin_dir);
+        // The node removed its own pins when it detached; only an empty directory is left.
+        let _ = fs::remove_dir(&self.paths.pin_dir);
         let _ = fs::remove_file(self.paths.state_file());
         let _ = fs::remove_file(self.paths.lock_file());
         let _ = fs::remove_dir(&self.paths.run_dir);
     }
 }
 
-/// Unpinning only drops the name; the maps live on while the programs using them do.
+/// Unpinning a link detaches its program (once no process holds it); unpinning a map only drops
+/// the name, the map lives on while programs use it.
 fn remove_pins(pin_dir: &Path) {
     if let Ok(entries) = fs::read_dir(pin_dir) {
         for entry in entries.flatten() {

@@ -2,6 +2,7 @@
 //! from another process, bad flags change nothing.
 use std::{
     io::{BufRead as _, BufReader},
+    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -75,7 +76,11 @@ struct Running {
 
 impl Running {
     fn start(fixture: &PodFixture, extra: &[&str]) -> Self {
-        let instance = unique_name("cli");
+        Self::start_named(fixture, &unique_name("cli"), extra)
+    }
+
+    fn start_named(fixture: &PodFixture, instance: &str, extra: &[&str]) -> Self {
+        let instance = instance.to_owned();
         let mut args = run_args(fixture, &instance);
         args.extend(extra.iter().map(|s| s.to_string()));
         let child = Command::new(BIN)
@@ -372,4 +377,67 @@ fn addresses_added_to_the_pod_later_are_its_own() {
             _ => std::thread::sleep(Duration::from_millis(50)),
         }
     }
+}
+
+#[test]
+fn a_killed_run_keeps_intercepting_and_the_next_run_takes_over() {
+    if !privileged("a_killed_run_keeps_intercepting_and_the_next_run_takes_over") {
+        return;
+    }
+    let fixture = PodFixture::new("cli-crash");
+    let _servers = Servers::start(&fixture);
+    let app = fixture.in_pod().uid(APP_UID);
+    let client = fixture.on_remote();
+    let instance = unique_name("cli-crash");
+    let inbound_steered = |landing: Landing| {
+        assert!(
+            matches!(&landing, Landing::Proxy { name, orig: Ok(orig), .. } if name == "inbound" && orig.to_string() == "10.77.0.1:80"),
+            "{landing:?}"
+        );
+    };
+
+    let mut first = Running::start_named(&fixture, &instance, &[]);
+    let first_generation = Path::new("/sys/fs/bpf/interceptor")
+        .join(&instance)
+        .join(first.child.id().to_string());
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+
+    // Killed without detaching: interception stays in force, nothing bypasses the proxy.
+    assert_eq!(
+        app.connect("192.0.2.2:1404").proxy_orig().to_string(),
+        "192.0.2.2:1404"
+    );
+    inbound_steered(client.connect("10.77.0.1:80"));
+    let report = status(&instance);
+    assert_eq!(report["running"], false);
+    assert!(
+        report["counters"][0]["counters"]["outbound_redirected"].as_u64() >= Some(1),
+        "{report}"
+    );
+    assert!(first_generation.exists());
+
+    // The next run attaches its own programs, then detaches the dead run's.
+    let second = Running::start_named(&fixture, &instance, &[]);
+    assert!(
+        !first_generation.exists(),
+        "the dead run's programs are still pinned"
+    );
+    assert_eq!(
+        app.connect("192.0.2.2:1404").proxy_orig().to_string(),
+        "192.0.2.2:1404"
+    );
+    inbound_steered(client.connect("10.77.0.1:80"));
+
+    let (exit, logs) = second.stop();
+    assert!(exit.success(), "{logs:#?}");
+    assert!(logs.iter().any(|l| l.contains("took over")), "{logs:#?}");
+    assert_eq!(app.connect("10.77.0.2:80").server_name(), "remote-80");
+    assert_eq!(client.connect("10.77.0.1:80").server_name(), "app-80");
+    assert!(
+        !Path::new("/sys/fs/bpf/interceptor")
+            .join(&instance)
+            .exists()
+    );
+    assert!(!Path::new("/run/interceptor").join(&instance).exists());
 }

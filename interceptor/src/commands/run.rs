@@ -105,7 +105,8 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
     let lock = InstanceLock::acquire(paths)?;
     let options = LoadOptions {
         orig_dst_capacity: args.orig_dst_capacity,
-        pin_dir: lock.paths().pin_dir.clone(),
+        pin_dir: lock.generation_dir(),
+        pin_links: true,
     };
     let mut node = EbpfNode::load(options).context("loading the eBPF programs")?;
     let slot = node.pods().add(&spec).context("registering the pod")?;
@@ -114,6 +115,7 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
     let mut state = InstanceState {
         instance: lock.paths().name.clone(),
         pid: std::process::id(),
+        pin_dir: lock.generation_dir(),
         backend: "ebpf".into(),
         cgroup: cgroup.clone(),
         started_at_unix: SystemTime::now()
@@ -127,6 +129,9 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
         )],
     };
     lock.write_state(&state)?;
+    for stale in lock.take_over() {
+        warn!(generation = %stale.display(), "took over from an earlier run of this instance that did not detach; its programs are detached now");
+    }
     info!(
         netns = %spec.netns_path.display(),
         netns_cookie = spec.netns_cookie,

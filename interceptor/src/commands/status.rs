@@ -53,15 +53,18 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
 fn report(paths: &InstancePaths) -> InstanceReport {
     let running = paths.is_running();
     let state = paths.read_state();
+    // The maps are readable as long as they are pinned, also after the process died (its
+    // programs then keep running on them).
     let open = |name: &str| -> Option<Map> {
-        Map::from_map_data(MapData::from_pin(paths.pin_dir.join(name)).ok()?).ok()
+        let pin_dir = &state.as_ref()?.pin_dir;
+        Map::from_map_data(MapData::from_pin(pin_dir.join(name)).ok()?).ok()
     };
     let listeners: Vec<u64> = open(names::MAP_LISTENERS)
         .and_then(|m| SockHash::<MapData, u64>::try_from(m).ok())
         .map(|m| m.keys().filter_map(Result::ok).collect())
         .unwrap_or_default();
     let mut counters = Vec::new();
-    if let (true, Some(state), Some(map)) = (running, &state, open(names::MAP_COUNTERS))
+    if let (Some(state), Some(map)) = (&state, open(names::MAP_COUNTERS))
         && let Ok(array) = PerCpuArray::<MapData, PodCounters>::try_from(map)
     {
         for pod in &state.pods {
@@ -74,9 +77,7 @@ fn report(paths: &InstancePaths) -> InstanceReport {
             }
         }
     }
-    let pending_orig_dst = running
-        .then(|| open(names::MAP_PENDING))
-        .flatten()
+    let pending_orig_dst = open(names::MAP_PENDING)
         .and_then(|m| HashMap::<MapData, PendingKey, PendingOrigDst>::try_from(m).ok())
         .map(|m| m.keys().filter(Result::is_ok).count());
     InstanceReport {
@@ -93,10 +94,13 @@ fn print_report(r: &InstanceReport) {
         println!("instance {}: no state (not running)", r.instance);
         return;
     };
-    let liveness = if r.running {
-        "running"
-    } else {
-        "NOT running (stale state)"
+    let liveness = match (r.running, r.counters.is_empty()) {
+        (true, _) => "running",
+        (false, false) => {
+            "NOT running: its programs stay attached and intercepting (fail closed) until this \
+             instance runs again, which takes over, and stops"
+        }
+        (false, true) => "NOT running, nothing attached (stale state)",
     };
     println!(
         "instance {}: {} backend, pid {} {}, cgroup {}",

@@ -1,14 +1,21 @@
 //! Loading the object, its programs, and attaching them to a cgroup.
-use std::path::{Path, PathBuf};
+use std::{
+    os::fd::AsFd as _,
+    path::{Path, PathBuf},
+};
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{CgroupAttachMode, CgroupSockAddr, CgroupSockopt, SkLookup, SockOps},
+    programs::{CgroupAttachMode, CgroupSockAddr, CgroupSockopt, ProgramError, SkLookup, SockOps},
 };
 use interceptor_common::names;
 use serde::{Deserialize, Serialize};
 
-use super::{EbpfError, LoadOptions, OBJECT, pods::PodMaps};
+use super::{
+    EbpfError, LoadOptions, OBJECT,
+    links::{self, PinnedLink},
+    pods::PodMaps,
+};
 
 /// The embedded eBPF object (for tools that want to inspect it).
 pub fn ebpf_object() -> &'static [u8] {
@@ -31,7 +38,9 @@ const PROGRAMS: [(&str, &str); 3] = [
 ];
 
 pub(super) struct Attached {
-    // Dropping `Ebpf` detaches every link and unloads the programs.
+    /// Set when the links are pinned (`LoadOptions::pin_links`); dropped first, detaching them.
+    pinned: Option<(PathBuf, Vec<PinnedLink>)>,
+    // Dropping `Ebpf` detaches every link aya made and unloads the programs.
     ebpf: Ebpf,
 }
 
@@ -54,7 +63,10 @@ impl Attached {
             .map_err(program_error(names::PROG_GETSOCKOPT))?;
 
         let maps = PodMaps::take(&mut ebpf)?;
-        Ok((Self { ebpf }, maps))
+        let pinned = options
+            .pin_links
+            .then(|| (options.pin_dir.clone(), Vec::new()));
+        Ok((Self { pinned, ebpf }, maps))
     }
 
     pub(super) fn attach(&mut self, cgroup_path: &Path) -> Result<(), EbpfError> {
@@ -67,6 +79,34 @@ impl Attached {
                 source,
             }
         };
+        if let Some((pin_dir, links)) = &mut self.pinned {
+            for (name, attach_type) in [
+                (
+                    names::PROG_CONNECT4,
+                    links::attach_type::CGROUP_INET4_CONNECT,
+                ),
+                (names::PROG_SOCKOPS, links::attach_type::CGROUP_SOCK_OPS),
+                (
+                    names::PROG_GETSOCKOPT,
+                    links::attach_type::CGROUP_GETSOCKOPT,
+                ),
+            ] {
+                let program = self.ebpf.program(name).ok_or(EbpfError::Missing {
+                    kind: "program",
+                    name,
+                })?;
+                let fd = program.fd().map_err(attach_error(name))?;
+                let link = PinnedLink::attach(
+                    fd.as_fd(),
+                    cgroup.as_fd(),
+                    attach_type,
+                    &pin_dir.join(format!("link_{name}")),
+                )
+                .map_err(|e| attach_error(name)(ProgramError::IOError(e)))?;
+                links.push(link);
+            }
+            return Ok(());
+        }
         // Link-based attachments coexist with other programs on the same hook (verified on
         // 6.18); `AllowMultiple` fails there, so `Single` is the mode that works everywhere.
         let mode = CgroupAttachMode::Single;
@@ -116,6 +156,7 @@ pub(super) fn probe(pin_dir: &Path) -> Result<(), EbpfError> {
     let (attached, maps) = Attached::load(&LoadOptions {
         orig_dst_capacity: 1,
         pin_dir: pin_dir.to_owned(),
+        pin_links: false,
     })?;
     let mut ebpf = loader(pin_dir)
         .override_global(names::GLOBAL_POD_NETNS_COOKIE, &0u64, true)
@@ -129,13 +170,21 @@ pub(super) fn probe(pin_dir: &Path) -> Result<(), EbpfError> {
     Ok(())
 }
 
+/// One pod's sk_lookup instance, attached to the pod's network namespace; dropping it detaches
+/// it (the pinned link, if any, first).
+pub(super) struct Inbound {
+    _pinned: Option<PinnedLink>,
+    pub(super) ebpf: Ebpf,
+}
+
 /// Loads one pod's sk_lookup instance (its netns cookie baked in) and attaches it to the pod's
-/// network namespace. Dropping the returned `Ebpf` detaches it.
+/// network namespace, with a link pinned in `pin_dir` when `pin_link`.
 pub(super) fn load_inbound(
     pin_dir: &Path,
+    pin_link: bool,
     netns_cookie: u64,
     netns: &crate::netns::PodNetns,
-) -> Result<Ebpf, EbpfError> {
+) -> Result<Inbound, EbpfError> {
     let mut ebpf = loader(pin_dir)
         .override_global(names::GLOBAL_POD_NETNS_COOKIE, &netns_cookie, true)
         .load(OBJECT)?;
@@ -144,14 +193,31 @@ pub(super) fn load_inbound(
     sk_lookup
         .load()
         .map_err(|source| EbpfError::Program { name, source })?;
-    sk_lookup
-        .attach(netns.file())
-        .map_err(|source| EbpfError::AttachNetns {
-            name,
-            netns: netns.path().to_owned(),
-            source,
-        })?;
-    Ok(ebpf)
+    let attach_error = |source| EbpfError::AttachNetns {
+        name,
+        netns: netns.path().to_owned(),
+        source,
+    };
+    if !pin_link {
+        sk_lookup.attach(netns.file()).map_err(attach_error)?;
+        return Ok(Inbound {
+            _pinned: None,
+            ebpf,
+        });
+    }
+    let path = pin_dir.join(format!("link_{name}_{netns_cookie}"));
+    let fd = sk_lookup.fd().map_err(attach_error)?;
+    let link = PinnedLink::attach(
+        fd.as_fd(),
+        netns.file().as_fd(),
+        links::attach_type::SK_LOOKUP,
+        &path,
+    )
+    .map_err(|e| attach_error(ProgramError::IOError(e)))?;
+    Ok(Inbound {
+        _pinned: Some(link),
+        ebpf,
+    })
 }
 
 fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, EbpfError>

@@ -1,6 +1,7 @@
 //! The eBPF backend: one attachment per node (a cgroup v2 directory), pods as map entries keyed
 //! by their network namespace cookie. Meshing one pod (`interceptor run`) and many (the node
 //! agent) both go through [`EbpfNode`].
+mod links;
 mod listener;
 mod loader;
 mod pods;
@@ -102,6 +103,9 @@ pub struct LoadOptions {
     /// Directory on a bpffs where the shared maps are pinned: each pod's sk_lookup instance
     /// opens them there, and so does `interceptor status`. Removed when the node is dropped.
     pub pin_dir: PathBuf,
+    /// Pin the links there too, so the programs stay attached if this process dies without
+    /// detaching (`interceptor run`: fail closed). Dropping the node still detaches them.
+    pub pin_links: bool,
 }
 
 impl LoadOptions {
@@ -109,6 +113,7 @@ impl LoadOptions {
         Self {
             orig_dst_capacity: interceptor_common::DEFAULT_PENDING_ORIG_DST_CAPACITY,
             pin_dir: pin_dir.into(),
+            pin_links: false,
         }
     }
 }
@@ -135,7 +140,8 @@ pub fn probe() -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-/// The programs loaded and attached once for a node, and the pods they serve.
+/// The programs loaded and attached once for a node, and the pods they serve. Dropping it
+/// detaches everything (fields drop in order: links first, then the pods and their pins).
 pub struct EbpfNode {
     attached: loader::Attached,
     pods: PodRegistry,
@@ -152,7 +158,7 @@ impl EbpfNode {
         let (attached, maps) = loader::Attached::load(&options)?;
         Ok(Self {
             attached,
-            pods: PodRegistry::new(maps, options.pin_dir),
+            pods: PodRegistry::new(maps, options.pin_dir, options.pin_links),
         })
     }
 

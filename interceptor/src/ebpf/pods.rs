@@ -21,7 +21,11 @@ use interceptor_common::{
 };
 use ipnet::IpNet;
 
-use super::{Counters, EbpfError, PodSpec, listener::find_listener, loader::load_inbound};
+use super::{
+    Counters, EbpfError, PodSpec,
+    listener::find_listener,
+    loader::{Inbound, load_inbound},
+};
 use crate::{config::InterceptionConfig, netns::PodNetns};
 
 const BPF_NOEXIST: u64 = 1;
@@ -76,7 +80,7 @@ struct Registered {
     addresses: BTreeSet<Ipv4Addr>,
     subnets: Vec<Key<SubnetKey>>,
     /// The pod's sk_lookup instance; dropping it detaches it from the pod's namespace.
-    inbound: Option<Ebpf>,
+    inbound: Option<Inbound>,
 }
 
 /// The pods one node attachment serves.
@@ -84,14 +88,16 @@ pub struct PodRegistry {
     maps: PodMaps,
     pods: BTreeMap<u64, Registered>,
     pin_dir: PathBuf,
+    pin_links: bool,
 }
 
 impl PodRegistry {
-    pub(super) fn new(maps: PodMaps, pin_dir: PathBuf) -> Self {
+    pub(super) fn new(maps: PodMaps, pin_dir: PathBuf, pin_links: bool) -> Self {
         Self {
             maps,
             pods: BTreeMap::new(),
             pin_dir,
+            pin_links,
         }
     }
 
@@ -132,7 +138,8 @@ impl PodRegistry {
             .and_then(|()| {
                 // From here on inbound connections are steered, or dropped until the proxy
                 // listens: the pod fails closed from its first registered moment.
-                registered.inbound = Some(load_inbound(&self.pin_dir, cookie, &netns)?);
+                registered.inbound =
+                    Some(load_inbound(&self.pin_dir, self.pin_links, cookie, &netns)?);
                 self.adopt_existing_listener(cookie, &netns, spec.config.incoming_proxy_port)
             });
         self.pods.insert(cookie, registered);
@@ -177,8 +184,8 @@ impl PodRegistry {
 
     /// The pod's own sk_lookup program instance, as `status` reports it.
     pub fn inbound_program(&self, cookie: u64) -> Option<super::ProgramState> {
-        let ebpf = self.pods.get(&cookie)?.inbound.as_ref()?;
-        let info = ebpf.program(names::PROG_SK_LOOKUP)?.info().ok()?;
+        let inbound = self.pods.get(&cookie)?.inbound.as_ref()?;
+        let info = inbound.ebpf.program(names::PROG_SK_LOOKUP)?.info().ok()?;
         Some(super::ProgramState {
             name: names::PROG_SK_LOOKUP.into(),
             id: info.id(),
