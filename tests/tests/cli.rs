@@ -246,6 +246,13 @@ fn a_second_run_of_the_same_instance_is_refused() {
     assert_eq!(status(&running.instance)["running"], true);
 }
 
+/// No state for the instance, and the pod's connections go direct.
+fn assert_nothing_attached(fixture: &PodFixture, instance: &str) {
+    assert!(!Path::new("/run/interceptor").join(instance).exists());
+    let landing = fixture.in_pod().uid(APP_UID).connect("10.77.0.2:80");
+    assert_eq!(landing.server_name(), "remote-80");
+}
+
 #[test]
 fn bad_flags_are_rejected_by_name_and_nothing_is_attached() {
     if !privileged("bad_flags_are_rejected_by_name_and_nothing_is_attached") {
@@ -298,19 +305,7 @@ fn bad_flags_are_rejected_by_name_and_nothing_is_attached() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/run/netns/does-not-exist"));
 
-    assert!(
-        !std::path::Path::new("/run/interceptor")
-            .join(&instance)
-            .exists()
-    );
-    assert_eq!(
-        fixture
-            .in_pod()
-            .uid(APP_UID)
-            .connect("10.77.0.2:80")
-            .server_name(),
-        "remote-80"
-    );
+    assert_nothing_attached(&fixture, &instance);
 }
 
 #[test]
@@ -331,19 +326,7 @@ fn simulate_prints_the_plan_and_changes_nothing() {
             && stdout.contains(&fixture.pod.path().display().to_string()),
         "{stdout}"
     );
-    assert!(
-        !std::path::Path::new("/run/interceptor")
-            .join(&instance)
-            .exists()
-    );
-    assert_eq!(
-        fixture
-            .in_pod()
-            .uid(APP_UID)
-            .connect("10.77.0.2:80")
-            .server_name(),
-        "remote-80"
-    );
+    assert_nothing_attached(&fixture, &instance);
 }
 
 #[test]
