@@ -19,6 +19,8 @@ pub const MAP_SUBNETS: &str = "ICPT_SUBNETS";
 pub const MAP_COUNTERS: &str = "ICPT_COUNTERS";
 /// Socket storage -> [`crate::OrigDst`], on redirected app sockets and on proxy sockets.
 pub const MAP_SOCK_ORIG_DST: &str = "ICPT_SK_ORIG";
+/// LRU socket cookie -> [`crate::OrigDst`]: redirected app sockets still connecting.
+pub const MAP_CONNECTING: &str = "ICPT_CONNECTING";
 /// LRU [`crate::PendingKey`] -> [`crate::PendingOrigDst`]: connections waiting for the proxy.
 pub const MAP_PENDING: &str = "ICPT_PENDING";
 /// Sock hash netns cookie -> the proxy's inbound listening socket.
@@ -26,11 +28,12 @@ pub const MAP_LISTENERS: &str = "ICPT_LISTENERS";
 
 /// Maps shared by the node's programs and every pod's sk_lookup instance (through pins), and
 /// read by `interceptor status` from another process.
-pub const SHARED_MAPS: [&str; 6] = [
+pub const SHARED_MAPS: [&str; 7] = [
     MAP_PODS,
     MAP_LOCAL_ADDRS,
     MAP_SUBNETS,
     MAP_COUNTERS,
+    MAP_CONNECTING,
     MAP_PENDING,
     MAP_LISTENERS,
 ];

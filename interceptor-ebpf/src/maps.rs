@@ -26,6 +26,13 @@ pub static SUBNETS: LpmTrie<SubnetKey, u8> = LpmTrie::with_max_entries(MAX_SUBNE
 #[map(name = "ICPT_COUNTERS")]
 pub static COUNTERS: PerCpuArray<PodCounters> = PerCpuArray::with_max_entries(MAX_PODS, 0);
 
+/// Socket cookie -> original destination of a redirected app socket that is connecting; moved
+/// to `PENDING` by sock_ops once the socket is established. Entries of connects that never
+/// complete are evicted least-recently-used. Resized with `PENDING` (`--orig-dst-capacity`).
+#[map(name = "ICPT_CONNECTING")]
+pub static CONNECTING: LruHashMap<u64, OrigDst> =
+    LruHashMap::with_max_entries(DEFAULT_PENDING_ORIG_DST_CAPACITY, 0);
+
 /// Userspace may resize it at load time (`--orig-dst-capacity`).
 #[map(name = "ICPT_PENDING")]
 pub static PENDING: LruHashMap<PendingKey, PendingOrigDst> =
@@ -36,7 +43,8 @@ pub static PENDING: LruHashMap<PendingKey, PendingOrigDst> =
 #[map(name = "ICPT_LISTENERS")]
 pub static LISTENERS: SockHash<u64> = SockHash::with_max_entries(MAX_PODS, 0);
 
-/// Socket-local storage lives and dies with its socket: no cleanup, no growth.
+/// Socket-local storage lives and dies with its socket: no cleanup, no growth. Holds the
+/// answer on proxy sockets that already asked, so repeated SO_ORIGINAL_DST calls keep working.
 #[btf_map(name = "ICPT_SK_ORIG")]
 pub static SK_ORIG: SkStorage<OrigDst> = SkStorage::new();
 

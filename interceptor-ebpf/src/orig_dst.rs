@@ -7,7 +7,7 @@ use aya_ebpf::{
         BPF_ANY, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_TCP_LISTEN_CB, bpf_sock,
         bpf_sockopt,
     },
-    helpers::generated::{bpf_get_netns_cookie, bpf_sk_storage_get, bpf_tcp_sock},
+    helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_sk_storage_get, bpf_tcp_sock},
     macros::{cgroup_sockopt, sock_ops},
     programs::{SockOpsContext, SockoptContext},
 };
@@ -15,7 +15,7 @@ use interceptor_common::{
     OrigDst, PendingKey, PendingOrigDst, SO_ORIGINAL_DST, SOL_IP, counters::Decision,
 };
 
-use crate::maps::{LISTENERS, PENDING, PODS, count, sk_orig_map};
+use crate::maps::{CONNECTING, LISTENERS, PENDING, PODS, count, sk_orig_map};
 
 const AF_INET: u16 = 2;
 const IPPROTO_TCP: u32 = 6;
@@ -53,16 +53,13 @@ fn remember_inbound_listener(ctx: &SockOpsContext) {
 
 #[inline(always)]
 fn index_redirected_connection(ctx: &SockOpsContext) {
-    let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
-    if sk.is_null() {
+    // Present only for sockets connect4 redirected.
+    let socket_cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let Some(orig) = (unsafe { CONNECTING.get(&socket_cookie) }) else {
         return;
-    }
-    // Present only on sockets connect4 redirected.
-    let orig = unsafe { bpf_sk_storage_get(sk_orig_map(), sk.cast(), core::ptr::null_mut(), 0) };
-    if orig.is_null() {
-        return;
-    }
-    let orig = unsafe { *orig.cast::<OrigDst>() };
+    };
+    let orig = *orig;
+    let _ = CONNECTING.remove(&socket_cookie);
     let key = PendingKey {
         netns_cookie: orig.netns_cookie,
         client_ip4_be: ctx.local_ip4(),

@@ -47,6 +47,7 @@ pub(super) struct Attached {
 impl Attached {
     pub(super) fn load(options: &LoadOptions) -> Result<(Self, PodMaps), EbpfError> {
         let mut ebpf = loader(&options.pin_dir)
+            .map_max_entries(names::MAP_CONNECTING, options.orig_dst_capacity)
             .map_max_entries(names::MAP_PENDING, options.orig_dst_capacity)
             .load(OBJECT)?;
         let program_error = |name| move |source| EbpfError::Program { name, source };
