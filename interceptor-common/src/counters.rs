@@ -22,7 +22,8 @@ pub enum Decision {
     /// Outbound: redirected, but the original destination could not be recorded, so the proxy's
     /// `SO_ORIGINAL_DST` will fail and the connection is refused by the proxy (fails closed).
     OrigDstNotRecorded = 7,
-    /// The proxy read an original destination with `SO_ORIGINAL_DST`.
+    /// `SO_ORIGINAL_DST` answered with a redirected connection's original destination (every
+    /// call counts: a proxy may ask more than once).
     OrigDstServed = 8,
     /// Inbound connection delivered to the proxy's inbound listener.
     Steered = 9,

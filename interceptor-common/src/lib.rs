@@ -24,9 +24,9 @@ pub const MAX_LOCAL_ADDRS_PER_POD: u32 = 16;
 /// Subnet rules (CIDRs) per node, across pods and directions.
 pub const MAX_SUBNET_RULES: u32 = 16 * 1024;
 
-/// Default capacity of the map of original destinations waiting for the proxy to read them.
-/// Entries are removed when the proxy reads them; entries never read are evicted
-/// least-recently-used first once the map is full.
+/// Default capacity of the maps of original destinations (connecting, and waiting for the
+/// proxy). Entries are removed when the proxy's socket closes; entries of connections whose
+/// proxy side never gets established are evicted least-recently-used once a map is full.
 pub const DEFAULT_PENDING_ORIG_DST_CAPACITY: u32 = 64 * 1024;
 
 /// `getsockopt(SOL_IP, SO_ORIGINAL_DST)` from `<linux/netfilter_ipv4.h>`.

@@ -17,8 +17,6 @@ pub const MAP_LOCAL_ADDRS: &str = "ICPT_LOCAL_ADDRS";
 pub const MAP_SUBNETS: &str = "ICPT_SUBNETS";
 /// Per-CPU array indexed by pod slot -> [`crate::PodCounters`].
 pub const MAP_COUNTERS: &str = "ICPT_COUNTERS";
-/// Socket storage -> [`crate::OrigDst`], on redirected app sockets and on proxy sockets.
-pub const MAP_SOCK_ORIG_DST: &str = "ICPT_SK_ORIG";
 /// LRU socket cookie -> [`crate::OrigDst`]: redirected app sockets still connecting.
 pub const MAP_CONNECTING: &str = "ICPT_CONNECTING";
 /// LRU [`crate::PendingKey`] -> [`crate::PendingOrigDst`]: connections waiting for the proxy.

@@ -1,13 +1,19 @@
 //! Per-connection state that lets the proxy's `getsockopt(SO_ORIGINAL_DST)` answer.
 //!
-//! 1. connect4 stores [`OrigDst`] in the app socket's socket storage when it redirects it.
-//! 2. sock_ops, when that socket is established (its source port is now known), copies it into
-//!    the pending map under the connection's 4-tuple as the proxy will see it ([`PendingKey`]).
-//! 3. getsockopt on the proxy's accepted socket finds it by (netns, peer address, peer port),
-//!    checks it belongs to this very connection (initial sequence number), moves it into the
-//!    proxy socket's own storage (so later calls keep answering) and deletes the pending entry.
+//! 1. connect4 records [`OrigDst`] under the app socket's cookie (`ICPT_CONNECTING`, LRU) when it
+//!    redirects it.
+//! 2. sock_ops, when that socket is established (its source port is now known), moves it to
+//!    `ICPT_PENDING` under the connection's 4-tuple as the proxy will see it ([`PendingKey`]),
+//!    with the proxy side's initial sequence number.
+//! 3. sock_ops, when the proxy side is established, recognises the connection and asks for that
+//!    socket's state changes; when it closes, the entry is removed.
+//! 4. getsockopt on the proxy's accepted socket finds the entry by (netns, peer address, peer
+//!    port), checks it belongs to this very connection (initial sequence number), and answers,
+//!    as often as it is asked.
+//!
+//! Entries whose proxy side never gets established are evicted least-recently-used.
 
-/// An original destination, as stored on a socket.
+/// An original destination, recorded at connect time.
 #[repr(C)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct OrigDst {

@@ -1,8 +1,7 @@
 //! Every map of the object. Names come from `interceptor_common::names` (the `name` arguments
 //! must be literals, so the loader checks they match at load time).
 use aya_ebpf::{
-    btf_maps::SkStorage,
-    macros::{btf_map, map},
+    macros::map,
     maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, SockHash, lpm_trie::Key},
 };
 use interceptor_common::{
@@ -11,7 +10,7 @@ use interceptor_common::{
     SUBNET_KEY_FIXED_BITS, SubnetKey, counters::Decision,
 };
 
-/// Not preallocated: a `PodConfig` is 8 KiB and most nodes run far fewer than `MAX_PODS` pods.
+/// Not preallocated: a `PodConfig` is 24 KiB and most nodes run far fewer than `MAX_PODS` pods.
 #[map(name = "ICPT_PODS")]
 pub static PODS: HashMap<u64, PodConfig> =
     HashMap::with_max_entries(MAX_PODS, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
@@ -42,18 +41,6 @@ pub static PENDING: LruHashMap<PendingKey, PendingOrigDst> =
 /// listen() on the inbound port puts the new one in.
 #[map(name = "ICPT_LISTENERS")]
 pub static LISTENERS: SockHash<u64> = SockHash::with_max_entries(MAX_PODS, 0);
-
-/// Socket-local storage lives and dies with its socket: no cleanup, no growth. Holds the
-/// answer on proxy sockets that already asked, so repeated SO_ORIGINAL_DST calls keep working.
-#[btf_map(name = "ICPT_SK_ORIG")]
-pub static SK_ORIG: SkStorage<OrigDst> = SkStorage::new();
-
-/// The raw map pointer the socket-storage helpers take; aya's `SkStorage` only wraps them for
-/// sock_addr contexts, and sock_ops and sockopt programs need them too.
-#[inline(always)]
-pub fn sk_orig_map() -> *mut core::ffi::c_void {
-    core::ptr::from_ref(&SK_ORIG).cast_mut().cast()
-}
 
 /// Whether `ip4_be` is in one of the pod's subnets for `direction`.
 #[inline(always)]

@@ -1,37 +1,37 @@
 //! Answering `getsockopt(SOL_IP, SO_ORIGINAL_DST)` without conntrack: `sock_ops` indexes each
-//! redirected connection by the 4-tuple the proxy will see, and `cgroup/getsockopt` answers from
-//! that index. See `interceptor_common::socket` for the whole life of an entry.
+//! redirected connection by the 4-tuple the proxy will see, `cgroup/getsockopt` answers from that
+//! index, and the entry is removed when the proxy's socket closes. See
+//! `interceptor_common::socket` for the whole life of an entry.
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{
-        BPF_ANY, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_TCP_LISTEN_CB, bpf_sock,
+        BPF_ANY, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
+        BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_TCP_LISTEN_CB, bpf_sock,
         bpf_sockopt,
     },
-    helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_sk_storage_get, bpf_tcp_sock},
+    helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_tcp_sock},
     macros::{cgroup_sockopt, sock_ops},
     programs::{SockOpsContext, SockoptContext},
 };
-use interceptor_common::{
-    OrigDst, PendingKey, PendingOrigDst, SO_ORIGINAL_DST, SOL_IP, counters::Decision,
-};
+use interceptor_common::{PendingKey, PendingOrigDst, SO_ORIGINAL_DST, SOL_IP, counters::Decision};
 
-use crate::maps::{CONNECTING, LISTENERS, PENDING, PODS, count, sk_orig_map};
+use crate::maps::{CONNECTING, LISTENERS, PENDING, PODS, count};
 
 const AF_INET: u16 = 2;
 const IPPROTO_TCP: u32 = 6;
 const SOCKADDR_IN_LEN: usize = 16;
-const BPF_SK_STORAGE_GET_F_CREATE: u64 = 1;
+const TCP_CLOSE: u32 = 7;
 
 /// Runs for every TCP callback of every socket under the cgroup (about nine per connection, for
-/// both ends): everything but "an app socket finished connecting" and "a socket listens" returns
-/// after the first compares.
+/// both ends): all but four callbacks return after the first compares.
 #[sock_ops]
 pub fn icpt_sockops(ctx: SockOpsContext) -> u32 {
-    let op = ctx.op();
-    if op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB {
-        index_redirected_connection(&ctx);
-    } else if op == BPF_SOCK_OPS_TCP_LISTEN_CB {
-        remember_inbound_listener(&ctx);
+    match ctx.op() {
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => index_redirected_connection(&ctx),
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => watch_proxy_side(&ctx),
+        BPF_SOCK_OPS_STATE_CB if ctx.arg(1) == TCP_CLOSE => forget_closed_connection(&ctx),
+        BPF_SOCK_OPS_TCP_LISTEN_CB => remember_inbound_listener(&ctx),
+        _ => {}
     }
     1
 }
@@ -51,6 +51,8 @@ fn remember_inbound_listener(ctx: &SockOpsContext) {
     let _ = LISTENERS.update(&mut netns_cookie, unsafe { &mut *ctx.ops }, BPF_ANY.into());
 }
 
+/// The app side of a redirected connection is established: its source port is known now, so
+/// index the original destination under the tuple the proxy's socket will see as its peer.
 #[inline(always)]
 fn index_redirected_connection(ctx: &SockOpsContext) {
     // Present only for sockets connect4 redirected.
@@ -76,6 +78,43 @@ fn index_redirected_connection(ctx: &SockOpsContext) {
     let _ = PENDING.insert(&key, &pending, 0);
 }
 
+/// The key of a connection as its proxy-side socket sees it.
+#[inline(always)]
+fn proxy_side_key(ctx: &SockOpsContext) -> PendingKey {
+    PendingKey {
+        netns_cookie: unsafe { bpf_get_netns_cookie(ctx.as_ptr()) },
+        client_ip4_be: ctx.remote_ip4(),
+        // sock_ops keeps the network-order port in the upper 16 bits of remote_port.
+        client_port: u32::from(u16::from_be((ctx.remote_port() >> 16) as u16)),
+    }
+}
+
+/// The proxy side of a connection is established (the app side always is first). If it is a
+/// redirected connection, ask for this socket's state changes, so its entry goes when it closes.
+#[inline(always)]
+fn watch_proxy_side(ctx: &SockOpsContext) {
+    if ctx.family() != u32::from(AF_INET) {
+        return;
+    }
+    let Some(pending) = (unsafe { PENDING.get(&proxy_side_key(ctx)) }) else {
+        return;
+    };
+    let isn_next = unsafe {
+        (*ctx.ops)
+            .snd_una
+            .wrapping_sub((*ctx.ops).bytes_acked as u32)
+    };
+    if isn_next == pending.server_isn_next {
+        let _ = ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32);
+    }
+}
+
+/// The proxy's socket of a redirected connection closed: nobody can ask about it any more.
+#[inline(always)]
+fn forget_closed_connection(ctx: &SockOpsContext) {
+    let _ = PENDING.remove(&proxy_side_key(ctx));
+}
+
 /// Runs for every getsockopt under the cgroup: anything but SO_ORIGINAL_DST returns after two
 /// compares with the kernel's own answer untouched.
 #[cgroup_sockopt(getsockopt)]
@@ -94,15 +133,6 @@ fn serve_orig_dst(ctx: &SockoptContext, so: *mut bpf_sockopt) {
     if unsafe { (*sk).family } != u32::from(AF_INET) || unsafe { (*sk).protocol } != IPPROTO_TCP {
         return;
     }
-    let map = sk_orig_map();
-    // Answered before on this socket: the proxy may ask more than once.
-    let cached = unsafe { bpf_sk_storage_get(map, sk.cast(), core::ptr::null_mut(), 0) };
-    if !cached.is_null() {
-        let orig = unsafe { *cached.cast::<OrigDst>() };
-        write_sockaddr_in(so, orig.ip4_be, orig.port_be);
-        return;
-    }
-
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
     let Some(pod) = (unsafe { PODS.get(&netns_cookie) }) else {
         return;
@@ -121,28 +151,15 @@ fn serve_orig_dst(ctx: &SockoptContext, so: *mut bpf_sockopt) {
     if tcp.is_null() {
         return;
     }
-    // snd_una - bytes_acked is this socket's initial sequence number + 1 for its whole life.
+    // snd_una - bytes_acked is this socket's initial sequence number + 1 for its whole life. An
+    // entry that does not match is from an earlier connection that reused the 4-tuple.
     let isn_next = unsafe { (*tcp).snd_una.wrapping_sub((*tcp).bytes_acked as u32) };
     if isn_next != pending.server_isn_next {
         answer_local_address(so, sk);
         return;
     }
-    let orig = OrigDst {
-        netns_cookie,
-        ip4_be: pending.ip4_be,
-        port_be: pending.port_be,
-        _pad: 0,
-    };
-    let _ = unsafe {
-        bpf_sk_storage_get(
-            map,
-            sk.cast(),
-            core::ptr::from_ref(&orig).cast_mut().cast(),
-            BPF_SK_STORAGE_GET_F_CREATE,
-        )
-    };
-    let _ = PENDING.remove(&key);
-    write_sockaddr_in(so, orig.ip4_be, orig.port_be);
+    // The entry stays until the socket closes: a proxy may ask more than once.
+    write_sockaddr_in(so, pending.ip4_be, pending.port_be);
     count(pod.slot, Decision::OrigDstServed);
 }
 
