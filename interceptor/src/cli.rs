@@ -61,7 +61,8 @@ pub enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Mesh one pod: attach, stay in the foreground until SIGINT/SIGTERM, then detach.
+    /// Mesh one pod. eBPF: attach and stay in the foreground until SIGINT/SIGTERM, then detach;
+    /// iptables: write proxy-init's chains and exit.
     Run(RunArgs),
     /// Show what is attached, which pods are served, and their decision counters.
     Status(StatusArgs),
