@@ -18,7 +18,7 @@ use std::{
 
 use anyhow::{Context as _, ensure};
 
-use crate::sandbox::{APP_UID, PROXY_UID, Pod};
+use crate::sandbox::{APP_UID, PROXY_ARGS, PROXY_UID, Pod};
 
 const PROXY_ADDR: &str = "127.0.0.1:4140";
 /// TEST-NET-1: refused by the pod's peer unless intercepted.
@@ -144,24 +144,19 @@ fn median(values: &mut [f64]) -> f64 {
     }
 }
 
-const EBPF_ARGS: [&str; 10] = [
-    "-p",
-    "4143",
-    "-o",
-    "4140",
-    "-u",
-    PROXY_UID,
-    "--ipv6=false",
-    "--log-level",
-    "warn",
-    "--orig-dst-capacity=65536",
-];
+/// `interceptor run` arguments for the eBPF runs: the pod's proxy, quiet logs.
+fn ebpf_args() -> Vec<&'static str> {
+    PROXY_ARGS
+        .into_iter()
+        .chain(["--log-level", "warn"])
+        .collect()
+}
 
 fn measure(pod: &mut Pod, mode: Mode, args: &Args) -> anyhow::Result<Sample> {
     match mode {
         Mode::Direct => bench(pod, PROXY_ADDR, args),
         Mode::Ebpf => {
-            pod.mesh_ebpf(&EBPF_ARGS)?;
+            pod.mesh_ebpf(&ebpf_args())?;
             let sample = bench(pod, REDIRECTED_ADDR, args);
             let status = pod.unmesh()?;
             ensure!(status.success(), "interceptor run exited with {status}");
@@ -205,7 +200,7 @@ fn bench(pod: &Pod, target: &str, args: &Args) -> anyhow::Result<Sample> {
 /// sk_lookup instance, which status does not list, counts too.
 fn program_costs(pod: &mut Pod, args: &Args) -> anyhow::Result<()> {
     let _stats = enable_bpf_stats()?;
-    pod.mesh_ebpf(&EBPF_ARGS)?;
+    pod.mesh_ebpf(&ebpf_args())?;
     let pid = pod.meshed_pid().context("meshed")?;
     let progs: Vec<OwnedFd> = program_ids(pid)?
         .into_iter()

@@ -10,7 +10,7 @@ use anyhow::ensure;
 
 use crate::{
     cmd,
-    sandbox::{APP_UID, PEER_ADDR, POD_ADDR, PROXY_UID, Pod},
+    sandbox::{APP_UID, PEER_ADDR, POD_ADDR, PROXY_ARGS, PROXY_UID, Pod},
 };
 
 pub fn run() -> anyhow::Result<()> {
@@ -44,19 +44,13 @@ pub fn run() -> anyhow::Result<()> {
     );
     app_connect(&pod, APP_UID, "192.0.2.2:1404")?;
 
-    let args = [
-        "-p",
-        "4143",
-        "-o",
-        "4140",
-        "-u",
-        PROXY_UID,
+    let mut args = PROXY_ARGS.to_vec();
+    args.extend([
         "--inbound-ports-to-ignore",
         "4190,4191",
         "--outbound-ports-to-ignore",
         "443,6443",
-        "--ipv6=false",
-    ];
+    ]);
     step(
         "Meshing",
         &format!(

@@ -21,6 +21,8 @@ pub const PROXY_UID: &str = "2102";
 pub const APP_UID: &str = "1000";
 pub const POD_ADDR: &str = "10.99.0.10";
 pub const PEER_ADDR: &str = "10.99.0.20";
+/// The proxy's ports and UID, as `interceptor run` takes them for this pod.
+pub const PROXY_ARGS: [&str; 7] = ["-p", "4143", "-o", "4140", "-u", PROXY_UID, "--ipv6=false"];
 
 /// Installs what is missing, builds the release binaries; returns (interceptor, netprobe).
 pub fn build() -> anyhow::Result<(PathBuf, PathBuf)> {
@@ -202,18 +204,7 @@ impl Pod {
     pub fn iptables(&self, iptables_mode: &str, install: bool) -> anyhow::Result<()> {
         let mut cmd = Command::new(&self.interceptor);
         if install {
-            cmd.args([
-                "run",
-                "--mode",
-                "iptables",
-                "-p",
-                "4143",
-                "-o",
-                "4140",
-                "-u",
-                PROXY_UID,
-                "--ipv6=false",
-            ]);
+            cmd.args(["run", "--mode", "iptables"]).args(PROXY_ARGS);
         } else {
             cmd.args(["iptables-cleanup", "--ipv6=false"]);
         }

@@ -17,11 +17,6 @@ use super::{
     pods::PodMaps,
 };
 
-/// The embedded eBPF object (for tools that want to inspect it).
-pub fn ebpf_object() -> &'static [u8] {
-    OBJECT
-}
-
 /// One loaded program, as `status` reports it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ProgramState {
@@ -159,16 +154,23 @@ pub(super) fn probe(pin_dir: &Path) -> Result<(), EbpfError> {
         pin_dir: pin_dir.to_owned(),
         pin_links: false,
     })?;
+    let ebpf = load_sk_lookup(pin_dir, 0)?;
+    drop((ebpf, maps, attached));
+    Ok(())
+}
+
+/// Loads (and verifies) an sk_lookup instance for the pod with `netns_cookie`, on the node's
+/// pinned maps, without attaching it.
+fn load_sk_lookup(pin_dir: &Path, netns_cookie: u64) -> Result<Ebpf, EbpfError> {
     let mut ebpf = loader(pin_dir)
-        .override_global(names::GLOBAL_POD_NETNS_COOKIE, &0u64, true)
+        .override_global(names::GLOBAL_POD_NETNS_COOKIE, &netns_cookie, true)
         .load(OBJECT)?;
     let name = names::PROG_SK_LOOKUP;
     let sk_lookup: &mut SkLookup = program(&mut ebpf, name)?;
     sk_lookup
         .load()
         .map_err(|source| EbpfError::Program { name, source })?;
-    drop((ebpf, maps, attached));
-    Ok(())
+    Ok(ebpf)
 }
 
 /// One pod's sk_lookup instance, attached to the pod's network namespace; dropping it detaches
@@ -186,14 +188,9 @@ pub(super) fn load_inbound(
     netns_cookie: u64,
     netns: &crate::netns::PodNetns,
 ) -> Result<Inbound, EbpfError> {
-    let mut ebpf = loader(pin_dir)
-        .override_global(names::GLOBAL_POD_NETNS_COOKIE, &netns_cookie, true)
-        .load(OBJECT)?;
+    let mut ebpf = load_sk_lookup(pin_dir, netns_cookie)?;
     let name = names::PROG_SK_LOOKUP;
     let sk_lookup: &mut SkLookup = program(&mut ebpf, name)?;
-    sk_lookup
-        .load()
-        .map_err(|source| EbpfError::Program { name, source })?;
     let attach_error = |source| EbpfError::AttachNetns {
         name,
         netns: netns.path().to_owned(),

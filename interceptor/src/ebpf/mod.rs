@@ -13,7 +13,7 @@ use std::{
 
 use aya::{maps::MapError, programs::ProgramError};
 use interceptor_common::counters::{COUNTERS_PER_POD, Decision};
-pub use loader::{ProgramState, ebpf_object};
+pub use loader::ProgramState;
 pub use pods::{PodRegistry, read_counters};
 
 use crate::config::InterceptionConfig;

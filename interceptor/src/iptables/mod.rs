@@ -289,7 +289,7 @@ fn is_executable(path: &Path) -> bool {
 }
 
 /// Reads `iptables-save -t nat` output.
-pub fn parse_existing(save: &str) -> Existing {
+fn parse_existing(save: &str) -> Existing {
     let jump = |chain: &str, target: &str| {
         save.lines()
             .any(|l| l.starts_with(&format!("-A {chain} ")) && l.contains(&format!("-j {target}")))
