@@ -11,7 +11,7 @@ pub enum Decision {
     ProxyUid = 1,
     /// Outbound: the caller runs as the proxy GID.
     ProxyGid = 2,
-    /// Outbound: destination on loopback (127.0.0.0/8 or 0.0.0.0).
+    /// Outbound: destination on loopback (127.0.0.0/8, 0.0.0.0, `::1`, `::`).
     Loopback = 3,
     /// Outbound: destination is one of the pod's own addresses.
     PodAddress = 4,
@@ -39,10 +39,14 @@ pub enum Decision {
     InboundProxyPort = 14,
     /// Inbound: would be steered, but the proxy is not listening: dropped (fails closed).
     InboundNoListener = 15,
+    /// Outbound: a native IPv6 connect in a pod meshed with `--ipv6=false`, left alone.
+    Ipv6NotIntercepted = 16,
+    /// Inbound: a native IPv6 connection to a pod meshed with `--ipv6=false`, left alone.
+    InboundIpv6NotIntercepted = 17,
 }
 
 impl Decision {
-    pub const ALL: [Decision; 16] = [
+    pub const ALL: [Decision; 18] = [
         Decision::Redirected,
         Decision::ProxyUid,
         Decision::ProxyGid,
@@ -59,6 +63,8 @@ impl Decision {
         Decision::InboundPortNotRedirected,
         Decision::InboundProxyPort,
         Decision::InboundNoListener,
+        Decision::Ipv6NotIntercepted,
+        Decision::InboundIpv6NotIntercepted,
     ];
 
     /// Stable name used by `interceptor status` (text and JSON).
@@ -80,12 +86,14 @@ impl Decision {
             Decision::InboundPortNotRedirected => "inbound_exempt_port_not_redirected",
             Decision::InboundProxyPort => "inbound_exempt_proxy_port",
             Decision::InboundNoListener => "inbound_dropped_no_listener",
+            Decision::Ipv6NotIntercepted => "outbound_exempt_ipv6_disabled",
+            Decision::InboundIpv6NotIntercepted => "inbound_exempt_ipv6_disabled",
         }
     }
 }
 
 /// Number of counters per pod.
-pub const COUNTERS_PER_POD: usize = 16;
+pub const COUNTERS_PER_POD: usize = 18;
 
 #[repr(C)]
 #[derive(Clone, Copy)]

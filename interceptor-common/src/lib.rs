@@ -5,21 +5,26 @@
 //! `u32` flags rather than `bool`. Fields in network byte order end in `_be`.
 #![no_std]
 
+pub mod addr;
 pub mod counters;
 pub mod names;
 pub mod pod;
 pub mod socket;
 
+pub use addr::Ip6Addr;
 pub use counters::{Decision, PodCounters};
-pub use pod::{LocalAddrKey, PodConfig, PortBitmap, SUBNET_KEY_FIXED_BITS, SubnetKey};
-pub use socket::{OrigDst, PendingKey, PendingOrigDst};
+pub use pod::{
+    IP4_MAPPED_PREFIX_BITS, LocalAddrKey, PodConfig, PortBitmap, SUBNET_KEY_FIXED_BITS, SubnetKey,
+};
+pub use socket::{ListenerKey, OrigDst, PendingKey, PendingOrigDst};
 
 /// The most pods one node attachment serves. Bounds the per-CPU counter array (one slot per pod)
 /// and the pod configuration map.
 pub const MAX_PODS: u32 = 1024;
 
-/// Addresses per pod remembered as "the pod's own" (outbound rule 3).
-pub const MAX_LOCAL_ADDRS_PER_POD: u32 = 16;
+/// Addresses per pod remembered as "the pod's own" (outbound rule 3), both families (a
+/// dual-stack pod has at least five: two loopback, one of each family and a link-local one).
+pub const MAX_LOCAL_ADDRS_PER_POD: u32 = 32;
 
 /// Subnet rules (CIDRs) per node, across pods and directions.
 pub const MAX_SUBNET_RULES: u32 = 16 * 1024;
@@ -32,6 +37,9 @@ pub const DEFAULT_PENDING_ORIG_DST_CAPACITY: u32 = 64 * 1024;
 /// `getsockopt(SOL_IP, SO_ORIGINAL_DST)` from `<linux/netfilter_ipv4.h>`.
 pub const SO_ORIGINAL_DST: i32 = 80;
 pub const SOL_IP: i32 = 0;
+/// `getsockopt(SOL_IPV6, IP6T_SO_ORIGINAL_DST)` from `<linux/netfilter_ipv6/ip6_tables.h>`.
+pub const IP6T_SO_ORIGINAL_DST: i32 = 80;
+pub const SOL_IPV6: i32 = 41;
 
 #[cfg(feature = "user")]
 mod user {
@@ -45,4 +53,5 @@ mod user {
     unsafe impl aya::Pod for PodCounters {}
     unsafe impl aya::Pod for PendingKey {}
     unsafe impl aya::Pod for PendingOrigDst {}
+    unsafe impl aya::Pod for ListenerKey {}
 }

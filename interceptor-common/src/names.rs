@@ -2,6 +2,7 @@
 //! kernel's 15-character object name limit.
 
 pub const PROG_CONNECT4: &str = "icpt_connect4";
+pub const PROG_CONNECT6: &str = "icpt_connect6";
 pub const PROG_SOCKOPS: &str = "icpt_sockops";
 pub const PROG_GETSOCKOPT: &str = "icpt_getsockopt";
 /// Loaded once per pod (sk_lookup attaches to a network namespace, and cannot ask which one it
@@ -21,7 +22,7 @@ pub const MAP_COUNTERS: &str = "ICPT_COUNTERS";
 pub const MAP_CONNECTING: &str = "ICPT_CONNECTING";
 /// LRU [`crate::PendingKey`] -> [`crate::PendingOrigDst`]: connections waiting for the proxy.
 pub const MAP_PENDING: &str = "ICPT_PENDING";
-/// Sock hash netns cookie -> the proxy's inbound listening socket.
+/// Sock hash [`crate::ListenerKey`] -> the proxy's inbound listening socket(s), per family.
 pub const MAP_LISTENERS: &str = "ICPT_LISTENERS";
 
 /// Maps shared by the node's programs and every pod's sk_lookup instance (through pins), and

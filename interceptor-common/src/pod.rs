@@ -1,4 +1,5 @@
 //! Per-pod configuration, keyed by the pod's network namespace cookie.
+use crate::Ip6Addr;
 
 /// One bit per TCP port: membership is a single load whatever the number of ports or ranges, so
 /// the per-connection cost does not grow with the ignore lists.
@@ -32,12 +33,19 @@ pub mod flags {
     pub const HAS_PROXY_UID: u32 = 1 << 0;
     /// `proxy_gid` is set: connections by that GID are never redirected.
     pub const HAS_PROXY_GID: u32 = 1 << 1;
-    /// The pod has outbound subnets to ignore: consult the subnet trie.
-    pub const HAS_OUTBOUND_SUBNETS: u32 = 1 << 2;
-    /// The pod has inbound source subnets to ignore: consult the subnet trie.
-    pub const HAS_INBOUND_SUBNETS: u32 = 1 << 3;
+    /// The pod has IPv4 outbound subnets to ignore: consult the subnet trie.
+    pub const HAS_OUTBOUND_SUBNETS_V4: u32 = 1 << 2;
+    /// The pod has IPv4 inbound source subnets to ignore: consult the subnet trie.
+    pub const HAS_INBOUND_SUBNETS_V4: u32 = 1 << 3;
     /// `--ports-to-redirect` was given: only ports in `redirect_ports` are steered inbound.
     pub const HAS_PORTS_TO_REDIRECT: u32 = 1 << 4;
+    /// `--ipv6`: native IPv6 connections are intercepted too. IPv4 connections made through
+    /// IPv6 sockets (`::ffff:a.b.c.d`) are IPv4 and always intercepted.
+    pub const INTERCEPT_IPV6: u32 = 1 << 5;
+    /// The pod has IPv6 outbound subnets to ignore.
+    pub const HAS_OUTBOUND_SUBNETS_V6: u32 = 1 << 6;
+    /// The pod has IPv6 inbound source subnets to ignore.
+    pub const HAS_INBOUND_SUBNETS_V6: u32 = 1 << 7;
 }
 
 /// How one pod is intercepted. Written by userspace, read on every connect in the pod.
@@ -61,13 +69,12 @@ pub struct PodConfig {
     pub redirect_ports: PortBitmap,
 }
 
-/// Key of the pod-local address set: (pod, IPv4 address).
+/// Key of the pod-local address set: (pod, address of either family).
 #[repr(C)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct LocalAddrKey {
     pub netns_cookie: u64,
-    pub ip4_be: u32,
-    pub _pad: u32,
+    pub addr: Ip6Addr,
 }
 
 /// Direction of a subnet rule in [`SubnetKey`].
@@ -76,19 +83,27 @@ pub mod direction {
     pub const INBOUND: u32 = 2;
 }
 
-/// The data part of an LPM trie key: the pod and direction are always matched in full (their 96
-/// bits come first), then the first `prefix_len - SUBNET_KEY_FIXED_BITS` bits of the address.
+/// The data part of an LPM trie key: the pod, direction and family are always matched in full
+/// (their 128 bits come first), then the first `prefix_len - SUBNET_KEY_FIXED_BITS` bits of the
+/// address. An IPv4 subnet is stored in its mapped form (`10.0.0.0/8` as `::ffff:10.0.0.0/104`);
+/// the family keeps an IPv6 rule such as `::/0` from matching IPv4 connections, as ip6tables
+/// rules never see IPv4 packets.
 #[repr(C)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct SubnetKey {
     pub netns_cookie: u64,
     pub direction: u32,
-    pub ip4_be: u32,
+    /// `crate::addr::family::*`.
+    pub family: u32,
+    pub addr: Ip6Addr,
 }
 
 /// Bits of [`SubnetKey`] that precede the address.
-pub const SUBNET_KEY_FIXED_BITS: u32 = 96;
+pub const SUBNET_KEY_FIXED_BITS: u32 = 128;
+
+/// Prefix bits an IPv4 subnet's length is offset by in its mapped form.
+pub const IP4_MAPPED_PREFIX_BITS: u32 = 96;
 
 const _: () = assert!(core::mem::size_of::<PodConfig>() == 24 + 3 * 8192);
-const _: () = assert!(core::mem::size_of::<LocalAddrKey>() == 16);
-const _: () = assert!(core::mem::size_of::<SubnetKey>() == 16);
+const _: () = assert!(core::mem::size_of::<LocalAddrKey>() == 24);
+const _: () = assert!(core::mem::size_of::<SubnetKey>() == 32);

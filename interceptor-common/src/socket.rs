@@ -1,6 +1,6 @@
 //! Per-connection state that lets the proxy's `getsockopt(SO_ORIGINAL_DST)` answer.
 //!
-//! 1. connect4 records [`OrigDst`] under the app socket's cookie (`ICPT_CONNECTING`, LRU) when it
+//! 1. connect4/connect6 record [`OrigDst`] under the app socket's cookie (`ICPT_CONNECTING`, LRU) when it
 //!    redirects it.
 //! 2. sock_ops, when that socket is established (its source port is now known), moves it to
 //!    `ICPT_PENDING` under the connection's 4-tuple as the proxy will see it ([`PendingKey`]),
@@ -12,34 +12,42 @@
 //!    as often as it is asked.
 //!
 //! Entries whose proxy side never gets established are evicted least-recently-used.
+use crate::Ip6Addr;
 
-/// An original destination, recorded at connect time.
+/// An original destination, recorded at connect time. IPv4 destinations (from `AF_INET` sockets
+/// and `::ffff:a.b.c.d` on `AF_INET6` ones) are in mapped form, see [`crate::addr`].
 #[repr(C)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct OrigDst {
-    /// The pod the socket lives in (netns cookie), recorded by connect4 so sock_ops need not
+    /// The pod the socket lives in (netns cookie), recorded by connect4/6 so sock_ops need not
     /// look it up again.
     pub netns_cookie: u64,
-    pub ip4_be: u32,
+    pub addr: Ip6Addr,
     pub port_be: u16,
     pub _pad: u16,
+    pub _pad2: u32,
 }
 
-/// The redirected connection as the proxy's accepted socket sees its peer.
+/// The redirected connection as the proxy's accepted socket sees its peer. The client address
+/// is in mapped form for IPv4, so an `AF_INET6` proxy socket (`[::]` listener) accepting an IPv4
+/// connection finds the same key as an `AF_INET` one.
 #[repr(C)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct PendingKey {
     pub netns_cookie: u64,
     /// The app socket's local address, i.e. the proxy socket's peer address.
-    pub client_ip4_be: u32,
+    pub client: Ip6Addr,
     /// The app socket's local port (host order).
     pub client_port: u32,
+    pub _pad: u32,
 }
 
 #[repr(C)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct PendingOrigDst {
-    pub ip4_be: u32,
+    /// IPv4 (mapped form) exactly when the connection is IPv4: `SO_ORIGINAL_DST` answers it,
+    /// `IP6T_SO_ORIGINAL_DST` answers the others.
+    pub addr: Ip6Addr,
     pub port_be: u16,
     pub _pad: u16,
     /// The proxy side's initial sequence number + 1, as the app socket saw it in the SYN-ACK
@@ -47,9 +55,22 @@ pub struct PendingOrigDst {
     /// `snd_una - bytes_acked`; a mismatch means the entry is from an earlier connection that
     /// reused this 4-tuple and was never read, and it must not answer for this one.
     pub server_isn_next: u32,
-    pub _pad2: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<OrigDst>() == 16);
-const _: () = assert!(core::mem::size_of::<PendingKey>() == 16);
-const _: () = assert!(core::mem::size_of::<PendingOrigDst>() == 16);
+/// Key of the listener sock hash: a pod and the family of its proxy's inbound listening socket.
+/// A proxy may listen with one socket per family (`0.0.0.0:4143` and `[::]:4143` with
+/// `IPV6_V6ONLY`) or one dual-stack socket (`[::]:4143`); IPv4 connections use the IPv4 socket
+/// when there is one, else the IPv6 one.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ListenerKey {
+    pub netns_cookie: u64,
+    /// `crate::addr::family::*` of the listening socket.
+    pub family: u32,
+    pub _pad: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<OrigDst>() == 32);
+const _: () = assert!(core::mem::size_of::<PendingKey>() == 32);
+const _: () = assert!(core::mem::size_of::<PendingOrigDst>() == 24);
+const _: () = assert!(core::mem::size_of::<ListenerKey>() == 16);

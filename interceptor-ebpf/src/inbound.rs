@@ -1,18 +1,24 @@
 //! `sk_lookup`: steers inbound TCP to the proxy's inbound listener (SPEC "Inbound", first match
 //! wins). One instance per pod, attached to the pod's network namespace.
+//!
+//! IPv4 connections are looked up as IPv4 whatever socket will take them, so they are steered
+//! whatever `--ipv6` says, to the proxy's IPv4 listener or, when it has none, to its dual-stack
+//! `[::]` one. Native IPv6 connections are steered with `--ipv6`, to an IPv6 listener.
 use aya_ebpf::{bindings::bpf_sk_lookup, macros::sk_lookup, programs::SkLookupContext};
 use interceptor_common::{
-    LocalAddrKey, PodConfig,
+    Ip6Addr, ListenerKey, PodConfig,
+    addr::family,
     counters::Decision,
     pod::{direction, flags},
 };
 
-use crate::maps::{LISTENERS, LOCAL_ADDRS, PODS, count, in_subnets};
+use crate::maps::{LISTENERS, PODS, count, in_subnets, is_pod_address, read_ip6};
 
 const SK_PASS: u32 = 1;
 const SK_DROP: u32 = 0;
 const IPPROTO_TCP: u32 = 6;
 const AF_INET: u32 = 2;
+const AF_INET6: u32 = 10;
 const LOOPBACK_IFINDEX: u32 = 1;
 
 /// The cookie of the namespace this instance is attached to, set by the loader: the verifier
@@ -23,9 +29,14 @@ static POD_NETNS_COOKIE: u64 = 0;
 #[sk_lookup]
 pub fn icpt_sk_lookup(ctx: SkLookupContext) -> u32 {
     let lookup: *mut bpf_sk_lookup = ctx.lookup;
-    if unsafe { (*lookup).protocol } != IPPROTO_TCP || unsafe { (*lookup).family } != AF_INET {
+    if unsafe { (*lookup).protocol } != IPPROTO_TCP {
         return SK_PASS;
     }
+    let is_ip4 = match unsafe { (*lookup).family } {
+        AF_INET => true,
+        AF_INET6 => false,
+        _ => return SK_PASS,
+    };
     // Another sk_lookup program (e.g. a second instance during an upgrade) already chose a
     // socket: leave its choice, assigning again would fail.
     if !unsafe { (*lookup).__bindgen_anon_1.__bindgen_anon_1.sk }.is_null() {
@@ -35,49 +46,78 @@ pub fn icpt_sk_lookup(ctx: SkLookupContext) -> u32 {
     let Some(pod) = (unsafe { PODS.get(&netns_cookie) }) else {
         return SK_PASS;
     };
-    let decision = decide(lookup, pod, netns_cookie);
+    if !is_ip4 && pod.flags & flags::INTERCEPT_IPV6 == 0 {
+        count(pod.slot, Decision::InboundIpv6NotIntercepted);
+        return SK_PASS;
+    }
+    let remote = if is_ip4 {
+        Ip6Addr::from_ip4_be(unsafe { (*lookup).remote_ip4 })
+    } else {
+        read_ip6(unsafe { &raw const (*lookup).remote_ip6 })
+    };
+    let decision = decide(lookup, pod, netns_cookie, remote);
     if decision != Decision::Steered {
         count(pod.slot, decision);
         return SK_PASS;
     }
     // SK_DROP when the proxy is not listening: the connection is refused, as with iptables
     // REDIRECT to a closed port, instead of reaching the app around the proxy.
-    match LISTENERS.redirect_sk_lookup(&ctx, netns_cookie, 0) {
-        Ok(()) => {
-            count(pod.slot, Decision::Steered);
-            SK_PASS
-        }
-        Err(_) => {
-            count(pod.slot, Decision::InboundNoListener);
-            SK_DROP
-        }
+    if steer(&ctx, netns_cookie, is_ip4) {
+        count(pod.slot, Decision::Steered);
+        SK_PASS
+    } else {
+        count(pod.slot, Decision::InboundNoListener);
+        SK_DROP
     }
 }
 
+/// Hands the connection to the proxy's listener of its family; an IPv4 connection falls back to
+/// an IPv6 listener, which takes it if it is dual-stack (the kernel refuses an `IPV6_V6ONLY`
+/// one).
 #[inline(always)]
-fn decide(lookup: *mut bpf_sk_lookup, pod: &PodConfig, netns_cookie: u64) -> Decision {
-    let remote_ip4_be = unsafe { (*lookup).remote_ip4 };
+fn steer(ctx: &SkLookupContext, netns_cookie: u64, is_ip4: bool) -> bool {
+    let key = |family| ListenerKey {
+        netns_cookie,
+        family,
+        _pad: 0,
+    };
+    if !is_ip4 {
+        return LISTENERS
+            .redirect_sk_lookup(ctx, key(family::IPV6), 0)
+            .is_ok();
+    }
+    LISTENERS
+        .redirect_sk_lookup(ctx, key(family::IPV4), 0)
+        .is_ok()
+        || LISTENERS
+            .redirect_sk_lookup(ctx, key(family::IPV6), 0)
+            .is_ok()
+}
+
+#[inline(always)]
+fn decide(
+    lookup: *mut bpf_sk_lookup,
+    pod: &PodConfig,
+    netns_cookie: u64,
+    remote: Ip6Addr,
+) -> Decision {
     let local_port = unsafe { (*lookup).local_port } as u16;
     // From the pod itself: over lo, or from one of its own addresses (a connection to its own
     // veth address arrives with the veth's ifindex). iptables' PREROUTING never sees these.
-    let from_pod = unsafe { (*lookup).ingress_ifindex } == LOOPBACK_IFINDEX
-        || unsafe {
-            LOCAL_ADDRS.get(&LocalAddrKey {
-                netns_cookie,
-                ip4_be: remote_ip4_be,
-                _pad: 0,
-            })
-        }
-        .is_some();
-    if from_pod {
+    if unsafe { (*lookup).ingress_ifindex } == LOOPBACK_IFINDEX
+        || is_pod_address(netns_cookie, remote)
+    {
         return Decision::InboundFromPod;
     }
     if pod.inbound_ignore_ports.contains(local_port) {
         return Decision::InboundIgnoredPort;
     }
-    if pod.flags & flags::HAS_INBOUND_SUBNETS != 0
-        && in_subnets(netns_cookie, direction::INBOUND, remote_ip4_be)
-    {
+    let subnets = if remote.is_ip4() {
+        flags::HAS_INBOUND_SUBNETS_V4
+    } else {
+        flags::HAS_INBOUND_SUBNETS_V6
+    };
+    if pod.flags & subnets != 0 && in_subnets(netns_cookie, direction::INBOUND, remote) {
         return Decision::InboundIgnoredSubnet;
     }
     if pod.flags & flags::HAS_PORTS_TO_REDIRECT != 0 && !pod.redirect_ports.contains(local_port) {

@@ -5,9 +5,9 @@ use aya_ebpf::{
     maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, SockHash, lpm_trie::Key},
 };
 use interceptor_common::{
-    DEFAULT_PENDING_ORIG_DST_CAPACITY, LocalAddrKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS,
-    MAX_SUBNET_RULES, OrigDst, PendingKey, PendingOrigDst, PodConfig, PodCounters,
-    SUBNET_KEY_FIXED_BITS, SubnetKey, counters::Decision,
+    DEFAULT_PENDING_ORIG_DST_CAPACITY, Ip6Addr, ListenerKey, LocalAddrKey, MAX_LOCAL_ADDRS_PER_POD,
+    MAX_PODS, MAX_SUBNET_RULES, OrigDst, PendingKey, PendingOrigDst, PodConfig, PodCounters,
+    SUBNET_KEY_FIXED_BITS, SubnetKey, addr::family, counters::Decision,
 };
 
 /// Not preallocated: a `PodConfig` is 24 KiB and most nodes run far fewer than `MAX_PODS` pods.
@@ -37,23 +37,51 @@ pub static CONNECTING: LruHashMap<u64, OrigDst> =
 pub static PENDING: LruHashMap<PendingKey, PendingOrigDst> =
     LruHashMap::with_max_entries(DEFAULT_PENDING_ORIG_DST_CAPACITY, 0);
 
-/// The proxy's inbound listener per pod. The kernel removes a socket when it closes; the next
-/// listen() on the inbound port puts the new one in.
+/// The proxy's inbound listener per pod and family. The kernel removes a socket when it closes;
+/// the next listen() on the inbound port puts the new one in.
 #[map(name = "ICPT_LISTENERS")]
-pub static LISTENERS: SockHash<u64> = SockHash::with_max_entries(MAX_PODS, 0);
+pub static LISTENERS: SockHash<ListenerKey> = SockHash::with_max_entries(2 * MAX_PODS, 0);
 
-/// Whether `ip4_be` is in one of the pod's subnets for `direction`.
+/// Whether `addr` is in one of the pod's subnets for `direction`, among the subnets of the
+/// address's own family.
 #[inline(always)]
-pub fn in_subnets(netns_cookie: u64, direction: u32, ip4_be: u32) -> bool {
+pub fn in_subnets(netns_cookie: u64, direction: u32, addr: Ip6Addr) -> bool {
+    let family = if addr.is_ip4() {
+        family::IPV4
+    } else {
+        family::IPV6
+    };
     let key = Key::new(
-        SUBNET_KEY_FIXED_BITS + 32,
+        SUBNET_KEY_FIXED_BITS + 128,
         SubnetKey {
             netns_cookie,
             direction,
-            ip4_be,
+            family,
+            addr,
         },
     );
     SUBNETS.get(&key).is_some()
+}
+
+/// Whether `addr` is one of the pod's own addresses.
+#[inline(always)]
+pub fn is_pod_address(netns_cookie: u64, addr: Ip6Addr) -> bool {
+    unsafe { LOCAL_ADDRS.get(&LocalAddrKey { netns_cookie, addr }) }.is_some()
+}
+
+/// Reads a `__u32 ip6[4]` context field one word at a time: the verifier rejects the 8-byte
+/// loads LLVM would merge a plain array copy into ("invalid bpf_context access").
+#[inline(always)]
+pub fn read_ip6(field: *const [u32; 4]) -> Ip6Addr {
+    let words = field.cast::<u32>();
+    unsafe {
+        Ip6Addr::from_words_be([
+            core::ptr::read_volatile(words),
+            core::ptr::read_volatile(words.add(1)),
+            core::ptr::read_volatile(words.add(2)),
+            core::ptr::read_volatile(words.add(3)),
+        ])
+    }
 }
 
 #[inline(always)]

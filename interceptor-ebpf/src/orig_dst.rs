@@ -1,7 +1,7 @@
-//! Answering `getsockopt(SOL_IP, SO_ORIGINAL_DST)` without conntrack: `sock_ops` indexes each
-//! redirected connection by the 4-tuple the proxy will see, `cgroup/getsockopt` answers from that
-//! index, and the entry is removed when the proxy's socket closes. See
-//! `interceptor_common::socket` for the whole life of an entry.
+//! Answering `getsockopt(SOL_IP, SO_ORIGINAL_DST)` and `getsockopt(SOL_IPV6, IP6T_SO_ORIGINAL_DST)`
+//! without conntrack: `sock_ops` indexes each redirected connection by the 4-tuple the proxy will
+//! see, `cgroup/getsockopt` answers from that index, and the entry is removed when the proxy's
+//! socket closes. See `interceptor_common::socket` for the whole life of an entry.
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{
@@ -13,13 +13,18 @@ use aya_ebpf::{
     macros::{cgroup_sockopt, sock_ops},
     programs::{SockOpsContext, SockoptContext},
 };
-use interceptor_common::{PendingKey, PendingOrigDst, SO_ORIGINAL_DST, SOL_IP, counters::Decision};
+use interceptor_common::{
+    IP6T_SO_ORIGINAL_DST, Ip6Addr, ListenerKey, PendingKey, PendingOrigDst, SO_ORIGINAL_DST,
+    SOL_IP, SOL_IPV6, addr::family, counters::Decision, pod::flags,
+};
 
-use crate::maps::{CONNECTING, LISTENERS, PENDING, PODS, count};
+use crate::maps::{CONNECTING, LISTENERS, PENDING, PODS, count, read_ip6};
 
 const AF_INET: u16 = 2;
+const AF_INET6: u16 = 10;
 const IPPROTO_TCP: u32 = 6;
 const SOCKADDR_IN_LEN: usize = 16;
+const SOCKADDR_IN6_LEN: usize = 28;
 const TCP_CLOSE: u32 = 7;
 
 /// Runs for every TCP callback of every socket under the cgroup (about nine per connection, for
@@ -38,24 +43,55 @@ pub fn icpt_sockops(ctx: SockOpsContext) -> u32 {
 
 /// Whoever listens on a meshed pod's inbound port is its proxy's inbound listener, as with
 /// iptables REDIRECT: the proxy needs no change. A restarted proxy's new socket replaces the old
-/// one (the kernel already dropped the old one when it closed).
+/// one (the kernel already dropped the old one when it closed). Kept per family: a proxy may
+/// listen with one socket per family or with one dual-stack socket.
 #[inline(always)]
 fn remember_inbound_listener(ctx: &SockOpsContext) {
-    let mut netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
     let Some(pod) = (unsafe { PODS.get(&netns_cookie) }) else {
         return;
     };
     if ctx.local_port() != u32::from(pod.inbound_port) {
         return;
     }
-    let _ = LISTENERS.update(&mut netns_cookie, unsafe { &mut *ctx.ops }, BPF_ANY.into());
+    let family = if ctx.family() == u32::from(AF_INET6) {
+        family::IPV6
+    } else {
+        family::IPV4
+    };
+    let mut key = ListenerKey {
+        netns_cookie,
+        family,
+        _pad: 0,
+    };
+    let _ = LISTENERS.update(&mut key, unsafe { &mut *ctx.ops }, BPF_ANY.into());
+}
+
+/// A socket's local and remote addresses in the maps' form: an `AF_INET6` socket already shows an
+/// IPv4 connection as `::ffff:a.b.c.d`, an `AF_INET` one is mapped here.
+#[inline(always)]
+fn local_addr(ctx: &SockOpsContext) -> Ip6Addr {
+    if ctx.family() == u32::from(AF_INET6) {
+        read_ip6(unsafe { &raw const (*ctx.ops).local_ip6 })
+    } else {
+        Ip6Addr::from_ip4_be(ctx.local_ip4())
+    }
+}
+
+#[inline(always)]
+fn remote_addr(ctx: &SockOpsContext) -> Ip6Addr {
+    if ctx.family() == u32::from(AF_INET6) {
+        read_ip6(unsafe { &raw const (*ctx.ops).remote_ip6 })
+    } else {
+        Ip6Addr::from_ip4_be(ctx.remote_ip4())
+    }
 }
 
 /// The app side of a redirected connection is established: its source port is known now, so
 /// index the original destination under the tuple the proxy's socket will see as its peer.
 #[inline(always)]
 fn index_redirected_connection(ctx: &SockOpsContext) {
-    // Present only for sockets connect4 redirected.
+    // Present only for sockets connect4/connect6 redirected.
     let socket_cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let Some(orig) = (unsafe { CONNECTING.get(&socket_cookie) }) else {
         return;
@@ -64,15 +100,15 @@ fn index_redirected_connection(ctx: &SockOpsContext) {
     let _ = CONNECTING.remove(&socket_cookie);
     let key = PendingKey {
         netns_cookie: orig.netns_cookie,
-        client_ip4_be: ctx.local_ip4(),
+        client: local_addr(ctx),
         client_port: ctx.local_port(),
+        _pad: 0,
     };
     let pending = PendingOrigDst {
-        ip4_be: orig.ip4_be,
+        addr: orig.addr,
         port_be: orig.port_be,
         _pad: 0,
         server_isn_next: unsafe { (*ctx.ops).rcv_nxt },
-        _pad2: 0,
     };
     // On failure the proxy's SO_ORIGINAL_DST fails and it refuses the connection (fails closed).
     let _ = PENDING.insert(&key, &pending, 0);
@@ -83,9 +119,10 @@ fn index_redirected_connection(ctx: &SockOpsContext) {
 fn proxy_side_key(ctx: &SockOpsContext) -> PendingKey {
     PendingKey {
         netns_cookie: unsafe { bpf_get_netns_cookie(ctx.as_ptr()) },
-        client_ip4_be: ctx.remote_ip4(),
+        client: remote_addr(ctx),
         // sock_ops keeps the network-order port in the upper 16 bits of remote_port.
         client_port: u32::from(u16::from_be((ctx.remote_port() >> 16) as u16)),
+        _pad: 0,
     }
 }
 
@@ -93,9 +130,6 @@ fn proxy_side_key(ctx: &SockOpsContext) -> PendingKey {
 /// redirected connection, ask for this socket's state changes, so its entry goes when it closes.
 #[inline(always)]
 fn watch_proxy_side(ctx: &SockOpsContext) {
-    if ctx.family() != u32::from(AF_INET) {
-        return;
-    }
     let Some(pending) = (unsafe { PENDING.get(&proxy_side_key(ctx)) }) else {
         return;
     };
@@ -115,35 +149,64 @@ fn forget_closed_connection(ctx: &SockOpsContext) {
     let _ = PENDING.remove(&proxy_side_key(ctx));
 }
 
-/// Runs for every getsockopt under the cgroup: anything but SO_ORIGINAL_DST returns after two
-/// compares with the kernel's own answer untouched.
+/// Runs for every getsockopt under the cgroup: anything but the two original-destination options
+/// returns after a few compares with the kernel's own answer untouched.
 #[cgroup_sockopt(getsockopt)]
 pub fn icpt_getsockopt(ctx: SockoptContext) -> i32 {
     let so = ctx.sockopt;
-    if unsafe { (*so).level } == SOL_IP && unsafe { (*so).optname } == SO_ORIGINAL_DST {
-        serve_orig_dst(&ctx, so);
+    let level = unsafe { (*so).level };
+    // SO_ORIGINAL_DST and IP6T_SO_ORIGINAL_DST are both 80.
+    if unsafe { (*so).optname } == SO_ORIGINAL_DST {
+        if level == SOL_IP {
+            serve_orig_dst(&ctx, so, false);
+        } else if level == SOL_IPV6 {
+            serve_orig_dst(&ctx, so, true);
+        }
     }
     1
 }
 
+const _: () = assert!(SO_ORIGINAL_DST == IP6T_SO_ORIGINAL_DST);
+
+/// Answers `SO_ORIGINAL_DST` for IPv4 connections (`ipv6` false) and `IP6T_SO_ORIGINAL_DST` for
+/// IPv6 ones, like conntrack: `SOL_IP` works on an `AF_INET6` socket whose connection is IPv4
+/// (a dual-stack `[::]` proxy listener), `SOL_IPV6` only for native IPv6 connections.
 #[inline(always)]
-fn serve_orig_dst(ctx: &SockoptContext, so: *mut bpf_sockopt) {
+fn serve_orig_dst(ctx: &SockoptContext, so: *mut bpf_sockopt, ipv6: bool) {
     let sk: *mut bpf_sock = unsafe { (*so).__bindgen_anon_1.sk };
-    // Like conntrack's getorigdst: IPv4 TCP sockets only.
-    if unsafe { (*sk).family } != u32::from(AF_INET) || unsafe { (*sk).protocol } != IPPROTO_TCP {
+    if unsafe { (*sk).protocol } != IPPROTO_TCP {
+        return;
+    }
+    let (peer, local) = match unsafe { (*sk).family } as u16 {
+        AF_INET => (
+            Ip6Addr::from_ip4_be(unsafe { (*sk).dst_ip4 }),
+            Ip6Addr::from_ip4_be(unsafe { (*sk).src_ip4 }),
+        ),
+        AF_INET6 => (
+            read_ip6(unsafe { &raw const (*sk).dst_ip6 }),
+            read_ip6(unsafe { &raw const (*sk).src_ip6 }),
+        ),
+        _ => return,
+    };
+    if peer.is_ip4() == ipv6 {
         return;
     }
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
     let Some(pod) = (unsafe { PODS.get(&netns_cookie) }) else {
         return;
     };
+    if ipv6 && pod.flags & flags::INTERCEPT_IPV6 == 0 {
+        return;
+    }
+    let local_port_be = (unsafe { (*sk).src_port } as u16).to_be();
     let key = PendingKey {
         netns_cookie,
-        client_ip4_be: unsafe { (*sk).dst_ip4 },
+        client: peer,
         client_port: u32::from(u16::from_be(unsafe { (*sk).dst_port })),
+        _pad: 0,
     };
     let Some(pending) = (unsafe { PENDING.get(&key) }) else {
-        answer_local_address(so, sk);
+        answer_local_address(so, local, local_port_be);
         return;
     };
     let pending = *pending;
@@ -155,11 +218,11 @@ fn serve_orig_dst(ctx: &SockoptContext, so: *mut bpf_sockopt) {
     // entry that does not match is from an earlier connection that reused the 4-tuple.
     let isn_next = unsafe { (*tcp).snd_una.wrapping_sub((*tcp).bytes_acked as u32) };
     if isn_next != pending.server_isn_next {
-        answer_local_address(so, sk);
+        answer_local_address(so, local, local_port_be);
         return;
     }
     // The entry stays until the socket closes: a proxy may ask more than once.
-    write_sockaddr_in(so, pending.ip4_be, pending.port_be);
+    write_sockaddr(so, pending.addr, pending.port_be);
     count(pod.slot, Decision::OrigDstServed);
 }
 
@@ -168,32 +231,48 @@ fn serve_orig_dst(ctx: &SockoptContext, so: *mut bpf_sockopt) {
 /// conntrack answers for any connection that was not NATed. An answer that is already there
 /// (conntrack's, or another instance's during an upgrade) is kept.
 #[inline(always)]
-fn answer_local_address(so: *mut bpf_sockopt, sk: *mut bpf_sock) {
+fn answer_local_address(so: *mut bpf_sockopt, local: Ip6Addr, port_be: u16) {
     if unsafe { (*so).retval } == 0 {
         return;
     }
-    let ip4_be = unsafe { (*sk).src_ip4 };
-    let port_be = (unsafe { (*sk).src_port } as u16).to_be();
-    write_sockaddr_in(so, ip4_be, port_be);
+    write_sockaddr(so, local, port_be);
 }
 
+/// Writes `sockaddr_in` for an IPv4 address, `sockaddr_in6` for an IPv6 one, as conntrack does.
 #[inline(always)]
-fn write_sockaddr_in(so: *mut bpf_sockopt, ip4_be: u32, port_be: u16) {
+fn write_sockaddr(so: *mut bpf_sockopt, addr: Ip6Addr, port_be: u16) {
     let optval = unsafe { (*so).__bindgen_anon_2.optval } as usize;
     let optval_end = unsafe { (*so).__bindgen_anon_3.optval_end } as usize;
-    if optval + SOCKADDR_IN_LEN > optval_end {
-        // The caller's buffer is too small for a sockaddr_in: leave the kernel's answer.
+    let len = if addr.is_ip4() {
+        SOCKADDR_IN_LEN
+    } else {
+        SOCKADDR_IN6_LEN
+    };
+    if optval + len > optval_end {
+        // The caller's buffer is too small: leave the kernel's answer.
         return;
     }
-    let sin = optval as *mut u8;
+    let out = optval as *mut u8;
     unsafe {
-        core::ptr::write_unaligned(sin.cast::<u16>(), AF_INET);
-        core::ptr::write_unaligned(sin.add(2).cast::<u16>(), port_be);
-        core::ptr::write_unaligned(sin.add(4).cast::<u32>(), ip4_be);
-        core::ptr::write_unaligned(sin.add(8).cast::<u64>(), 0);
+        if addr.is_ip4() {
+            // sockaddr_in: family, port, address, 8 bytes of zero.
+            core::ptr::write_unaligned(out.cast::<u16>(), AF_INET);
+            core::ptr::write_unaligned(out.add(2).cast::<u16>(), port_be);
+            core::ptr::write_unaligned(out.add(4).cast::<u32>(), addr.ip4_be());
+            core::ptr::write_unaligned(out.add(8).cast::<u64>(), 0);
+        } else {
+            // sockaddr_in6: family, port, flow info, address, scope id.
+            core::ptr::write_unaligned(out.cast::<u16>(), AF_INET6);
+            core::ptr::write_unaligned(out.add(2).cast::<u16>(), port_be);
+            core::ptr::write_unaligned(out.add(4).cast::<u32>(), 0);
+            for i in 0..4 {
+                core::ptr::write_unaligned(out.add(8 + 4 * i).cast::<u32>(), addr.words_be[i]);
+            }
+            core::ptr::write_unaligned(out.add(24).cast::<u32>(), 0);
+        }
         // Separate volatile stores: LLVM merges adjacent 4-byte context stores into one 8-byte
         // store, which the verifier rejects ("invalid bpf_context access").
-        core::ptr::write_volatile(&raw mut (*so).optlen, SOCKADDR_IN_LEN as i32);
+        core::ptr::write_volatile(&raw mut (*so).optlen, len as i32);
         core::ptr::write_volatile(&raw mut (*so).retval, 0);
     }
 }

@@ -72,7 +72,7 @@ pub enum Command {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
-    /// cgroup/connect4, sock_ops, cgroup/getsockopt and sk_lookup programs.
+    /// cgroup/connect4, cgroup/connect6, sock_ops, cgroup/getsockopt and sk_lookup programs.
     Ebpf,
     /// proxy-init's nat-table chains; writes them and exits.
     Iptables,

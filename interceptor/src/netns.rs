@@ -2,7 +2,7 @@
 //! namespace runs on a short-lived thread that `setns`es, so the daemon itself never moves.
 use std::{
     fs::File,
-    net::Ipv4Addr,
+    net::IpAddr,
     os::fd::AsFd as _,
     path::{Path, PathBuf},
 };
@@ -130,8 +130,9 @@ impl PodNetns {
         })
     }
 
-    /// The IPv4 addresses assigned to the namespace's interfaces (loopback included).
-    pub fn ipv4_addresses(&self) -> Result<Vec<Ipv4Addr>, NetnsError> {
+    /// The addresses assigned to the namespace's interfaces, IPv4 and IPv6 (loopback and
+    /// link-local ones included).
+    pub fn addresses(&self) -> Result<Vec<IpAddr>, NetnsError> {
         let path = self.path.clone();
         self.run_inside(move || {
             let addrs = nix::ifaddrs::getifaddrs().map_err(|source| NetnsError::Syscall {
@@ -139,22 +140,27 @@ impl PodNetns {
                 path,
                 source,
             })?;
-            let mut v4: Vec<Ipv4Addr> = addrs
-                .filter_map(|a| a.address?.as_sockaddr_in().map(|s| s.ip()))
+            let mut all: Vec<IpAddr> = addrs
+                .filter_map(|a| {
+                    let address = a.address?;
+                    let v4 = address.as_sockaddr_in().map(|s| IpAddr::V4(s.ip()));
+                    v4.or_else(|| address.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())))
+                })
                 .collect();
-            v4.sort();
-            v4.dedup();
-            Ok(v4)
+            all.sort();
+            all.dedup();
+            Ok(all)
         })
     }
 }
 
-/// `RTMGRP_IPV4_IFADDR` from `<linux/rtnetlink.h>`.
+/// `RTMGRP_IPV4_IFADDR` and `RTMGRP_IPV6_IFADDR` from `<linux/rtnetlink.h>`.
 const RTMGRP_IPV4_IFADDR: u32 = 0x10;
+const RTMGRP_IPV6_IFADDR: u32 = 0x100;
 
 impl PodNetns {
-    /// A netlink socket, bound inside the namespace, that becomes readable whenever an IPv4
-    /// address is added or removed there. The socket stays in the namespace it was created in.
+    /// A netlink socket, bound inside the namespace, that becomes readable whenever an address
+    /// of either family is added or removed there. The socket stays in the namespace it was created in.
     pub fn address_changes(&self) -> Result<std::os::fd::OwnedFd, NetnsError> {
         let path = self.path.clone();
         self.run_inside(move || {
@@ -179,7 +185,7 @@ impl PodNetns {
             // SAFETY: sockaddr_nl is plain data; zeroed is a valid value.
             let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
             addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-            addr.nl_groups = RTMGRP_IPV4_IFADDR;
+            addr.nl_groups = RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR;
             // SAFETY: addr is a valid sockaddr_nl of the given length.
             let rc = unsafe {
                 libc::bind(
@@ -189,7 +195,10 @@ impl PodNetns {
                 )
             };
             if rc != 0 {
-                return Err(error("bind(RTMGRP_IPV4_IFADDR)", nix::Error::last()));
+                return Err(error(
+                    "bind(RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR)",
+                    nix::Error::last(),
+                ));
             }
             Ok(fd)
         })

@@ -42,7 +42,7 @@ pub fn pod_spec(netns: &Netns, config: &InterceptionConfig) -> PodSpec {
     PodSpec {
         netns_path: netns.path(),
         netns_cookie: pod.cookie().expect("netns cookie"),
-        addresses: pod.ipv4_addresses().expect("pod addresses"),
+        addresses: pod.addresses().expect("pod addresses"),
         config: config.clone(),
     }
 }

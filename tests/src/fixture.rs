@@ -46,8 +46,9 @@ impl Netns {
         sh("ip", &all);
     }
 
-    /// Connects two namespaces with a veth pair and gives each end an address.
-    pub fn veth_to(&self, self_cidr: &str, other: &Netns, other_cidr: &str) {
+    /// Connects two namespaces with a veth pair and gives each end its addresses (IPv6 ones
+    /// without duplicate address detection, so they are usable at once).
+    pub fn veth_to(&self, self_cidrs: &[&str], other: &Netns, other_cidrs: &[&str]) {
         let (a, b) = ("eth0", "peer0");
         self.ip(&[
             "link",
@@ -61,10 +62,16 @@ impl Netns {
             "netns",
             &other.name,
         ]);
-        self.ip(&["addr", "add", self_cidr, "dev", a]);
-        self.ip(&["link", "set", a, "up"]);
-        other.ip(&["addr", "add", other_cidr, "dev", b]);
-        other.ip(&["link", "set", b, "up"]);
+        for (netns, cidrs, dev) in [(self, self_cidrs, a), (other, other_cidrs, b)] {
+            for cidr in cidrs {
+                let mut args = vec!["addr", "add", cidr, "dev", dev];
+                if cidr.contains(':') {
+                    args.push("nodad");
+                }
+                netns.ip(&args);
+            }
+            netns.ip(&["link", "set", dev, "up"]);
+        }
     }
 }
 
@@ -115,14 +122,14 @@ impl Drop for Cgroup {
     }
 }
 
-/// The standard pod: its namespace (10.77.0.1/24 on eth0), a remote host namespace
-/// (10.77.0.2/24) joined by a veth pair, and the pod's cgroup.
+/// The standard pod, dual-stack: its namespace (10.77.0.1/24 and fd77::1/64 on eth0), a remote
+/// host namespace (10.77.0.2/24, fd77::2/64) joined by a veth pair, and the pod's cgroup.
 ///
-/// Like a real pod it has a default route (iptables REDIRECT needs one: routing happens before
+/// Like a real pod it has default routes (iptables REDIRECT needs one: routing happens before
 /// the OUTPUT hook), pointing at the remote namespace. The remote namespace treats the
-/// documentation ranges 192.0.2.0/24 and 198.51.100.0/24 as its own, so a connection to them
-/// that is not intercepted is refused there at once. The remote has no other route: nothing
-/// leaves the two namespaces.
+/// documentation ranges 192.0.2.0/24, 198.51.100.0/24 and 2001:db8::/64 as its own, so a
+/// connection to them that is not intercepted is refused there at once. The remote has no other
+/// route: nothing leaves the two namespaces.
 pub struct PodFixture {
     pub pod: Netns,
     pub remote: Netns,
@@ -133,18 +140,21 @@ pub struct PodFixture {
 
 pub const POD_ADDR: &str = "10.77.0.1";
 pub const REMOTE_ADDR: &str = "10.77.0.2";
+pub const POD_ADDR6: &str = "fd77::1";
+pub const REMOTE_ADDR6: &str = "fd77::2";
 
 impl PodFixture {
     pub fn new(tag: &str) -> Self {
         let pod = Netns::new(tag);
         let remote = Netns::new(&format!("{tag}-remote"));
         pod.veth_to(
-            &format!("{POD_ADDR}/24"),
+            &[&format!("{POD_ADDR}/24"), &format!("{POD_ADDR6}/64")],
             &remote,
-            &format!("{REMOTE_ADDR}/24"),
+            &[&format!("{REMOTE_ADDR}/24"), &format!("{REMOTE_ADDR6}/64")],
         );
         pod.ip(&["route", "add", "default", "via", REMOTE_ADDR]);
-        for range in ["192.0.2.0/24", "198.51.100.0/24"] {
+        pod.ip(&["-6", "route", "add", "default", "via", REMOTE_ADDR6]);
+        for range in ["192.0.2.0/24", "198.51.100.0/24", "2001:db8::/64"] {
             remote.ip(&["route", "add", "local", range, "dev", "lo"]);
         }
         let cgroup = Cgroup::new(tag);

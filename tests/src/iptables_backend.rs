@@ -10,12 +10,13 @@ use crate::{PodFixture, scenario::Backend};
 pub struct Iptables(pub IptablesMode);
 
 impl Iptables {
-    pub fn options(&self, fixture: &PodFixture) -> IptablesOptions {
+    /// `ipv6` runs the ip6tables pass too, as `--ipv6` does.
+    pub fn options(&self, fixture: &PodFixture, ipv6: bool) -> IptablesOptions {
         // -w: tests run in parallel and the xtables lock is machine-wide.
         IptablesOptions {
             mode: self.0,
             wait: true,
-            ipv6: false,
+            ipv6,
             netns: Some(fixture.pod.path()),
         }
     }
@@ -32,7 +33,7 @@ impl Drop for Installed {
 
 impl Backend for Iptables {
     fn attach(&self, fixture: &PodFixture, config: &InterceptionConfig) -> Box<dyn std::any::Any> {
-        let options = self.options(fixture);
+        let options = self.options(fixture, config.ipv6);
         iptables::install(config, &options).unwrap_or_else(|e| panic!("iptables install: {e}"));
         Box::new(Installed(options))
     }

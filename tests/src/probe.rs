@@ -1,7 +1,7 @@
 //! Running `netprobe` (the pod's app, proxy and servers) and reading what it saw.
 use std::{
     io::{BufRead as _, BufReader},
-    net::SocketAddrV4,
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
 };
@@ -121,7 +121,7 @@ pub enum Landing {
     /// `Err(0)` for a proxy started with `--no-orig`, which does not ask).
     Proxy {
         name: String,
-        orig: Result<SocketAddrV4, i32>,
+        orig: Result<SocketAddr, i32>,
         peer: String,
         local: String,
     },
@@ -177,7 +177,7 @@ impl Landing {
     }
 
     /// The original destination a proxy saw, or panics with what happened instead.
-    pub fn proxy_orig(&self) -> SocketAddrV4 {
+    pub fn proxy_orig(&self) -> SocketAddr {
         match self {
             Self::Proxy { orig: Ok(orig), .. } => *orig,
             other => {

@@ -1,13 +1,21 @@
 //! The behaviour contract (SPEC "Outbound" and "Inbound") as one table of scenarios, run the same
-//! way against every backend: who connects, from where, to what, under which configuration, and
-//! where it must land.
-use std::{collections::BTreeMap, net::SocketAddrV4};
+//! way against every backend and for every address family an app can use: who connects, from
+//! where, to what, under which configuration, and where it must land.
+//!
+//! Rows are written with IPv4 addresses; [`Family`] turns them into the connection a test makes:
+//! from an `AF_INET` socket, from an `AF_INET6` socket to the IPv4-mapped address
+//! (`[::ffff:10.77.0.2]:80`, an IPv4 connection), or native IPv6 to the counterpart address of
+//! the dual-stack fixture (`[fd77::2]:80`).
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
+};
 
 use interceptor::config::{InterceptionConfig, PortRange, PortSet};
 
 use crate::{
     PodFixture,
-    fixture::{POD_ADDR, REMOTE_ADDR},
+    fixture::{POD_ADDR, POD_ADDR6, REMOTE_ADDR, REMOTE_ADDR6},
     probe::{Landing, Listener},
 };
 
@@ -33,6 +41,74 @@ pub fn linkerd_config() -> InterceptionConfig {
         outbound_subnets_to_ignore: Vec::new(),
         ipv6: false,
     }
+}
+
+/// How the connecting process reaches its target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// An `AF_INET` socket.
+    Ipv4,
+    /// An `AF_INET6` socket connecting to the IPv4-mapped address: an IPv4 connection that
+    /// only the IPv6 hooks see (Java and other dual-stack runtimes connect this way).
+    Ipv4MappedOnIpv6,
+    /// Native IPv6.
+    Ipv6,
+}
+
+/// The IPv6 counterpart of each IPv4 address the rows use.
+const IPV6_COUNTERPARTS: [(&str, &str); 5] = [
+    (POD_ADDR, POD_ADDR6),
+    (REMOTE_ADDR, REMOTE_ADDR6),
+    ("192.0.2.2", "2001:db8::2"),
+    ("127.0.0.1", "::1"),
+    ("0.0.0.0", "::"),
+];
+
+impl Family {
+    /// The address a process of this family connects to for a row's IPv4 `target`.
+    pub fn target(self, target: &str) -> String {
+        let (ip, port) = target.rsplit_once(':').expect("IP:PORT");
+        match self {
+            Family::Ipv4 => target.to_owned(),
+            Family::Ipv4MappedOnIpv6 => format!("[::ffff:{ip}]:{port}"),
+            Family::Ipv6 => format!("[{}]:{port}", ipv6_counterpart(ip)),
+        }
+    }
+
+    /// The peer address a pod's socket sees for a remote client of this family.
+    pub fn remote_addr(self) -> &'static str {
+        match self {
+            Family::Ipv6 => REMOTE_ADDR6,
+            _ => REMOTE_ADDR,
+        }
+    }
+
+    /// The configuration a row runs under: native IPv6 is intercepted only in the IPv6 runs, so
+    /// the IPv4 runs also show that `--ipv6=false` never lets IPv4 on an IPv6 socket through.
+    pub fn configure(self, config: &mut InterceptionConfig) {
+        config.ipv6 = self == Family::Ipv6;
+    }
+}
+
+pub fn ipv6_counterpart(ipv4: &str) -> &'static str {
+    IPV6_COUNTERPARTS
+        .iter()
+        .find(|(v4, _)| *v4 == ipv4)
+        .unwrap_or_else(|| panic!("{ipv4} has no IPv6 counterpart in the fixture"))
+        .1
+}
+
+/// A row's IPv4 subnet and its IPv6 counterpart in one list: each family's run exercises its own.
+fn both_families(v4: &str) -> Vec<ipnet::IpNet> {
+    let v6 = match v4 {
+        "10.77.0.0/24" => "fd77::/64",
+        "192.0.2.0/24" => "2001:db8::/64",
+        _ => panic!("{v4} has no IPv6 counterpart in the fixture"),
+    };
+    vec![
+        v4.parse().expect("IPv4 CIDR"),
+        v6.parse().expect("IPv6 CIDR"),
+    ]
 }
 
 /// Where a connection must end up.
@@ -65,8 +141,11 @@ pub struct Scenario {
     pub configure: fn(&mut InterceptionConfig),
     pub app_uid: u32,
     pub app_gid: Option<u32>,
+    /// IPv4 form; see [`Family::target`].
     pub target: &'static str,
     pub expect: Expect,
+    /// Only meaningful for IPv4 (e.g. 127.0.0.0/8): not run for native IPv6.
+    pub ipv4_only: bool,
 }
 
 fn unchanged(_: &mut InterceptionConfig) {}
@@ -81,6 +160,7 @@ const fn app(name: &'static str, target: &'static str, expect: Expect) -> Scenar
         app_gid: None,
         target,
         expect,
+        ipv4_only: false,
     }
 }
 
@@ -151,10 +231,19 @@ pub const OUTBOUND: &[Scenario] = &[
         "127.0.0.1:8080",
         Expect::Server("pod-lo"),
     ),
+    Scenario {
+        ipv4_only: true,
+        ..app(
+            "all_of_127_8_is_loopback",
+            "127.0.0.2:8080",
+            Expect::Server("pod-lo2"),
+        )
+    },
+    // The kernel connects an unspecified destination to the loopback address.
     app(
-        "all_of_127_8_is_loopback",
-        "127.0.0.2:8080",
-        Expect::Server("pod-lo2"),
+        "the_unspecified_address_is_loopback",
+        "0.0.0.0:8080",
+        Expect::Server("pod-lo"),
     ),
     app(
         "the_pods_own_address_is_exempt",
@@ -197,7 +286,7 @@ pub const OUTBOUND: &[Scenario] = &[
         )
     },
     Scenario {
-        configure: |c| c.outbound_subnets_to_ignore = vec!["10.77.0.0/24".parse().unwrap()],
+        configure: |c| c.outbound_subnets_to_ignore = both_families("10.77.0.0/24"),
         ..app(
             "an_ignored_outbound_subnet_is_exempt",
             "10.77.0.2:80",
@@ -205,7 +294,7 @@ pub const OUTBOUND: &[Scenario] = &[
         )
     },
     Scenario {
-        configure: |c| c.outbound_subnets_to_ignore = vec!["10.77.0.0/24".parse().unwrap()],
+        configure: |c| c.outbound_subnets_to_ignore = both_families("10.77.0.0/24"),
         ..app(
             "other_subnets_are_still_redirected",
             "192.0.2.2:1404",
@@ -249,7 +338,7 @@ pub const INBOUND: &[Scenario] = &[
         )
     },
     Scenario {
-        configure: |c| c.subnets_to_ignore = vec!["10.77.0.0/24".parse().unwrap()],
+        configure: |c| c.subnets_to_ignore = both_families("10.77.0.0/24"),
         ..client(
             "a_client_in_an_ignored_subnet_reaches_the_app",
             "10.77.0.1:80",
@@ -257,7 +346,7 @@ pub const INBOUND: &[Scenario] = &[
         )
     },
     Scenario {
-        configure: |c| c.subnets_to_ignore = vec!["192.0.2.0/24".parse().unwrap()],
+        configure: |c| c.subnets_to_ignore = both_families("192.0.2.0/24"),
         ..client(
             "clients_outside_ignored_subnets_are_steered",
             "10.77.0.1:80",
@@ -322,7 +411,8 @@ pub fn scenario(name: &str) -> &'static Scenario {
 }
 
 /// The processes every scenario runs against: the proxy's outbound and inbound listeners (as the
-/// proxy UID), servers of the pod itself, and servers on the remote host.
+/// proxy UID), servers of the pod itself, and servers on the remote host; each listens on its
+/// IPv4 address and on the IPv6 counterpart.
 pub struct Servers {
     _listeners: BTreeMap<&'static str, Listener>,
 }
@@ -339,42 +429,42 @@ impl Servers {
     /// Everything but the inbound proxy (tests of a proxy that is not listening yet).
     pub fn without_inbound_proxy(fixture: &PodFixture) -> Self {
         let mut listeners = BTreeMap::new();
-        let outbound = format!("127.0.0.1:{OUTBOUND_PORT}");
         listeners.insert(
             "proxy",
-            fixture
-                .in_pod()
-                .uid(PROXY_UID)
-                .listen(&["proxy", &outbound, "--name", "outbound"]),
+            fixture.in_pod().uid(PROXY_UID).listen(&[
+                "proxy",
+                &format!("127.0.0.1:{OUTBOUND_PORT}"),
+                &format!("[::1]:{OUTBOUND_PORT}"),
+                "--name",
+                "outbound",
+            ]),
         );
-        for (name, addr) in [
-            ("app-80", "0.0.0.0:80"),
-            ("app-4190", "0.0.0.0:4190"),
-            ("app-9090", "0.0.0.0:9090"),
-        ] {
+        // Separate sockets per family ([::] with IPV6_V6ONLY), as Linkerd's proxy and most
+        // servers listen; dual-stack sockets have tests of their own.
+        for (name, port) in [("app-80", 80), ("app-4190", 4190), ("app-9090", 9090)] {
+            let (v4, v6) = (format!("0.0.0.0:{port}"), format!("[::]:{port}"));
             listeners.insert(
                 name,
-                fixture.in_pod().listen(&["server", addr, "--name", name]),
+                fixture
+                    .in_pod()
+                    .listen(&["server", &v4, &v6, "--v6only", "--name", name]),
             );
         }
-        listeners.insert(
-            "pod-lo",
-            fixture
-                .in_pod()
-                .listen(&["server", "127.0.0.1:8080", "--name", "pod-lo"]),
-        );
-        listeners.insert(
-            "pod-lo2",
-            fixture
-                .in_pod()
-                .listen(&["server", "127.0.0.2:8080", "--name", "pod-lo2"]),
-        );
-        let own = format!("{POD_ADDR}:8081");
+        for (name, addrs) in [
+            ("pod-lo", ["127.0.0.1:8080", "[::1]:8080"].as_slice()),
+            ("pod-lo2", ["127.0.0.2:8080"].as_slice()),
+        ] {
+            let mut args = vec!["server"];
+            args.extend_from_slice(addrs);
+            args.extend_from_slice(&["--name", name]);
+            listeners.insert(name, fixture.in_pod().listen(&args));
+        }
+        let (own, own6) = (format!("{POD_ADDR}:8081"), format!("[{POD_ADDR6}]:8081"));
         listeners.insert(
             "pod-own",
             fixture
                 .in_pod()
-                .listen(&["server", &own, "--name", "pod-own"]),
+                .listen(&["server", &own, &own6, "--name", "pod-own"]),
         );
         for (name, port) in [
             ("remote-80", 80),
@@ -382,11 +472,12 @@ impl Servers {
             ("remote-8005", 8005),
         ] {
             let addr = format!("{REMOTE_ADDR}:{port}");
+            let addr6 = format!("[{REMOTE_ADDR6}]:{port}");
             listeners.insert(
                 name,
                 fixture
                     .on_remote()
-                    .listen(&["server", &addr, "--name", name]),
+                    .listen(&["server", &addr, &addr6, "--name", name]),
             );
         }
         Self {
@@ -395,13 +486,14 @@ impl Servers {
     }
 }
 
-/// The proxy's inbound listener, on all addresses as Linkerd's proxy listens.
+/// The proxy's inbound listeners, on all addresses of both families as Linkerd's proxy listens
+/// (`0.0.0.0:4143` and `[::]:4143` with `IPV6_V6ONLY`).
 pub fn start_inbound_proxy(fixture: &PodFixture) -> Listener {
     let inbound = format!("0.0.0.0:{INBOUND_PORT}");
-    fixture
-        .in_pod()
-        .uid(PROXY_UID)
-        .listen(&["proxy", &inbound, "--name", "inbound"])
+    let inbound6 = format!("[::]:{INBOUND_PORT}");
+    fixture.in_pod().uid(PROXY_UID).listen(&[
+        "proxy", &inbound, &inbound6, "--v6only", "--name", "inbound",
+    ])
 }
 
 /// A backend under test: attaches interception for the fixture's pod; dropping the returned
@@ -414,11 +506,17 @@ pub trait Backend {
     fn inbound_keeps_local_address(&self) -> bool;
 }
 
-/// Runs one scenario against a backend, on a fresh pod.
-pub fn run(backend: &dyn Backend, scenario: &Scenario) {
+/// Runs one scenario against a backend, on a fresh pod, with connections of `family`.
+pub fn run(backend: &dyn Backend, scenario: &Scenario, family: Family) {
+    assert!(
+        !(scenario.ipv4_only && family == Family::Ipv6),
+        "scenario {} is IPv4 only",
+        scenario.name
+    );
     let fixture = PodFixture::new("scn");
     let _servers = Servers::start(&fixture);
     let mut config = linkerd_config();
+    family.configure(&mut config);
     (scenario.configure)(&mut config);
     let _attached = backend.attach(&fixture, &config);
     let _again = scenario.twice.then(|| backend.attach(&fixture, &config));
@@ -430,8 +528,11 @@ pub fn run(backend: &dyn Backend, scenario: &Scenario) {
     if let Some(gid) = scenario.app_gid {
         process = process.gid(gid);
     }
-    let landing = process.connect(scenario.target);
-    let target: SocketAddrV4 = scenario.target.parse().expect("scenario target");
+    let target = family.target(scenario.target);
+    let landing = process.connect(&target);
+    // What the pod's sockets see: an IPv4-mapped connection is plain IPv4 there.
+    let target: SocketAddr = target.parse().expect("scenario target");
+    let target = SocketAddr::new(target.ip().to_canonical(), target.port());
     let ok = match (&scenario.expect, &landing) {
         (
             Expect::ProxyWithOrigDst,
@@ -456,7 +557,14 @@ pub fn run(backend: &dyn Backend, scenario: &Scenario) {
             } else {
                 local.ends_with(&format!(":{INBOUND_PORT}"))
             };
-            name == "inbound" && *orig == target && local_ok && peer.starts_with(REMOTE_ADDR)
+            let peer_ip = peer
+                .parse::<SocketAddr>()
+                .map(|p| p.ip().to_string())
+                .unwrap_or_default();
+            name == "inbound"
+                && *orig == target
+                && local_ok
+                && peer_ip.parse::<IpAddr>().ok() == family.remote_addr().parse().ok()
         }
         (Expect::Server(want), Landing::Server { name, .. }) => name == want,
         (Expect::Failed(want), Landing::Failed(got)) => got == want,
@@ -464,7 +572,7 @@ pub fn run(backend: &dyn Backend, scenario: &Scenario) {
     };
     assert!(
         ok,
-        "scenario {}: expected {:?}, got {landing:?}",
+        "scenario {} ({family:?}, {target}): expected {:?}, got {landing:?}",
         scenario.name, scenario.expect
     );
 }

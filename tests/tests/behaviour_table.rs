@@ -1,24 +1,31 @@
-//! One behaviour table, every backend: each scenario of `scenario::OUTBOUND` and
-//! `scenario::INBOUND` runs against eBPF, iptables-legacy and iptables-nft. A scenario that
-//! passes on one backend and fails on another is a bug in one of them.
+//! One behaviour table, every backend, every address family: each scenario of
+//! `scenario::OUTBOUND` and `scenario::INBOUND` runs against eBPF, iptables-legacy and
+//! iptables-nft (ip6tables for IPv6), with connections from `AF_INET` sockets, from `AF_INET6`
+//! sockets to IPv4-mapped addresses, and native IPv6. A scenario that passes on one backend or
+//! family and fails on another is a bug in one of them.
 use interceptor::iptables::IptablesMode;
-use interceptor_tests::{ebpf_backend::Ebpf, iptables_backend::Iptables, privileged, scenario};
+use interceptor_tests::{
+    ebpf_backend::Ebpf,
+    iptables_backend::Iptables,
+    privileged,
+    scenario::{self, Family},
+};
 
 macro_rules! scenarios {
-    ($backend:expr; $($name:ident),* $(,)?) => {$(
+    ($backend:expr, $family:expr; $($name:ident),* $(,)?) => {$(
         #[test]
         fn $name() {
             if privileged(concat!(module_path!(), "::", stringify!($name))) {
-                scenario::run(&$backend, scenario::scenario(stringify!($name)));
+                scenario::run(&$backend, scenario::scenario(stringify!($name)), $family);
             }
         }
     )*};
 }
 
-/// Every row of the table; `every_scenario_has_a_test` keeps this list complete.
+/// Every row of the table for every family; `every_scenario_has_a_test` keeps this list complete.
 macro_rules! table {
-    ($backend:expr) => {
-        scenarios!($backend;
+    ($backend:expr, $family:expr) => {
+        scenarios!($backend, $family;
             redirects_to_a_remote_address,
             redirects_an_unreachable_address,
             proxy_uid_is_exempt,
@@ -27,7 +34,7 @@ macro_rules! table {
             proxy_gid_is_exempt,
             a_gid_is_only_exempt_when_configured,
             loopback_is_exempt,
-            all_of_127_8_is_loopback,
+            the_unspecified_address_is_loopback,
             the_pods_own_address_is_exempt,
             an_ignored_port_is_exempt,
             ports_not_ignored_are_redirected,
@@ -51,29 +58,62 @@ macro_rules! table {
     };
 }
 
-mod ebpf {
-    use super::*;
-    table!(Ebpf);
+/// Rows that only have an IPv4 meaning (`Scenario::ipv4_only`).
+macro_rules! ipv4_only {
+    ($backend:expr, $family:expr) => {
+        scenarios!($backend, $family;
+            all_of_127_8_is_loopback,
+        );
+    };
 }
 
-mod iptables_legacy {
-    use super::*;
-    table!(Iptables(IptablesMode::Legacy));
+macro_rules! backend {
+    ($module:ident, $backend:expr) => {
+        mod $module {
+            use super::*;
+
+            mod ipv4 {
+                use super::*;
+                table!($backend, Family::Ipv4);
+                ipv4_only!($backend, Family::Ipv4);
+            }
+
+            mod ipv4_mapped_on_ipv6 {
+                use super::*;
+                table!($backend, Family::Ipv4MappedOnIpv6);
+                ipv4_only!($backend, Family::Ipv4MappedOnIpv6);
+            }
+
+            mod ipv6 {
+                use super::*;
+                table!($backend, Family::Ipv6);
+            }
+        }
+    };
 }
 
-mod iptables_nft {
-    use super::*;
-    table!(Iptables(IptablesMode::Nft));
-}
+backend!(ebpf, Ebpf);
+backend!(iptables_legacy, Iptables(IptablesMode::Legacy));
+backend!(iptables_nft, Iptables(IptablesMode::Nft));
 
 #[test]
 fn every_scenario_has_a_test() {
     let source = include_str!("behaviour_table.rs");
+    let section = |start: &str| {
+        let from = source.find(start).expect("macro");
+        &source[from..from + source[from..].find(");").expect("end of list")]
+    };
+    let (table, ipv4_only) = (
+        section("macro_rules! table"),
+        section("macro_rules! ipv4_only"),
+    );
     for s in scenario::OUTBOUND.iter().chain(scenario::INBOUND) {
+        let list = if s.ipv4_only { ipv4_only } else { table };
         assert!(
-            source.contains(&format!("            {},\n", s.name)),
-            "scenario {} is not in the table",
-            s.name
+            list.contains(&format!("            {},\n", s.name)),
+            "scenario {} is not in the {} list",
+            s.name,
+            if s.ipv4_only { "ipv4_only" } else { "table" }
         );
     }
 }

@@ -153,6 +153,14 @@ fn run_meshes_a_pod_reports_status_and_detaches_on_sigterm() {
         "192.0.2.2:1404"
     );
     assert_eq!(app.connect("10.77.0.2:443").server_name(), "remote-443");
+    // The bypass of issue 7: run with --ipv6=false, an AF_INET6 socket connecting to the
+    // IPv4-mapped address is still an IPv4 connection, and is intercepted.
+    assert_eq!(
+        app.connect("[::ffff:192.0.2.2]:1404")
+            .proxy_orig()
+            .to_string(),
+        "192.0.2.2:1404"
+    );
 
     let report = status(&instance);
     assert_eq!(report["backend"], "ebpf");
@@ -165,7 +173,12 @@ fn run_meshes_a_pod_reports_status_and_detaches_on_sigterm() {
         .collect();
     assert_eq!(
         programs,
-        ["icpt_connect4", "icpt_sockops", "icpt_getsockopt"]
+        [
+            "icpt_connect4",
+            "icpt_connect6",
+            "icpt_sockops",
+            "icpt_getsockopt"
+        ]
     );
     assert_eq!(
         report["pods"][0]["netns"],
@@ -175,10 +188,15 @@ fn run_meshes_a_pod_reports_status_and_detaches_on_sigterm() {
         report["pods"][0]["config"]["outbound_ports_to_ignore"],
         "443"
     );
+    let addresses = report["pods"][0]["addresses"].to_string();
+    assert!(
+        addresses.contains("\"10.77.0.1\"") && addresses.contains("\"fd77::1\""),
+        "both families of the pod's addresses are tracked: {addresses}"
+    );
     let counters = &report["counters"][0]["counters"];
-    assert_eq!(counters["outbound_redirected"], 1, "{counters}");
+    assert_eq!(counters["outbound_redirected"], 2, "{counters}");
     // netprobe's proxy asks twice, to check repeated calls give the same answer.
-    assert_eq!(counters["orig_dst_served"], 2, "{counters}");
+    assert_eq!(counters["orig_dst_served"], 4, "{counters}");
     assert_eq!(counters["outbound_exempt_ignored_port"], 1, "{counters}");
     assert_eq!(report["pending_orig_dst"], 0);
     assert_eq!(report["counters"][0]["inbound_listener"], true);

@@ -1,7 +1,7 @@
 //! Outbound interception properties specific to the eBPF backend: per-pod identity, the original
 //! destination under load and port reuse, bounded state, counters, and detaching.
 use std::{
-    net::SocketAddrV4,
+    net::SocketAddr,
     time::{Duration, Instant},
 };
 
@@ -323,7 +323,7 @@ fn detaching_restores_direct_connections() {
     let cookie = register(&mut node, &fixture.pod, &linkerd_config());
     attach(&mut node, &fixture.cgroup.path);
     let app = fixture.in_pod().uid(APP_UID);
-    let remote: SocketAddrV4 = format!("{REMOTE_ADDR}:80").parse().unwrap();
+    let remote: SocketAddr = format!("{REMOTE_ADDR}:80").parse().unwrap();
     assert_eq!(app.connect(&remote.to_string()).proxy_orig(), remote);
 
     // Unregistering the pod stops interception at once, programs still attached.

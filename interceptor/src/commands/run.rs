@@ -1,7 +1,7 @@
 //! `interceptor run`: mesh one pod until SIGINT/SIGTERM.
 use std::{
     io::Read as _,
-    net::Ipv4Addr,
+    net::IpAddr,
     path::Path,
     time::{SystemTime, UNIX_EPOCH},
 };
@@ -76,12 +76,6 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
         None => cgroup::cgroup2_root()?,
     };
     let paths = InstancePaths::new(&args.instance)?;
-    if config.ipv6 {
-        warn!(
-            "IPv6 connections are NOT intercepted by the eBPF backend yet: only IPv4 goes through \
-             the proxy; pass --ipv6=false to state that this is intended"
-        );
-    }
     if args.simulate {
         print_plan(&config, &args.netns, &cgroup, &paths);
         return Ok(());
@@ -95,7 +89,7 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
     let spec = PodSpec {
         netns_path: args.netns.clone(),
         netns_cookie: netns.cookie()?,
-        addresses: netns.ipv4_addresses()?,
+        addresses: netns.addresses()?,
         config,
     };
     // Open before attaching: a namespace we cannot watch is an error, not a silent gap.
@@ -147,7 +141,7 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             Some(()) = changes.recv() => {
-                let addresses = netns.ipv4_addresses()?;
+                let addresses = netns.addresses()?;
                 info!(netns = %spec.netns_path.display(), ?addresses, "pod addresses changed");
                 node.pods().set_addresses(spec.netns_cookie, &addresses)?;
                 let sk_lookup = node.pods().inbound_program(spec.netns_cookie);
@@ -181,14 +175,14 @@ fn pod_state(spec: &PodSpec, slot: u32, sk_lookup: Option<ebpf::ProgramState>) -
         netns: spec.netns_path.clone(),
         netns_cookie: spec.netns_cookie,
         slot,
-        addresses: spec.addresses.iter().map(Ipv4Addr::to_string).collect(),
+        addresses: spec.addresses.iter().map(IpAddr::to_string).collect(),
         config: spec.config.summary(),
     }
 }
 
 fn print_plan(config: &InterceptionConfig, netns: &Path, cgroup: &Path, paths: &InstancePaths) {
     println!("# simulate: nothing is changed");
-    println!("load eBPF programs: cgroup/connect4, sock_ops, cgroup/getsockopt");
+    println!("load eBPF programs: cgroup/connect4, cgroup/connect6, sock_ops, cgroup/getsockopt");
     println!("pin their maps under {}", paths.pin_dir.display());
     println!("register pod {} ({config})", netns.display());
     println!("attach sk_lookup to network namespace {}", netns.display());

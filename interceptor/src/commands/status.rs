@@ -1,7 +1,9 @@
 //! `interceptor status`: what is attached, which pods, their counters. Reads the state files and
 //! the pinned maps, so it works from any process.
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, SockHash};
-use interceptor_common::{PendingKey, PendingOrigDst, PodCounters, counters::Decision, names};
+use interceptor_common::{
+    ListenerKey, PendingKey, PendingOrigDst, PodCounters, addr::family, counters::Decision, names,
+};
 use serde::Serialize;
 
 use crate::{
@@ -25,6 +27,8 @@ struct PodCountersReport {
     netns_cookie: u64,
     /// Whether the proxy's inbound listener is known to steering (else inbound is dropped).
     inbound_listener: bool,
+    /// Which of its sockets: "IPv4", "IPv6" (a dual-stack `[::]` one also takes IPv4).
+    inbound_listener_families: Vec<String>,
     counters: std::collections::BTreeMap<&'static str, u64>,
 }
 
@@ -59,8 +63,8 @@ fn report(paths: &InstancePaths) -> InstanceReport {
         let pin_dir = &state.as_ref()?.pin_dir;
         Map::from_map_data(MapData::from_pin(pin_dir.join(name)).ok()?).ok()
     };
-    let listeners: Vec<u64> = open(names::MAP_LISTENERS)
-        .and_then(|m| SockHash::<MapData, u64>::try_from(m).ok())
+    let listeners: Vec<ListenerKey> = open(names::MAP_LISTENERS)
+        .and_then(|m| SockHash::<MapData, ListenerKey>::try_from(m).ok())
         .map(|m| m.keys().filter_map(Result::ok).collect())
         .unwrap_or_default();
     let mut counters = Vec::new();
@@ -71,7 +75,8 @@ fn report(paths: &InstancePaths) -> InstanceReport {
             if let Ok(c) = read_counters(&array, pod.slot) {
                 counters.push(PodCountersReport {
                     netns_cookie: pod.netns_cookie,
-                    inbound_listener: listeners.contains(&pod.netns_cookie),
+                    inbound_listener: listeners.iter().any(|k| k.netns_cookie == pod.netns_cookie),
+                    inbound_listener_families: listener_families(&listeners, pod.netns_cookie),
                     counters: c.named().collect(),
                 });
             }
@@ -87,6 +92,20 @@ fn report(paths: &InstancePaths) -> InstanceReport {
         pending_orig_dst,
         counters,
     }
+}
+
+/// The families the pod's proxy is known to listen with: "IPv4" (an `AF_INET` socket), "IPv6"
+/// (an `AF_INET6` one, which also takes IPv4 when it is dual-stack).
+fn listener_families(listeners: &[ListenerKey], netns_cookie: u64) -> Vec<String> {
+    [(family::IPV4, "IPv4"), (family::IPV6, "IPv6")]
+        .into_iter()
+        .filter(|(f, _)| {
+            listeners
+                .iter()
+                .any(|k| k.netns_cookie == netns_cookie && k.family == *f)
+        })
+        .map(|(_, name)| name.to_owned())
+        .collect()
 }
 
 fn print_report(r: &InstanceReport) {
@@ -136,11 +155,22 @@ fn print_report(r: &InstanceReport) {
             .find(|x| x.netns_cookie == pod.netns_cookie)
         {
             let listener = if counters.inbound_listener {
-                "listening (inbound steered to it)"
+                format!(
+                    "listening on {} (inbound steered to it)",
+                    counters.inbound_listener_families.join(" and ")
+                )
             } else {
-                "NOT listening (inbound to steered ports is refused)"
+                "NOT listening (inbound to steered ports is refused)".into()
             };
             println!("    proxy inbound listener: {listener}");
+            println!(
+                "    native IPv6: {}",
+                if pod.config.ipv6 {
+                    "intercepted"
+                } else {
+                    "left alone (--ipv6=false; IPv4 on IPv6 sockets is intercepted)"
+                }
+            );
             if let Some(p) = &pod.sk_lookup {
                 println!(
                     "    program {:<16} id {:<6} {} (this pod's namespace)",

@@ -40,6 +40,9 @@ pub struct ConfigSummary {
     pub ports_to_redirect: Vec<u16>,
     pub subnets_to_ignore: Vec<String>,
     pub outbound_subnets_to_ignore: Vec<String>,
+    /// Whether native IPv6 is intercepted (IPv4 on IPv6 sockets always is).
+    #[serde(default)]
+    pub ipv6: bool,
 }
 
 impl InterceptionConfig {
@@ -62,6 +65,7 @@ impl InterceptionConfig {
                 .iter()
                 .map(IpNet::to_string)
                 .collect(),
+            ipv6: self.ipv6,
         }
     }
 }

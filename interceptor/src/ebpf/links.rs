@@ -17,6 +17,7 @@ use std::{
 pub mod attach_type {
     pub const CGROUP_SOCK_OPS: u32 = 3;
     pub const CGROUP_INET4_CONNECT: u32 = 10;
+    pub const CGROUP_INET6_CONNECT: u32 = 11;
     pub const CGROUP_GETSOCKOPT: u32 = 21;
     pub const SK_LOOKUP: u32 = 36;
 }

@@ -17,12 +17,23 @@ use std::{
 /// `TCP_LISTEN` in /proc/net/tcp's `st` column.
 const TCP_LISTEN: &str = "0A";
 
-/// A duplicate of a listening TCP socket bound to `port` in the namespace at `netns`, if any
-/// process there has one.
-pub fn find_listener(netns: &Path, port: u16) -> Option<OwnedFd> {
-    let target = fs::metadata(netns).ok()?;
-    for pid in fs::read_dir("/proc")
-        .ok()?
+/// A listening socket found in a pod, and whether it is an IPv6 (`AF_INET6`) one.
+pub struct Listening {
+    pub socket: OwnedFd,
+    pub ipv6: bool,
+}
+
+/// Duplicates of the TCP sockets listening on `port` in the namespace at `netns`, at most one
+/// per family (a proxy may listen on `0.0.0.0` and `[::]`, or only on a dual-stack `[::]`).
+pub fn find_listeners(netns: &Path, port: u16) -> Vec<Listening> {
+    let mut found: Vec<Listening> = Vec::new();
+    let Ok(target) = fs::metadata(netns) else {
+        return found;
+    };
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return found;
+    };
+    for pid in procs
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
     {
@@ -33,58 +44,70 @@ pub fn find_listener(netns: &Path, port: u16) -> Option<OwnedFd> {
         if (ns.dev(), ns.ino()) != (target.dev(), target.ino()) {
             continue;
         }
-        let inodes = listening_inodes(&proc_dir, port);
-        if inodes.is_empty() {
-            continue;
+        for ipv6 in [false, true] {
+            if found.iter().any(|l| l.ipv6 == ipv6) {
+                continue;
+            }
+            let inodes = listening_inodes(&proc_dir, port, ipv6);
+            if let Some(socket) = steal_socket(&proc_dir, pid, &inodes) {
+                found.push(Listening { socket, ipv6 });
+            }
         }
-        let Ok(fds) = fs::read_dir(proc_dir.join("fd")) else {
+        if found.len() == 2 {
+            break;
+        }
+    }
+    found
+}
+
+/// A duplicate of the first of `pid`'s file descriptors that is one of the sockets `inodes`.
+fn steal_socket(proc_dir: &Path, pid: i32, inodes: &HashSet<u64>) -> Option<OwnedFd> {
+    if inodes.is_empty() {
+        return None;
+    }
+    for fd in fs::read_dir(proc_dir.join("fd")).ok()?.flatten() {
+        let Ok(link) = fs::read_link(fd.path()) else {
             continue;
         };
-        for fd in fds.flatten() {
-            let Ok(link) = fs::read_link(fd.path()) else {
-                continue;
-            };
-            let inode = link.to_str().and_then(|l| {
-                l.strip_prefix("socket:[")?
-                    .strip_suffix(']')?
-                    .parse::<u64>()
-                    .ok()
-            });
-            if inode.is_some_and(|i| inodes.contains(&i)) {
-                let fd_num: i32 = fd.file_name().to_str()?.parse().ok()?;
-                if let Some(dup) = steal_fd(pid, fd_num) {
-                    return Some(dup);
-                }
-            }
+        let inode = link.to_str().and_then(|l| {
+            l.strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse::<u64>()
+                .ok()
+        });
+        if inode.is_some_and(|i| inodes.contains(&i))
+            && let Some(fd_num) = fd.file_name().to_str().and_then(|n| n.parse().ok())
+            && let Some(dup) = steal_fd(pid, fd_num)
+        {
+            return Some(dup);
         }
     }
     None
 }
 
-/// Inodes of sockets listening on `port` in the namespace of `proc_dir`'s process.
-fn listening_inodes(proc_dir: &Path, port: u16) -> HashSet<u64> {
+/// Inodes of sockets listening on `port` in the namespace of `proc_dir`'s process, from
+/// `net/tcp6` (IPv6 sockets, dual-stack ones included) or `net/tcp`.
+fn listening_inodes(proc_dir: &Path, port: u16, ipv6: bool) -> HashSet<u64> {
     let mut inodes = HashSet::new();
-    for table in ["net/tcp", "net/tcp6"] {
-        let Ok(text) = fs::read_to_string(proc_dir.join(table)) else {
+    let table = if ipv6 { "net/tcp6" } else { "net/tcp" };
+    let Ok(text) = fs::read_to_string(proc_dir.join(table)) else {
+        return inodes;
+    };
+    for line in text.lines().skip(1) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+        let (Some(local), Some(state), Some(inode)) = (fields.get(1), fields.get(3), fields.get(9))
+        else {
             continue;
         };
-        for line in text.lines().skip(1) {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
-            let (Some(local), Some(state), Some(inode)) =
-                (fields.get(1), fields.get(3), fields.get(9))
-            else {
-                continue;
-            };
-            let local_port = local
-                .rsplit_once(':')
-                .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
-            if *state == TCP_LISTEN
-                && local_port == Some(port)
-                && let Ok(inode) = inode.parse()
-            {
-                inodes.insert(inode);
-            }
+        let local_port = local
+            .rsplit_once(':')
+            .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+        if *state == TCP_LISTEN
+            && local_port == Some(port)
+            && let Ok(inode) = inode.parse()
+        {
+            inodes.insert(inode);
         }
     }
     inodes

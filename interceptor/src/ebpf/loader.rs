@@ -26,8 +26,9 @@ pub struct ProgramState {
 }
 
 /// The node-wide programs; `icpt_sk_lookup` is loaded per pod instead.
-const PROGRAMS: [(&str, &str); 3] = [
+const PROGRAMS: [(&str, &str); 4] = [
     (names::PROG_CONNECT4, "cgroup/connect4"),
+    (names::PROG_CONNECT6, "cgroup/connect6"),
     (names::PROG_SOCKOPS, "sock_ops"),
     (names::PROG_GETSOCKOPT, "cgroup/getsockopt"),
 ];
@@ -47,10 +48,10 @@ impl Attached {
             .load(OBJECT)?;
         let program_error = |name| move |source| EbpfError::Program { name, source };
 
-        let connect4: &mut CgroupSockAddr = program(&mut ebpf, names::PROG_CONNECT4)?;
-        connect4
-            .load()
-            .map_err(program_error(names::PROG_CONNECT4))?;
+        for name in [names::PROG_CONNECT4, names::PROG_CONNECT6] {
+            let connect: &mut CgroupSockAddr = program(&mut ebpf, name)?;
+            connect.load().map_err(program_error(name))?;
+        }
         let sockops: &mut SockOps = program(&mut ebpf, names::PROG_SOCKOPS)?;
         sockops.load().map_err(program_error(names::PROG_SOCKOPS))?;
         let getsockopt: &mut CgroupSockopt = program(&mut ebpf, names::PROG_GETSOCKOPT)?;
@@ -81,6 +82,10 @@ impl Attached {
                     names::PROG_CONNECT4,
                     links::attach_type::CGROUP_INET4_CONNECT,
                 ),
+                (
+                    names::PROG_CONNECT6,
+                    links::attach_type::CGROUP_INET6_CONNECT,
+                ),
                 (names::PROG_SOCKOPS, links::attach_type::CGROUP_SOCK_OPS),
                 (
                     names::PROG_GETSOCKOPT,
@@ -106,10 +111,10 @@ impl Attached {
         // Link-based attachments coexist with other programs on the same hook (verified on
         // 6.18); `AllowMultiple` fails there, so `Single` is the mode that works everywhere.
         let mode = CgroupAttachMode::Single;
-        let connect4: &mut CgroupSockAddr = program(&mut self.ebpf, names::PROG_CONNECT4)?;
-        connect4
-            .attach(&cgroup, mode)
-            .map_err(attach_error(names::PROG_CONNECT4))?;
+        for name in [names::PROG_CONNECT4, names::PROG_CONNECT6] {
+            let connect: &mut CgroupSockAddr = program(&mut self.ebpf, name)?;
+            connect.attach(&cgroup, mode).map_err(attach_error(name))?;
+        }
         let sockops: &mut SockOps = program(&mut self.ebpf, names::PROG_SOCKOPS)?;
         sockops
             .attach(&cgroup, mode)

@@ -7,7 +7,7 @@ mod loader;
 mod pods;
 
 use std::{
-    net::Ipv4Addr,
+    net::IpAddr,
     path::{Path, PathBuf},
 };
 
@@ -64,7 +64,7 @@ pub enum EbpfError {
     Netns(#[from] crate::netns::NetnsError),
     #[error("pod with netns cookie {0} is already registered")]
     AlreadyRegistered(u64),
-    #[error("pod {netns} has {count} IPv4 addresses, more than the {max} supported")]
+    #[error("pod {netns} has {count} addresses, more than the {max} supported")]
     TooManyAddresses {
         netns: PathBuf,
         count: usize,
@@ -77,7 +77,8 @@ pub enum EbpfError {
 pub struct PodSpec {
     pub netns_path: PathBuf,
     pub netns_cookie: u64,
-    pub addresses: Vec<Ipv4Addr>,
+    /// The pod's own addresses, both families (see [`crate::netns::PodNetns::addresses`]).
+    pub addresses: Vec<IpAddr>,
     pub config: InterceptionConfig,
 }
 

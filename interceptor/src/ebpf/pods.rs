@@ -2,7 +2,7 @@
 //! reading their counters back.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::IpAddr,
     os::fd::AsFd as _,
     path::PathBuf,
 };
@@ -15,15 +15,17 @@ use aya::{
     },
 };
 use interceptor_common::{
-    LocalAddrKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS, PendingKey, PendingOrigDst, PodConfig,
-    PodCounters, SUBNET_KEY_FIXED_BITS, SubnetKey, names,
+    IP4_MAPPED_PREFIX_BITS, Ip6Addr, ListenerKey, LocalAddrKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS,
+    PendingKey, PendingOrigDst, PodConfig, PodCounters, SUBNET_KEY_FIXED_BITS, SubnetKey,
+    addr::family,
+    names,
     pod::{direction, flags},
 };
 use ipnet::IpNet;
 
 use super::{
     Counters, EbpfError, PodSpec,
-    listener::find_listener,
+    listener::{Listening, find_listeners},
     loader::{Inbound, load_inbound},
 };
 use crate::{config::InterceptionConfig, netns::PodNetns};
@@ -37,7 +39,7 @@ pub(super) struct PodMaps {
     subnets: LpmTrie<MapData, SubnetKey, u8>,
     counters: PerCpuArray<MapData, PodCounters>,
     pending: HashMap<MapData, PendingKey, PendingOrigDst>,
-    listeners: SockHash<MapData, u64>,
+    listeners: SockHash<MapData, ListenerKey>,
 }
 
 fn map_error(map: &'static str) -> impl Fn(MapError) -> EbpfError {
@@ -77,7 +79,7 @@ impl PodMaps {
 /// What was written for one pod, so it can be removed exactly.
 struct Registered {
     slot: u32,
-    addresses: BTreeSet<Ipv4Addr>,
+    addresses: BTreeSet<IpAddr>,
     subnets: Vec<Key<SubnetKey>>,
     /// The pod's sk_lookup instance; dropping it detaches it from the pod's namespace.
     inbound: Option<Inbound>,
@@ -150,26 +152,33 @@ impl PodRegistry {
         Ok(slot)
     }
 
-    /// Puts a listener that existed before registration into the listener map (new ones are
-    /// caught by sock_ops; see `listener.rs`). A listener already in the map is newer: keep it.
+    /// Puts the listeners that existed before registration into the listener map, one per family
+    /// (new ones are caught by sock_ops; see `listener.rs`). A listener already in the map is
+    /// newer: keep it.
     fn adopt_existing_listener(
         &mut self,
         cookie: u64,
         netns: &PodNetns,
         port: u16,
     ) -> Result<(), EbpfError> {
-        if self.has_listener(cookie) {
-            return Ok(());
+        for Listening { socket, ipv6 } in find_listeners(netns.path(), port) {
+            let key = listener_key(cookie, ipv6);
+            tracing::info!(netns = %netns.path().display(), port, ipv6, "adopting the proxy's existing inbound listener");
+            // Our duplicate is closed right after: the map holds the socket only while the proxy
+            // keeps it open.
+            self.insert_listener(key, &socket)?;
         }
-        let Some(socket) = find_listener(netns.path(), port) else {
-            return Ok(());
-        };
-        tracing::info!(netns = %netns.path().display(), port, "adopting the proxy's existing inbound listener");
-        // Our duplicate is closed right after: the map holds the socket only while the proxy
-        // keeps it open.
+        Ok(())
+    }
+
+    fn insert_listener(
+        &mut self,
+        key: ListenerKey,
+        socket: &std::os::fd::OwnedFd,
+    ) -> Result<(), EbpfError> {
         self.maps
             .listeners
-            .insert(cookie, socket.as_fd(), BPF_NOEXIST)
+            .insert(key, socket.as_fd(), BPF_NOEXIST)
             .or_else(|e| match e {
                 // A listen() in between got there first, and it is the newer socket.
                 MapError::SyscallError(ref s)
@@ -193,14 +202,14 @@ impl PodRegistry {
         })
     }
 
-    /// Whether the pod's proxy is listening (as far as steering knows).
+    /// Whether the pod's proxy is listening, in either family (as far as steering knows).
     pub fn has_listener(&self, cookie: u64) -> bool {
         // Walk the keys: a sock hash lookup from userspace needs 8-byte values (socket cookies),
         // and aya-ebpf declares 4-byte ones.
         self.maps
             .listeners
             .keys()
-            .any(|k| k.is_ok_and(|k| k == cookie))
+            .any(|k| k.is_ok_and(|k| k.netns_cookie == cookie))
     }
 
     /// Unregisters a pod: its connections are no longer intercepted from this call on.
@@ -214,8 +223,10 @@ impl PodRegistry {
         };
         ignore_absent(self.maps.pods.remove(&cookie)).map_err(map_error(names::MAP_PODS))?;
         drop(registered.inbound);
-        ignore_absent(self.maps.listeners.remove(&cookie))
-            .map_err(map_error(names::MAP_LISTENERS))?;
+        for ipv6 in [false, true] {
+            ignore_absent(self.maps.listeners.remove(&listener_key(cookie, ipv6)))
+                .map_err(map_error(names::MAP_LISTENERS))?;
+        }
         for ip in &registered.addresses {
             ignore_absent(self.maps.local_addrs.remove(&local_key(cookie, *ip)))
                 .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
@@ -227,7 +238,7 @@ impl PodRegistry {
     }
 
     /// Replaces the pod's set of own addresses (after an address change in its namespace).
-    pub fn set_addresses(&mut self, cookie: u64, addresses: &[Ipv4Addr]) -> Result<(), EbpfError> {
+    pub fn set_addresses(&mut self, cookie: u64, addresses: &[IpAddr]) -> Result<(), EbpfError> {
         let Some(mut registered) = self.pods.remove(&cookie) else {
             return Ok(());
         };
@@ -252,9 +263,9 @@ impl PodRegistry {
         &mut self,
         cookie: u64,
         registered: &mut Registered,
-        addresses: &[Ipv4Addr],
+        addresses: &[IpAddr],
     ) -> Result<(), EbpfError> {
-        let wanted: BTreeSet<Ipv4Addr> = addresses.iter().copied().collect();
+        let wanted: BTreeSet<IpAddr> = addresses.iter().copied().collect();
         for ip in wanted.difference(&registered.addresses) {
             self.maps
                 .local_addrs
@@ -288,14 +299,20 @@ impl PodRegistry {
                     .map(|net| (direction::INBOUND, net)),
             );
         for (direction, net) in rules {
-            // IPv6 subnets only apply to the iptables backend's ip6tables pass for now.
-            let IpNet::V4(net) = net else { continue };
+            let (family, prefix_len) = match net {
+                IpNet::V4(v4) => (
+                    family::IPV4,
+                    IP4_MAPPED_PREFIX_BITS + u32::from(v4.prefix_len()),
+                ),
+                IpNet::V6(v6) => (family::IPV6, u32::from(v6.prefix_len())),
+            };
             let key = Key::new(
-                SUBNET_KEY_FIXED_BITS + u32::from(net.prefix_len()),
+                SUBNET_KEY_FIXED_BITS + prefix_len,
                 SubnetKey {
                     netns_cookie: cookie,
                     direction,
-                    ip4_be: u32::from(net.network()).to_be(),
+                    family,
+                    addr: Ip6Addr::from(net.network()),
                 },
             );
             self.maps
@@ -328,10 +345,17 @@ fn is_absent(e: &MapError) -> bool {
     }
 }
 
-fn local_key(netns_cookie: u64, ip: Ipv4Addr) -> LocalAddrKey {
+fn local_key(netns_cookie: u64, ip: IpAddr) -> LocalAddrKey {
     LocalAddrKey {
         netns_cookie,
-        ip4_be: u32::from(ip).to_be(),
+        addr: Ip6Addr::from(ip),
+    }
+}
+
+fn listener_key(netns_cookie: u64, ipv6: bool) -> ListenerKey {
+    ListenerKey {
+        netns_cookie,
+        family: if ipv6 { family::IPV6 } else { family::IPV4 },
         _pad: 0,
     }
 }
@@ -344,19 +368,27 @@ fn pod_config(slot: u32, config: &InterceptionConfig) -> PodConfig {
     if config.proxy_gid.is_some() {
         pod_flags |= flags::HAS_PROXY_GID;
     }
-    if config
-        .outbound_subnets_to_ignore
-        .iter()
-        .any(|n| matches!(n, IpNet::V4(_)))
-    {
-        pod_flags |= flags::HAS_OUTBOUND_SUBNETS;
+    if config.ipv6 {
+        pod_flags |= flags::INTERCEPT_IPV6;
     }
-    if config
-        .subnets_to_ignore
-        .iter()
-        .any(|n| matches!(n, IpNet::V4(_)))
-    {
-        pod_flags |= flags::HAS_INBOUND_SUBNETS;
+    for (nets, v4_flag, v6_flag) in [
+        (
+            &config.outbound_subnets_to_ignore,
+            flags::HAS_OUTBOUND_SUBNETS_V4,
+            flags::HAS_OUTBOUND_SUBNETS_V6,
+        ),
+        (
+            &config.subnets_to_ignore,
+            flags::HAS_INBOUND_SUBNETS_V4,
+            flags::HAS_INBOUND_SUBNETS_V6,
+        ),
+    ] {
+        for net in nets {
+            pod_flags |= match net {
+                IpNet::V4(_) => v4_flag,
+                IpNet::V6(_) => v6_flag,
+            };
+        }
     }
     let mut redirect_ports = interceptor_common::PortBitmap::EMPTY;
     for port in &config.ports_to_redirect {

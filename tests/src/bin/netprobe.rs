@@ -5,21 +5,29 @@
 //! Every accepted connection is answered with one line:
 //! `who=proxy:NAME orig=IP:PORT|errno:N peer=IP:PORT local=IP:PORT`
 //! and `netprobe connect` prints that line (or `error=...`) per connection.
+//!
+//! Addresses of either family: `10.0.0.1:80` connects from an `AF_INET` socket,
+//! `[2001:db8::1]:80` and `[::ffff:10.0.0.1]:80` from an `AF_INET6` one. `--via` picks the
+//! socket path an app can open a TCP connection with (blocking or non-blocking connect, io_uring,
+//! TCP Fast Open by `sendto(MSG_FASTOPEN)` or `TCP_FASTOPEN_CONNECT`).
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
-    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
-    os::fd::{AsRawFd as _, FromRawFd as _},
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
+    os::fd::AsRawFd as _,
     path::PathBuf,
     time::{Duration, Instant},
 };
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 fn usage() -> ! {
     eprintln!(
         "usage: netprobe [--netns PATH] [--cgroup DIR] [--uid N] [--gid N] COMMAND\n\
          commands:\n  \
-           proxy ADDR [--name N] [--no-orig] [--inline]  accept, answer with SO_ORIGINAL_DST\n  \
-           server ADDR [--name N]              accept, answer who it is\n  \
-           connect ADDR... [--count N] [--bind ADDR] [--linger0]\n  \
+           proxy ADDR... [--name N] [--no-orig] [--inline] [--v6only]  accept, answer with SO_ORIGINAL_DST\n  \
+           server ADDR... [--name N] [--v6only]  accept, answer who it is\n  \
+           connect ADDR... [--count N] [--bind ADDR] [--linger0] [--via PATH]\n  \
+             PATH: connect (default), nonblocking, io-uring, fastopen-sendto, fastopen-connect\n  \
            check ADDR... --count N [--threads T]  connect in a loop, verify every orig\n  \
            bench ADDR... --seconds S [--threads T] connect in a loop for S seconds, print the rate\n  \
            udp-server ADDR | udp-send ADDR MSG"
@@ -99,32 +107,47 @@ fn enter_context(args: &mut Vec<String>) {
     }
 }
 
-fn parse_addr(s: &str) -> SocketAddrV4 {
+fn parse_addr(s: &str) -> SocketAddr {
     s.parse()
         .unwrap_or_else(|e| die(&format!("address {s:?}"), e))
 }
 
-/// `getsockopt(SOL_IP, SO_ORIGINAL_DST)`, as Linkerd's proxy calls it.
-fn original_dst(stream: &TcpStream) -> Result<SocketAddrV4, i32> {
-    // SAFETY: sockaddr_in is plain data; the kernel writes at most `len` bytes.
-    unsafe {
-        let mut sin: libc::sockaddr_in = std::mem::zeroed();
-        let mut len = size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        let rc = libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_IP,
-            80, // SO_ORIGINAL_DST
-            (&raw mut sin).cast(),
-            &mut len,
-        );
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
-        }
-        Ok(SocketAddrV4::new(
-            Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
-            u16::from_be(sin.sin_port),
-        ))
+/// The original destination as a proxy asks for it: `getsockopt(SOL_IP, SO_ORIGINAL_DST)` for an
+/// IPv4 connection (also one accepted on a dual-stack `[::]` socket, whose peer is
+/// `::ffff:a.b.c.d`), `getsockopt(SOL_IPV6, IP6T_SO_ORIGINAL_DST)` for an IPv6 one.
+fn original_dst(stream: &TcpStream) -> Result<SocketAddr, i32> {
+    let peer = stream
+        .peer_addr()
+        .map_err(|e| e.raw_os_error().unwrap_or(0))?;
+    let socket = socket2::SockRef::from(stream);
+    let ipv4 = match peer {
+        SocketAddr::V4(_) => true,
+        SocketAddr::V6(v6) => v6.ip().to_ipv4_mapped().is_some(),
+    };
+    let orig = if ipv4 {
+        socket.original_dst_v4()
+    } else {
+        socket.original_dst_v6()
+    };
+    let orig = orig.map_err(|e| e.raw_os_error().unwrap_or(0))?;
+    orig.as_socket().ok_or(0)
+}
+
+/// A listening socket on `addr`; an IPv6 one is dual-stack unless `v6only`.
+fn listen_on(addr: SocketAddr, v6only: bool) -> TcpListener {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+        .unwrap_or_else(|e| die("socket", e));
+    socket.set_reuse_address(true).ok();
+    if addr.is_ipv6() {
+        socket
+            .set_only_v6(v6only)
+            .unwrap_or_else(|e| die("IPV6_V6ONLY", e));
     }
+    socket
+        .bind(&addr.into())
+        .and_then(|()| socket.listen(1024))
+        .unwrap_or_else(|e| die(&format!("listen {addr}"), e));
+    socket.into()
 }
 
 fn serve(args: &[String], is_proxy: bool) {
@@ -134,22 +157,37 @@ fn serve(args: &[String], is_proxy: bool) {
     // A lean proxy for the bench: one SO_ORIGINAL_DST per connection, answered in the accept
     // loop instead of a thread per connection.
     let inline = take_flag(&mut args, "--inline");
-    let Some(addr) = args.first() else { usage() };
-    let listener =
-        TcpListener::bind(parse_addr(addr)).unwrap_or_else(|e| die(&format!("listen {addr}"), e));
+    let v6only = take_flag(&mut args, "--v6only");
+    if args.is_empty() {
+        usage()
+    }
+    // Every address listens before "ready"; each has its own accept loop.
+    let listeners: Vec<TcpListener> = args
+        .iter()
+        .map(|a| listen_on(parse_addr(a), v6only))
+        .collect();
     println!("ready");
     std::io::stdout().flush().ok();
     let role = if is_proxy { "proxy" } else { "server" };
+    std::thread::scope(|scope| {
+        for listener in &listeners {
+            let name = &name;
+            scope.spawn(move || accept_loop(listener, role, name, is_proxy && ask, inline));
+        }
+    });
+}
+
+fn accept_loop(listener: &TcpListener, role: &str, name: &str, ask: bool, inline: bool) {
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else { continue };
-        let name = name.clone();
+        let (role, name) = (role.to_owned(), name.to_owned());
         let mut answer = move || {
             // Asked twice (unless --inline): a proxy may ask again, and must get the same answer.
             let ask_twice = |s: &TcpStream| {
                 let first = original_dst(s);
                 (first, if inline { first } else { original_dst(s) })
             };
-            let orig = match (is_proxy && ask).then(|| ask_twice(&stream)) {
+            let orig = match ask.then(|| ask_twice(&stream)) {
                 None => "-".to_string(),
                 Some((first, second)) if first != second => {
                     format!("inconsistent:{first:?}/{second:?}")
@@ -163,6 +201,13 @@ fn serve(args: &[String], is_proxy: bool) {
                 stream,
                 "who={role}:{name} orig={orig} peer={peer} local={local}"
             );
+            if !inline {
+                // Read what the client sent (fast-open clients send a line) until it closes:
+                // closing with unread data would reset the connection under the reply.
+                let _ = stream.shutdown(std::net::Shutdown::Write);
+                stream.set_read_timeout(Some(Duration::from_secs(2))).ok();
+                let _ = stream.read_to_end(&mut Vec::new());
+            }
         };
         if inline {
             answer();
@@ -172,62 +217,73 @@ fn serve(args: &[String], is_proxy: bool) {
     }
 }
 
+/// How an app opens its TCP connection: every socket path that reaches the kernel's connect.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// A blocking connect(2).
+    Connect,
+    /// O_NONBLOCK connect(2), EINPROGRESS, poll for POLLOUT, SO_ERROR.
+    Nonblocking,
+    /// IORING_OP_CONNECT.
+    IoUring,
+    /// No connect(2): sendto(MSG_FASTOPEN) with the destination and the first bytes.
+    FastopenSendto,
+    /// setsockopt(TCP_FASTOPEN_CONNECT), connect(2) returns at once, the SYN leaves on write.
+    FastopenConnect,
+}
+
+impl Via {
+    fn parse(s: &str) -> Self {
+        match s {
+            "connect" => Self::Connect,
+            "nonblocking" => Self::Nonblocking,
+            "io-uring" => Self::IoUring,
+            "fastopen-sendto" => Self::FastopenSendto,
+            "fastopen-connect" => Self::FastopenConnect,
+            _ => usage(),
+        }
+    }
+}
+
 /// Connects (optionally from a fixed local address), returns the peer's line.
 fn connect_once(
-    target: SocketAddrV4,
-    bind: Option<SocketAddrV4>,
+    target: SocketAddr,
+    bind: Option<SocketAddr>,
     linger0: bool,
+    via: Via,
 ) -> Result<String, String> {
-    // SAFETY: plain socket syscalls on an fd this function owns.
-    let stream = unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(format!("socket:{}", std::io::Error::last_os_error()));
+    let errno = |call: &str, e: std::io::Error| format!("{call}:{}", errno_name(&e));
+    let socket = Socket::new(
+        Domain::for_address(target),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )
+    .map_err(|e| errno("socket", e))?;
+    socket.set_reuse_address(true).ok();
+    if let Some(bind) = bind {
+        socket.bind(&bind.into()).map_err(|e| errno("bind", e))?;
+    }
+    let addr = SockAddr::from(target);
+    // The fast-open paths send a first line with (or right after) the SYN.
+    match via {
+        Via::Connect => socket.connect(&addr).map_err(|e| errno("connect", e))?,
+        Via::Nonblocking => connect_nonblocking(&socket, &addr).map_err(|e| errno("connect", e))?,
+        Via::IoUring => connect_io_uring(&socket, &addr).map_err(|e| errno("connect", e))?,
+        Via::FastopenSendto => {
+            socket
+                .send_to_with_flags(b"hi\n", &addr, libc::MSG_FASTOPEN)
+                .map_err(|e| errno("connect", e))?;
         }
-        let stream = TcpStream::from_raw_fd(fd);
-        let one: libc::c_int = 1;
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_REUSEADDR,
-            (&raw const one).cast(),
-            4,
-        );
-        if let Some(bind) = bind {
-            let sin = sockaddr(bind);
-            if libc::bind(
-                fd,
-                (&raw const sin).cast(),
-                size_of::<libc::sockaddr_in>() as u32,
-            ) != 0
-            {
-                return Err(format!("bind:{}", errno_name()));
-            }
+        Via::FastopenConnect => {
+            set_fastopen_connect(&socket).map_err(|e| errno("setsockopt", e))?;
+            socket.connect(&addr).map_err(|e| errno("connect", e))?;
+            socket.send(b"hi\n").map_err(|e| errno("connect", e))?;
         }
-        let sin = sockaddr(target);
-        if libc::connect(
-            fd,
-            (&raw const sin).cast(),
-            size_of::<libc::sockaddr_in>() as u32,
-        ) != 0
-        {
-            return Err(format!("connect:{}", errno_name()));
-        }
-        if linger0 {
-            let linger = libc::linger {
-                l_onoff: 1,
-                l_linger: 0,
-            };
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_LINGER,
-                (&raw const linger).cast(),
-                8,
-            );
-        }
-        stream
-    };
+    }
+    if linger0 {
+        socket.set_linger(Some(Duration::ZERO)).ok();
+    }
+    let stream: TcpStream = socket.into();
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok();
     let mut line = String::new();
     BufReader::new(&stream)
@@ -239,8 +295,71 @@ fn connect_once(
     Ok(line.trim_end().to_string())
 }
 
-fn errno_name() -> String {
-    let e = std::io::Error::last_os_error();
+/// `setsockopt(IPPROTO_TCP, TCP_FASTOPEN_CONNECT, 1)` (Linux 4.11; socket2 has no setter).
+fn set_fastopen_connect(socket: &Socket) -> std::io::Result<()> {
+    const TCP_FASTOPEN_CONNECT: libc::c_int = 30;
+    let one: libc::c_int = 1;
+    // SAFETY: a valid int option value of the size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            TCP_FASTOPEN_CONNECT,
+            (&raw const one).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn connect_nonblocking(socket: &Socket, addr: &SockAddr) -> std::io::Result<()> {
+    socket.set_nonblocking(true)?;
+    match socket.connect(addr) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
+            let mut pollfd = libc::pollfd {
+                fd: socket.as_raw_fd(),
+                events: libc::POLLOUT,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(&mut pollfd, 1, 5000) } != 1 {
+                return Err(std::io::Error::from_raw_os_error(libc::ETIMEDOUT));
+            }
+            if let Some(e) = socket.take_error()? {
+                return Err(e);
+            }
+        }
+        Err(e) => return Err(e),
+    }
+    socket.set_nonblocking(false)
+}
+
+fn connect_io_uring(socket: &Socket, addr: &SockAddr) -> std::io::Result<()> {
+    let mut ring = io_uring::IoUring::new(2)?;
+    let connect = io_uring::opcode::Connect::new(
+        io_uring::types::Fd(socket.as_raw_fd()),
+        addr.as_ptr().cast(),
+        addr.len(),
+    )
+    .build();
+    // SAFETY: `addr` outlives the submission, which is waited for right here.
+    unsafe { ring.submission().push(&connect) }.map_err(std::io::Error::other)?;
+    ring.submit_and_wait(1)?;
+    let result = ring
+        .completion()
+        .next()
+        .map_or(-libc::EIO, |cqe| cqe.result());
+    if result < 0 {
+        return Err(std::io::Error::from_raw_os_error(-result));
+    }
+    Ok(())
+}
+
+fn errno_name(e: &std::io::Error) -> String {
     match e.raw_os_error() {
         Some(libc::ECONNREFUSED) => "ECONNREFUSED".into(),
         Some(libc::ENETUNREACH) => "ENETUNREACH".into(),
@@ -251,29 +370,19 @@ fn errno_name() -> String {
     }
 }
 
-fn sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
-    libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: a.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*a.ip()).to_be(),
-        },
-        sin_zero: [0; 8],
-    }
-}
-
 fn connect_cmd(args: &[String]) {
     let mut args = args.to_vec();
     let count: usize = take_opt(&mut args, "--count")
         .map_or(1, |c| c.parse().unwrap_or_else(|e| die("--count", e)));
     let bind = take_opt(&mut args, "--bind").map(|b| parse_addr(&b));
     let linger0 = take_flag(&mut args, "--linger0");
+    let via = take_opt(&mut args, "--via").map_or(Via::Connect, |v| Via::parse(&v));
     if args.is_empty() {
         usage()
     }
     for _ in 0..count {
         for target in &args {
-            match connect_once(parse_addr(target), bind, linger0) {
+            match connect_once(parse_addr(target), bind, linger0, via) {
                 Ok(line) => println!("{line}"),
                 Err(e) => println!("error={e}"),
             }
@@ -289,7 +398,7 @@ fn check_cmd(args: &[String]) {
         .map_or(1000, |c| c.parse().unwrap_or_else(|e| die("--count", e)));
     let threads: usize = take_opt(&mut args, "--threads")
         .map_or(4, |c| c.parse().unwrap_or_else(|e| die("--threads", e)));
-    let targets: Vec<SocketAddrV4> = args.iter().map(|a| parse_addr(a)).collect();
+    let targets: Vec<SocketAddr> = args.iter().map(|a| parse_addr(a)).collect();
     if targets.is_empty() {
         usage()
     }
@@ -301,7 +410,7 @@ fn check_cmd(args: &[String]) {
                     let (mut ok, mut bad, mut samples) = (0, 0, Vec::new());
                     for i in (t..count).step_by(threads) {
                         let target = targets[i % targets.len()];
-                        match connect_once(target, None, true) {
+                        match connect_once(target, None, true, Via::Connect) {
                             Ok(line)
                                 if line.contains(&format!(" orig={target} "))
                                     && line.starts_with("who=proxy") =>
@@ -343,7 +452,7 @@ fn bench_cmd(args: &[String]) {
         .map_or(3.0, |s| s.parse().unwrap_or_else(|e| die("--seconds", e)));
     let threads: usize = take_opt(&mut args, "--threads")
         .map_or(1, |c| c.parse().unwrap_or_else(|e| die("--threads", e)));
-    let targets: Vec<SocketAddrV4> = args.iter().map(|a| parse_addr(a)).collect();
+    let targets: Vec<SocketAddr> = args.iter().map(|a| parse_addr(a)).collect();
     if targets.is_empty() {
         usage()
     }
@@ -359,7 +468,7 @@ fn bench_cmd(args: &[String]) {
                         if Instant::now() >= deadline {
                             break;
                         }
-                        match connect_once(target, None, true) {
+                        match connect_once(target, None, true, Via::Connect) {
                             Ok(_) => conns += 1,
                             Err(_) => failures += 1,
                         }
