@@ -31,7 +31,6 @@ fn run_args(fixture: &PodFixture, instance: &str) -> Vec<String> {
         "4140",
         "-u",
         "2102",
-        "--ipv6=false",
         "--outbound-ports-to-ignore",
         "443",
     ]
@@ -145,7 +144,7 @@ fn run_meshes_a_pod_reports_status_and_detaches_on_sigterm() {
     let fixture = PodFixture::new("cli-run");
     let _servers = Servers::start(&fixture);
     let app = fixture.in_pod().uid(APP_UID);
-    let running = Running::start(&fixture, &["--log-format", "json"]);
+    let running = Running::start(&fixture, &["--log-format", "json", "--ipv6=false"]);
     let instance = running.instance.clone();
 
     assert_eq!(
@@ -355,28 +354,31 @@ fn addresses_added_to_the_pod_later_are_its_own() {
     }
     let fixture = PodFixture::new("cli-addr");
     let _servers = Servers::start(&fixture);
+    // --ipv6 is on by default: IPv6 addresses are followed as IPv4 ones are.
     let _running = Running::start(&fixture, &[]);
     let app = fixture.in_pod().uid(APP_UID);
-    // Not yet the pod's: redirected like any remote address.
-    assert_eq!(
-        app.connect("10.88.0.1:8082").proxy_orig().to_string(),
-        "10.88.0.1:8082"
-    );
+    for (cidr, target) in [
+        ("10.88.0.1/32", "10.88.0.1:8082"),
+        ("fd88::1/128", "[fd88::1]:8082"),
+    ] {
+        // Not yet the pod's: redirected like any remote address.
+        assert_eq!(app.connect(target).proxy_orig().to_string(), target);
 
-    fixture
-        .pod
-        .ip(&["addr", "add", "10.88.0.1/32", "dev", "eth0"]);
-    let _server = fixture
-        .in_pod()
-        .listen(&["server", "10.88.0.1:8082", "--name", "new-addr"]);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match app.connect("10.88.0.1:8082") {
-            Landing::Server { name, .. } if name == "new-addr" => break,
-            other if Instant::now() > deadline => {
-                panic!("new pod address still redirected: {other:?}")
+        fixture
+            .pod
+            .ip(&["addr", "add", cidr, "dev", "eth0", "nodad"]);
+        let _server = fixture
+            .in_pod()
+            .listen(&["server", target, "--name", "new-addr"]);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match app.connect(target) {
+                Landing::Server { name, .. } if name == "new-addr" => break,
+                other if Instant::now() > deadline => {
+                    panic!("new pod address {target} still redirected: {other:?}")
+                }
+                _ => std::thread::sleep(Duration::from_millis(50)),
             }
-            _ => std::thread::sleep(Duration::from_millis(50)),
         }
     }
 }

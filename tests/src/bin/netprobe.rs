@@ -410,9 +410,12 @@ fn check_cmd(args: &[String]) {
                     let (mut ok, mut bad, mut samples) = (0, 0, Vec::new());
                     for i in (t..count).step_by(threads) {
                         let target = targets[i % targets.len()];
+                        // An IPv4-mapped target is an IPv4 connection: its original
+                        // destination is the plain IPv4 address.
+                        let orig = SocketAddr::new(target.ip().to_canonical(), target.port());
                         match connect_once(target, None, true, Via::Connect) {
                             Ok(line)
-                                if line.contains(&format!(" orig={target} "))
+                                if line.contains(&format!(" orig={orig} "))
                                     && line.starts_with("who=proxy") =>
                             {
                                 ok += 1
