@@ -17,12 +17,35 @@ use std::{
 };
 
 use anyhow::{Context as _, ensure};
+use clap::ValueEnum as _;
 
 use crate::sandbox::{APP_UID, PROXY_ARGS, PROXY_UID, Pod};
 
-const PROXY_ADDR: &str = "127.0.0.1:4140";
-/// TEST-NET-1: refused by the pod's peer unless intercepted.
-const REDIRECTED_ADDR: &str = "192.0.2.1:80";
+/// The proxy's outbound listeners (both families, as Linkerd's proxy with IPv6 on).
+const PROXY_LISTEN: [&str; 2] = ["127.0.0.1:4140", "[::1]:4140"];
+
+/// Which sockets the app connects with.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Family {
+    /// AF_INET sockets (connect4).
+    Ipv4,
+    /// AF_INET6 sockets to IPv4-mapped addresses: IPv4 connections through connect6.
+    Ipv4Mapped,
+    /// Native IPv6 (connect6, the ip6tables pass).
+    Ipv6,
+}
+
+impl Family {
+    /// (the proxy itself, for `direct`; an address only interception reaches: the pod's peer
+    /// refuses documentation ranges)
+    fn targets(self) -> (&'static str, &'static str) {
+        match self {
+            Family::Ipv4 => ("127.0.0.1:4140", "192.0.2.1:80"),
+            Family::Ipv4Mapped => ("[::ffff:127.0.0.1]:4140", "[::ffff:192.0.2.1]:80"),
+            Family::Ipv6 => ("[::1]:4140", "[2001:db8::1]:80"),
+        }
+    }
+}
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -35,6 +58,9 @@ pub struct Args {
     /// Connecting threads (all on CPU 0, as the proxy).
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// The app's sockets and destinations.
+    #[arg(long, value_enum, default_value = "ipv4")]
+    family: Family,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -71,15 +97,21 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 
     let mut pod = Pod::create("bench", Some("0"))?;
     let mut proxy = pod.probe(PROXY_UID);
-    proxy.args(["proxy", PROXY_ADDR, "--name", "proxy", "--inline"]);
+    proxy
+        .arg("proxy")
+        .args(PROXY_LISTEN)
+        .args(["--name", "proxy", "--inline"]);
     pod.listen(proxy)?;
     println!(
         "command: cargo xtask {}",
         env::args().skip(1).collect::<Vec<_>>().join(" ")
     );
     println!(
-        "settings: --seconds {} --rounds {} --threads {}, load generator, proxy and interceptor on CPU 0",
-        args.seconds, args.rounds, args.threads
+        "settings: --seconds {} --rounds {} --threads {} --family {}, load generator, proxy and interceptor on CPU 0",
+        args.seconds,
+        args.rounds,
+        args.threads,
+        args.family.to_possible_value().expect("a value").get_name()
     );
     println!(
         "machine: {} CPUs, Linux {}",
@@ -153,11 +185,12 @@ fn ebpf_args() -> Vec<&'static str> {
 }
 
 fn measure(pod: &mut Pod, mode: Mode, args: &Args) -> anyhow::Result<Sample> {
+    let (proxy, redirected) = args.family.targets();
     match mode {
-        Mode::Direct => bench(pod, PROXY_ADDR, args),
+        Mode::Direct => bench(pod, proxy, args),
         Mode::Ebpf => {
             pod.mesh_ebpf(&ebpf_args())?;
-            let sample = bench(pod, REDIRECTED_ADDR, args);
+            let sample = bench(pod, redirected, args);
             let status = pod.unmesh()?;
             ensure!(status.success(), "interceptor run exited with {status}");
             sample
@@ -169,7 +202,7 @@ fn measure(pod: &mut Pod, mode: Mode, args: &Args) -> anyhow::Result<Sample> {
                 "nft"
             };
             pod.iptables(binaries, true)?;
-            let sample = bench(pod, REDIRECTED_ADDR, args);
+            let sample = bench(pod, redirected, args);
             pod.iptables(binaries, false)?;
             sample
         }
@@ -207,7 +240,7 @@ fn program_costs(pod: &mut Pod, args: &Args) -> anyhow::Result<()> {
         .map(prog_fd)
         .collect::<anyhow::Result<_>>()?;
     let before: Vec<ProgInfo> = progs.iter().map(prog_info).collect::<anyhow::Result<_>>()?;
-    let sample = bench(pod, REDIRECTED_ADDR, args)?;
+    let sample = bench(pod, args.family.targets().1, args)?;
     let after: Vec<ProgInfo> = progs.iter().map(prog_info).collect::<anyhow::Result<_>>()?;
     pod.unmesh()?;
     let mut total = 0.0;

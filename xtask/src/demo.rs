@@ -1,39 +1,57 @@
 //! `cargo xtask demo`: a self-contained demo of interception on this machine.
 //!
-//! A throwaway pod (see `sandbox`), a stand-in proxy as the proxy UID (outbound 127.0.0.1:4140,
-//! inbound 0.0.0.0:4143) and the app's server; then `interceptor run` meshes the pod and the demo
-//! shows connects landing on the proxy with the right original destination, the exemptions, the
-//! counters, and the detach.
+//! A throwaway dual-stack pod (see `sandbox`), a stand-in proxy as the proxy UID (outbound
+//! 127.0.0.1:4140 and [::1]:4140, inbound 0.0.0.0:4143 and [::]:4143) and the app's server; then
+//! `interceptor run` meshes the pod and the demo shows connects of both families (and IPv4
+//! through an IPv6 socket) landing on the proxy with the right original destination, the
+//! exemptions, the counters, and the detach.
 use std::process::Command;
 
 use anyhow::ensure;
 
 use crate::{
     cmd,
-    sandbox::{APP_UID, PEER_ADDR, POD_ADDR, PROXY_ARGS, PROXY_UID, Pod},
+    sandbox::{APP_UID, PEER_ADDR, POD_ADDR, POD_ADDR6, PROXY_ARGS, PROXY_UID, Pod},
 };
 
 pub fn run() -> anyhow::Result<()> {
     let mut pod = Pod::create("demo", None)?;
-    let proxy = |pod: &Pod, addr: &str, name: &str| {
-        let mut cmd = pod.probe(PROXY_UID);
-        cmd.args(["proxy", addr, "--name", name]);
+    // One socket per family, as Linkerd's proxy listens ([::] with IPV6_V6ONLY).
+    let listener = |uid: &str, role: &str, addrs: [&str; 2], name: &str| {
+        let mut cmd = pod.probe(uid);
+        cmd.arg(role).args(addrs).args(["--v6only", "--name", name]);
         cmd
     };
-    pod.listen(proxy(&pod, "127.0.0.1:4140", "proxy-outbound"))?;
-    pod.listen(proxy(&pod, "0.0.0.0:4143", "proxy-inbound"))?;
-    let mut app = pod.probe(APP_UID);
-    app.args(["server", "0.0.0.0:8080", "--name", "app"]);
-    pod.listen(app)?;
-    let mut admin = pod.probe(PROXY_UID);
-    admin.args(["server", "0.0.0.0:4191", "--name", "proxy-admin"]);
-    pod.listen(admin)?;
+    let listeners = [
+        listener(
+            PROXY_UID,
+            "proxy",
+            ["127.0.0.1:4140", "[::1]:4140"],
+            "proxy-outbound",
+        ),
+        listener(
+            PROXY_UID,
+            "proxy",
+            ["0.0.0.0:4143", "[::]:4143"],
+            "proxy-inbound",
+        ),
+        listener(APP_UID, "server", ["0.0.0.0:8080", "[::]:8080"], "app"),
+        listener(
+            PROXY_UID,
+            "server",
+            ["0.0.0.0:4191", "[::]:4191"],
+            "proxy-admin",
+        ),
+    ];
+    for cmd in listeners {
+        pod.listen(cmd)?;
+    }
 
     step(
         "A pod",
         &format!(
-            "network namespace {} ({POD_ADDR}, default route to a peer namespace that refuses everything),\n  \
-         cgroup {},\n  a stand-in proxy as UID {PROXY_UID} on 127.0.0.1:4140 (outbound) and :4143 (inbound), the app on :8080.",
+            "network namespace {} ({POD_ADDR} and {POD_ADDR6}, default routes to a peer namespace that refuses everything),\n  \
+         cgroup {},\n  a stand-in proxy as UID {PROXY_UID} on 127.0.0.1:4140 and [::1]:4140 (outbound), :4143 of both families (inbound), the app on :8080.",
             pod.netns.display(),
             pod.cgroup.display()
         ),
@@ -70,6 +88,12 @@ pub fn run() -> anyhow::Result<()> {
     app_connect(&pod, APP_UID, "192.0.2.2:1404")?;
     app_connect(&pod, APP_UID, "198.51.100.7:80")?;
     step(
+        "Outbound, IPv6 and IPv4 through an IPv6 socket",
+        "native IPv6 lands on the proxy's [::1]:4140 (SOL_IPV6 original destination); an AF_INET6 socket connecting to an IPv4-mapped address is IPv4 and is intercepted too",
+    );
+    app_connect(&pod, APP_UID, "[2001:db8::2]:1404")?;
+    app_connect(&pod, APP_UID, "[::ffff:192.0.2.2]:1404")?;
+    step(
         "Outbound exemptions",
         "an ignored port (443), the proxy's own UID, loopback and the pod's own address",
     );
@@ -84,6 +108,7 @@ pub fn run() -> anyhow::Result<()> {
         ),
     );
     client_connect(&pod, &format!("{POD_ADDR}:8080"))?;
+    client_connect(&pod, &format!("[{POD_ADDR6}]:8080"))?;
     client_connect(&pod, &format!("{POD_ADDR}:4191"))?;
 
     step(
@@ -111,13 +136,13 @@ pub fn run() -> anyhow::Result<()> {
 fn app_connect(pod: &Pod, uid: &str, target: &str) -> anyhow::Result<()> {
     let out = cmd::output(pod.probe(uid).args(["connect", target]))?;
     let who = if uid == PROXY_UID { "proxy UID" } else { "app" };
-    println!("  {who:>9} -> {target:<18} {}", describe(out.trim()));
+    println!("  {who:>9} -> {target:<24} {}", describe(out.trim()));
     Ok(())
 }
 
 fn client_connect(pod: &Pod, target: &str) -> anyhow::Result<()> {
     let out = cmd::output(pod.peer_probe().args(["connect", target]))?;
-    println!("  {:>9} -> {target:<18} {}", "client", describe(out.trim()));
+    println!("  {:>9} -> {target:<24} {}", "client", describe(out.trim()));
     Ok(())
 }
 

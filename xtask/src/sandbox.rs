@@ -1,7 +1,8 @@
-//! A throwaway pod for the demo and the bench: a network namespace with a veth to a "peer"
-//! namespace (its default route, standing for the rest of the network), and a child cgroup —
-//! never the root cgroup. The peer owns 192.0.2.0/24 and 198.51.100.0/24 and has no route out,
-//! so a connection that is not intercepted is refused there and nothing leaves the machine.
+//! A throwaway dual-stack pod for the demo and the bench: a network namespace with a veth to a
+//! "peer" namespace (its default route for both families, standing for the rest of the
+//! network), and a child cgroup — never the root cgroup. The peer owns 192.0.2.0/24,
+//! 198.51.100.0/24 and 2001:db8::/64 and has no route out, so a connection that is not
+//! intercepted is refused there and nothing leaves the machine.
 //! Everything is removed on drop, even when the caller fails half-way.
 use std::{
     env, fs,
@@ -21,8 +22,11 @@ pub const PROXY_UID: &str = "2102";
 pub const APP_UID: &str = "1000";
 pub const POD_ADDR: &str = "10.99.0.10";
 pub const PEER_ADDR: &str = "10.99.0.20";
-/// The proxy's ports and UID, as `interceptor run` takes them for this pod.
-pub const PROXY_ARGS: [&str; 7] = ["-p", "4143", "-o", "4140", "-u", PROXY_UID, "--ipv6=false"];
+pub const POD_ADDR6: &str = "fd99::10";
+pub const PEER_ADDR6: &str = "fd99::20";
+/// The proxy's ports and UID, as `interceptor run` takes them for this pod (`--ipv6` is on by
+/// default, as in proxy-init).
+pub const PROXY_ARGS: [&str; 6] = ["-p", "4143", "-o", "4140", "-u", PROXY_UID];
 
 /// Installs what is missing, builds the release binaries; returns (interceptor, netprobe).
 pub fn build() -> anyhow::Result<(PathBuf, PathBuf)> {
@@ -88,28 +92,37 @@ impl Pod {
             "-n", pod_ns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns",
             peer_ns,
         ])?;
-        ip(&[
-            "-n",
-            pod_ns,
-            "addr",
-            "add",
-            &format!("{POD_ADDR}/24"),
-            "dev",
-            "eth0",
-        ])?;
-        ip(&[
-            "-n",
-            peer_ns,
-            "addr",
-            "add",
-            &format!("{PEER_ADDR}/24"),
-            "dev",
-            "eth0",
-        ])?;
-        ip(&["-n", pod_ns, "link", "set", "eth0", "up"])?;
-        ip(&["-n", peer_ns, "link", "set", "eth0", "up"])?;
+        for (netns, v4, v6) in [
+            (pod_ns, POD_ADDR, POD_ADDR6),
+            (peer_ns, PEER_ADDR, PEER_ADDR6),
+        ] {
+            ip(&[
+                "-n",
+                netns,
+                "addr",
+                "add",
+                &format!("{v4}/24"),
+                "dev",
+                "eth0",
+            ])?;
+            // No duplicate address detection: usable at once.
+            ip(&[
+                "-n",
+                netns,
+                "addr",
+                "add",
+                &format!("{v6}/64"),
+                "dev",
+                "eth0",
+                "nodad",
+            ])?;
+            ip(&["-n", netns, "link", "set", "eth0", "up"])?;
+        }
         ip(&["-n", pod_ns, "route", "add", "default", "via", PEER_ADDR])?;
-        for range in ["192.0.2.0/24", "198.51.100.0/24"] {
+        ip(&[
+            "-n", pod_ns, "-6", "route", "add", "default", "via", PEER_ADDR6,
+        ])?;
+        for range in ["192.0.2.0/24", "198.51.100.0/24", "2001:db8::/64"] {
             ip(&["-n", peer_ns, "route", "add", "local", range, "dev", "lo"])?;
         }
         fs::create_dir(&pod.cgroup)
@@ -206,7 +219,7 @@ impl Pod {
         if install {
             cmd.args(["run", "--mode", "iptables"]).args(PROXY_ARGS);
         } else {
-            cmd.args(["iptables-cleanup", "--ipv6=false"]);
+            cmd.arg("iptables-cleanup");
         }
         cmd.args([
             "--iptables-mode",
