@@ -1,8 +1,9 @@
 //! Every socket path an app can open a TCP connection with is intercepted, in every address
 //! family, by both backends: blocking and non-blocking connect(2), io_uring's
-//! IORING_OP_CONNECT, and TCP Fast Open (`sendto(MSG_FASTOPEN)` without a connect(2), and
-//! `TCP_FASTOPEN_CONNECT`). The kernel runs the connect4/connect6 hooks in the one function all
-//! of them go through (`__inet_stream_connect`), which these tests pin down.
+//! IORING_OP_CONNECT, TCP Fast Open (`sendto(MSG_FASTOPEN)` without a connect(2), and
+//! `TCP_FASTOPEN_CONNECT`), and Multipath TCP sockets. The kernel runs the connect4/connect6
+//! hooks in the one function the TCP paths go through (`__inet_stream_connect`), and on the first
+//! subflow of an MPTCP socket; these tests pin that down.
 use interceptor::iptables::IptablesMode;
 use interceptor_tests::{
     PodFixture,
@@ -72,4 +73,9 @@ fn a_fast_open_sendto_without_connect_is_redirected() {
 #[test]
 fn a_fast_open_connect_is_redirected() {
     redirected_on_every_backend_and_family("a_fast_open_connect_is_redirected", "fastopen-connect");
+}
+
+#[test]
+fn a_multipath_tcp_connect_is_redirected() {
+    redirected_on_every_backend_and_family("a_multipath_tcp_connect_is_redirected", "mptcp");
 }

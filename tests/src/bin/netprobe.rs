@@ -9,7 +9,7 @@
 //! Addresses of either family: `10.0.0.1:80` connects from an `AF_INET` socket,
 //! `[2001:db8::1]:80` and `[::ffff:10.0.0.1]:80` from an `AF_INET6` one. `--via` picks the
 //! socket path an app can open a TCP connection with (blocking or non-blocking connect, io_uring,
-//! TCP Fast Open by `sendto(MSG_FASTOPEN)` or `TCP_FASTOPEN_CONNECT`).
+//! TCP Fast Open by `sendto(MSG_FASTOPEN)` or `TCP_FASTOPEN_CONNECT`, Multipath TCP).
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
@@ -27,7 +27,7 @@ fn usage() -> ! {
            proxy ADDR... [--name N] [--no-orig] [--inline] [--v6only]  accept, answer with SO_ORIGINAL_DST\n  \
            server ADDR... [--name N] [--v6only]  accept, answer who it is\n  \
            connect ADDR... [--count N] [--bind ADDR] [--linger0] [--via PATH]\n  \
-             PATH: connect (default), nonblocking, io-uring, fastopen-sendto, fastopen-connect\n  \
+             PATH: connect (default), nonblocking, io-uring, fastopen-sendto, fastopen-connect, mptcp\n  \
            check ADDR... --count N [--threads T]  connect in a loop, verify every orig\n  \
            bench ADDR... --seconds S [--threads T] connect in a loop for S seconds, print the rate\n  \
            udp-server ADDR | udp-send ADDR MSG"
@@ -230,6 +230,10 @@ enum Via {
     FastopenSendto,
     /// setsockopt(TCP_FASTOPEN_CONNECT), connect(2) returns at once, the SYN leaves on write.
     FastopenConnect,
+    /// A Multipath TCP socket (IPPROTO_MPTCP, as Go and others may open): the kernel connects
+    /// its first subflow, a TCP socket, which falls back to plain TCP with a peer that does not
+    /// speak MPTCP.
+    Mptcp,
 }
 
 impl Via {
@@ -240,6 +244,7 @@ impl Via {
             "io-uring" => Self::IoUring,
             "fastopen-sendto" => Self::FastopenSendto,
             "fastopen-connect" => Self::FastopenConnect,
+            "mptcp" => Self::Mptcp,
             _ => usage(),
         }
     }
@@ -253,12 +258,13 @@ fn connect_once(
     via: Via,
 ) -> Result<String, String> {
     let errno = |call: &str, e: std::io::Error| format!("{call}:{}", errno_name(&e));
-    let socket = Socket::new(
-        Domain::for_address(target),
-        Type::STREAM,
-        Some(Protocol::TCP),
-    )
-    .map_err(|e| errno("socket", e))?;
+    let protocol = if via == Via::Mptcp {
+        Protocol::MPTCP
+    } else {
+        Protocol::TCP
+    };
+    let socket = Socket::new(Domain::for_address(target), Type::STREAM, Some(protocol))
+        .map_err(|e| errno("socket", e))?;
     socket.set_reuse_address(true).ok();
     if let Some(bind) = bind {
         socket.bind(&bind.into()).map_err(|e| errno("bind", e))?;
@@ -266,7 +272,7 @@ fn connect_once(
     let addr = SockAddr::from(target);
     // The fast-open paths send a first line with (or right after) the SYN.
     match via {
-        Via::Connect => socket.connect(&addr).map_err(|e| errno("connect", e))?,
+        Via::Connect | Via::Mptcp => socket.connect(&addr).map_err(|e| errno("connect", e))?,
         Via::Nonblocking => connect_nonblocking(&socket, &addr).map_err(|e| errno("connect", e))?,
         Via::IoUring => connect_io_uring(&socket, &addr).map_err(|e| errno("connect", e))?,
         Via::FastopenSendto => {
