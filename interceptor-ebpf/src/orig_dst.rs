@@ -67,23 +67,14 @@ fn remember_inbound_listener(ctx: &SockOpsContext) {
     let _ = LISTENERS.update(&mut key, unsafe { &mut *ctx.ops }, BPF_ANY.into());
 }
 
-/// A socket's local and remote addresses in the maps' form: an `AF_INET6` socket already shows an
+/// A socket's local or remote address in the maps' form: an `AF_INET6` socket already shows an
 /// IPv4 connection as `::ffff:a.b.c.d`, an `AF_INET` one is mapped here.
 #[inline(always)]
-fn local_addr(ctx: &SockOpsContext) -> Ip6Addr {
+fn sock_ops_addr(ctx: &SockOpsContext, ip6: *const [u32; 4], ip4_be: u32) -> Ip6Addr {
     if ctx.family() == u32::from(AF_INET6) {
-        read_ip6(unsafe { &raw const (*ctx.ops).local_ip6 })
+        read_ip6(ip6)
     } else {
-        Ip6Addr::from_ip4_be(ctx.local_ip4())
-    }
-}
-
-#[inline(always)]
-fn remote_addr(ctx: &SockOpsContext) -> Ip6Addr {
-    if ctx.family() == u32::from(AF_INET6) {
-        read_ip6(unsafe { &raw const (*ctx.ops).remote_ip6 })
-    } else {
-        Ip6Addr::from_ip4_be(ctx.remote_ip4())
+        Ip6Addr::from_ip4_be(ip4_be)
     }
 }
 
@@ -100,7 +91,11 @@ fn index_redirected_connection(ctx: &SockOpsContext) {
     let _ = CONNECTING.remove(&socket_cookie);
     let key = PendingKey {
         netns_cookie: orig.netns_cookie,
-        client: local_addr(ctx),
+        client: sock_ops_addr(
+            ctx,
+            unsafe { &raw const (*ctx.ops).local_ip6 },
+            ctx.local_ip4(),
+        ),
         client_port: ctx.local_port(),
         _pad: 0,
     };
@@ -119,7 +114,11 @@ fn index_redirected_connection(ctx: &SockOpsContext) {
 fn proxy_side_key(ctx: &SockOpsContext) -> PendingKey {
     PendingKey {
         netns_cookie: unsafe { bpf_get_netns_cookie(ctx.as_ptr()) },
-        client: remote_addr(ctx),
+        client: sock_ops_addr(
+            ctx,
+            unsafe { &raw const (*ctx.ops).remote_ip6 },
+            ctx.remote_ip4(),
+        ),
         // sock_ops keeps the network-order port in the upper 16 bits of remote_port.
         client_port: u32::from(u16::from_be((ctx.remote_port() >> 16) as u16)),
         _pad: 0,

@@ -40,17 +40,24 @@ pub fn icpt_connect6(ctx: SockAddrContext) -> i32 {
     ALLOW
 }
 
+/// The pod a TCP connect belongs to, if its network namespace is meshed. Sockets outside meshed
+/// pods cost one failed hash lookup, nothing else.
 #[inline(always)]
-fn try_connect4(ctx: &SockAddrContext) {
-    let sa: *mut bpf_sock_addr = ctx.sock_addr;
-    if unsafe { (*sa).protocol } != IPPROTO_TCP {
-        return;
+fn meshed_pod(ctx: &SockAddrContext) -> Option<(u64, &'static PodConfig)> {
+    if unsafe { (*ctx.sock_addr).protocol } != IPPROTO_TCP {
+        return None;
     }
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
-    // Sockets outside meshed pods: one failed hash lookup, nothing else.
-    let Some(pod) = (unsafe { PODS.get(&netns_cookie) }) else {
+    let pod = unsafe { PODS.get(&netns_cookie) }?;
+    Some((netns_cookie, pod))
+}
+
+#[inline(always)]
+fn try_connect4(ctx: &SockAddrContext) {
+    let Some((netns_cookie, pod)) = meshed_pod(ctx) else {
         return;
     };
+    let sa: *mut bpf_sock_addr = ctx.sock_addr;
     let dst = Ip6Addr::from_ip4_be(unsafe { (*sa).user_ip4 });
     if redirect(ctx, pod, netns_cookie, dst) {
         unsafe {
@@ -62,14 +69,10 @@ fn try_connect4(ctx: &SockAddrContext) {
 
 #[inline(always)]
 fn try_connect6(ctx: &SockAddrContext) {
-    let sa: *mut bpf_sock_addr = ctx.sock_addr;
-    if unsafe { (*sa).protocol } != IPPROTO_TCP {
-        return;
-    }
-    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
-    let Some(pod) = (unsafe { PODS.get(&netns_cookie) }) else {
+    let Some((netns_cookie, pod)) = meshed_pod(ctx) else {
         return;
     };
+    let sa: *mut bpf_sock_addr = ctx.sock_addr;
     let dst = read_ip6(unsafe { &raw const (*sa).user_ip6 });
     if !dst.is_ip4() && pod.flags & flags::INTERCEPT_IPV6 == 0 {
         count(pod.slot, Decision::Ipv6NotIntercepted);
