@@ -8,7 +8,7 @@
 /// An IPv6 address, or an IPv4 address in its IPv4-mapped form; four 32-bit words in network
 /// byte order, as the kernel's `__u32 ip6[4]` context fields hold them.
 #[repr(C)]
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, Default)]
 pub struct Ip6Addr {
     pub words_be: [u32; 4],
 }

@@ -89,7 +89,7 @@ pub mod direction {
 /// the family keeps an IPv6 rule such as `::/0` from matching IPv4 connections, as ip6tables
 /// rules never see IPv4 packets.
 #[repr(C)]
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 pub struct SubnetKey {
     pub netns_cookie: u64,
     pub direction: u32,

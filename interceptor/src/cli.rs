@@ -24,6 +24,13 @@ pub fn main() -> std::process::ExitCode {
             .and_then(|rt| rt.block_on(crate::commands::run::run(args))),
         Command::Status(args) => crate::commands::status::status(args),
         Command::IptablesCleanup(args) => crate::commands::iptables_cleanup(args),
+        Command::Daemon(args) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(crate::commands::agent::daemon(args))),
+        Command::Pod(args) => crate::commands::agent::pod(args),
+        Command::Uninstall(args) => crate::commands::agent::uninstall(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -68,6 +75,104 @@ pub enum Command {
     Status(StatusArgs),
     /// Remove the iptables chains and jumps `run --mode iptables` added, and nothing else.
     IptablesCleanup(IptablesCleanupArgs),
+    /// The node agent: attach the programs once for the node (pinned, surviving the agent), and
+    /// serve the pod API on a Unix socket until SIGINT/SIGTERM; interception stays in force.
+    Daemon(DaemonArgs),
+    /// Register, remove and show pods through the running agent.
+    Pod(PodArgs),
+    /// Detach and remove everything the agent pinned (stop the agent first), and nothing else.
+    Uninstall(AgentLocationArgs),
+}
+
+/// Where the agent keeps its state.
+#[derive(Debug, Clone, Args)]
+pub struct AgentLocationArgs {
+    /// The agent's API socket, lock and pod records live here.
+    #[arg(long, global = true, default_value = crate::agent::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+
+    /// Where on a bpffs the agent pins its maps and links.
+    #[arg(long, global = true, default_value = crate::agent::DEFAULT_BPFFS)]
+    pub bpffs: PathBuf,
+}
+
+impl AgentLocationArgs {
+    pub fn paths(&self) -> crate::agent::AgentPaths {
+        crate::agent::AgentPaths {
+            state_dir: self.state_dir.clone(),
+            bpffs: self.bpffs.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    #[command(flatten)]
+    pub location: AgentLocationArgs,
+
+    /// The cgroup v2 directory the programs attach to (on Kubernetes typically the kubepods
+    /// cgroup) [default: the root of the cgroup2 mount].
+    #[arg(long)]
+    pub cgroup: Option<PathBuf>,
+
+    /// Capacity of each map of original destinations (connections not yet read by a proxy).
+    #[arg(long, default_value_t = interceptor_common::DEFAULT_PENDING_ORIG_DST_CAPACITY,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub orig_dst_capacity: u32,
+
+    /// How often pods are checked for a vanished or replaced network namespace and for
+    /// address changes, in milliseconds.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
+    pub reconcile_ms: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct PodArgs {
+    #[command(flatten)]
+    pub location: AgentLocationArgs,
+
+    #[command(subcommand)]
+    pub command: PodCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PodCommand {
+    /// Register a pod; returns once its interception is in force. The pod's configuration
+    /// follows `--`, as `interceptor run` takes it: `pod add --netns P -- -p 4143 -o 4140 -u 2102`.
+    Add {
+        /// The pod's network namespace (`/run/netns/NAME`, `/proc/PID/ns/net`).
+        #[arg(long)]
+        netns: PathBuf,
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        namespace: Option<String>,
+        #[arg(long)]
+        container_id: Option<String>,
+        /// Apply a new configuration to a pod already registered, in place.
+        #[arg(long)]
+        update: bool,
+        /// proxy-init's flags.
+        #[arg(last = true, required = true)]
+        config: Vec<String>,
+    },
+    /// Unregister a pod (not an error when it is not registered).
+    Remove {
+        #[arg(long)]
+        netns: PathBuf,
+    },
+    /// The registered pods.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// One registered pod, with its counters.
+    Get {
+        #[arg(long)]
+        netns: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -223,6 +328,22 @@ impl InterceptionArgs {
             ipv6: self.ipv6,
         }
     }
+}
+
+/// A pod's configuration as proxy-init's flags, parsed as `interceptor run` parses them: the
+/// agent's API and `pod add` carry a pod's configuration this way.
+#[derive(Debug, Parser)]
+#[command(name = "pod configuration", no_binary_name = true)]
+struct PodConfigArgs {
+    #[command(flatten)]
+    interception: InterceptionArgs,
+}
+
+/// Parses and validates a pod's flags; the error is the message the CLI prints.
+pub fn parse_pod_config(args: &[String]) -> Result<InterceptionConfig, String> {
+    PodConfigArgs::try_parse_from(args)
+        .map(|a| a.interception.config())
+        .map_err(|e| e.render().to_string().trim_end().to_owned())
 }
 
 fn parse_id(s: &str) -> Result<u32, String> {

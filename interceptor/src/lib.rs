@@ -5,7 +5,9 @@
 //! - [`ebpf`]: the eBPF backend (loader, pod registry); the programs live in `interceptor-ebpf`.
 //! - [`netns`], [`cgroup`]: where pods live and where programs attach.
 //! - [`state`]: what a running instance leaves for `status`.
+//! - [`agent`]: the node agent (`interceptor daemon`) and its API.
 //! - [`cli`], [`commands`]: the command line.
+pub mod agent;
 pub mod cgroup;
 pub mod cli;
 pub mod commands;

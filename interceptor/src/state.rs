@@ -108,8 +108,11 @@ impl InstancePaths {
         let Ok(entries) = fs::read_dir(RUN_ROOT) else {
             return Vec::new();
         };
+        // An instance's directory holds its lock; the agent's files share the root.
         let mut names: Vec<String> = entries
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(Result::ok)
+            .filter(|e| e.path().join("lock").is_file())
+            .filter_map(|e| e.file_name().into_string().ok())
             .collect();
         names.sort();
         names.iter().filter_map(|n| Self::new(n).ok()).collect()

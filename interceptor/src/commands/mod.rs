@@ -1,3 +1,4 @@
+pub mod agent;
 pub mod run;
 pub mod status;
 

@@ -23,14 +23,20 @@ pub mod attach_type {
 }
 
 const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_LINK_UPDATE: libc::c_long = 29;
 
-/// A pinned link: dropping it unpins and closes it, which detaches the program. A process that
-/// dies without dropping it leaves the program attached.
+/// A pinned link: dropping it unpins and closes it, which detaches the program, unless it is
+/// [`PinnedLink::persistent`]. A process that dies without dropping it leaves the program
+/// attached.
 #[derive(Debug)]
 pub struct PinnedLink {
     _fd: OwnedFd,
     path: PathBuf,
+    /// Leave the pin (and so the attachment) in place on drop: the node agent's links outlive
+    /// every agent process, and only `interceptor uninstall` removes them.
+    persistent: bool,
 }
 
 impl PinnedLink {
@@ -60,14 +66,69 @@ impl PinnedLink {
         Ok(Self {
             _fd: fd,
             path: path.to_owned(),
+            persistent: false,
         })
+    }
+
+    /// Makes `program` the one a link pinned at `path` runs, replacing the old one atomically
+    /// (BPF_LINK_UPDATE: no moment without a program on the hook), or attaches and pins a new
+    /// link when there is none. The link is persistent. Kernel >= 5.7 (cgroup), 5.9 (sk_lookup).
+    pub fn attach_or_update(
+        program: BorrowedFd<'_>,
+        target: BorrowedFd<'_>,
+        attach_type: u32,
+        path: &Path,
+    ) -> io::Result<Self> {
+        let mut link = match open_pinned(path)? {
+            Some(fd) => {
+                // link_update: link_fd, new_prog_fd, flags, old_prog_fd.
+                let mut attr = [0u32; 4];
+                attr[0] = fd.as_raw_fd() as u32;
+                attr[1] = program.as_raw_fd() as u32;
+                bpf(BPF_LINK_UPDATE, &mut attr)?;
+                Self {
+                    _fd: fd,
+                    path: path.to_owned(),
+                    persistent: true,
+                }
+            }
+            None => Self::attach(program, target, attach_type, path)?,
+        };
+        link.persistent = true;
+        Ok(link)
+    }
+
+    /// Unpins and detaches the link pinned at `path`, if any (`interceptor uninstall`, a removed
+    /// pod). The program stops running once no process holds the link either.
+    pub fn remove_pinned(path: &Path) -> io::Result<()> {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The object pinned at `path` (BPF_OBJ_GET), or `None` when nothing is pinned there.
+fn open_pinned(path: &Path) -> io::Result<Option<OwnedFd>> {
+    let pathname = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    // obj_get: pathname (u64), bpf_fd (u32), file_flags (u32); the rest zero.
+    let mut attr = [0u64; 3];
+    attr[0] = pathname.as_ptr() as u64;
+    match bpf(BPF_OBJ_GET, &mut attr) {
+        // SAFETY: BPF_OBJ_GET returned a new fd that nothing else owns.
+        Ok(fd) => Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) })),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
 impl Drop for PinnedLink {
-    /// Unpins; closing `fd` right after releases the last reference and detaches.
+    /// Unpins; closing `fd` right after releases the last reference and detaches. A persistent
+    /// link keeps its pin, and stays attached.
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if !self.persistent {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 

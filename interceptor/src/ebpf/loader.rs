@@ -34,8 +34,10 @@ const PROGRAMS: [(&str, &str); 4] = [
 ];
 
 pub(super) struct Attached {
-    /// Set when the links are pinned (`LoadOptions::pin_links`); dropped first, detaching them.
+    /// Set when the links are pinned (`LoadOptions::pin_links`); dropped first, detaching them
+    /// unless they are persistent.
     pinned: Option<(PathBuf, Vec<PinnedLink>)>,
+    persistent: bool,
     // Dropping `Ebpf` detaches every link aya made and unloads the programs.
     ebpf: Ebpf,
 }
@@ -63,7 +65,14 @@ impl Attached {
         let pinned = options
             .pin_links
             .then(|| (options.pin_dir.clone(), Vec::new()));
-        Ok((Self { pinned, ebpf }, maps))
+        Ok((
+            Self {
+                pinned,
+                persistent: options.persistent,
+                ebpf,
+            },
+            maps,
+        ))
     }
 
     pub(super) fn attach(&mut self, cgroup_path: &Path) -> Result<(), EbpfError> {
@@ -97,12 +106,12 @@ impl Attached {
                     name,
                 })?;
                 let fd = program.fd().map_err(attach_error(name))?;
-                let link = PinnedLink::attach(
-                    fd.as_fd(),
-                    cgroup.as_fd(),
-                    attach_type,
-                    &pin_dir.join(format!("link_{name}")),
-                )
+                let path = pin_dir.join(format!("link_{name}"));
+                let link = if self.persistent {
+                    PinnedLink::attach_or_update(fd.as_fd(), cgroup.as_fd(), attach_type, &path)
+                } else {
+                    PinnedLink::attach(fd.as_fd(), cgroup.as_fd(), attach_type, &path)
+                }
                 .map_err(|e| attach_error(name)(ProgramError::IOError(e)))?;
                 links.push(link);
             }
@@ -158,6 +167,7 @@ pub(super) fn probe(pin_dir: &Path) -> Result<(), EbpfError> {
         orig_dst_capacity: 1,
         pin_dir: pin_dir.to_owned(),
         pin_links: false,
+        persistent: false,
     })?;
     let ebpf = load_sk_lookup(pin_dir, 0)?;
     drop((ebpf, maps, attached));
@@ -185,11 +195,27 @@ pub(super) struct Inbound {
     pub(super) ebpf: Ebpf,
 }
 
+/// Where a pod's sk_lookup link is pinned.
+pub(super) fn inbound_link_path(pin_dir: &Path, netns_cookie: u64) -> PathBuf {
+    pin_dir.join(format!("link_{}_{netns_cookie}", names::PROG_SK_LOOKUP))
+}
+
+/// How a pod's sk_lookup link is kept.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum LinkPin {
+    /// Not pinned: detached with the process.
+    None,
+    /// Pinned, unpinned (detached) on drop.
+    Pinned,
+    /// Pinned for good, replacing the program of a link already pinned for the pod (agent).
+    Persistent,
+}
+
 /// Loads one pod's sk_lookup instance (its netns cookie baked in) and attaches it to the pod's
-/// network namespace, with a link pinned in `pin_dir` when `pin_link`.
+/// network namespace, its link kept as `pin` says.
 pub(super) fn load_inbound(
     pin_dir: &Path,
-    pin_link: bool,
+    pin: LinkPin,
     netns_cookie: u64,
     netns: &crate::netns::PodNetns,
 ) -> Result<Inbound, EbpfError> {
@@ -201,21 +227,25 @@ pub(super) fn load_inbound(
         netns: netns.path().to_owned(),
         source,
     };
-    if !pin_link {
+    if pin == LinkPin::None {
         sk_lookup.attach(netns.file()).map_err(attach_error)?;
         return Ok(Inbound {
             _pinned: None,
             ebpf,
         });
     }
-    let path = pin_dir.join(format!("link_{name}_{netns_cookie}"));
+    let path = inbound_link_path(pin_dir, netns_cookie);
     let fd = sk_lookup.fd().map_err(attach_error)?;
-    let link = PinnedLink::attach(
+    let (program, target, attach_type) = (
         fd.as_fd(),
         netns.file().as_fd(),
         links::attach_type::SK_LOOKUP,
-        &path,
-    )
+    );
+    let link = if pin == LinkPin::Persistent {
+        PinnedLink::attach_or_update(program, target, attach_type, &path)
+    } else {
+        PinnedLink::attach(program, target, attach_type, &path)
+    }
     .map_err(|e| attach_error(ProgramError::IOError(e)))?;
     Ok(Inbound {
         _pinned: Some(link),

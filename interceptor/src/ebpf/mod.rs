@@ -107,6 +107,10 @@ pub struct LoadOptions {
     /// Pin the links there too, so the programs stay attached if this process dies without
     /// detaching (`interceptor run`: fail closed). Dropping the node still detaches them.
     pub pin_links: bool,
+    /// The node agent: links (pinned) and maps stay when the node is dropped, and attaching
+    /// replaces the programs of links already pinned in `pin_dir` instead of adding links, so a
+    /// restarted or upgraded agent takes over without a moment without interception.
+    pub persistent: bool,
 }
 
 impl LoadOptions {
@@ -115,6 +119,7 @@ impl LoadOptions {
             orig_dst_capacity: interceptor_common::DEFAULT_PENDING_ORIG_DST_CAPACITY,
             pin_dir: pin_dir.into(),
             pin_links: false,
+            persistent: false,
         }
     }
 }
@@ -159,7 +164,7 @@ impl EbpfNode {
         let (attached, maps) = loader::Attached::load(&options)?;
         Ok(Self {
             attached,
-            pods: PodRegistry::new(maps, options.pin_dir, options.pin_links),
+            pods: PodRegistry::new(maps, &options),
         })
     }
 
@@ -174,5 +179,9 @@ impl EbpfNode {
 
     pub fn pods(&mut self) -> &mut PodRegistry {
         &mut self.pods
+    }
+
+    pub fn pods_ref(&self) -> &PodRegistry {
+        &self.pods
     }
 }

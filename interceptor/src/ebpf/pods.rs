@@ -24,9 +24,10 @@ use interceptor_common::{
 use ipnet::IpNet;
 
 use super::{
-    Counters, EbpfError, PodSpec,
+    Counters, EbpfError, LoadOptions, PodSpec,
+    links::PinnedLink,
     listener::{Listening, find_listeners},
-    loader::{Inbound, load_inbound},
+    loader::{Inbound, LinkPin, inbound_link_path, load_inbound},
 };
 use crate::{config::InterceptionConfig, netns::PodNetns};
 
@@ -76,12 +77,15 @@ impl PodMaps {
     }
 }
 
-/// What was written for one pod, so it can be removed exactly.
+/// What was written for one pod, so it can be changed or removed exactly.
 struct Registered {
     slot: u32,
+    config: InterceptionConfig,
     addresses: BTreeSet<IpAddr>,
-    subnets: Vec<Key<SubnetKey>>,
-    /// The pod's sk_lookup instance; dropping it detaches it from the pod's namespace.
+    /// (prefix length, key) of each entry in the subnet trie.
+    subnets: BTreeSet<(u32, SubnetKey)>,
+    /// The pod's sk_lookup instance; dropping it detaches it from the pod's namespace (unless its
+    /// link is persistent).
     inbound: Option<Inbound>,
 }
 
@@ -90,58 +94,127 @@ pub struct PodRegistry {
     maps: PodMaps,
     pods: BTreeMap<u64, Registered>,
     pin_dir: PathBuf,
-    pin_links: bool,
+    link_pin: LinkPin,
 }
 
 impl PodRegistry {
-    pub(super) fn new(maps: PodMaps, pin_dir: PathBuf, pin_links: bool) -> Self {
+    pub(super) fn new(maps: PodMaps, options: &LoadOptions) -> Self {
+        let link_pin = match (options.persistent, options.pin_links) {
+            (true, _) => LinkPin::Persistent,
+            (false, true) => LinkPin::Pinned,
+            (false, false) => LinkPin::None,
+        };
         Self {
             maps,
             pods: BTreeMap::new(),
-            pin_dir,
-            pin_links,
+            pin_dir: options.pin_dir.clone(),
+            link_pin,
         }
     }
 
     /// Registers a pod. Its configuration is written last, so the programs never see a pod whose
-    /// addresses or subnets are missing. Returns the pod's counter slot.
+    /// addresses or subnets are missing. Returns the pod's counter slot. Adding a pod that is
+    /// registered with the same configuration changes nothing; with another configuration it is
+    /// an error (see [`Self::update`]).
     pub fn add(&mut self, spec: &PodSpec) -> Result<u32, EbpfError> {
         let cookie = spec.netns_cookie;
-        if self.pods.contains_key(&cookie) {
+        if let Some(registered) = self.pods.get(&cookie) {
+            if registered.config == spec.config {
+                return Ok(registered.slot);
+            }
             return Err(EbpfError::AlreadyRegistered(cookie));
         }
         let slot = (0..MAX_PODS)
             .find(|slot| self.pods.values().all(|p| p.slot != *slot))
             .ok_or(EbpfError::NoFreeSlot(MAX_PODS))?;
+        self.zero_counters(slot)?;
+        let registered = Registered {
+            slot,
+            config: spec.config.clone(),
+            addresses: BTreeSet::new(),
+            subnets: BTreeSet::new(),
+            inbound: None,
+        };
+        self.write(spec, registered)
+    }
+
+    /// Applies a new configuration to a registered pod in place (registers it if it is not):
+    /// new subnets are added before the configuration that uses them is written, old ones are
+    /// removed after, so at every moment the programs apply the old or the new configuration.
+    pub fn update(&mut self, spec: &PodSpec) -> Result<u32, EbpfError> {
+        let Some(mut registered) = self.pods.remove(&spec.netns_cookie) else {
+            return self.add(spec);
+        };
+        registered.config = spec.config.clone();
+        self.write(spec, registered)
+    }
+
+    /// Takes a pod back under management after a restart: its map entries and pinned sk_lookup
+    /// link are still in force (they outlive the agent process), so it keeps its counter slot
+    /// and counters, stale entries are removed, and its sk_lookup link gets this process's
+    /// program. Registers it afresh if its configuration never reached the maps.
+    pub fn restore(&mut self, spec: &PodSpec) -> Result<u32, EbpfError> {
+        let cookie = spec.netns_cookie;
+        let Ok(in_force) = self.maps.pods.get(&cookie, 0) else {
+            return self.add(spec);
+        };
+        let addresses = self
+            .maps
+            .local_addrs
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.netns_cookie == cookie)
+            .map(|k| IpAddr::from(k.addr))
+            .collect();
+        let subnets = self
+            .maps
+            .subnets
+            .keys()
+            .filter_map(Result::ok)
+            .map(|k| (k.prefix_len(), k.data()))
+            .filter(|(_, k)| k.netns_cookie == cookie)
+            .collect();
+        let registered = Registered {
+            slot: in_force.slot,
+            config: spec.config.clone(),
+            addresses,
+            subnets,
+            inbound: None,
+        };
+        self.write(spec, registered)
+    }
+
+    /// Writes (or rewrites) a pod's entries, its configuration, and attaches its sk_lookup
+    /// instance. On failure the pod is removed: a half-registered pod is never left behind.
+    fn write(&mut self, spec: &PodSpec, mut registered: Registered) -> Result<u32, EbpfError> {
+        let cookie = spec.netns_cookie;
+        let slot = registered.slot;
         if spec.addresses.len() > MAX_LOCAL_ADDRS_PER_POD as usize {
+            self.pods.insert(cookie, registered);
+            let _ = self.remove(cookie);
             return Err(EbpfError::TooManyAddresses {
                 netns: spec.netns_path.clone(),
                 count: spec.addresses.len(),
                 max: MAX_LOCAL_ADDRS_PER_POD,
             });
         }
-        let netns = PodNetns::open(&spec.netns_path)?;
-        self.zero_counters(slot)?;
-        let mut registered = Registered {
-            slot,
-            addresses: BTreeSet::new(),
-            subnets: Vec::new(),
-            inbound: None,
-        };
-        let result = self
-            .write_addresses(cookie, &mut registered, &spec.addresses)
-            .and_then(|()| self.write_subnets(cookie, &mut registered, &spec.config))
-            .and_then(|()| {
+        let wanted_subnets = subnet_keys(cookie, &spec.config);
+        let result = PodNetns::open(&spec.netns_path)
+            .map_err(EbpfError::from)
+            .and_then(|netns| {
+                self.write_addresses(cookie, &mut registered, &spec.addresses)?;
+                self.add_subnets(&mut registered, &wanted_subnets)?;
                 self.maps
                     .pods
                     .insert(cookie, pod_config(slot, &spec.config), 0)
-                    .map_err(map_error(names::MAP_PODS))
-            })
-            .and_then(|()| {
-                // From here on inbound connections are steered, or dropped until the proxy
-                // listens: the pod fails closed from its first registered moment.
-                registered.inbound =
-                    Some(load_inbound(&self.pin_dir, self.pin_links, cookie, &netns)?);
+                    .map_err(map_error(names::MAP_PODS))?;
+                self.prune_subnets(&mut registered, &wanted_subnets)?;
+                if registered.inbound.is_none() {
+                    // From here on inbound connections are steered, or dropped until the proxy
+                    // listens: the pod fails closed from its first registered moment.
+                    registered.inbound =
+                        Some(load_inbound(&self.pin_dir, self.link_pin, cookie, &netns)?);
+                }
                 self.adopt_existing_listener(cookie, &netns, spec.config.incoming_proxy_port)
             });
         self.pods.insert(cookie, registered);
@@ -150,6 +223,75 @@ impl PodRegistry {
             return Err(e);
         }
         Ok(slot)
+    }
+
+    /// The registered pods' netns cookies.
+    pub fn cookies(&self) -> Vec<u64> {
+        self.pods.keys().copied().collect()
+    }
+
+    /// A registered pod's counter slot.
+    pub fn slot(&self, cookie: u64) -> Option<u32> {
+        self.pods.get(&cookie).map(|p| p.slot)
+    }
+
+    /// The pods in the kernel's pod map, registered by this process or an earlier one.
+    pub fn cookies_in_maps(&self) -> Vec<u64> {
+        self.maps.pods.keys().filter_map(Result::ok).collect()
+    }
+
+    /// A registered pod's own addresses, sorted.
+    pub fn addresses(&self, cookie: u64) -> Vec<IpAddr> {
+        self.pods
+            .get(&cookie)
+            .map(|p| p.addresses.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Removes everything the maps and pins hold for a pod this registry does not manage (left
+    /// by an earlier agent whose pod is gone): its configuration first, so it stops being
+    /// intercepted at once, then its addresses, subnets, listeners, counters and sk_lookup link.
+    pub fn purge(&mut self, cookie: u64) -> Result<(), EbpfError> {
+        if self.pods.contains_key(&cookie) {
+            return self.remove(cookie);
+        }
+        let slot = self.maps.pods.get(&cookie, 0).ok().map(|c| c.slot);
+        let ignore_absent = |r: Result<(), MapError>| match r {
+            Err(e) if is_absent(&e) => Ok(()),
+            r => r,
+        };
+        ignore_absent(self.maps.pods.remove(&cookie)).map_err(map_error(names::MAP_PODS))?;
+        let path = inbound_link_path(&self.pin_dir, cookie);
+        PinnedLink::remove_pinned(&path).map_err(|source| EbpfError::PinDir { path, source })?;
+        for ipv6 in [false, true] {
+            ignore_absent(self.maps.listeners.remove(&listener_key(cookie, ipv6)))
+                .map_err(map_error(names::MAP_LISTENERS))?;
+        }
+        let addresses: Vec<LocalAddrKey> = self
+            .maps
+            .local_addrs
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.netns_cookie == cookie)
+            .collect();
+        for key in addresses {
+            ignore_absent(self.maps.local_addrs.remove(&key))
+                .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
+        }
+        let subnets: Vec<Key<SubnetKey>> = self
+            .maps
+            .subnets
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.data().netns_cookie == cookie)
+            .collect();
+        for key in subnets {
+            ignore_absent(self.maps.subnets.remove(&key)).map_err(map_error(names::MAP_SUBNETS))?;
+        }
+        match slot {
+            Some(slot) => self.zero_counters(slot),
+            None => Ok(()),
+        }
     }
 
     /// Puts the listeners that existed before registration into the listener map, one per family
@@ -223,6 +365,14 @@ impl PodRegistry {
         };
         ignore_absent(self.maps.pods.remove(&cookie)).map_err(map_error(names::MAP_PODS))?;
         drop(registered.inbound);
+        if self.link_pin == LinkPin::Persistent {
+            PinnedLink::remove_pinned(&inbound_link_path(&self.pin_dir, cookie)).map_err(
+                |source| EbpfError::PinDir {
+                    path: inbound_link_path(&self.pin_dir, cookie),
+                    source,
+                },
+            )?;
+        }
         for ipv6 in [false, true] {
             ignore_absent(self.maps.listeners.remove(&listener_key(cookie, ipv6)))
                 .map_err(map_error(names::MAP_LISTENERS))?;
@@ -231,8 +381,9 @@ impl PodRegistry {
             ignore_absent(self.maps.local_addrs.remove(&local_key(cookie, *ip)))
                 .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
         }
-        for key in &registered.subnets {
-            ignore_absent(self.maps.subnets.remove(key)).map_err(map_error(names::MAP_SUBNETS))?;
+        for (prefix_len, key) in &registered.subnets {
+            ignore_absent(self.maps.subnets.remove(&Key::new(*prefix_len, *key)))
+                .map_err(map_error(names::MAP_SUBNETS))?;
         }
         self.zero_counters(registered.slot)
     }
@@ -282,44 +433,32 @@ impl PodRegistry {
         Ok(())
     }
 
-    fn write_subnets(
+    fn add_subnets(
         &mut self,
-        cookie: u64,
         registered: &mut Registered,
-        config: &InterceptionConfig,
+        wanted: &BTreeSet<(u32, SubnetKey)>,
     ) -> Result<(), EbpfError> {
-        let rules = config
-            .outbound_subnets_to_ignore
-            .iter()
-            .map(|net| (direction::OUTBOUND, net))
-            .chain(
-                config
-                    .subnets_to_ignore
-                    .iter()
-                    .map(|net| (direction::INBOUND, net)),
-            );
-        for (direction, net) in rules {
-            let (family, prefix_len) = match net {
-                IpNet::V4(v4) => (
-                    family::IPV4,
-                    IP4_MAPPED_PREFIX_BITS + u32::from(v4.prefix_len()),
-                ),
-                IpNet::V6(v6) => (family::IPV6, u32::from(v6.prefix_len())),
-            };
-            let key = Key::new(
-                SUBNET_KEY_FIXED_BITS + prefix_len,
-                SubnetKey {
-                    netns_cookie: cookie,
-                    direction,
-                    family,
-                    addr: Ip6Addr::from(net.network()),
-                },
-            );
+        for (prefix_len, key) in wanted.difference(&registered.subnets.clone()) {
             self.maps
                 .subnets
-                .insert(&key, 1, 0)
+                .insert(&Key::new(*prefix_len, *key), 1, 0)
                 .map_err(map_error(names::MAP_SUBNETS))?;
-            registered.subnets.push(key);
+            registered.subnets.insert((*prefix_len, *key));
+        }
+        Ok(())
+    }
+
+    fn prune_subnets(
+        &mut self,
+        registered: &mut Registered,
+        wanted: &BTreeSet<(u32, SubnetKey)>,
+    ) -> Result<(), EbpfError> {
+        for (prefix_len, key) in registered.subnets.clone().difference(wanted) {
+            match self.maps.subnets.remove(&Key::new(*prefix_len, *key)) {
+                Err(e) if !is_absent(&e) => return Err(map_error(names::MAP_SUBNETS)(e)),
+                _ => {}
+            }
+            registered.subnets.remove(&(*prefix_len, *key));
         }
         Ok(())
     }
@@ -343,6 +482,37 @@ fn is_absent(e: &MapError) -> bool {
         MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),
         _ => false,
     }
+}
+
+/// The subnet trie entries of a pod's configuration: (prefix length, key).
+fn subnet_keys(cookie: u64, config: &InterceptionConfig) -> BTreeSet<(u32, SubnetKey)> {
+    let outbound = config
+        .outbound_subnets_to_ignore
+        .iter()
+        .map(|net| (direction::OUTBOUND, net));
+    let inbound = config
+        .subnets_to_ignore
+        .iter()
+        .map(|net| (direction::INBOUND, net));
+    outbound
+        .chain(inbound)
+        .map(|(direction, net)| {
+            let (family, prefix_len) = match net {
+                IpNet::V4(v4) => (
+                    family::IPV4,
+                    IP4_MAPPED_PREFIX_BITS + u32::from(v4.prefix_len()),
+                ),
+                IpNet::V6(v6) => (family::IPV6, u32::from(v6.prefix_len())),
+            };
+            let key = SubnetKey {
+                netns_cookie: cookie,
+                direction,
+                family,
+                addr: Ip6Addr::from(net.network()),
+            };
+            (SUBNET_KEY_FIXED_BITS + prefix_len, key)
+        })
+        .collect()
 }
 
 fn local_key(netns_cookie: u64, ip: IpAddr) -> LocalAddrKey {
@@ -431,9 +601,12 @@ pub fn read_counters<T: std::borrow::Borrow<MapData>>(
 impl Drop for PodRegistry {
     fn drop(&mut self) {
         // Detach every pod's sk_lookup instance, then drop the pins: the maps themselves go away
-        // once no program or process uses them.
+        // once no program or process uses them. The agent's (persistent) pins stay.
         for (_, registered) in std::mem::take(&mut self.pods) {
             drop(registered.inbound);
+        }
+        if self.link_pin == LinkPin::Persistent {
+            return;
         }
         for name in names::SHARED_MAPS {
             let _ = std::fs::remove_file(self.pin_dir.join(name));

@@ -1,0 +1,146 @@
+//! The agent's API: one JSON request per connection on its Unix socket, one JSON response.
+//!
+//! A pod's configuration travels as proxy-init's flags (`["--incoming-proxy-port", "4143",
+//! ...]`): the agent validates them with the very parser `interceptor run` uses, so a bad value
+//! gets the same message whichever way it arrives (CLI, `pod add`, the CNI plugin's keys, which
+//! are those flags' names).
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Write as _},
+    os::unix::net::UnixStream,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::ConfigSummary;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Registers a pod and answers once its interception is in force. Idempotent: the same pod
+    /// with the same configuration changes nothing; another configuration is a conflict unless
+    /// `update` asks to apply it in place.
+    Add(PodAdd),
+    /// Unregisters the pod whose network namespace is at `netns`; a pod that is not registered
+    /// is not an error.
+    Remove {
+        netns: PathBuf,
+    },
+    List,
+    Get {
+        netns: PathBuf,
+    },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PodAdd {
+    /// The pod's network namespace (`/run/netns/NAME`, `/proc/PID/ns/net`, a CNI netns path).
+    pub netns: PathBuf,
+    #[serde(default)]
+    pub meta: PodMeta,
+    /// proxy-init's flags, as `interceptor run` takes them.
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub update: bool,
+}
+
+/// What a pod is called, for display and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodMeta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+}
+
+/// A registered pod, as `pod list` and `pod get` show it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PodInfo {
+    pub netns: PathBuf,
+    pub netns_cookie: u64,
+    pub meta: PodMeta,
+    pub slot: u32,
+    pub args: Vec<String>,
+    pub config: ConfigSummary,
+    pub addresses: Vec<String>,
+    pub inbound_listener: bool,
+    pub counters: BTreeMap<String, u64>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Response {
+    Ok { pods: Vec<PodInfo> },
+    Error { kind: ErrorKind, message: String },
+}
+
+/// Why a request was refused; nothing was changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The request is not valid JSON of this API.
+    BadRequest,
+    /// A flag or value of the pod's configuration is not valid (the CLI's message).
+    InvalidConfig,
+    /// The network namespace path does not open as a network namespace.
+    UnknownNetns,
+    /// The pod is registered with another configuration (pass `update`).
+    Conflict,
+    /// No free pod slot.
+    PodTableFull,
+    /// The caller is not root.
+    PermissionDenied,
+    /// The kernel refused an operation; the message says which.
+    Internal,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(
+        "cannot reach the interceptor agent at {path}: {io_error} (is `interceptor daemon` running? its API is root-only)"
+    )]
+    Unreachable {
+        path: PathBuf,
+        io_error: std::io::Error,
+    },
+    #[error("{message}")]
+    Refused { kind: ErrorKind, message: String },
+    #[error("talking to the interceptor agent at {path}: {detail}")]
+    Protocol { path: PathBuf, detail: String },
+}
+
+/// Sends one request to the agent and waits for its answer (registration answers only once the
+/// pod is intercepted).
+pub fn call(socket: &Path, request: &Request) -> Result<Vec<PodInfo>, ClientError> {
+    let protocol = |detail: String| ClientError::Protocol {
+        path: socket.to_owned(),
+        detail,
+    };
+    let mut stream = UnixStream::connect(socket).map_err(|io_error| ClientError::Unreachable {
+        path: socket.to_owned(),
+        io_error,
+    })?;
+    stream.set_read_timeout(Some(Duration::from_secs(60))).ok();
+    let mut line = serde_json::to_string(request).map_err(|e| protocol(e.to_string()))?;
+    line.push('\n');
+    stream
+        .write_all(line.as_bytes())
+        .map_err(|e| protocol(e.to_string()))?;
+    let mut answer = String::new();
+    BufReader::new(&stream)
+        .read_line(&mut answer)
+        .map_err(|e| protocol(e.to_string()))?;
+    match serde_json::from_str(&answer).map_err(|e| protocol(format!("{e}: {answer:?}")))? {
+        Response::Ok { pods } => Ok(pods),
+        Response::Error { kind, message } => Err(ClientError::Refused { kind, message }),
+    }
+}
+
+/// Whether an agent answers on `socket`.
+pub fn agent_running(socket: &Path) -> bool {
+    call(socket, &Request::List).is_ok()
+}

@@ -1,0 +1,127 @@
+//! `interceptor daemon`, `interceptor pod ...` and `interceptor uninstall`.
+use std::{path::Path, time::Duration};
+
+use anyhow::{Context as _, bail};
+
+use crate::{
+    agent::{
+        self, AgentPaths,
+        api::{self, ClientError, PodAdd, PodInfo, PodMeta, Request},
+    },
+    cgroup,
+    cli::{AgentLocationArgs, DaemonArgs, PodArgs, PodCommand, parse_pod_config},
+};
+
+pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
+    let cgroup = match args.cgroup {
+        Some(path) => path,
+        None => cgroup::cgroup2_root()?,
+    };
+    cgroup::open_cgroup2(&cgroup)?;
+    agent::run(
+        args.location.paths(),
+        &cgroup,
+        args.orig_dst_capacity,
+        Duration::from_millis(args.reconcile_ms),
+    )
+    .await
+}
+
+pub fn pod(args: PodArgs) -> anyhow::Result<()> {
+    let socket = args.location.paths().socket();
+    match args.command {
+        PodCommand::Add {
+            netns,
+            name,
+            namespace,
+            container_id,
+            update,
+            config,
+        } => {
+            // Refused here with the CLI's message, before the agent is asked.
+            if let Err(message) = parse_pod_config(&config) {
+                eprintln!("{message}");
+                std::process::exit(2);
+            }
+            let request = Request::Add(PodAdd {
+                netns,
+                meta: PodMeta {
+                    name,
+                    namespace,
+                    container_id,
+                },
+                args: config,
+                update,
+            });
+            print_pods(&call(&socket, &request)?, false);
+        }
+        PodCommand::Remove { netns } => {
+            call(&socket, &Request::Remove { netns })?;
+        }
+        PodCommand::List { json } => print_pods(&call(&socket, &Request::List)?, json),
+        PodCommand::Get { netns, json } => {
+            let pods = call(&socket, &Request::Get { netns })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&pods.first())?);
+            } else {
+                print_pods(&pods, false);
+                for pod in &pods {
+                    for (name, value) in &pod.counters {
+                        println!("    {name:<34} {value}");
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn call(socket: &Path, request: &Request) -> anyhow::Result<Vec<PodInfo>> {
+    api::call(socket, request).map_err(|e| match e {
+        ClientError::Refused { kind, message } => {
+            anyhow::anyhow!("the agent refused ({kind:?}): {message}")
+        }
+        e => e.into(),
+    })
+}
+
+fn print_pods(pods: &[PodInfo], json: bool) {
+    if json {
+        println!("{}", serde_json::to_string_pretty(pods).unwrap_or_default());
+        return;
+    }
+    for pod in pods {
+        let name = match (&pod.meta.namespace, &pod.meta.name) {
+            (Some(ns), Some(name)) => format!("{ns}/{name}"),
+            (None, Some(name)) => name.clone(),
+            _ => "-".into(),
+        };
+        println!(
+            "{} {name} netns cookie {} slot {} listener {} addresses {}: {}",
+            pod.netns.display(),
+            pod.netns_cookie,
+            pod.slot,
+            if pod.inbound_listener { "yes" } else { "no" },
+            pod.addresses.join(","),
+            pod.args.join(" ")
+        );
+    }
+}
+
+/// Removes the agent's pinned links (detaching its programs), maps, pod records and socket.
+/// Refuses while an agent runs: it would keep the programs attached through its own handles.
+pub fn uninstall(args: AgentLocationArgs) -> anyhow::Result<()> {
+    let paths: AgentPaths = args.paths();
+    if paths.agent_running() {
+        bail!(
+            "an agent is running (lock {} is held): stop it first, then uninstall",
+            paths.state_dir.join("agent.lock").display()
+        );
+    }
+    let removed = agent::uninstall(&paths).context("uninstalling")?;
+    for path in &removed {
+        println!("removed {}", path.display());
+    }
+    tracing::info!(removed = removed.len(), "agent uninstalled");
+    Ok(())
+}
