@@ -1,0 +1,504 @@
+//! The node agent end to end, through its real binary: pods registered through the API, an agent
+//! killed and restarted under load with no connection bypassing the proxy, pods whose namespace
+//! disappears, bad input, and uninstall. Each test runs its own agent on its own state directory,
+//! bpffs directory and cgroup.
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use interceptor_tests::{
+    Landing, Netns, PodFixture, privileged,
+    scenario::{APP_UID, Servers},
+    unique_name,
+};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_interceptor-under-test");
+const LINKERD_FLAGS: [&str; 8] = [
+    "-p",
+    "4143",
+    "-o",
+    "4140",
+    "-u",
+    "2102",
+    "--inbound-ports-to-ignore",
+    "4190,4191",
+];
+/// Refused by the fixture's remote host unless intercepted.
+const UNREACHABLE: &str = "192.0.2.2:1404";
+
+/// An agent's places; dropping it stops any agent on them and uninstalls.
+struct AgentHome {
+    state_dir: PathBuf,
+    bpffs: PathBuf,
+    cgroup: PathBuf,
+}
+
+impl AgentHome {
+    fn new(cgroup: &Path) -> Self {
+        let name = unique_name("agent");
+        let bpffs_root = Path::new(interceptor::state::BPFFS_ROOT);
+        interceptor::state::ensure_bpffs(bpffs_root).expect("a bpffs");
+        Self {
+            state_dir: std::env::temp_dir().join(&name),
+            bpffs: bpffs_root.join("interceptor-tests").join(&name),
+            cgroup: cgroup.to_owned(),
+        }
+    }
+
+    fn location(&self) -> Vec<String> {
+        vec![
+            "--state-dir".into(),
+            self.state_dir.display().to_string(),
+            "--bpffs".into(),
+            self.bpffs.display().to_string(),
+        ]
+    }
+
+    /// Starts an agent and waits until its API answers.
+    fn start(&self) -> Agent {
+        let child = Command::new(BIN)
+            .arg("daemon")
+            .args(self.location())
+            .args(["--cgroup", &self.cgroup.display().to_string()])
+            .args(["--reconcile-ms", "100", "--log-level", "warn"])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the agent");
+        let mut agent = Agent { child };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.cli(&["pod", "list"]).status.success() {
+            assert!(
+                agent.child.try_wait().unwrap().is_none(),
+                "the agent exited early"
+            );
+            assert!(Instant::now() < deadline, "the agent did not become ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        agent
+    }
+
+    fn cli(&self, args: &[&str]) -> Output {
+        let (command, rest) = args.split_first().expect("a command");
+        let mut cmd = Command::new(BIN);
+        cmd.arg(command);
+        if let Some((sub, rest)) = rest.split_first().filter(|_| *command == "pod") {
+            cmd.arg(sub).args(self.location()).args(rest);
+        } else {
+            cmd.args(self.location()).args(rest);
+        }
+        cmd.output().expect("run the CLI")
+    }
+
+    fn add(&self, netns: &Path, extra: &[&str], config: &[&str]) -> Output {
+        let netns = netns.display().to_string();
+        let mut args = vec!["pod", "add", "--netns", &netns];
+        args.extend_from_slice(extra);
+        args.push("--");
+        args.extend_from_slice(config);
+        self.cli(&args)
+    }
+
+    fn pods(&self) -> Vec<Value> {
+        let out = self.cli(&["pod", "list", "--json"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice::<Value>(&out.stdout)
+            .expect("pod list --json")
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for AgentHome {
+    fn drop(&mut self) {
+        let _ = Command::new(BIN)
+            .arg("uninstall")
+            .args(self.location())
+            .output();
+        let _ = std::fs::remove_dir_all(&self.state_dir);
+    }
+}
+
+/// A running agent, SIGKILLed on drop if still running.
+struct Agent {
+    child: Child,
+}
+
+impl Agent {
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM: the agent exits, interception stays.
+    fn stop(mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "the agent exits 0 on SIGTERM: {status}");
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn counter(pod: &Value, name: &str) -> u64 {
+    pod["counters"][name].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn pods_registered_through_the_api_are_intercepted_until_removed() {
+    if !privileged("pods_registered_through_the_api_are_intercepted_until_removed") {
+        return;
+    }
+    let fixture = PodFixture::new("agent");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home.start();
+    let app = fixture.in_pod().uid(APP_UID);
+    assert_eq!(
+        app.connect(UNREACHABLE),
+        Landing::Failed("connect:ECONNREFUSED".into())
+    );
+
+    let out = home.add(
+        &fixture.pod.path(),
+        &["--name", "web", "--namespace", "shop"],
+        &LINKERD_FLAGS,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+    assert_eq!(
+        app.connect("[2001:db8::2]:1404").proxy_orig().to_string(),
+        "[2001:db8::2]:1404"
+    );
+    let landing = fixture.on_remote().connect("10.77.0.1:80");
+    assert!(
+        matches!(&landing, Landing::Proxy { name, .. } if name == "inbound"),
+        "{landing:?}"
+    );
+
+    let pods = home.pods();
+    assert_eq!(pods.len(), 1);
+    assert_eq!(pods[0]["meta"]["name"], "web");
+    assert_eq!(pods[0]["meta"]["namespace"], "shop");
+    assert_eq!(pods[0]["inbound_listener"], true);
+    assert_eq!(counter(&pods[0], "outbound_redirected"), 2);
+    assert_eq!(counter(&pods[0], "inbound_steered"), 1);
+
+    // Adding it again, same configuration: nothing changes.
+    let again = home.add(
+        &fixture.pod.path(),
+        &["--name", "web", "--namespace", "shop"],
+        &LINKERD_FLAGS,
+    );
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(home.pods()[0]["slot"], pods[0]["slot"]);
+
+    // A new configuration applied in place: 1404 becomes an ignored port.
+    let mut flags = LINKERD_FLAGS.to_vec();
+    flags.extend(["--outbound-ports-to-ignore", "1404"]);
+    let updated = home.add(&fixture.pod.path(), &["--update"], &flags);
+    assert!(updated.status.success(), "{}", stderr(&updated));
+    assert_eq!(
+        app.connect(UNREACHABLE),
+        Landing::Failed("connect:ECONNREFUSED".into())
+    );
+    assert_eq!(
+        counter(&home.pods()[0], "outbound_redirected"),
+        2,
+        "counters kept"
+    );
+
+    let removed = home.cli(&[
+        "pod",
+        "remove",
+        "--netns",
+        &fixture.pod.path().display().to_string(),
+    ]);
+    assert!(removed.status.success(), "{}", stderr(&removed));
+    assert!(home.pods().is_empty());
+    assert_eq!(
+        app.connect("10.77.0.2:80").server_name(),
+        "remote-80",
+        "a removed pod is not intercepted"
+    );
+    agent.stop();
+}
+
+/// SIGKILL the agent while the app connects in a loop, start it again: every connection lands on
+/// the proxy, the pod list is the same, the counters continue.
+#[test]
+fn a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back() {
+    if !privileged("a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back") {
+        return;
+    }
+    let fixture = PodFixture::new("agentkill");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home.start();
+    let out = home.add(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let before = home.pods();
+
+    let app = fixture.in_pod().uid(APP_UID);
+    let check = std::thread::scope(|s| {
+        let load = s.spawn(|| {
+            app.run(&[
+                "check",
+                UNREACHABLE,
+                "[::ffff:192.0.2.2]:1404",
+                "[2001:db8::2]:1404",
+                "--count",
+                "3000",
+                "--threads",
+                "2",
+            ])
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        agent.kill();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!load.is_finished(), "the load outlasts the agent's absence");
+        let agent = home.start();
+        let lines = load.join().expect("load");
+        (lines, agent)
+    });
+    let (lines, agent) = check;
+    assert!(
+        lines.iter().any(|l| l == "ok=3000 bad=0"),
+        "every connection reached the proxy: {lines:#?}"
+    );
+
+    let after = home.pods();
+    assert_eq!(after.len(), 1);
+    for field in ["netns", "netns_cookie", "slot", "meta", "args"] {
+        assert_eq!(after[0][field], before[0][field], "{field}");
+    }
+    assert_eq!(
+        counter(&after[0], "outbound_redirected"),
+        3000,
+        "{after:#?}"
+    );
+    // The new agent serves the pod: a change made through it takes effect.
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+    assert_eq!(counter(&home.pods()[0], "outbound_redirected"), 3001);
+    agent.stop();
+}
+
+#[test]
+fn a_pod_whose_network_namespace_disappears_is_removed() {
+    if !privileged("a_pod_whose_network_namespace_disappears_is_removed") {
+        return;
+    }
+    let fixture = PodFixture::new("agentgone");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let _agent = home.start();
+    let doomed = Netns::new("doomed");
+    let out = home.add(&doomed.path(), &[], &LINKERD_FLAGS);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = home.add(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(home.pods().len(), 2);
+    let doomed_path = doomed.path();
+    drop(doomed);
+
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let pods = home.pods();
+        if pods.len() == 1 {
+            assert_eq!(pods[0]["netns"], fixture.pod.path().display().to_string());
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} is still registered: {pods:#?}",
+            doomed_path.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let links: Vec<String> = std::fs::read_dir(&home.bpffs)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("link_icpt_sk_lookup_"))
+        .collect();
+    assert_eq!(
+        links.len(),
+        1,
+        "the gone pod's sk_lookup link is unpinned: {links:?}"
+    );
+}
+
+#[test]
+fn bad_requests_get_a_clear_error_and_change_nothing() {
+    if !privileged("bad_requests_get_a_clear_error_and_change_nothing") {
+        return;
+    }
+    let fixture = PodFixture::new("agentbad");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let _agent = home.start();
+    let out = home.add(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let before = home.pods();
+    let socket = home.state_dir.join("agent.sock");
+    let refused = |request: Value| -> (String, String) {
+        let request: interceptor::agent::api::Request =
+            serde_json::from_value(request).expect("a request");
+        match interceptor::agent::api::call(&socket, &request) {
+            Err(interceptor::agent::api::ClientError::Refused { kind, message }) => {
+                (format!("{kind:?}"), message)
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    };
+
+    let (kind, message) = refuse_add(&refused, "/run/netns/icpt-no-such-pod", &LINKERD_FLAGS);
+    assert_eq!(kind, "UnknownNetns");
+    assert!(message.contains("/run/netns/icpt-no-such-pod"), "{message}");
+
+    let pod = fixture.pod.path().display().to_string();
+    let (kind, message) = refuse_add(&refused, &pod, &["-p", "0", "-o", "4140"]);
+    assert_eq!(kind, "InvalidConfig");
+    assert!(
+        message.contains("--incoming-proxy-port") && message.contains("'0'"),
+        "{message}"
+    );
+    let (kind, message) = refuse_add(
+        &refused,
+        &pod,
+        &[
+            "-p",
+            "4143",
+            "-o",
+            "4140",
+            "--inbound-ports-to-ignore",
+            "90-80",
+        ],
+    );
+    assert_eq!(kind, "InvalidConfig");
+    assert!(message.contains("90-80"), "{message}");
+    let (kind, message) = refuse_add(
+        &refused,
+        &pod,
+        &[
+            "-p",
+            "4143",
+            "-o",
+            "4140",
+            "--subnets-to-ignore",
+            "10.0.0.0/33",
+        ],
+    );
+    assert_eq!(kind, "InvalidConfig");
+    assert!(message.contains("10.0.0.0/33"), "{message}");
+    let (kind, message) = refuse_add(&refused, &pod, &["-p", "4143", "-o", "4141"]);
+    assert_eq!(kind, "Conflict");
+    assert!(message.contains("--update"), "{message}");
+
+    // Not JSON of the API.
+    let mut raw = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    std::io::Write::write_all(&mut raw, b"{\"op\":\"explode\"}\n").unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut raw, &mut answer).unwrap();
+    assert!(answer.contains("bad_request"), "{answer}");
+
+    // Not root: the socket itself is root-only.
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "1000",
+            "--regid",
+            "1000",
+            "--clear-groups",
+            BIN,
+            "pod",
+            "list",
+        ])
+        .args(home.location())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("Permission denied"),
+        "{}",
+        stderr(&out)
+    );
+
+    // The CLI refuses a malformed configuration itself, with exit code 2, as `run` does.
+    let out = home.add(&fixture.pod.path(), &[], &["-p", "4143", "-o", "70000"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("70000"), "{}", stderr(&out));
+
+    let after = home.pods();
+    assert_eq!(after.len(), before.len());
+    assert_eq!(after[0]["args"], before[0]["args"]);
+    assert_eq!(after[0]["slot"], before[0]["slot"]);
+}
+
+fn refuse_add(
+    refused: &dyn Fn(Value) -> (String, String),
+    netns: &str,
+    args: &[&str],
+) -> (String, String) {
+    refused(serde_json::json!({"op": "add", "netns": netns, "args": args}))
+}
+
+/// Stopping the agent keeps interception; uninstall removes everything it pinned and wrote.
+#[test]
+fn uninstall_removes_everything_the_agent_pinned() {
+    if !privileged("uninstall_removes_everything_the_agent_pinned") {
+        return;
+    }
+    let fixture = PodFixture::new("agentuninst");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home.start();
+    let out = home.add(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let app = fixture.in_pod().uid(APP_UID);
+
+    let refused = home.cli(&["uninstall"]);
+    assert!(
+        !refused.status.success(),
+        "uninstall refuses while the agent runs"
+    );
+    agent.stop();
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE,
+        "a stopped agent leaves its pods intercepted"
+    );
+
+    let out = home.cli(&["uninstall"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // A forked child of another test may hold link fds for a moment (TOOLCHAIN.md).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match app.connect(UNREACHABLE) {
+            Landing::Failed(e) if e == "connect:ECONNREFUSED" => break,
+            other => assert!(Instant::now() < deadline, "still intercepted: {other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!home.bpffs.exists(), "the bpffs directory is gone");
+    assert!(
+        std::fs::read_dir(&home.state_dir).unwrap().next().is_none(),
+        "the state directory is empty"
+    );
+}
