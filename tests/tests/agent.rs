@@ -502,3 +502,202 @@ fn uninstall_removes_everything_the_agent_pinned() {
         "the state directory is empty"
     );
 }
+
+/// Another product's cgroup program on the same hook (Cilium, Calico and others attach there):
+/// one attached with `BPF_F_ALLOW_MULTI` before the agent, one with a link after it. Both keep
+/// running beside ours through an agent restart and after uninstall; ours never replaces them.
+#[test]
+fn programs_other_software_attached_to_the_same_hooks_keep_running() {
+    if !privileged("programs_other_software_attached_to_the_same_hooks_keep_running") {
+        return;
+    }
+    let fixture = PodFixture::new("agentforeign");
+    let _servers = Servers::start(&fixture);
+    let cgroup = std::fs::File::open(&fixture.cgroup.path).unwrap();
+    let before = foreign::deny_port(&cgroup, 9999, foreign::Attach::AllowMulti);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home.start();
+    let out = home.add(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let after = foreign::deny_port(&cgroup, 9998, foreign::Attach::Link);
+
+    let app = fixture.in_pod().uid(APP_UID);
+    // The proxy's UID is never redirected: its connects show the foreign programs at work.
+    let proxy = fixture.in_pod().uid(interceptor_tests::scenario::PROXY_UID);
+    let denied =
+        |landing: Landing| matches!(&landing, Landing::Failed(e) if e.contains("os_error_1"));
+    let check = |when: &str| {
+        assert_eq!(
+            app.connect(UNREACHABLE).proxy_orig().to_string(),
+            UNREACHABLE,
+            "{when}: ours intercepts"
+        );
+        assert!(
+            denied(proxy.connect("10.77.0.2:9999")),
+            "{when}: the first foreign program runs"
+        );
+        assert!(
+            denied(proxy.connect("10.77.0.2:9998")),
+            "{when}: the second foreign program runs"
+        );
+        let attached = foreign::attached_ids(&cgroup);
+        assert!(
+            attached.contains(&before.id) && attached.contains(&after.id),
+            "{when}: both foreign programs stay attached: {attached:?}"
+        );
+    };
+    check("with the agent");
+    agent.kill();
+    let agent = home.start();
+    check("after an agent restart");
+    agent.stop();
+    let out = home.cli(&["uninstall"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(denied(proxy.connect("10.77.0.2:9999")), "after uninstall");
+    assert!(denied(proxy.connect("10.77.0.2:9998")), "after uninstall");
+    let attached = foreign::attached_ids(&cgroup);
+    assert!(attached.contains(&before.id) && attached.contains(&after.id));
+}
+
+/// A minimal foreign cgroup/connect4 program, loaded and attached with raw bpf(2) calls as
+/// another product would: it refuses connects to one port.
+mod foreign {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+
+    const BPF_PROG_LOAD: libc::c_long = 5;
+    const BPF_PROG_ATTACH: libc::c_long = 8;
+    const BPF_PROG_QUERY: libc::c_long = 16;
+    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    const BPF_LINK_CREATE: libc::c_long = 28;
+    const PROG_TYPE_CGROUP_SOCK_ADDR: u32 = 18;
+    const ATTACH_CGROUP_INET4_CONNECT: u32 = 10;
+    const F_ALLOW_MULTI: u32 = 2;
+
+    pub enum Attach {
+        AllowMulti,
+        Link,
+    }
+
+    /// The program and its attachment; both stay for the test's life (the cgroup's removal
+    /// detaches them).
+    pub struct Foreign {
+        pub id: u32,
+        _prog: OwnedFd,
+        _link: Option<OwnedFd>,
+    }
+
+    fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> i64 {
+        // SAFETY: attr is a valid buffer of its size for this command.
+        unsafe { libc::syscall(libc::SYS_bpf, cmd, std::ptr::from_mut(attr), size_of::<T>()) }
+    }
+
+    fn insn(code: u8, regs: u8, off: i16, imm: i32) -> u64 {
+        u64::from(code)
+            | u64::from(regs) << 8
+            | u64::from(off as u16) << 16
+            | u64::from(imm as u32) << 32
+    }
+
+    pub fn deny_port(cgroup: &std::fs::File, port: u16, how: Attach) -> Foreign {
+        // r2 = ctx->user_port; r0 = 1; if r2 != port (network order) goto +1; r0 = 0; exit
+        let port_be = i32::from(u16::from_ne_bytes(port.to_be_bytes()));
+        let insns = [
+            insn(0x61, 0x12, 24, 0),
+            insn(0xb7, 0x00, 0, 1),
+            insn(0x55, 0x02, 1, port_be),
+            insn(0xb7, 0x00, 0, 0),
+            insn(0x95, 0, 0, 0),
+        ];
+        let license = c"GPL";
+        // prog_load: prog_type, insn_cnt, insns, license, log_level, log_size, log_buf,
+        // kern_version, prog_flags, prog_name[16], prog_ifindex, expected_attach_type.
+        let mut attr = [0u8; 128];
+        attr[0..4].copy_from_slice(&PROG_TYPE_CGROUP_SOCK_ADDR.to_ne_bytes());
+        attr[4..8].copy_from_slice(&(insns.len() as u32).to_ne_bytes());
+        attr[8..16].copy_from_slice(&(insns.as_ptr() as u64).to_ne_bytes());
+        attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
+        attr[48..56].copy_from_slice(b"foreign_deny\0\0\0\0"[..8].try_into().unwrap());
+        attr[56..64].copy_from_slice(b"foreign_deny\0\0\0\0"[8..].try_into().unwrap());
+        attr[68..72].copy_from_slice(&ATTACH_CGROUP_INET4_CONNECT.to_ne_bytes());
+        let fd = bpf(BPF_PROG_LOAD, &mut attr);
+        assert!(fd >= 0, "load: {}", std::io::Error::last_os_error());
+        // SAFETY: a new fd nothing else owns.
+        let prog = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let link = match how {
+            Attach::AllowMulti => {
+                // prog_attach: target_fd, attach_bpf_fd, attach_type, attach_flags.
+                let mut attr = [
+                    cgroup.as_raw_fd() as u32,
+                    prog.as_raw_fd() as u32,
+                    ATTACH_CGROUP_INET4_CONNECT,
+                    F_ALLOW_MULTI,
+                    0,
+                    0,
+                ];
+                let rc = bpf(BPF_PROG_ATTACH, &mut attr);
+                assert!(rc == 0, "attach: {}", std::io::Error::last_os_error());
+                None
+            }
+            Attach::Link => {
+                let mut attr = [0u32; 16];
+                attr[0] = prog.as_raw_fd() as u32;
+                attr[1] = cgroup.as_raw_fd() as u32;
+                attr[2] = ATTACH_CGROUP_INET4_CONNECT;
+                let fd = bpf(BPF_LINK_CREATE, &mut attr);
+                assert!(fd >= 0, "link: {}", std::io::Error::last_os_error());
+                // SAFETY: a new fd nothing else owns.
+                Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+            }
+        };
+        // bpf_prog_info starts with type (u32) and id (u32).
+        let mut info = [0u32; 2];
+        #[repr(C)]
+        struct InfoByFd {
+            bpf_fd: u32,
+            info_len: u32,
+            info: u64,
+        }
+        let mut attr = InfoByFd {
+            bpf_fd: prog.as_raw_fd() as u32,
+            info_len: 8,
+            info: info.as_mut_ptr() as u64,
+        };
+        assert_eq!(bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr), 0);
+        Foreign {
+            id: info[1],
+            _prog: prog,
+            _link: link,
+        }
+    }
+
+    /// The ids of the connect4 programs attached directly to the cgroup.
+    pub fn attached_ids(cgroup: &std::fs::File) -> Vec<u32> {
+        let mut ids = [0u32; 64];
+        #[repr(C)]
+        struct Query {
+            target_fd: u32,
+            attach_type: u32,
+            query_flags: u32,
+            attach_flags: u32,
+            prog_ids: u64,
+            prog_cnt: u32,
+            _pad: u32,
+        }
+        let mut attr = Query {
+            target_fd: cgroup.as_raw_fd() as u32,
+            attach_type: ATTACH_CGROUP_INET4_CONNECT,
+            query_flags: 0,
+            attach_flags: 0,
+            prog_ids: ids.as_mut_ptr() as u64,
+            prog_cnt: ids.len() as u32,
+            _pad: 0,
+        };
+        assert_eq!(
+            bpf(BPF_PROG_QUERY, &mut attr),
+            0,
+            "query: {}",
+            std::io::Error::last_os_error()
+        );
+        ids[..attr.prog_cnt as usize].to_vec()
+    }
+}
