@@ -240,6 +240,11 @@ pub struct RunArgs {
     #[arg(long, default_value = "default")]
     pub instance: String,
 
+    /// When a node agent answers on this socket, `run` registers the pod with it (and removes
+    /// it on SIGINT/SIGTERM) instead of loading programs of its own.
+    #[arg(long, default_value = "/run/interceptor/agent.sock")]
+    pub agent_socket: PathBuf,
+
     /// Original destinations kept for the proxy to read, at most (least recently used evicted).
     #[arg(long, default_value_t = interceptor_common::DEFAULT_PENDING_ORIG_DST_CAPACITY,
           value_parser = clap::value_parser!(u32).range(1..))]

@@ -131,3 +131,46 @@ fn rejects_bad_values_naming_them() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn a_configuration_survives_the_round_trip_through_its_flags() {
+    let full = run(&[
+        "-p",
+        "4143",
+        "-o",
+        "4140",
+        "-u",
+        "2102",
+        "-g",
+        "2103",
+        "--inbound-ports-to-ignore",
+        "4190,4191,25-30",
+        "--outbound-ports-to-ignore",
+        "443",
+        "--outbound-ports-to-ignore",
+        "6443",
+        "-r",
+        "80,8080",
+        "--subnets-to-ignore",
+        "10.0.0.0/8,fd00::/8",
+        "--outbound-subnets-to-ignore",
+        "192.0.2.0/24",
+        "--ipv6=false",
+    ])
+    .unwrap();
+    let minimal = run(&["-p", "4143", "-o", "4140"]).unwrap();
+    for config in [full, minimal] {
+        assert_eq!(parse_pod_config(&config.to_args()), Ok(config.clone()));
+    }
+}
+
+#[test]
+fn pod_configuration_errors_are_the_cli_messages() {
+    let err = parse_pod_config(&["-p".into(), "0".into(), "-o".into(), "4140".into()]).unwrap_err();
+    assert!(
+        err.contains("invalid value '0' for '--incoming-proxy-port"),
+        "{err}"
+    );
+    let err = parse_pod_config(&["-p".into(), "4143".into()]).unwrap_err();
+    assert!(err.contains("--outgoing-proxy-port"), "{err}");
+}

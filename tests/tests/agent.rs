@@ -701,3 +701,49 @@ mod foreign {
         ids[..attr.prog_cnt as usize].to_vec()
     }
 }
+
+/// With an agent running, `interceptor run` is a thin client: it registers its pod with the
+/// agent and removes it on SIGTERM, loading no programs of its own.
+#[test]
+fn run_registers_its_pod_with_a_running_agent() {
+    if !privileged("run_registers_its_pod_with_a_running_agent") {
+        return;
+    }
+    let fixture = PodFixture::new("agentrun");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home.start();
+    let socket = home.state_dir.join("agent.sock");
+    let mut run = Command::new(BIN)
+        .args(["run", "--netns", &fixture.pod.path().display().to_string()])
+        .args(["--agent-socket", &socket.display().to_string()])
+        .args(LINKERD_FLAGS)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while home.pods().is_empty() {
+        assert!(run.try_wait().unwrap().is_none(), "run exited early");
+        assert!(Instant::now() < deadline, "run did not register its pod");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let app = fixture.in_pod().uid(APP_UID);
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+    let pods = home.pods();
+    assert_eq!(pods[0]["netns"], fixture.pod.path().display().to_string());
+    let holds_programs = std::fs::read_dir(format!("/proc/{}/fdinfo", run.id()))
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|e| std::fs::read_to_string(e.path()).is_ok_and(|i| i.contains("prog_id:")));
+    assert!(!holds_programs, "run holds no programs of its own");
+
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
+    assert!(run.wait().unwrap().success());
+    assert!(home.pods().is_empty(), "run removed its pod on SIGTERM");
+    assert_eq!(app.connect("10.77.0.2:80").server_name(), "remote-80");
+    agent.stop();
+}

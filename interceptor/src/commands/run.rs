@@ -71,6 +71,9 @@ fn run_iptables(config: &InterceptionConfig, args: &RunArgs) -> anyhow::Result<(
 }
 
 async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<()> {
+    if crate::agent::api::agent_running(&args.agent_socket) {
+        return run_with_agent(config, args).await;
+    }
     let cgroup = match args.cgroup {
         Some(path) => path,
         None => cgroup::cgroup2_root()?,
@@ -156,6 +159,52 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
     drop(node);
     drop(lock);
     info!("detached");
+    Ok(())
+}
+
+/// A node agent runs: register the pod with it, and remove it on SIGINT/SIGTERM. The pod's
+/// programs and maps are the agent's; the pod stays intercepted if this process is killed, until
+/// its namespace goes away (a `/proc/PID/ns/net` path goes with its process).
+async fn run_with_agent(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<()> {
+    use crate::agent::api::{self, PodAdd, PodMeta, Request};
+    // The agent opens the path in its own context: name this process's namespace by pid.
+    let netns = match args.netns.strip_prefix("/proc/self") {
+        Ok(rest) => Path::new("/proc")
+            .join(std::process::id().to_string())
+            .join(rest),
+        Err(_) => args.netns.clone(),
+    };
+    if args.simulate {
+        println!("# simulate: nothing is changed");
+        println!(
+            "register pod {} ({config}) with the node agent at {}",
+            netns.display(),
+            args.agent_socket.display()
+        );
+        return Ok(());
+    }
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let request = Request::Add(PodAdd {
+        netns: netns.clone(),
+        meta: PodMeta::default(),
+        args: config.to_args(),
+        update: true,
+    });
+    api::call(&args.agent_socket, &request).context("registering the pod with the node agent")?;
+    info!(netns = %netns.display(), agent = %args.agent_socket.display(), config = %config, "interception active (registered with the node agent)");
+    tokio::select! {
+        _ = sigint.recv() => {},
+        _ = sigterm.recv() => {},
+    }
+    api::call(
+        &args.agent_socket,
+        &Request::Remove {
+            netns: netns.clone(),
+        },
+    )
+    .context("removing the pod from the node agent")?;
+    info!(netns = %netns.display(), "pod removed from the node agent");
     Ok(())
 }
 

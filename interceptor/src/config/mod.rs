@@ -46,6 +46,71 @@ pub struct ConfigSummary {
 }
 
 impl InterceptionConfig {
+    /// The configuration as proxy-init's flags, in the form `interceptor run` and the agent's
+    /// API take them (`--incoming-proxy-port 4143 ...`); parsing them gives this configuration
+    /// back.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut args = vec![
+            "--incoming-proxy-port".to_owned(),
+            self.incoming_proxy_port.to_string(),
+            "--outgoing-proxy-port".to_owned(),
+            self.outgoing_proxy_port.to_string(),
+        ];
+        let mut flag = |name: &str, value: String| {
+            args.push(format!("--{name}"));
+            args.push(value);
+        };
+        if let Some(uid) = self.proxy_uid {
+            flag("proxy-uid", uid.to_string());
+        }
+        if let Some(gid) = self.proxy_gid {
+            flag("proxy-gid", gid.to_string());
+        }
+        if !self.inbound_ports_to_ignore.is_empty() {
+            flag(
+                "inbound-ports-to-ignore",
+                self.inbound_ports_to_ignore.to_string(),
+            );
+        }
+        if !self.outbound_ports_to_ignore.is_empty() {
+            flag(
+                "outbound-ports-to-ignore",
+                self.outbound_ports_to_ignore.to_string(),
+            );
+        }
+        let join = |items: Vec<String>| items.join(",");
+        if !self.ports_to_redirect.is_empty() {
+            flag(
+                "ports-to-redirect",
+                join(self.ports_to_redirect.iter().map(u16::to_string).collect()),
+            );
+        }
+        if !self.subnets_to_ignore.is_empty() {
+            flag(
+                "subnets-to-ignore",
+                join(
+                    self.subnets_to_ignore
+                        .iter()
+                        .map(IpNet::to_string)
+                        .collect(),
+                ),
+            );
+        }
+        if !self.outbound_subnets_to_ignore.is_empty() {
+            flag(
+                "outbound-subnets-to-ignore",
+                join(
+                    self.outbound_subnets_to_ignore
+                        .iter()
+                        .map(IpNet::to_string)
+                        .collect(),
+                ),
+            );
+        }
+        args.push(format!("--ipv6={}", self.ipv6));
+        args
+    }
+
     pub fn summary(&self) -> ConfigSummary {
         ConfigSummary {
             incoming_proxy_port: self.incoming_proxy_port,
