@@ -31,6 +31,7 @@ pub fn main() -> std::process::ExitCode {
             .and_then(|rt| rt.block_on(crate::commands::agent::daemon(args))),
         Command::Pod(args) => crate::commands::agent::pod(args),
         Command::Uninstall(args) => crate::commands::agent::uninstall(args),
+        Command::Validate(args) => crate::commands::validate::validate(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -82,6 +83,33 @@ pub enum Command {
     Pod(PodArgs),
     /// Detach and remove everything the agent pinned (stop the agent first), and nothing else.
     Uninstall(AgentLocationArgs),
+    /// Check from inside a pod that its outbound traffic is redirected (exit 0), or not (95).
+    Validate(ValidateArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// Where the validator listens: the outbound proxy port, where redirected connects land.
+    #[arg(long, default_value = "127.0.0.1:4140")]
+    pub listen_addr: std::net::SocketAddr,
+
+    /// An address that is only reachable by being redirected.
+    #[arg(long, default_value = "192.0.2.2:1404")]
+    pub connect_addr: std::net::SocketAddr,
+
+    /// How long to wait for the connect and the token, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    pub timeout_ms: u64,
+
+    /// Run in this network namespace [default: the current one].
+    #[arg(long)]
+    pub netns: Option<PathBuf>,
+}
+
+impl ValidateArgs {
+    pub fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.timeout_ms)
+    }
 }
 
 /// Where the agent keeps its state.

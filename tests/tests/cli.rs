@@ -445,3 +445,37 @@ fn a_killed_run_keeps_intercepting_and_the_next_run_takes_over() {
     );
     assert!(!Path::new("/run/interceptor").join(&instance).exists());
 }
+
+/// `interceptor validate` as a pod's process (its namespace, cgroup and an app UID) runs it.
+fn validate(fixture: &PodFixture) -> (Option<i32>, String) {
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec nsenter --net={} setpriv --reuid 1000 --regid 1000 --clear-groups {BIN} validate --timeout-ms 2000",
+        fixture.cgroup.path.display(),
+        fixture.pod.path().display()
+    );
+    let out = Command::new("sh").args(["-c", &script]).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+    )
+}
+
+#[test]
+fn validate_exits_0_when_intercepted_and_95_when_not() {
+    if !privileged("validate_exits_0_when_intercepted_and_95_when_not") {
+        return;
+    }
+    let fixture = PodFixture::new("validate");
+    let (code, line) = validate(&fixture);
+    assert_eq!(code, Some(95), "{line}");
+    assert!(
+        line.starts_with("interception does NOT work") && line.contains("192.0.2.2:1404"),
+        "{line}"
+    );
+
+    let running = Running::start(&fixture, &[]);
+    let (code, line) = validate(&fixture);
+    assert_eq!(code, Some(0), "{line}");
+    assert!(line.starts_with("interception works"), "{line}");
+    drop(running);
+}

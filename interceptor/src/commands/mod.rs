@@ -1,6 +1,7 @@
 pub mod agent;
 pub mod run;
 pub mod status;
+pub mod validate;
 
 use tracing::info;
 
