@@ -54,4 +54,5 @@ mod user {
     unsafe impl aya::Pod for PendingKey {}
     unsafe impl aya::Pod for PendingOrigDst {}
     unsafe impl aya::Pod for ListenerKey {}
+    unsafe impl aya::Pod for OrigDst {}
 }

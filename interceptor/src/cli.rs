@@ -152,6 +152,11 @@ pub struct DaemonArgs {
     /// address changes, in milliseconds.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     pub reconcile_ms: u64,
+
+    /// Serve Prometheus metrics (`/metrics`) and readiness (`/ready`) here, e.g.
+    /// 127.0.0.1:9990.
+    #[arg(long)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Args)]

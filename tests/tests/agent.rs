@@ -59,11 +59,16 @@ impl AgentHome {
 
     /// Starts an agent and waits until its API answers.
     fn start(&self) -> Agent {
+        self.start_with(&[])
+    }
+
+    fn start_with(&self, extra: &[&str]) -> Agent {
         let child = Command::new(BIN)
             .arg("daemon")
             .args(self.location())
             .args(["--cgroup", &self.cgroup.display().to_string()])
             .args(["--reconcile-ms", "100", "--log-level", "warn"])
+            .args(extra)
             .stderr(Stdio::null())
             .spawn()
             .expect("start the agent");
@@ -746,4 +751,65 @@ fn run_registers_its_pod_with_a_running_agent() {
     assert!(home.pods().is_empty(), "run removed its pod on SIGTERM");
     assert_eq!(app.connect("10.77.0.2:80").server_name(), "remote-80");
     agent.stop();
+}
+
+/// One HTTP GET on loopback: (status line, body).
+fn http_get(addr: &str, path: &str) -> (String, String) {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the metrics port");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    (
+        head.lines().next().unwrap_or("").to_owned(),
+        body.to_owned(),
+    )
+}
+
+#[test]
+fn metrics_count_decisions_per_pod_and_ready_answers() {
+    if !privileged("metrics_count_decisions_per_pod_and_ready_answers") {
+        return;
+    }
+    let fixture = PodFixture::new("agentmetrics");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let _agent = home.start_with(&["--metrics-addr", &addr]);
+    let (status, _) = http_get(&addr, "/ready");
+    assert!(status.contains(" 200 "), "{status}");
+
+    let out = home.add(
+        &fixture.pod.path(),
+        &["--name", "web", "--namespace", "shop"],
+        &LINKERD_FLAGS,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let app = fixture.in_pod().uid(APP_UID);
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+    let landing = fixture.on_remote().connect("10.77.0.1:4190");
+    assert_eq!(landing.server_name(), "app-4190");
+
+    let (status, body) = http_get(&addr, "/metrics");
+    assert!(status.contains(" 200 "), "{status}");
+    for line in [
+        r#"interceptor_decisions_total{namespace="shop",pod="web",direction="outbound",reason="redirected"} 1"#,
+        r#"interceptor_decisions_total{namespace="shop",pod="web",direction="inbound",reason="exempt_ignored_port"} 1"#,
+        "interceptor_pods_registered 1",
+        "interceptor_pod_registration_seconds_count 1",
+        r#"interceptor_map_entries{map="pending_orig_dst"} 0"#,
+        r#"interceptor_map_entries{map="listeners"} 2"#,
+        "interceptor_build_info{version=",
+    ] {
+        assert!(body.contains(line), "{line} not in:\n{body}");
+    }
 }

@@ -7,13 +7,16 @@
 //! without a program on a hook) and takes its pods back from the maps and the pod records
 //! (`records`), keeping their slots and counters. Only `interceptor uninstall` detaches.
 pub mod api;
+mod metrics;
 mod records;
 
 use std::{
     collections::BTreeMap,
     fs::{File, OpenOptions},
+    net::SocketAddr,
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -89,17 +92,23 @@ struct Agent {
     node: EbpfNode,
     records: Records,
     pods: BTreeMap<u64, PodRecord>,
+    registration_seconds: prometheus_client::metrics::histogram::Histogram,
+}
+
+/// How the agent runs.
+pub struct AgentOptions {
+    pub cgroup: PathBuf,
+    pub orig_dst_capacity: u32,
+    pub reconcile_every: Duration,
+    /// Serve Prometheus metrics and `/ready` here.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 type Refusal = (ErrorKind, String);
 
 /// Runs the agent until SIGINT/SIGTERM; interception stays in force after it exits.
-pub async fn run(
-    paths: AgentPaths,
-    cgroup: &Path,
-    orig_dst_capacity: u32,
-    reconcile_every: Duration,
-) -> anyhow::Result<()> {
+pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()> {
+    let cgroup = options.cgroup.as_path();
     let _lock = match paths.lock_agent(false)? {
         Some(lock) => lock,
         None => {
@@ -110,7 +119,7 @@ pub async fn run(
     let bpffs_root = paths.bpffs.parent().unwrap_or(Path::new("/"));
     crate::state::ensure_bpffs(bpffs_root)?;
     let mut node = EbpfNode::load(LoadOptions {
-        orig_dst_capacity,
+        orig_dst_capacity: options.orig_dst_capacity,
         pin_dir: paths.bpffs.clone(),
         pin_links: true,
         persistent: true,
@@ -124,8 +133,13 @@ pub async fn run(
         node,
         records,
         pods: BTreeMap::new(),
+        registration_seconds: metrics::registration_histogram(),
     };
     agent.restore();
+    let agent = Arc::new(Mutex::new(agent));
+    if let Some(addr) = options.metrics_addr {
+        metrics::serve(addr, agent.clone())?;
+    }
 
     let socket = paths.socket();
     let _ = std::fs::remove_file(&socket);
@@ -137,34 +151,42 @@ pub async fn run(
         socket = %socket.display(),
         cgroup = %cgroup.display(),
         bpffs = %paths.bpffs.display(),
-        pods = agent.pods.len(),
+        pods = lock(&agent).pods.len(),
         "agent ready"
     );
 
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
-    let mut reconcile = tokio::time::interval(reconcile_every);
+    let mut reconcile = tokio::time::interval(options.reconcile_every);
     loop {
         tokio::select! {
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
-            _ = reconcile.tick() => agent.reconcile(),
+            _ = reconcile.tick() => lock(&agent).reconcile(),
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => serve(&mut agent, stream).await,
+                Ok((stream, _)) => serve(&agent, stream).await,
                 Err(e) => warn!(error = %e, "accepting an API connection"),
             },
         }
     }
     let _ = std::fs::remove_file(&socket);
     info!(
-        pods = agent.pods.len(),
+        pods = lock(&agent).pods.len(),
         "agent exiting; interception stays in force (pinned) until the next agent takes over"
     );
     Ok(())
 }
 
+/// The agent, shared with the metrics thread. A panic while it was held must not stop the agent
+/// from serving: the maps it guards are consistent after every single operation.
+fn lock(agent: &Mutex<Agent>) -> std::sync::MutexGuard<'_, Agent> {
+    agent
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// One request, one response. A request is small; the read is bounded.
-async fn serve(agent: &mut Agent, stream: UnixStream) {
+async fn serve(agent: &Mutex<Agent>, stream: UnixStream) {
     let uid = stream.peer_cred().map(|c| c.uid()).ok();
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
@@ -183,7 +205,7 @@ async fn serve(agent: &mut Agent, stream: UnixStream) {
     } else {
         match read {
             Ok(Ok(n)) if n > 0 => match serde_json::from_str::<Request>(&line) {
-                Ok(request) => agent.handle(request),
+                Ok(request) => lock(agent).handle(request),
                 Err(e) => refuse((ErrorKind::BadRequest, format!("not a request: {e}"))),
             },
             _ => refuse((ErrorKind::BadRequest, "no request read".into())),
@@ -279,6 +301,8 @@ impl Agent {
             return Err((kind, e.to_string()));
         }
         self.pods.insert(cookie, record);
+        self.registration_seconds
+            .observe(started.elapsed().as_secs_f64());
         info!(
             netns = %add.netns.display(),
             netns_cookie = cookie,

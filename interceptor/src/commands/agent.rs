@@ -18,13 +18,13 @@ pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
         None => cgroup::cgroup2_root()?,
     };
     cgroup::open_cgroup2(&cgroup)?;
-    agent::run(
-        args.location.paths(),
-        &cgroup,
-        args.orig_dst_capacity,
-        Duration::from_millis(args.reconcile_ms),
-    )
-    .await
+    let options = agent::AgentOptions {
+        cgroup,
+        orig_dst_capacity: args.orig_dst_capacity,
+        reconcile_every: Duration::from_millis(args.reconcile_ms),
+        metrics_addr: args.metrics_addr,
+    };
+    agent::run(args.location.paths(), options).await
 }
 
 pub fn pod(args: PodArgs) -> anyhow::Result<()> {

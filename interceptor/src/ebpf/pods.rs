@@ -16,7 +16,7 @@ use aya::{
 };
 use interceptor_common::{
     IP4_MAPPED_PREFIX_BITS, Ip6Addr, ListenerKey, LocalAddrKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS,
-    PendingKey, PendingOrigDst, PodConfig, PodCounters, SUBNET_KEY_FIXED_BITS, SubnetKey,
+    OrigDst, PendingKey, PendingOrigDst, PodConfig, PodCounters, SUBNET_KEY_FIXED_BITS, SubnetKey,
     addr::family,
     names,
     pod::{direction, flags},
@@ -40,6 +40,7 @@ pub(super) struct PodMaps {
     subnets: LpmTrie<MapData, SubnetKey, u8>,
     counters: PerCpuArray<MapData, PodCounters>,
     pending: HashMap<MapData, PendingKey, PendingOrigDst>,
+    connecting: HashMap<MapData, u64, OrigDst>,
     listeners: SockHash<MapData, ListenerKey>,
 }
 
@@ -70,11 +71,25 @@ impl PodMaps {
             pending: take(ebpf, names::MAP_PENDING)?
                 .try_into()
                 .map_err(map_error(names::MAP_PENDING))?,
+            connecting: take(ebpf, names::MAP_CONNECTING)?
+                .try_into()
+                .map_err(map_error(names::MAP_CONNECTING))?,
             listeners: take(ebpf, names::MAP_LISTENERS)?
                 .try_into()
                 .map_err(map_error(names::MAP_LISTENERS))?,
         })
     }
+}
+
+/// Entries in each map.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FillLevels {
+    pub pending: usize,
+    pub connecting: usize,
+    pub listeners: usize,
+    pub local_addrs: usize,
+    pub subnets: usize,
+    pub pods: usize,
 }
 
 /// What was written for one pod, so it can be changed or removed exactly.
@@ -408,6 +423,18 @@ impl PodRegistry {
     /// Number of original destinations recorded and not yet read by a proxy.
     pub fn pending_orig_dst_entries(&self) -> usize {
         self.maps.pending.keys().filter(Result::is_ok).count()
+    }
+
+    /// How full the maps are (walks their keys: for metrics and tests, not a hot path).
+    pub fn fill_levels(&self) -> FillLevels {
+        FillLevels {
+            pending: self.pending_orig_dst_entries(),
+            connecting: self.maps.connecting.keys().filter(Result::is_ok).count(),
+            listeners: self.maps.listeners.keys().filter(Result::is_ok).count(),
+            local_addrs: self.maps.local_addrs.keys().filter(Result::is_ok).count(),
+            subnets: self.maps.subnets.keys().filter(Result::is_ok).count(),
+            pods: self.maps.pods.keys().filter(Result::is_ok).count(),
+        }
     }
 
     fn write_addresses(

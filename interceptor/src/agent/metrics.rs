@@ -1,0 +1,146 @@
+//! The agent's Prometheus endpoint (`--metrics-addr`): `/metrics` in the text format, rendered
+//! from the kernel's counters at each scrape, and `/ready`, which answers once the programs are
+//! attached and the pods restored (the server starts only then).
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+};
+
+use anyhow::Context as _;
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+use super::Agent;
+
+type Labels = Vec<(String, String)>;
+
+/// Registration latency buckets: 100 µs to about 1.6 s.
+pub fn registration_histogram() -> Histogram {
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.0001, 2.0, 15,
+    ))
+}
+
+/// Serves `/metrics` and `/ready` on `addr` from a thread of its own.
+pub fn serve(addr: SocketAddr, agent: Arc<Mutex<Agent>>) -> anyhow::Result<()> {
+    let server = tiny_http::Server::http(addr)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("serving metrics on {addr}"))?;
+    std::thread::spawn(move || {
+        for request in server.incoming_requests() {
+            let response = match request.url() {
+                "/metrics" => {
+                    let body = agent.lock().map(|a| render(&a)).unwrap_or_default();
+                    tiny_http::Response::from_string(body).with_header(
+                        tiny_http::Header::from_bytes(
+                            "Content-Type",
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )
+                        .expect("a valid header"),
+                    )
+                }
+                "/ready" => tiny_http::Response::from_string("ready\n"),
+                _ => tiny_http::Response::from_string("not found\n").with_status_code(404),
+            };
+            let _ = request.respond(response);
+        }
+    });
+    Ok(())
+}
+
+/// The counter's direction and reason from its stable name (`outbound_exempt_proxy_uid` is
+/// direction `outbound`, reason `exempt_proxy_uid`; `orig_dst_served` counts outbound).
+fn direction_and_reason(name: &str) -> (&str, &str) {
+    for direction in ["outbound", "inbound"] {
+        if let Some(reason) = name
+            .strip_prefix(direction)
+            .and_then(|r| r.strip_prefix('_'))
+        {
+            return (direction, reason);
+        }
+    }
+    ("outbound", name)
+}
+
+fn render(agent: &Agent) -> String {
+    let mut registry = Registry::with_prefix("interceptor");
+    let decisions = Family::<Labels, Counter>::default();
+    for cookie in agent.pods.keys() {
+        let Some(info) = agent.info(*cookie) else {
+            continue;
+        };
+        let pod = match (&info.meta.namespace, &info.meta.name) {
+            (Some(ns), Some(name)) => vec![
+                ("namespace".to_owned(), ns.clone()),
+                ("pod".to_owned(), name.clone()),
+            ],
+            (None, Some(name)) => vec![("pod".to_owned(), name.clone())],
+            _ => vec![("netns".to_owned(), info.netns.display().to_string())],
+        };
+        for (name, value) in &info.counters {
+            let (direction, reason) = direction_and_reason(name);
+            let mut labels = pod.clone();
+            labels.push(("direction".into(), direction.into()));
+            labels.push(("reason".into(), reason.into()));
+            decisions.get_or_create(&labels).inc_by(*value);
+        }
+    }
+    registry.register(
+        "decisions",
+        "Connections decided per pod, direction and reason (from the kernel's per-CPU counters)",
+        decisions,
+    );
+    let pods = Gauge::<i64>::default();
+    pods.set(agent.pods.len() as i64);
+    registry.register("pods_registered", "Pods registered with this agent", pods);
+    registry.register(
+        "pod_registration_seconds",
+        "Time from a pod add request to its interception being in force",
+        agent.registration_seconds.clone(),
+    );
+    let fill = Family::<Labels, Gauge<i64>>::default();
+    let levels = agent.node.pods_ref().fill_levels();
+    for (map, entries) in [
+        ("pending_orig_dst", levels.pending),
+        ("connecting", levels.connecting),
+        ("listeners", levels.listeners),
+        ("local_addrs", levels.local_addrs),
+    ] {
+        fill.get_or_create(&vec![("map".to_owned(), map.to_owned())])
+            .set(entries as i64);
+    }
+    registry.register(
+        "map_entries",
+        "Entries in the agent's maps (original destinations waiting for the proxy, connects in progress, proxy listeners, pod addresses)",
+        fill,
+    );
+    let build = Family::<Labels, Gauge<i64>>::default();
+    build
+        .get_or_create(&vec![(
+            "version".to_owned(),
+            env!("CARGO_PKG_VERSION").to_owned(),
+        )])
+        .set(1);
+    registry.register("build_info", "The agent's version", build);
+    let mut out = String::new();
+    let _ = encode(&mut out, &registry);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn counter_names_split_into_direction_and_reason() {
+        use super::direction_and_reason as split;
+        assert_eq!(split("outbound_redirected"), ("outbound", "redirected"));
+        assert_eq!(
+            split("outbound_exempt_proxy_uid"),
+            ("outbound", "exempt_proxy_uid")
+        );
+        assert_eq!(split("inbound_steered"), ("inbound", "steered"));
+        assert_eq!(split("orig_dst_served"), ("outbound", "orig_dst_served"));
+    }
+}
