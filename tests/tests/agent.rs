@@ -813,3 +813,87 @@ fn metrics_count_decisions_per_pod_and_ready_answers() {
         assert!(body.contains(line), "{line} not in:\n{body}");
     }
 }
+
+/// The program a pinned link runs, from the link's fdinfo.
+fn linked_program(pin: &Path) -> u32 {
+    let path = std::ffi::CString::new(pin.as_os_str().as_encoded_bytes()).unwrap();
+    let mut attr = [0u64; 3];
+    attr[0] = path.as_ptr() as u64;
+    // SAFETY: BPF_OBJ_GET (7) with a valid attr; the fd returned is closed below.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, 7, attr.as_mut_ptr(), 24) };
+    assert!(fd >= 0, "open {}: {}", pin.display(), std::io::Error::last_os_error());
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap();
+    // SAFETY: closing the fd BPF_OBJ_GET gave us.
+    unsafe { libc::close(fd as i32) };
+    info.lines()
+        .find_map(|l| l.strip_prefix("prog_id:"))
+        .and_then(|id| id.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no prog_id in {info}"))
+}
+
+/// An upgrade: a new agent started while the old one runs waits for it, and once it stops puts
+/// its own programs into the pinned links (BPF_LINK_UPDATE), under load, with no connection
+/// bypassing the proxy.
+#[test]
+fn a_new_agent_takes_over_from_the_running_one_under_load() {
+    if !privileged("a_new_agent_takes_over_from_the_running_one_under_load") {
+        return;
+    }
+    let fixture = PodFixture::new("agentupgrade");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let old = home.start();
+    let out = home.add(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let cookie = home.pods()[0]["netns_cookie"].as_u64().unwrap();
+    let pins = [
+        home.bpffs.join("link_icpt_connect4"),
+        home.bpffs.join("link_icpt_sockops"),
+        home.bpffs.join(format!("link_icpt_sk_lookup_{cookie}")),
+    ];
+    let before: Vec<u32> = pins.iter().map(|p| linked_program(p)).collect();
+
+    let app = fixture.in_pod().uid(APP_UID);
+    let (lines, new) = std::thread::scope(|s| {
+        let load = s.spawn(|| {
+            app.run(&[
+                "check",
+                UNREACHABLE,
+                "[2001:db8::2]:1404",
+                "--count",
+                "3000",
+                "--threads",
+                "2",
+            ])
+        });
+        // The new agent waits for the old one's lock.
+        let mut new = Command::new(BIN)
+            .arg("daemon")
+            .args(home.location())
+            .args(["--cgroup", &home.cgroup.display().to_string()])
+            .args(["--log-level", "warn"])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(new.try_wait().unwrap().is_none(), "the new agent waits");
+        old.stop();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !home.cli(&["pod", "list"]).status.success() {
+            assert!(Instant::now() < deadline, "the new agent did not take over");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!load.is_finished(), "the load outlasts the takeover");
+        (load.join().expect("load"), Agent { child: new })
+    });
+    assert!(
+        lines.iter().any(|l| l == "ok=3000 bad=0"),
+        "every connection reached the proxy: {lines:#?}"
+    );
+    let after: Vec<u32> = pins.iter().map(|p| linked_program(p)).collect();
+    for ((pin, old_id), new_id) in pins.iter().zip(&before).zip(&after) {
+        assert_ne!(old_id, new_id, "{} runs the new agent's program", pin.display());
+    }
+    assert_eq!(home.pods().len(), 1);
+    new.stop();
+}
