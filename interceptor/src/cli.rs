@@ -185,6 +185,10 @@ pub enum PodCommand {
         /// Apply a new configuration to a pod already registered, in place.
         #[arg(long)]
         update: bool,
+        /// Once the pod is intercepted, remove the iptables chains proxy-init wrote in it: a pod
+        /// meshed with iptables moves to eBPF without a restart and without a gap.
+        #[arg(long)]
+        takeover_iptables: bool,
         /// proxy-init's flags.
         #[arg(last = true, required = true)]
         config: Vec<String>,

@@ -821,7 +821,12 @@ fn linked_program(pin: &Path) -> u32 {
     attr[0] = path.as_ptr() as u64;
     // SAFETY: BPF_OBJ_GET (7) with a valid attr; the fd returned is closed below.
     let fd = unsafe { libc::syscall(libc::SYS_bpf, 7, attr.as_mut_ptr(), 24) };
-    assert!(fd >= 0, "open {}: {}", pin.display(), std::io::Error::last_os_error());
+    assert!(
+        fd >= 0,
+        "open {}: {}",
+        pin.display(),
+        std::io::Error::last_os_error()
+    );
     let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap();
     // SAFETY: closing the fd BPF_OBJ_GET gave us.
     unsafe { libc::close(fd as i32) };
@@ -892,8 +897,85 @@ fn a_new_agent_takes_over_from_the_running_one_under_load() {
     );
     let after: Vec<u32> = pins.iter().map(|p| linked_program(p)).collect();
     for ((pin, old_id), new_id) in pins.iter().zip(&before).zip(&after) {
-        assert_ne!(old_id, new_id, "{} runs the new agent's program", pin.display());
+        assert_ne!(
+            old_id,
+            new_id,
+            "{} runs the new agent's program",
+            pin.display()
+        );
     }
     assert_eq!(home.pods().len(), 1);
     new.stop();
+}
+
+/// A pod meshed by proxy-init's iptables chains moves to eBPF under load: registered with
+/// `--takeover-iptables`, it is intercepted by the programs, then its chains are removed, and no
+/// connection reaches its destination around the proxy meanwhile.
+#[test]
+fn a_pod_meshed_with_iptables_is_taken_over_without_a_gap() {
+    if !privileged("a_pod_meshed_with_iptables_is_taken_over_without_a_gap") {
+        return;
+    }
+    use interceptor::iptables::IptablesMode;
+    use interceptor_tests::{iptables_backend::Iptables, scenario::Backend as _};
+    let fixture = PodFixture::new("agentipt");
+    let _servers = Servers::start(&fixture);
+    let mut config = interceptor_tests::scenario::linkerd_config();
+    config.ipv6 = true;
+    let iptables = Iptables(IptablesMode::Legacy);
+    let installed = iptables.attach(&fixture, &config);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let _agent = home.start();
+    let app = fixture.in_pod().uid(APP_UID);
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+
+    let lines = std::thread::scope(|s| {
+        let load = s.spawn(|| {
+            app.run(&[
+                "check",
+                UNREACHABLE,
+                "[2001:db8::2]:1404",
+                "--count",
+                "4000",
+                "--threads",
+                "2",
+            ])
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let out = home.add(
+            &fixture.pod.path(),
+            &["--takeover-iptables"],
+            &LINKERD_FLAGS,
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(!load.is_finished(), "the load outlasts the takeover");
+        load.join().expect("load")
+    });
+    assert!(
+        lines.iter().any(|l| l == "ok=4000 bad=0"),
+        "every connection reached the proxy: {lines:#?}"
+    );
+    for save in ["iptables-legacy-save", "ip6tables-legacy-save"] {
+        let out = Command::new("nsenter")
+            .arg(format!("--net={}", fixture.pod.path().display()))
+            .args([save, "-t", "nat"])
+            .output()
+            .unwrap();
+        let listing = String::from_utf8_lossy(&out.stdout);
+        assert!(!listing.contains("PROXY_INIT"), "{save}: {listing}");
+    }
+    let before = counter(&home.pods()[0], "outbound_redirected");
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+    assert_eq!(
+        counter(&home.pods()[0], "outbound_redirected"),
+        before + 1,
+        "now the programs intercept"
+    );
+    drop(installed);
 }

@@ -44,6 +44,11 @@ pub struct PodAdd {
     pub args: Vec<String>,
     #[serde(default)]
     pub update: bool,
+    /// Once interception is in force, remove the nat-table chains proxy-init wrote in the pod
+    /// (legacy and nft, both families): how a pod meshed with iptables moves to eBPF without
+    /// a restart and without a gap (both are in force for a moment, which is harmless).
+    #[serde(default)]
+    pub takeover_iptables: bool,
 }
 
 /// What a pod is called, for display and metrics.

@@ -258,6 +258,9 @@ impl Agent {
         if let Some(existing) = self.pods.get(&cookie) {
             let same = parse_pod_config(&existing.args).ok().as_ref() == Some(&spec.config);
             if same && existing.meta == record.meta {
+                if add.takeover_iptables {
+                    take_over_from_iptables(&add.netns)?;
+                }
                 return Ok(self.info(cookie).into_iter().collect());
             }
             if !same && !add.update {
@@ -303,6 +306,9 @@ impl Agent {
         self.pods.insert(cookie, record);
         self.registration_seconds
             .observe(started.elapsed().as_secs_f64());
+        if add.takeover_iptables {
+            take_over_from_iptables(&add.netns)?;
+        }
         info!(
             netns = %add.netns.display(),
             netns_cookie = cookie,
@@ -450,6 +456,38 @@ impl Agent {
             }
         }
     }
+}
+
+/// Called once the pod is intercepted by the programs: its iptables chains can go.
+fn take_over_from_iptables(netns: &Path) -> Result<(), Refusal> {
+    remove_iptables_chains(netns).map_err(|e| {
+        (
+            ErrorKind::Internal,
+            format!("the pod is registered and intercepted, but removing its iptables chains failed: {e}"),
+        )
+    })
+}
+
+/// Removes proxy-init's chains from a pod, whichever binaries wrote them; modes whose binaries
+/// are not installed cannot have written any.
+fn remove_iptables_chains(netns: &Path) -> Result<(), crate::iptables::IptablesError> {
+    use crate::iptables::{IptablesError, IptablesMode, IptablesOptions, cleanup};
+    for mode in [IptablesMode::Legacy, IptablesMode::Nft] {
+        let options = IptablesOptions {
+            mode,
+            wait: true,
+            ipv6: true,
+            netns: Some(netns.to_owned()),
+        };
+        match cleanup(&options) {
+            Ok(ran) if !ran.is_empty() => {
+                info!(netns = %netns.display(), ?mode, commands = ran.len(), "took over from iptables: chains removed");
+            }
+            Ok(_) | Err(IptablesError::MissingBinary { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Removes what an agent pinned and wrote, and nothing else: the pinned links first (the

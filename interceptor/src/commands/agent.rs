@@ -36,6 +36,7 @@ pub fn pod(args: PodArgs) -> anyhow::Result<()> {
             namespace,
             container_id,
             update,
+            takeover_iptables,
             config,
         } => {
             // Refused here with the CLI's message, before the agent is asked.
@@ -52,6 +53,7 @@ pub fn pod(args: PodArgs) -> anyhow::Result<()> {
                 },
                 args: config,
                 update,
+                takeover_iptables,
             });
             print_pods(&call(&socket, &request)?, false);
         }

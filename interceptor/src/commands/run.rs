@@ -190,6 +190,7 @@ async fn run_with_agent(config: InterceptionConfig, args: RunArgs) -> anyhow::Re
         meta: PodMeta::default(),
         args: config.to_args(),
         update: true,
+        takeover_iptables: false,
     });
     api::call(&args.agent_socket, &request).context("registering the pod with the node agent")?;
     info!(netns = %netns.display(), agent = %args.agent_socket.display(), config = %config, "interception active (registered with the node agent)");
