@@ -979,3 +979,95 @@ fn a_pod_meshed_with_iptables_is_taken_over_without_a_gap() {
     );
     drop(installed);
 }
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Many pods added and removed in a loop: every map entry and pin goes with its pod, and the
+/// agent's memory does not grow from one round to the next. Registration times are printed
+/// (`--nocapture`), never asserted: these machines are shared.
+#[test]
+fn hundreds_of_pods_come_and_go_without_leaving_anything_behind() {
+    if !privileged("hundreds_of_pods_come_and_go_without_leaving_anything_behind") {
+        return;
+    }
+    const PODS: usize = 300;
+    let fixture = PodFixture::new("agentmany");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let agent = home.start_with(&["--metrics-addr", &addr]);
+    let namespaces: Vec<Netns> = (0..PODS).map(|_| Netns::new("many")).collect();
+    let socket = home.state_dir.join("agent.sock");
+    let args: Vec<String> = LINKERD_FLAGS.iter().map(|s| s.to_string()).collect();
+    let mut rss = Vec::new();
+    for round in 0..3 {
+        let mut times = Vec::new();
+        for netns in &namespaces {
+            let request = interceptor::agent::api::Request::Add(interceptor::agent::api::PodAdd {
+                netns: netns.path(),
+                meta: Default::default(),
+                args: args.clone(),
+                update: false,
+                takeover_iptables: false,
+            });
+            let started = Instant::now();
+            interceptor::agent::api::call(&socket, &request).expect("add");
+            times.push(started.elapsed());
+        }
+        assert_eq!(home.pods().len(), PODS);
+        for netns in &namespaces {
+            let request = interceptor::agent::api::Request::Remove {
+                netns: netns.path(),
+            };
+            interceptor::agent::api::call(&socket, &request).expect("remove");
+        }
+        times.sort();
+        println!(
+            "round {round}: registration p50 {:?} p99 {:?} max {:?}; agent RSS {} KiB",
+            percentile(&times, 0.5),
+            percentile(&times, 0.99),
+            times[times.len() - 1],
+            rss_kib(agent.child.id())
+        );
+        rss.push(rss_kib(agent.child.id()));
+
+        let (_, metrics) = http_get(&addr, "/metrics");
+        for line in [
+            "interceptor_pods_registered 0",
+            r#"interceptor_map_entries{map="local_addrs"} 0"#,
+            r#"interceptor_map_entries{map="listeners"} 0"#,
+            r#"interceptor_map_entries{map="pending_orig_dst"} 0"#,
+        ] {
+            assert!(
+                metrics.contains(line),
+                "round {round}: {line} not in\n{metrics}"
+            );
+        }
+        let pinned_pods = std::fs::read_dir(&home.bpffs)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("link_icpt_sk_lookup_"))
+            .count();
+        assert_eq!(pinned_pods, 0, "round {round}");
+    }
+    // The first round grows the allocator's pools; later rounds must reuse them.
+    assert!(
+        rss[2] <= rss[1] + rss[1] / 10 + 1024,
+        "the agent's memory grows round after round: {rss:?} KiB"
+    );
+}

@@ -14,6 +14,8 @@ use std::{
     path::Path,
 };
 
+use crate::netns::PodNetns;
+
 /// `TCP_LISTEN` in /proc/net/tcp's `st` column.
 const TCP_LISTEN: &str = "0A";
 
@@ -25,9 +27,14 @@ pub struct Listening {
 
 /// Duplicates of the TCP sockets listening on `port` in the namespace at `netns`, at most one
 /// per family (a proxy may listen on `0.0.0.0` and `[::]`, or only on a dual-stack `[::]`).
-pub fn find_listeners(netns: &Path, port: u16) -> Vec<Listening> {
+pub fn find_listeners(netns: &PodNetns, port: u16) -> Vec<Listening> {
     let mut found: Vec<Listening> = Vec::new();
-    let Ok(target) = fs::metadata(netns) else {
+    // Nothing has the port there (a pod registered before its containers start, as a CNI
+    // plugin does): no need to look through every process of the machine.
+    if !netns.run_inside(|| Ok(port_in_use(port))).unwrap_or(true) {
+        return found;
+    }
+    let Ok(target) = fs::metadata(netns.path()) else {
         return found;
     };
     let Ok(procs) = fs::read_dir("/proc") else {
@@ -58,6 +65,36 @@ pub fn find_listeners(netns: &Path, port: u16) -> Vec<Listening> {
         }
     }
     found
+}
+
+/// Whether a socket of the current network namespace has TCP `port`: a bind that is never
+/// followed by listen() (so no connection can reach it, and no sock_ops callback sees it), on
+/// a dual-stack `[::]` (which conflicts with sockets of both families), else on `0.0.0.0`.
+/// Reading `/proc/net/tcp` instead walks the whole machine's connection table, milliseconds.
+fn port_in_use(port: u16) -> bool {
+    use nix::sys::socket::{
+        AddressFamily, SockFlag, SockType, SockaddrIn, SockaddrIn6, bind, socket,
+    };
+    let in_use = |e: nix::Error| e == nix::Error::EADDRINUSE;
+    let stream = SockType::Stream;
+    match socket(AddressFamily::Inet6, stream, SockFlag::SOCK_CLOEXEC, None) {
+        Ok(fd) => {
+            let any6 = SockaddrIn6::from(std::net::SocketAddrV6::new(
+                std::net::Ipv6Addr::UNSPECIFIED,
+                port,
+                0,
+                0,
+            ));
+            bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &any6).is_err_and(in_use)
+        }
+        // No IPv6 in this namespace: IPv4 only.
+        Err(_) => socket(AddressFamily::Inet, stream, SockFlag::SOCK_CLOEXEC, None)
+            .map(|fd| {
+                let any4 = SockaddrIn::new(0, 0, 0, 0, port);
+                bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &any4).is_err_and(in_use)
+            })
+            .unwrap_or(true),
+    }
 }
 
 /// A duplicate of the first of `pid`'s file descriptors that is one of the sockets `inodes`.

@@ -169,17 +169,45 @@ pub(super) fn probe(pin_dir: &Path) -> Result<(), EbpfError> {
         pin_links: false,
         persistent: false,
     })?;
-    let ebpf = load_sk_lookup(pin_dir, 0)?;
+    let ebpf = SkLookupLoader::new(pin_dir).load(0)?;
     drop((ebpf, maps, attached));
     Ok(())
 }
 
-/// Loads (and verifies) an sk_lookup instance for the pod with `netns_cookie`, on the node's
-/// pinned maps, without attaching it.
-fn load_sk_lookup(pin_dir: &Path, netns_cookie: u64) -> Result<Ebpf, EbpfError> {
-    let mut ebpf = loader(pin_dir)
-        .override_global(names::GLOBAL_POD_NETNS_COOKIE, &netns_cookie, true)
-        .load(OBJECT)?;
+/// Loads pods' sk_lookup instances on the node's pinned maps. One loader serves every pod:
+/// aya 0.14's `EbpfLoader::new` parses the kernel's BTF (`/sys/kernel/btf/vmlinux`, megabytes)
+/// each time, which was most of a pod's registration time.
+pub(super) struct SkLookupLoader {
+    loader: EbpfLoader<'static>,
+}
+
+impl SkLookupLoader {
+    pub(super) fn new(pin_dir: &Path) -> Self {
+        Self {
+            loader: loader(pin_dir),
+        }
+    }
+
+    /// Loads (and verifies) an sk_lookup instance for the pod with `netns_cookie`, without
+    /// attaching it.
+    pub(super) fn load(&mut self, netns_cookie: u64) -> Result<Ebpf, EbpfError> {
+        static UNSET: u64 = 0;
+        // SAFETY: the loader only reads its globals inside `load` below, and the entry is
+        // pointed back at a static before this function returns: the loader never holds this
+        // reference beyond `netns_cookie`'s life. (A loader of this call's lifetime would have
+        // to be built, and the kernel's BTF parsed, for every pod.)
+        let cookie: &'static u64 = unsafe { &*std::ptr::from_ref(&netns_cookie) };
+        let loaded = self
+            .loader
+            .override_global(names::GLOBAL_POD_NETNS_COOKIE, cookie, true)
+            .load(OBJECT);
+        self.loader
+            .override_global(names::GLOBAL_POD_NETNS_COOKIE, &UNSET, true);
+        load_sk_lookup_program(loaded?)
+    }
+}
+
+fn load_sk_lookup_program(mut ebpf: Ebpf) -> Result<Ebpf, EbpfError> {
     let name = names::PROG_SK_LOOKUP;
     let sk_lookup: &mut SkLookup = program(&mut ebpf, name)?;
     sk_lookup
@@ -214,12 +242,13 @@ pub(super) enum LinkPin {
 /// Loads one pod's sk_lookup instance (its netns cookie baked in) and attaches it to the pod's
 /// network namespace, its link kept as `pin` says.
 pub(super) fn load_inbound(
+    loader: &mut SkLookupLoader,
     pin_dir: &Path,
     pin: LinkPin,
     netns_cookie: u64,
     netns: &crate::netns::PodNetns,
 ) -> Result<Inbound, EbpfError> {
-    let mut ebpf = load_sk_lookup(pin_dir, netns_cookie)?;
+    let mut ebpf = loader.load(netns_cookie)?;
     let name = names::PROG_SK_LOOKUP;
     let sk_lookup: &mut SkLookup = program(&mut ebpf, name)?;
     let attach_error = |source| EbpfError::AttachNetns {

@@ -27,7 +27,7 @@ use super::{
     Counters, EbpfError, LoadOptions, PodSpec,
     links::PinnedLink,
     listener::{Listening, find_listeners},
-    loader::{Inbound, LinkPin, inbound_link_path, load_inbound},
+    loader::{Inbound, LinkPin, SkLookupLoader, inbound_link_path, load_inbound},
 };
 use crate::{config::InterceptionConfig, netns::PodNetns};
 
@@ -110,6 +110,7 @@ pub struct PodRegistry {
     pods: BTreeMap<u64, Registered>,
     pin_dir: PathBuf,
     link_pin: LinkPin,
+    sk_lookup_loader: SkLookupLoader,
 }
 
 impl PodRegistry {
@@ -124,6 +125,7 @@ impl PodRegistry {
             pods: BTreeMap::new(),
             pin_dir: options.pin_dir.clone(),
             link_pin,
+            sk_lookup_loader: SkLookupLoader::new(&options.pin_dir),
         }
     }
 
@@ -227,8 +229,13 @@ impl PodRegistry {
                 if registered.inbound.is_none() {
                     // From here on inbound connections are steered, or dropped until the proxy
                     // listens: the pod fails closed from its first registered moment.
-                    registered.inbound =
-                        Some(load_inbound(&self.pin_dir, self.link_pin, cookie, &netns)?);
+                    registered.inbound = Some(load_inbound(
+                        &mut self.sk_lookup_loader,
+                        &self.pin_dir,
+                        self.link_pin,
+                        cookie,
+                        &netns,
+                    )?);
                 }
                 self.adopt_existing_listener(cookie, &netns, spec.config.incoming_proxy_port)
             });
@@ -318,7 +325,7 @@ impl PodRegistry {
         netns: &PodNetns,
         port: u16,
     ) -> Result<(), EbpfError> {
-        for Listening { socket, ipv6 } in find_listeners(netns.path(), port) {
+        for Listening { socket, ipv6 } in find_listeners(netns, port) {
             let key = listener_key(cookie, ipv6);
             tracing::info!(netns = %netns.path().display(), port, ipv6, "adopting the proxy's existing inbound listener");
             // Our duplicate is closed right after: the map holds the socket only while the proxy
