@@ -220,7 +220,11 @@ fn load_sk_lookup_program(mut ebpf: Ebpf) -> Result<Ebpf, EbpfError> {
 /// it (the pinned link, if any, first).
 pub(super) struct Inbound {
     _pinned: Option<PinnedLink>,
-    pub(super) ebpf: Ebpf,
+    /// Kept only when the program's link is aya's (not pinned): dropping it detaches. A pinned
+    /// link holds the program by itself, and the loaded object (its maps' handles, its
+    /// instructions) would cost tens of KiB per pod for nothing.
+    _ebpf: Option<Ebpf>,
+    pub(super) program: super::ProgramState,
 }
 
 /// Where a pod's sk_lookup link is pinned.
@@ -256,11 +260,17 @@ pub(super) fn load_inbound(
         netns: netns.path().to_owned(),
         source,
     };
+    let program_state = super::ProgramState {
+        name: name.into(),
+        id: sk_lookup.info().map_err(attach_error)?.id(),
+        attach_type: "sk_lookup".into(),
+    };
     if pin == LinkPin::None {
         sk_lookup.attach(netns.file()).map_err(attach_error)?;
         return Ok(Inbound {
             _pinned: None,
-            ebpf,
+            _ebpf: Some(ebpf),
+            program: program_state,
         });
     }
     let path = inbound_link_path(pin_dir, netns_cookie);
@@ -278,7 +288,8 @@ pub(super) fn load_inbound(
     .map_err(|e| attach_error(ProgramError::IOError(e)))?;
     Ok(Inbound {
         _pinned: Some(link),
-        ebpf,
+        _ebpf: None,
+        program: program_state,
     })
 }
 

@@ -141,8 +141,9 @@ impl PodRegistry {
             }
             return Err(EbpfError::AlreadyRegistered(cookie));
         }
+        let used: BTreeSet<u32> = self.pods.values().map(|p| p.slot).collect();
         let slot = (0..MAX_PODS)
-            .find(|slot| self.pods.values().all(|p| p.slot != *slot))
+            .find(|slot| !used.contains(slot))
             .ok_or(EbpfError::NoFreeSlot(MAX_PODS))?;
         self.zero_counters(slot)?;
         let registered = Registered {
@@ -357,13 +358,7 @@ impl PodRegistry {
 
     /// The pod's own sk_lookup program instance, as `status` reports it.
     pub fn inbound_program(&self, cookie: u64) -> Option<super::ProgramState> {
-        let inbound = self.pods.get(&cookie)?.inbound.as_ref()?;
-        let info = inbound.ebpf.program(names::PROG_SK_LOOKUP)?.info().ok()?;
-        Some(super::ProgramState {
-            name: names::PROG_SK_LOOKUP.into(),
-            id: info.id(),
-            attach_type: "sk_lookup".into(),
-        })
+        Some(self.pods.get(&cookie)?.inbound.as_ref()?.program.clone())
     }
 
     /// Whether the pod's proxy is listening, in either family (as far as steering knows).
