@@ -297,6 +297,10 @@ pub struct StatusArgs {
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
+
+    /// Where to find the node agent (its API socket), whose pods are shown too.
+    #[arg(long, default_value = crate::agent::DEFAULT_STATE_DIR)]
+    pub agent_state_dir: PathBuf,
 }
 
 /// The proxy-init flags. List flags take comma-separated values and may be repeated.

@@ -1071,3 +1071,33 @@ fn hundreds_of_pods_come_and_go_without_leaving_anything_behind() {
         "the agent's memory grows round after round: {rss:?} KiB"
     );
 }
+
+#[test]
+fn status_shows_the_agents_pods() {
+    if !privileged("status_shows_the_agents_pods") {
+        return;
+    }
+    let fixture = PodFixture::new("agentstatus");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let _agent = home.start();
+    let out = home.add(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let state_dir = home.state_dir.display().to_string();
+    let out = Command::new(BIN)
+        .args(["status", "--json", "--agent-state-dir", &state_dir])
+        .output()
+        .unwrap();
+    let json: Value = serde_json::from_slice(&out.stdout).expect("status --json");
+    let pods = json["agent"]["pods"].as_array().expect("the agent's pods");
+    assert_eq!(pods.len(), 1);
+    assert_eq!(pods[0]["meta"]["name"], "web");
+    let out = Command::new(BIN)
+        .args(["status", "--agent-state-dir", &state_dir])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("node agent at") && text.contains("outbound_redirected"),
+        "{text}"
+    );
+}

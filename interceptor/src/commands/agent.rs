@@ -87,7 +87,7 @@ fn call(socket: &Path, request: &Request) -> anyhow::Result<Vec<PodInfo>> {
     })
 }
 
-fn print_pods(pods: &[PodInfo], json: bool) {
+pub fn print_pods(pods: &[PodInfo], json: bool) {
     if json {
         println!("{}", serde_json::to_string_pretty(pods).unwrap_or_default());
         return;

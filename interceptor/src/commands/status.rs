@@ -38,15 +38,31 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
         None => InstancePaths::all(),
     };
     let reports: Vec<InstanceReport> = instances.iter().map(report).collect();
+    // The node agent's pods, when one answers (its API is root-only, as status is in practice).
+    let socket = args.agent_state_dir.join("agent.sock");
+    let agent = crate::agent::api::call(&socket, &crate::agent::api::Request::List).ok();
     if args.json {
+        let agent = agent.map(|pods| serde_json::json!({ "socket": socket, "pods": pods }));
         println!(
             "{}",
-            serde_json::to_string_pretty(&serde_json::json!({ "instances": reports }))?
+            serde_json::to_string_pretty(
+                &serde_json::json!({ "instances": reports, "agent": agent })
+            )?
         );
         return Ok(());
     }
-    if reports.is_empty() {
-        println!("no interceptor instance is running");
+    if let Some(pods) = &agent {
+        println!("node agent at {}: {} pods", socket.display(), pods.len());
+        crate::commands::agent::print_pods(pods, false);
+        for pod in pods {
+            println!("  {}:", pod.netns.display());
+            for (name, value) in &pod.counters {
+                println!("    {name:<34} {value}");
+            }
+        }
+    }
+    if reports.is_empty() && agent.is_none() {
+        println!("no interceptor instance or agent is running");
     }
     for r in &reports {
         print_report(r);
