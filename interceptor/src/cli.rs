@@ -157,6 +157,11 @@ pub struct DaemonArgs {
     /// 127.0.0.1:9990.
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,
+
+    /// The map layout version to pin under; only the tests of the migration between layouts
+    /// set it.
+    #[arg(long, hide = true, default_value_t = interceptor_common::MAP_LAYOUT_VERSION)]
+    pub map_layout_version: u32,
 }
 
 #[derive(Debug, Args)]

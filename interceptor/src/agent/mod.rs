@@ -62,6 +62,22 @@ impl AgentPaths {
         self.state_dir.join("agent-pods")
     }
 
+    /// Where the maps of one layout version are pinned (the links are pinned in `bpffs`).
+    fn maps_dir(&self, layout: u32) -> PathBuf {
+        self.bpffs.join(format!("maps-v{layout}"))
+    }
+
+    /// Every map directory in `bpffs`, whatever its layout version.
+    fn all_maps_dirs(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(&self.bpffs)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with("maps-v"))
+            .map(|e| e.path())
+            .collect()
+    }
+
     /// Takes the agent lock: one agent at a time. `wait` blocks until a running agent exits (a
     /// new agent started for an upgrade takes over as soon as the old one stops).
     fn lock_agent(&self, wait: bool) -> anyhow::Result<Option<Flock<File>>> {
@@ -102,6 +118,9 @@ pub struct AgentOptions {
     pub reconcile_every: Duration,
     /// Serve Prometheus metrics and `/ready` here.
     pub metrics_addr: Option<SocketAddr>,
+    /// The map layout version to pin under (`MAP_LAYOUT_VERSION`; another value only in the
+    /// tests of the migration between layouts).
+    pub map_layout: u32,
 }
 
 type Refusal = (ErrorKind, String);
@@ -118,15 +137,23 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
     };
     let bpffs_root = paths.bpffs.parent().unwrap_or(Path::new("/"));
     crate::state::ensure_bpffs(bpffs_root)?;
-    let mut node = EbpfNode::load(LoadOptions {
+    let maps_dir = paths.maps_dir(options.map_layout);
+    // Maps of another layout only: the previous agent's programs run on them until ours replace
+    // them in the links, so ours must find every pod in the new maps before that.
+    let older: Vec<PathBuf> = paths
+        .all_maps_dirs()
+        .into_iter()
+        .filter(|d| *d != maps_dir)
+        .collect();
+    let migrating = !maps_dir.exists() && !older.is_empty();
+    let node = EbpfNode::load(LoadOptions {
         orig_dst_capacity: options.orig_dst_capacity,
-        pin_dir: paths.bpffs.clone(),
+        pin_dir: maps_dir.clone(),
+        links_dir: paths.bpffs.clone(),
         pin_links: true,
         persistent: true,
     })
     .context("loading the eBPF programs")?;
-    node.attach(cgroup)
-        .with_context(|| format!("attaching to cgroup {}", cgroup.display()))?;
     let records = Records::open(&paths.records())
         .with_context(|| format!("opening {}", paths.records().display()))?;
     let mut agent = Agent {
@@ -135,7 +162,32 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         pods: BTreeMap::new(),
         registration_seconds: metrics::registration_histogram(),
     };
-    agent.restore();
+    // Original destinations the replaced programs record until the switch: copied before it,
+    // and again after it for those recorded meanwhile.
+    let import_in_flight = |agent: &mut Agent| {
+        older
+            .iter()
+            .map(|dir| agent.node.pods().import_in_flight(dir))
+            .sum::<usize>()
+    };
+    if migrating {
+        info!(from = ?older, to = %maps_dir.display(), "the map layout changed: building new maps from the pod records, then switching the links over");
+        agent.restore();
+        import_in_flight(&mut agent);
+    }
+    agent
+        .node
+        .attach(cgroup)
+        .with_context(|| format!("attaching to cgroup {}", cgroup.display()))?;
+    if migrating {
+        let copied = import_in_flight(&mut agent);
+        for dir in &older {
+            remove_maps_dir(dir);
+        }
+        info!(in_flight_copied = copied, "map layout migration done");
+    } else {
+        agent.restore();
+    }
     let agent = Arc::new(Mutex::new(agent));
     if let Some(addr) = options.metrics_addr {
         metrics::serve(addr, agent.clone())?;
@@ -490,6 +542,16 @@ fn remove_iptables_chains(netns: &Path) -> Result<(), crate::iptables::IptablesE
     Ok(())
 }
 
+/// Unpins an older layout's maps: they go once no program (the replaced ones) holds them.
+fn remove_maps_dir(dir: &Path) {
+    for map in interceptor_common::names::SHARED_MAPS {
+        let _ = std::fs::remove_file(dir.join(map));
+    }
+    if let Err(e) = std::fs::remove_dir(dir) {
+        warn!(dir = %dir.display(), error = %e, "removing an older map layout's directory");
+    }
+}
+
 /// Removes what an agent pinned and wrote, and nothing else: the pinned links first (the
 /// programs detach as the last reference goes), then the maps, the pod records, the socket and
 /// the lock. Returns what was removed.
@@ -515,8 +577,11 @@ pub fn uninstall(paths: &AgentPaths) -> std::io::Result<Vec<PathBuf>> {
     for link in links {
         remove(link)?;
     }
-    for map in interceptor_common::names::SHARED_MAPS {
-        remove(paths.bpffs.join(map))?;
+    for dir in paths.all_maps_dirs() {
+        for map in interceptor_common::names::SHARED_MAPS {
+            remove(dir.join(map))?;
+        }
+        let _ = std::fs::remove_dir(&dir);
     }
     let records = Records::open(&paths.records())?;
     for record in records.load_all() {

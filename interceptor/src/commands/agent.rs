@@ -23,6 +23,7 @@ pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
         orig_dst_capacity: args.orig_dst_capacity,
         reconcile_every: Duration::from_millis(args.reconcile_ms),
         metrics_addr: args.metrics_addr,
+        map_layout: args.map_layout_version,
     };
     agent::run(args.location.paths(), options).await
 }

@@ -103,6 +103,7 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
     let options = LoadOptions {
         orig_dst_capacity: args.orig_dst_capacity,
         pin_dir: lock.generation_dir(),
+        links_dir: lock.generation_dir(),
         pin_links: true,
         persistent: false,
     };

@@ -64,7 +64,7 @@ impl Attached {
         let maps = PodMaps::take(&mut ebpf)?;
         let pinned = options
             .pin_links
-            .then(|| (options.pin_dir.clone(), Vec::new()));
+            .then(|| (options.links_dir.clone(), Vec::new()));
         Ok((
             Self {
                 pinned,
@@ -85,7 +85,7 @@ impl Attached {
                 source,
             }
         };
-        if let Some((pin_dir, links)) = &mut self.pinned {
+        if let Some((links_dir, links)) = &mut self.pinned {
             for (name, attach_type) in [
                 (
                     names::PROG_CONNECT4,
@@ -106,7 +106,7 @@ impl Attached {
                     name,
                 })?;
                 let fd = program.fd().map_err(attach_error(name))?;
-                let path = pin_dir.join(format!("link_{name}"));
+                let path = links_dir.join(format!("link_{name}"));
                 let link = if self.persistent {
                     PinnedLink::attach_or_update(fd.as_fd(), cgroup.as_fd(), attach_type, &path)
                 } else {
@@ -166,6 +166,7 @@ pub(super) fn probe(pin_dir: &Path) -> Result<(), EbpfError> {
     let (attached, maps) = Attached::load(&LoadOptions {
         orig_dst_capacity: 1,
         pin_dir: pin_dir.to_owned(),
+        links_dir: pin_dir.to_owned(),
         pin_links: false,
         persistent: false,
     })?;
@@ -228,8 +229,8 @@ pub(super) struct Inbound {
 }
 
 /// Where a pod's sk_lookup link is pinned.
-pub(super) fn inbound_link_path(pin_dir: &Path, netns_cookie: u64) -> PathBuf {
-    pin_dir.join(format!("link_{}_{netns_cookie}", names::PROG_SK_LOOKUP))
+pub(super) fn inbound_link_path(links_dir: &Path, netns_cookie: u64) -> PathBuf {
+    links_dir.join(format!("link_{}_{netns_cookie}", names::PROG_SK_LOOKUP))
 }
 
 /// How a pod's sk_lookup link is kept.
@@ -247,7 +248,7 @@ pub(super) enum LinkPin {
 /// network namespace, its link kept as `pin` says.
 pub(super) fn load_inbound(
     loader: &mut SkLookupLoader,
-    pin_dir: &Path,
+    links_dir: &Path,
     pin: LinkPin,
     netns_cookie: u64,
     netns: &crate::netns::PodNetns,
@@ -273,7 +274,7 @@ pub(super) fn load_inbound(
             program: program_state,
         });
     }
-    let path = inbound_link_path(pin_dir, netns_cookie);
+    let path = inbound_link_path(links_dir, netns_cookie);
     let fd = sk_lookup.fd().map_err(attach_error)?;
     let (program, target, attach_type) = (
         fd.as_fd(),

@@ -104,6 +104,9 @@ pub struct LoadOptions {
     /// Directory on a bpffs where the shared maps are pinned: each pod's sk_lookup instance
     /// opens them there, and so does `interceptor status`. Removed when the node is dropped.
     pub pin_dir: PathBuf,
+    /// Where the links are pinned (with `pin_links`): `pin_dir` unless the maps have a directory
+    /// of their own (the agent keeps one per map layout, see `MAP_LAYOUT_VERSION`).
+    pub links_dir: PathBuf,
     /// Pin the links there too, so the programs stay attached if this process dies without
     /// detaching (`interceptor run`: fail closed). Dropping the node still detaches them.
     pub pin_links: bool,
@@ -115,9 +118,11 @@ pub struct LoadOptions {
 
 impl LoadOptions {
     pub fn new(pin_dir: impl Into<PathBuf>) -> Self {
+        let pin_dir = pin_dir.into();
         Self {
             orig_dst_capacity: interceptor_common::DEFAULT_PENDING_ORIG_DST_CAPACITY,
-            pin_dir: pin_dir.into(),
+            links_dir: pin_dir.clone(),
+            pin_dir,
             pin_links: false,
             persistent: false,
         }

@@ -4,7 +4,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
     os::fd::AsFd as _,
-    path::PathBuf,
+    path::{Path, PathBuf},
 };
 
 use aya::{
@@ -109,6 +109,7 @@ pub struct PodRegistry {
     maps: PodMaps,
     pods: BTreeMap<u64, Registered>,
     pin_dir: PathBuf,
+    links_dir: PathBuf,
     link_pin: LinkPin,
     sk_lookup_loader: SkLookupLoader,
 }
@@ -124,6 +125,7 @@ impl PodRegistry {
             maps,
             pods: BTreeMap::new(),
             pin_dir: options.pin_dir.clone(),
+            links_dir: options.links_dir.clone(),
             link_pin,
             sk_lookup_loader: SkLookupLoader::new(&options.pin_dir),
         }
@@ -232,7 +234,7 @@ impl PodRegistry {
                     // listens: the pod fails closed from its first registered moment.
                     registered.inbound = Some(load_inbound(
                         &mut self.sk_lookup_loader,
-                        &self.pin_dir,
+                        &self.links_dir,
                         self.link_pin,
                         cookie,
                         &netns,
@@ -284,7 +286,7 @@ impl PodRegistry {
             r => r,
         };
         ignore_absent(self.maps.pods.remove(&cookie)).map_err(map_error(names::MAP_PODS))?;
-        let path = inbound_link_path(&self.pin_dir, cookie);
+        let path = inbound_link_path(&self.links_dir, cookie);
         PinnedLink::remove_pinned(&path).map_err(|source| EbpfError::PinDir { path, source })?;
         for ipv6 in [false, true] {
             ignore_absent(self.maps.listeners.remove(&listener_key(cookie, ipv6)))
@@ -383,9 +385,9 @@ impl PodRegistry {
         ignore_absent(self.maps.pods.remove(&cookie)).map_err(map_error(names::MAP_PODS))?;
         drop(registered.inbound);
         if self.link_pin == LinkPin::Persistent {
-            PinnedLink::remove_pinned(&inbound_link_path(&self.pin_dir, cookie)).map_err(
+            PinnedLink::remove_pinned(&inbound_link_path(&self.links_dir, cookie)).map_err(
                 |source| EbpfError::PinDir {
-                    path: inbound_link_path(&self.pin_dir, cookie),
+                    path: inbound_link_path(&self.links_dir, cookie),
                     source,
                 },
             )?;
@@ -425,6 +427,34 @@ impl PodRegistry {
     /// Number of original destinations recorded and not yet read by a proxy.
     pub fn pending_orig_dst_entries(&self) -> usize {
         self.maps.pending.keys().filter(Result::is_ok).count()
+    }
+
+    /// Copies the original destinations that an older set of maps (pinned in `dir`, of the same
+    /// key and value layout) holds for connections in flight: the programs being replaced
+    /// recorded them there. Returns how many were copied; maps of another layout are skipped
+    /// (aya refuses to open them as these types).
+    pub fn import_in_flight(&mut self, dir: &Path) -> usize {
+        let open = |name: &str| {
+            MapData::from_pin(dir.join(name))
+                .ok()
+                .and_then(|data| Map::from_map_data(data).ok())
+        };
+        let mut copied = 0;
+        if let Some(old) = open(names::MAP_CONNECTING)
+            .and_then(|m| HashMap::<MapData, u64, OrigDst>::try_from(m).ok())
+        {
+            for (key, value) in old.iter().filter_map(Result::ok) {
+                copied += usize::from(self.maps.connecting.insert(key, value, 0).is_ok());
+            }
+        }
+        if let Some(old) = open(names::MAP_PENDING)
+            .and_then(|m| HashMap::<MapData, PendingKey, PendingOrigDst>::try_from(m).ok())
+        {
+            for (key, value) in old.iter().filter_map(Result::ok) {
+                copied += usize::from(self.maps.pending.insert(key, value, 0).is_ok());
+            }
+        }
+        copied
     }
 
     /// How full the maps are (walks their keys: for metrics and tests, not a hot path).
