@@ -6,7 +6,7 @@
 //! programs on the pinned maps, swaps them into the pinned links (`BPF_LINK_UPDATE`, no moment
 //! without a program on a hook) and takes its pods back from the maps and the pod records
 //! (`records`), keeping their slots and counters. Only `interceptor uninstall` detaches.
-pub mod api;
+pub use interceptor_api as api;
 mod metrics;
 mod records;
 

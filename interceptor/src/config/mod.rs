@@ -7,7 +7,6 @@ use std::fmt;
 
 use ipnet::IpNet;
 pub use ports::{PortRange, PortSet};
-use serde::{Deserialize, Serialize};
 
 /// How one pod is intercepted. Every value is already validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,22 +27,7 @@ pub struct InterceptionConfig {
     pub ipv6: bool,
 }
 
-/// The configuration as `status` shows it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ConfigSummary {
-    pub incoming_proxy_port: u16,
-    pub outgoing_proxy_port: u16,
-    pub proxy_uid: Option<u32>,
-    pub proxy_gid: Option<u32>,
-    pub inbound_ports_to_ignore: String,
-    pub outbound_ports_to_ignore: String,
-    pub ports_to_redirect: Vec<u16>,
-    pub subnets_to_ignore: Vec<String>,
-    pub outbound_subnets_to_ignore: Vec<String>,
-    /// Whether native IPv6 is intercepted (IPv4 on IPv6 sockets always is).
-    #[serde(default)]
-    pub ipv6: bool,
-}
+pub use interceptor_api::ConfigSummary;
 
 impl InterceptionConfig {
     /// The configuration as proxy-init's flags, in the form `interceptor run` and the agent's

@@ -1,4 +1,6 @@
-//! The agent's API: one JSON request per connection on its Unix socket, one JSON response.
+//! The interceptor node agent's API: one JSON request per connection on its Unix socket
+//! (default `/run/interceptor/agent.sock`, root only), one JSON response. This crate has no eBPF
+//! or aya dependency, so clients such as the CNI plugin build without the eBPF toolchain.
 //!
 //! A pod's configuration travels as proxy-init's flags (`["--incoming-proxy-port", "4143",
 //! ...]`): the agent validates them with the very parser `interceptor run` uses, so a bad value
@@ -13,8 +15,6 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
-
-use crate::config::ConfigSummary;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -145,7 +145,62 @@ pub fn call(socket: &Path, request: &Request) -> Result<Vec<PodInfo>, ClientErro
     }
 }
 
+/// The configuration as `status` shows it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ConfigSummary {
+    pub incoming_proxy_port: u16,
+    pub outgoing_proxy_port: u16,
+    pub proxy_uid: Option<u32>,
+    pub proxy_gid: Option<u32>,
+    pub inbound_ports_to_ignore: String,
+    pub outbound_ports_to_ignore: String,
+    pub ports_to_redirect: Vec<u16>,
+    pub subnets_to_ignore: Vec<String>,
+    pub outbound_subnets_to_ignore: Vec<String>,
+    /// Whether native IPv6 is intercepted (IPv4 on IPv6 sockets always is).
+    #[serde(default)]
+    pub ipv6: bool,
+}
+
 /// Whether an agent answers on `socket`.
 pub fn agent_running(socket: &Path) -> bool {
     call(socket, &Request::List).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wire format other clients (the CNI plugin, scripts) rely on.
+    #[test]
+    fn requests_and_responses_have_a_stable_json_form() {
+        let add: Request = serde_json::from_str(
+            r#"{"op":"add","netns":"/run/netns/p","args":["-p","4143","-o","4140"]}"#,
+        )
+        .unwrap();
+        match add {
+            Request::Add(add) => {
+                assert_eq!(add.netns, Path::new("/run/netns/p"));
+                assert_eq!(add.meta, PodMeta::default());
+                assert!(!add.update && !add.takeover_iptables);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            serde_json::to_string(&Request::Remove {
+                netns: "/run/netns/p".into()
+            })
+            .unwrap(),
+            r#"{"op":"remove","netns":"/run/netns/p"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Response::Error {
+                kind: ErrorKind::PodTableFull,
+                message: "full".into()
+            })
+            .unwrap(),
+            r#"{"result":"error","kind":"pod_table_full","message":"full"}"#
+        );
+        assert!(serde_json::from_str::<Request>(r#"{"op":"explode"}"#).is_err());
+    }
 }
