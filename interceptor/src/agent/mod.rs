@@ -150,7 +150,6 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         orig_dst_capacity: options.orig_dst_capacity,
         pin_dir: maps_dir.clone(),
         links_dir: paths.bpffs.clone(),
-        pin_links: true,
         persistent: true,
     })
     .context("loading the eBPF programs")?;

@@ -104,7 +104,6 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
         orig_dst_capacity: args.orig_dst_capacity,
         pin_dir: lock.generation_dir(),
         links_dir: lock.generation_dir(),
-        pin_links: true,
         persistent: false,
     };
     let mut node = EbpfNode::load(options).context("loading the eBPF programs")?;

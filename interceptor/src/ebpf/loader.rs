@@ -6,7 +6,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{CgroupAttachMode, CgroupSockAddr, CgroupSockopt, ProgramError, SkLookup, SockOps},
+    programs::{CgroupSockAddr, CgroupSockopt, ProgramError, SkLookup, SockOps},
 };
 use interceptor_common::names;
 use serde::{Deserialize, Serialize};
@@ -34,11 +34,11 @@ const PROGRAMS: [(&str, &str); 4] = [
 ];
 
 pub(super) struct Attached {
-    /// Set when the links are pinned (`LoadOptions::pin_links`); dropped first, detaching them
-    /// unless they are persistent.
-    pinned: Option<(PathBuf, Vec<PinnedLink>)>,
+    links_dir: PathBuf,
+    /// Dropped first, detaching them, unless they are persistent.
+    links: Vec<PinnedLink>,
     persistent: bool,
-    // Dropping `Ebpf` detaches every link aya made and unloads the programs.
+    // Dropping `Ebpf` unloads the programs (those still in a link stay until it goes).
     ebpf: Ebpf,
 }
 
@@ -62,12 +62,10 @@ impl Attached {
             .map_err(program_error(names::PROG_GETSOCKOPT))?;
 
         let maps = PodMaps::take(&mut ebpf)?;
-        let pinned = options
-            .pin_links
-            .then(|| (options.links_dir.clone(), Vec::new()));
         Ok((
             Self {
-                pinned,
+                links_dir: options.links_dir.clone(),
+                links: Vec::new(),
                 persistent: options.persistent,
                 ebpf,
             },
@@ -75,6 +73,9 @@ impl Attached {
         ))
     }
 
+    /// Attaches every program to the cgroup with a pinned link: the one attach path of `run`,
+    /// the agent and the tests. Link-based attachments coexist with other programs on the same
+    /// hook (tested with a foreign program attached before and after).
     pub(super) fn attach(&mut self, cgroup_path: &Path) -> Result<(), EbpfError> {
         let cgroup = crate::cgroup::open_cgroup2(cgroup_path)?;
         let attach_error = |name| {
@@ -85,53 +86,35 @@ impl Attached {
                 source,
             }
         };
-        if let Some((links_dir, links)) = &mut self.pinned {
-            for (name, attach_type) in [
-                (
-                    names::PROG_CONNECT4,
-                    links::attach_type::CGROUP_INET4_CONNECT,
-                ),
-                (
-                    names::PROG_CONNECT6,
-                    links::attach_type::CGROUP_INET6_CONNECT,
-                ),
-                (names::PROG_SOCKOPS, links::attach_type::CGROUP_SOCK_OPS),
-                (
-                    names::PROG_GETSOCKOPT,
-                    links::attach_type::CGROUP_GETSOCKOPT,
-                ),
-            ] {
-                let program = self.ebpf.program(name).ok_or(EbpfError::Missing {
-                    kind: "program",
-                    name,
-                })?;
-                let fd = program.fd().map_err(attach_error(name))?;
-                let path = links_dir.join(format!("link_{name}"));
-                let link = if self.persistent {
-                    PinnedLink::attach_or_update(fd.as_fd(), cgroup.as_fd(), attach_type, &path)
-                } else {
-                    PinnedLink::attach(fd.as_fd(), cgroup.as_fd(), attach_type, &path)
-                }
-                .map_err(|e| attach_error(name)(ProgramError::IOError(e)))?;
-                links.push(link);
+        for (name, attach_type) in [
+            (
+                names::PROG_CONNECT4,
+                links::attach_type::CGROUP_INET4_CONNECT,
+            ),
+            (
+                names::PROG_CONNECT6,
+                links::attach_type::CGROUP_INET6_CONNECT,
+            ),
+            (names::PROG_SOCKOPS, links::attach_type::CGROUP_SOCK_OPS),
+            (
+                names::PROG_GETSOCKOPT,
+                links::attach_type::CGROUP_GETSOCKOPT,
+            ),
+        ] {
+            let program = self.ebpf.program(name).ok_or(EbpfError::Missing {
+                kind: "program",
+                name,
+            })?;
+            let fd = program.fd().map_err(attach_error(name))?;
+            let path = self.links_dir.join(format!("link_{name}"));
+            let link = if self.persistent {
+                PinnedLink::attach_or_update(fd.as_fd(), cgroup.as_fd(), attach_type, &path)
+            } else {
+                PinnedLink::attach(fd.as_fd(), cgroup.as_fd(), attach_type, &path)
             }
-            return Ok(());
+            .map_err(|e| attach_error(name)(ProgramError::IOError(e)))?;
+            self.links.push(link);
         }
-        // Link-based attachments coexist with other programs on the same hook (verified on
-        // 6.18); `AllowMultiple` fails there, so `Single` is the mode that works everywhere.
-        let mode = CgroupAttachMode::Single;
-        for name in [names::PROG_CONNECT4, names::PROG_CONNECT6] {
-            let connect: &mut CgroupSockAddr = program(&mut self.ebpf, name)?;
-            connect.attach(&cgroup, mode).map_err(attach_error(name))?;
-        }
-        let sockops: &mut SockOps = program(&mut self.ebpf, names::PROG_SOCKOPS)?;
-        sockops
-            .attach(&cgroup, mode)
-            .map_err(attach_error(names::PROG_SOCKOPS))?;
-        let getsockopt: &mut CgroupSockopt = program(&mut self.ebpf, names::PROG_GETSOCKOPT)?;
-        getsockopt
-            .attach(&cgroup, mode)
-            .map_err(attach_error(names::PROG_GETSOCKOPT))?;
         Ok(())
     }
 
@@ -167,7 +150,6 @@ pub(super) fn probe(pin_dir: &Path) -> Result<(), EbpfError> {
         orig_dst_capacity: 1,
         pin_dir: pin_dir.to_owned(),
         links_dir: pin_dir.to_owned(),
-        pin_links: false,
         persistent: false,
     })?;
     let ebpf = SkLookupLoader::new(pin_dir).load(0)?;
@@ -217,14 +199,12 @@ fn load_sk_lookup_program(mut ebpf: Ebpf) -> Result<Ebpf, EbpfError> {
     Ok(ebpf)
 }
 
-/// One pod's sk_lookup instance, attached to the pod's network namespace; dropping it detaches
-/// it (the pinned link, if any, first).
+/// One pod's sk_lookup instance, attached to the pod's network namespace with a pinned link;
+/// dropping it detaches it, unless the link is persistent. The link holds the program: the
+/// loaded object (its maps' handles, its instructions) is not kept, it would cost tens of KiB
+/// per pod.
 pub(super) struct Inbound {
-    _pinned: Option<PinnedLink>,
-    /// Kept only when the program's link is aya's (not pinned): dropping it detaches. A pinned
-    /// link holds the program by itself, and the loaded object (its maps' handles, its
-    /// instructions) would cost tens of KiB per pod for nothing.
-    _ebpf: Option<Ebpf>,
+    _link: PinnedLink,
     pub(super) program: super::ProgramState,
 }
 
@@ -233,23 +213,13 @@ pub(super) fn inbound_link_path(links_dir: &Path, netns_cookie: u64) -> PathBuf 
     links_dir.join(format!("link_{}_{netns_cookie}", names::PROG_SK_LOOKUP))
 }
 
-/// How a pod's sk_lookup link is kept.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum LinkPin {
-    /// Not pinned: detached with the process.
-    None,
-    /// Pinned, unpinned (detached) on drop.
-    Pinned,
-    /// Pinned for good, replacing the program of a link already pinned for the pod (agent).
-    Persistent,
-}
-
 /// Loads one pod's sk_lookup instance (its netns cookie baked in) and attaches it to the pod's
-/// network namespace, its link kept as `pin` says.
+/// network namespace with a link pinned in `links_dir`; a `persistent` one replaces the program
+/// of a link already pinned there for the pod (the agent).
 pub(super) fn load_inbound(
     loader: &mut SkLookupLoader,
     links_dir: &Path,
-    pin: LinkPin,
+    persistent: bool,
     netns_cookie: u64,
     netns: &crate::netns::PodNetns,
 ) -> Result<Inbound, EbpfError> {
@@ -266,14 +236,6 @@ pub(super) fn load_inbound(
         id: sk_lookup.info().map_err(attach_error)?.id(),
         attach_type: "sk_lookup".into(),
     };
-    if pin == LinkPin::None {
-        sk_lookup.attach(netns.file()).map_err(attach_error)?;
-        return Ok(Inbound {
-            _pinned: None,
-            _ebpf: Some(ebpf),
-            program: program_state,
-        });
-    }
     let path = inbound_link_path(links_dir, netns_cookie);
     let fd = sk_lookup.fd().map_err(attach_error)?;
     let (program, target, attach_type) = (
@@ -281,15 +243,14 @@ pub(super) fn load_inbound(
         netns.file().as_fd(),
         links::attach_type::SK_LOOKUP,
     );
-    let link = if pin == LinkPin::Persistent {
+    let link = if persistent {
         PinnedLink::attach_or_update(program, target, attach_type, &path)
     } else {
         PinnedLink::attach(program, target, attach_type, &path)
     }
     .map_err(|e| attach_error(ProgramError::IOError(e)))?;
     Ok(Inbound {
-        _pinned: Some(link),
-        _ebpf: None,
+        _link: link,
         program: program_state,
     })
 }

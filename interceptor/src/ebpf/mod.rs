@@ -104,12 +104,11 @@ pub struct LoadOptions {
     /// Directory on a bpffs where the shared maps are pinned: each pod's sk_lookup instance
     /// opens them there, and so does `interceptor status`. Removed when the node is dropped.
     pub pin_dir: PathBuf,
-    /// Where the links are pinned (with `pin_links`): `pin_dir` unless the maps have a directory
-    /// of their own (the agent keeps one per map layout, see `MAP_LAYOUT_VERSION`).
+    /// Where the links are pinned: `pin_dir` unless the maps have a directory of their own (the
+    /// agent keeps one per map layout, see `MAP_LAYOUT_VERSION`). Links are always pinned, so
+    /// the programs stay attached if the process dies without detaching (fail closed);
+    /// dropping the node detaches them unless `persistent`.
     pub links_dir: PathBuf,
-    /// Pin the links there too, so the programs stay attached if this process dies without
-    /// detaching (`interceptor run`: fail closed). Dropping the node still detaches them.
-    pub pin_links: bool,
     /// The node agent: links (pinned) and maps stay when the node is dropped, and attaching
     /// replaces the programs of links already pinned in `pin_dir` instead of adding links, so a
     /// restarted or upgraded agent takes over without a moment without interception.
@@ -123,7 +122,6 @@ impl LoadOptions {
             orig_dst_capacity: interceptor_common::DEFAULT_PENDING_ORIG_DST_CAPACITY,
             links_dir: pin_dir.clone(),
             pin_dir,
-            pin_links: false,
             persistent: false,
         }
     }

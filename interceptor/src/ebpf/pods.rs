@@ -27,7 +27,7 @@ use super::{
     Counters, EbpfError, LoadOptions, PodSpec,
     links::PinnedLink,
     listener::{Listening, find_listeners},
-    loader::{Inbound, LinkPin, SkLookupLoader, inbound_link_path, load_inbound},
+    loader::{Inbound, SkLookupLoader, inbound_link_path, load_inbound},
 };
 use crate::{config::InterceptionConfig, netns::PodNetns};
 
@@ -110,23 +110,19 @@ pub struct PodRegistry {
     pods: BTreeMap<u64, Registered>,
     pin_dir: PathBuf,
     links_dir: PathBuf,
-    link_pin: LinkPin,
+    /// The agent's: links and maps stay pinned when the registry goes.
+    persistent: bool,
     sk_lookup_loader: SkLookupLoader,
 }
 
 impl PodRegistry {
     pub(super) fn new(maps: PodMaps, options: &LoadOptions) -> Self {
-        let link_pin = match (options.persistent, options.pin_links) {
-            (true, _) => LinkPin::Persistent,
-            (false, true) => LinkPin::Pinned,
-            (false, false) => LinkPin::None,
-        };
         Self {
             maps,
             pods: BTreeMap::new(),
             pin_dir: options.pin_dir.clone(),
             links_dir: options.links_dir.clone(),
-            link_pin,
+            persistent: options.persistent,
             sk_lookup_loader: SkLookupLoader::new(&options.pin_dir),
         }
     }
@@ -235,7 +231,7 @@ impl PodRegistry {
                     registered.inbound = Some(load_inbound(
                         &mut self.sk_lookup_loader,
                         &self.links_dir,
-                        self.link_pin,
+                        self.persistent,
                         cookie,
                         &netns,
                     )?);
@@ -384,7 +380,7 @@ impl PodRegistry {
         };
         ignore_absent(self.maps.pods.remove(&cookie)).map_err(map_error(names::MAP_PODS))?;
         drop(registered.inbound);
-        if self.link_pin == LinkPin::Persistent {
+        if self.persistent {
             PinnedLink::remove_pinned(&inbound_link_path(&self.links_dir, cookie)).map_err(
                 |source| EbpfError::PinDir {
                     path: inbound_link_path(&self.links_dir, cookie),
@@ -664,7 +660,7 @@ impl Drop for PodRegistry {
         for (_, registered) in std::mem::take(&mut self.pods) {
             drop(registered.inbound);
         }
-        if self.link_pin == LinkPin::Persistent {
+        if self.persistent {
             return;
         }
         for name in names::SHARED_MAPS {
