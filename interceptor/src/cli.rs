@@ -158,6 +158,11 @@ pub struct DaemonArgs {
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,
 
+    /// Pods this agent serves at most; a registration beyond is refused (pod_table_full).
+    #[arg(long, default_value_t = interceptor_common::MAX_PODS,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(interceptor_common::MAX_PODS)))]
+    pub max_pods: u32,
+
     /// The map layout version to pin under; only the tests of the migration between layouts
     /// set it.
     #[arg(long, hide = true, default_value_t = interceptor_common::MAP_LAYOUT_VERSION)]

@@ -1177,3 +1177,39 @@ fn a_new_map_layout_is_migrated_to_without_a_gap() {
     );
     new.stop();
 }
+
+#[test]
+fn a_full_pod_table_refuses_clearly_and_changes_nothing() {
+    if !privileged("a_full_pod_table_refuses_clearly_and_changes_nothing") {
+        return;
+    }
+    let fixture = PodFixture::new("agentfull");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let _agent = home.start_with(&["--max-pods", "1"]);
+    let out = home.add(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let second = Netns::new("full2");
+    let out = home.add(&second.path(), &[], &LINKERD_FLAGS);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("PodTableFull") && stderr(&out).contains("--max-pods"),
+        "{}",
+        stderr(&out)
+    );
+    let pods = home.pods();
+    assert_eq!(pods.len(), 1);
+    assert_eq!(pods[0]["netns"], fixture.pod.path().display().to_string());
+    let pinned: Vec<String> = std::fs::read_dir(&home.bpffs)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("link_icpt_sk_lookup_"))
+        .collect();
+    assert_eq!(pinned.len(), 1, "{pinned:?}");
+    assert_eq!(
+        std::fs::read_dir(home.state_dir.join("agent-pods"))
+            .unwrap()
+            .count(),
+        1,
+        "no record is left for the refused pod"
+    );
+}

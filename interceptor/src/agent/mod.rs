@@ -118,6 +118,8 @@ pub struct AgentOptions {
     pub reconcile_every: Duration,
     /// Serve Prometheus metrics and `/ready` here.
     pub metrics_addr: Option<SocketAddr>,
+    /// Pods served at most (1 to `MAX_PODS`).
+    pub max_pods: u32,
     /// The map layout version to pin under (`MAP_LAYOUT_VERSION`; another value only in the
     /// tests of the migration between layouts).
     pub map_layout: u32,
@@ -151,6 +153,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         pin_dir: maps_dir.clone(),
         links_dir: paths.bpffs.clone(),
         persistent: true,
+        max_pods: options.max_pods,
     })
     .context("loading the eBPF programs")?;
     let records = Records::open(&paths.records())

@@ -24,6 +24,7 @@ pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
         reconcile_every: Duration::from_millis(args.reconcile_ms),
         metrics_addr: args.metrics_addr,
         map_layout: args.map_layout_version,
+        max_pods: args.max_pods,
     };
     agent::run(args.location.paths(), options).await
 }

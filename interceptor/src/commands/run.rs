@@ -105,6 +105,7 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
         pin_dir: lock.generation_dir(),
         links_dir: lock.generation_dir(),
         persistent: false,
+        max_pods: interceptor_common::MAX_PODS,
     };
     let mut node = EbpfNode::load(options).context("loading the eBPF programs")?;
     let slot = node.pods().add(&spec).context("registering the pod")?;

@@ -151,6 +151,7 @@ pub(super) fn probe(pin_dir: &Path) -> Result<(), EbpfError> {
         pin_dir: pin_dir.to_owned(),
         links_dir: pin_dir.to_owned(),
         persistent: false,
+        max_pods: interceptor_common::MAX_PODS,
     })?;
     let ebpf = SkLookupLoader::new(pin_dir).load(0)?;
     drop((ebpf, maps, attached));

@@ -47,7 +47,7 @@ pub enum EbpfError {
     },
     #[error("map {map}: {source}")]
     Map { map: &'static str, source: MapError },
-    #[error("all {0} pod slots are in use: remove a pod first")]
+    #[error("all {0} pod slots are in use: remove a pod first (or raise --max-pods, up to 1024)")]
     NoFreeSlot(u32),
     #[error("creating the pin directory {path}: {source}")]
     PinDir {
@@ -113,6 +113,8 @@ pub struct LoadOptions {
     /// replaces the programs of links already pinned in `pin_dir` instead of adding links, so a
     /// restarted or upgraded agent takes over without a moment without interception.
     pub persistent: bool,
+    /// Pods this node serves at most (up to `MAX_PODS`, the size of the counter array).
+    pub max_pods: u32,
 }
 
 impl LoadOptions {
@@ -123,6 +125,7 @@ impl LoadOptions {
             links_dir: pin_dir.clone(),
             pin_dir,
             persistent: false,
+            max_pods: interceptor_common::MAX_PODS,
         }
     }
 }

@@ -112,6 +112,7 @@ pub struct PodRegistry {
     links_dir: PathBuf,
     /// The agent's: links and maps stay pinned when the registry goes.
     persistent: bool,
+    max_pods: u32,
     sk_lookup_loader: SkLookupLoader,
 }
 
@@ -123,6 +124,7 @@ impl PodRegistry {
             pin_dir: options.pin_dir.clone(),
             links_dir: options.links_dir.clone(),
             persistent: options.persistent,
+            max_pods: options.max_pods.min(MAX_PODS),
             sk_lookup_loader: SkLookupLoader::new(&options.pin_dir),
         }
     }
@@ -140,9 +142,9 @@ impl PodRegistry {
             return Err(EbpfError::AlreadyRegistered(cookie));
         }
         let used: BTreeSet<u32> = self.pods.values().map(|p| p.slot).collect();
-        let slot = (0..MAX_PODS)
+        let slot = (0..self.max_pods)
             .find(|slot| !used.contains(slot))
-            .ok_or(EbpfError::NoFreeSlot(MAX_PODS))?;
+            .ok_or(EbpfError::NoFreeSlot(self.max_pods))?;
         self.zero_counters(slot)?;
         let registered = Registered {
             slot,
