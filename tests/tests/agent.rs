@@ -63,11 +63,17 @@ impl AgentHome {
     }
 
     fn start_with(&self, extra: &[&str]) -> Agent {
+        let reconcile = if extra.contains(&"--reconcile-ms") {
+            &[][..]
+        } else {
+            &["--reconcile-ms", "100"][..]
+        };
         let child = Command::new(BIN)
             .arg("daemon")
             .args(self.location())
             .args(["--cgroup", &self.cgroup.display().to_string()])
-            .args(["--reconcile-ms", "100", "--log-level", "warn"])
+            .args(reconcile)
+            .args(["--log-level", "warn"])
             .args(extra)
             .stderr(Stdio::null())
             .spawn()
@@ -307,6 +313,7 @@ fn a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back() {
     agent.stop();
 }
 
+/// Deleting a pod's namespace (`ip netns del`, as a runtime does) removes the pod at once.
 #[test]
 fn a_pod_whose_network_namespace_disappears_is_removed() {
     if !privileged("a_pod_whose_network_namespace_disappears_is_removed") {
@@ -314,7 +321,8 @@ fn a_pod_whose_network_namespace_disappears_is_removed() {
     }
     let fixture = PodFixture::new("agentgone");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start();
+    // The periodic check is a minute away: the watch on /run/netns must notice.
+    let _agent = home.start_with(&["--reconcile-ms", "60000"]);
     let doomed = Netns::new("doomed");
     let out = home.add(&doomed.path(), &[], &LINKERD_FLAGS);
     assert!(out.status.success(), "{}", stderr(&out));

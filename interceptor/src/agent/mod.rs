@@ -9,6 +9,7 @@
 pub use interceptor_api as api;
 mod metrics;
 mod records;
+mod watch;
 
 use std::{
     collections::BTreeMap,
@@ -109,6 +110,7 @@ struct Agent {
     records: Records,
     pods: BTreeMap<u64, PodRecord>,
     registration_seconds: prometheus_client::metrics::histogram::Histogram,
+    netns_watch: watch::NetnsWatch,
 }
 
 /// How the agent runs.
@@ -158,11 +160,13 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
     .context("loading the eBPF programs")?;
     let records = Records::open(&paths.records())
         .with_context(|| format!("opening {}", paths.records().display()))?;
+    let (netns_watch, mut deleted) = watch::NetnsWatch::start()?;
     let mut agent = Agent {
         node,
         records,
         pods: BTreeMap::new(),
         registration_seconds: metrics::registration_histogram(),
+        netns_watch,
     };
     // Original destinations the replaced programs record until the switch: copied before it,
     // and again after it for those recorded meanwhile.
@@ -217,6 +221,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             _ = reconcile.tick() => lock(&agent).reconcile(),
+            Some(()) = deleted.recv() => lock(&agent).reconcile(),
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => serve(&agent, stream).await,
                 Err(e) => warn!(error = %e, "accepting an API connection"),
@@ -357,6 +362,7 @@ impl Agent {
             };
             return Err((kind, e.to_string()));
         }
+        self.netns_watch.watch(&add.netns);
         self.pods.insert(cookie, record);
         self.registration_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -464,6 +470,7 @@ impl Agent {
                 });
             match restored {
                 Ok(_) => {
+                    self.netns_watch.watch(&record.netns);
                     self.pods.insert(cookie, record);
                 }
                 Err(why) => {
@@ -486,7 +493,8 @@ impl Agent {
     }
 
     /// Pods whose network namespace disappeared (or was replaced: another cookie at the same
-    /// path) are removed; address changes are applied.
+    /// path) are removed; address changes are applied. Runs periodically, and at once when a
+    /// watched namespace directory loses an entry.
     fn reconcile(&mut self) {
         let cookies: Vec<u64> = self.pods.keys().copied().collect();
         for cookie in cookies {
