@@ -386,43 +386,44 @@ fn bad_requests_get_a_clear_error_and_change_nothing() {
     assert!(message.contains("/run/netns/icpt-no-such-pod"), "{message}");
 
     let pod = fixture.pod.path().display().to_string();
-    let (kind, message) = refuse_add(&refused, &pod, &["-p", "0", "-o", "4140"]);
-    assert_eq!(kind, "InvalidConfig");
-    assert!(
-        message.contains("--incoming-proxy-port") && message.contains("'0'"),
-        "{message}"
-    );
-    let (kind, message) = refuse_add(
-        &refused,
-        &pod,
-        &[
-            "-p",
-            "4143",
-            "-o",
-            "4140",
-            "--inbound-ports-to-ignore",
+    // (flags, kind, what the message must name)
+    let cases: [(&[&str], &str, &str); 4] = [
+        (
+            &["-p", "0", "-o", "4140"],
+            "InvalidConfig",
+            "'0' for '--incoming-proxy-port",
+        ),
+        (
+            &[
+                "-p",
+                "4143",
+                "-o",
+                "4140",
+                "--inbound-ports-to-ignore",
+                "90-80",
+            ],
+            "InvalidConfig",
             "90-80",
-        ],
-    );
-    assert_eq!(kind, "InvalidConfig");
-    assert!(message.contains("90-80"), "{message}");
-    let (kind, message) = refuse_add(
-        &refused,
-        &pod,
-        &[
-            "-p",
-            "4143",
-            "-o",
-            "4140",
-            "--subnets-to-ignore",
+        ),
+        (
+            &[
+                "-p",
+                "4143",
+                "-o",
+                "4140",
+                "--subnets-to-ignore",
+                "10.0.0.0/33",
+            ],
+            "InvalidConfig",
             "10.0.0.0/33",
-        ],
-    );
-    assert_eq!(kind, "InvalidConfig");
-    assert!(message.contains("10.0.0.0/33"), "{message}");
-    let (kind, message) = refuse_add(&refused, &pod, &["-p", "4143", "-o", "4141"]);
-    assert_eq!(kind, "Conflict");
-    assert!(message.contains("--update"), "{message}");
+        ),
+        (&["-p", "4143", "-o", "4141"], "Conflict", "--update"),
+    ];
+    for (args, want_kind, names) in cases {
+        let (kind, message) = refuse_add(&refused, &pod, args);
+        assert_eq!(kind, want_kind, "{args:?}: {message}");
+        assert!(message.contains(names), "{args:?}: {message}");
+    }
 
     // Not JSON of the API.
     let mut raw = std::os::unix::net::UnixStream::connect(&socket).unwrap();

@@ -142,14 +142,15 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
     let bpffs_root = paths.bpffs.parent().unwrap_or(Path::new("/"));
     crate::state::ensure_bpffs(bpffs_root)?;
     let maps_dir = paths.maps_dir(options.map_layout);
-    // Maps of another layout only: the previous agent's programs run on them until ours replace
-    // them in the links, so ours must find every pod in the new maps before that.
+    // Maps of another layout: the previous agent's programs run on them until ours replace
+    // them in the links, so ours must find every pod in the new maps before that. (Ours may
+    // exist already: a migration that was cut short is simply done again.)
     let older: Vec<PathBuf> = paths
         .all_maps_dirs()
         .into_iter()
         .filter(|d| *d != maps_dir)
         .collect();
-    let migrating = !maps_dir.exists() && !older.is_empty();
+    let migrating = !older.is_empty();
     let node = EbpfNode::load(LoadOptions {
         orig_dst_capacity: options.orig_dst_capacity,
         pin_dir: maps_dir.clone(),
