@@ -17,12 +17,16 @@ use crate::cmd;
 /// The bpf-linker verified with this workspace's aya and nightly.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
-/// Binaries the kernel tests run, and the Debian packages that provide them.
+/// Binaries the kernel tests run (on PATH, or at an absolute path), and the Debian packages
+/// that provide them.
 const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("iptables-legacy", "iptables"),
     ("iptables-nft", "iptables"),
     ("ip", "iproute2"),
     ("nsenter", "util-linux"),
+    // The reference CNI plugins the CNI plugin's tests chain after, as a runtime does.
+    ("/usr/lib/cni/bridge", "containernetworking-plugins"),
+    ("/usr/lib/cni/host-local", "containernetworking-plugins"),
 ];
 
 /// Installs whatever is missing and returns the `PATH` child cargo commands must use:
@@ -41,7 +45,13 @@ fn debian_packages(path: &OsStr) -> anyhow::Result<()> {
         DEBIAN_PACKAGES
             .iter()
             .map(|(bin, _)| *bin)
-            .filter(|bin| find_on_path(bin, path).is_none())
+            .filter(|bin| {
+                if bin.starts_with('/') {
+                    !Path::new(bin).exists()
+                } else {
+                    find_on_path(bin, path).is_none()
+                }
+            })
             .collect()
     };
     let bins = missing(path);

@@ -1,0 +1,191 @@
+//! The network configuration a runtime hands the plugin on stdin, and the pod's interception
+//! flags derived from its `linkerd` block (Linkerd's CNI keys, which are proxy-init's flag
+//! names) with per-pod overrides from `runtimeConfig` and `CNI_ARGS`.
+use std::{collections::BTreeMap, path::PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The CNI versions this plugin speaks.
+pub const SUPPORTED_VERSIONS: [&str; 5] = ["0.4.0", "1.0.0", "1.1.0", "0.3.1", "0.3.0"];
+pub const DEFAULT_AGENT_SOCKET: &str = "/run/interceptor/agent.sock";
+pub const DEFAULT_LOG_FILE: &str = "/var/log/interceptor-cni.log";
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetConf {
+    pub cni_version: String,
+    pub name: String,
+    #[serde(rename = "type")]
+    pub plugin_type: String,
+    /// The previous plugin's result, passed through unchanged.
+    #[serde(default)]
+    pub prev_result: Option<Value>,
+    #[serde(default)]
+    pub runtime_config: Option<RuntimeConfig>,
+    #[serde(default)]
+    pub linkerd: BTreeMap<String, Value>,
+    /// The agent's API socket.
+    #[serde(default, rename = "agent_socket")]
+    pub agent_socket: Option<PathBuf>,
+    /// Where the plugin logs (stdout belongs to the runtime).
+    #[serde(default, rename = "log_file")]
+    pub log_file: Option<PathBuf>,
+    /// GC: the attachments the runtime still has.
+    #[serde(default, rename = "cni.dev/valid-attachments")]
+    pub valid_attachments: Option<Vec<Attachment>>,
+    /// Every other key: CNI's own (`args`, `capabilities`, ...) and Linkerd's plugin keys that
+    /// do not concern interception (`log_level`, `kubernetes`, `policy`) are accepted as is.
+    #[serde(flatten)]
+    pub other: BTreeMap<String, Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct RuntimeConfig {
+    /// Per-pod overrides of the `linkerd` block, for runtimes configured with a `linkerd`
+    /// capability.
+    #[serde(default)]
+    pub linkerd: BTreeMap<String, Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Attachment {
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    #[serde(default)]
+    pub ifname: String,
+}
+
+/// The keys of Linkerd's CNI `linkerd` block, and what becomes of each.
+enum Key {
+    /// A proxy-init flag of the same name: a number or a string.
+    Value,
+    /// A list flag: an array of strings or numbers (or one comma-separated string).
+    List,
+    /// `ipv6`: a boolean flag.
+    Bool,
+    /// iptables-only settings (the eBPF backend has no use for them): checked, not passed on.
+    IptablesOnly,
+    /// `simulate`: the plugin registers nothing and says what it would do.
+    Simulate,
+}
+
+fn key(name: &str) -> Option<Key> {
+    Some(match name {
+        "incoming-proxy-port" | "outgoing-proxy-port" | "proxy-uid" | "proxy-gid" => Key::Value,
+        "ports-to-redirect"
+        | "inbound-ports-to-ignore"
+        | "outbound-ports-to-ignore"
+        | "subnets-to-ignore"
+        | "outbound-subnets-to-ignore" => Key::List,
+        "ipv6" => Key::Bool,
+        "use-wait-flag" | "iptables-mode" => Key::IptablesOnly,
+        "simulate" => Key::Simulate,
+        _ => return None,
+    })
+}
+
+/// Linkerd's defaults for the keys a configuration leaves out.
+const DEFAULTS: [(&str, &str); 4] = [
+    ("incoming-proxy-port", "4143"),
+    ("outgoing-proxy-port", "4140"),
+    ("proxy-uid", "2102"),
+    ("inbound-ports-to-ignore", "4190,4191"),
+];
+
+/// A pod's interception settings: the flags for the agent, and whether to only simulate.
+#[derive(Debug, PartialEq, Eq)]
+pub struct PodFlags {
+    pub args: Vec<String>,
+    pub simulate: bool,
+}
+
+/// Builds the pod's flags from the `linkerd` block, `runtimeConfig.linkerd` and `CNI_ARGS`
+/// entries `linkerd.<key>=<value>`, later ones overriding earlier ones. Unknown keys and values
+/// of the wrong type are errors naming them; the values themselves are checked by the agent,
+/// with the CLI's parser.
+pub fn pod_flags(conf: &NetConf, cni_args: &BTreeMap<String, String>) -> Result<PodFlags, String> {
+    let mut merged: BTreeMap<String, Value> = conf.linkerd.clone();
+    if let Some(runtime) = &conf.runtime_config {
+        merged.extend(runtime.linkerd.clone());
+    }
+    for (k, v) in cni_args {
+        if let Some(name) = k.strip_prefix("linkerd.") {
+            merged.insert(name.to_owned(), Value::String(v.clone()));
+        }
+    }
+    let mut values: BTreeMap<&str, String> = DEFAULTS
+        .iter()
+        .map(|(k, v)| (*k, (*v).to_owned()))
+        .collect();
+    let mut simulate = false;
+    for (name, value) in &merged {
+        let kind = key(name).ok_or_else(|| {
+            format!("linkerd: unknown key {name:?} (known: the flags of proxy-init, e.g. \"incoming-proxy-port\")")
+        })?;
+        let text = match (kind, value) {
+            (Key::Value, Value::Number(n)) => n.to_string(),
+            (Key::Value, Value::String(s)) => s.clone(),
+            (Key::List, Value::Array(items)) => items
+                .iter()
+                .map(|item| match item {
+                    Value::String(s) => Ok(s.clone()),
+                    Value::Number(n) => Ok(n.to_string()),
+                    other => Err(format!(
+                        "linkerd.{name}: {other} is not a port, range or CIDR"
+                    )),
+                })
+                .collect::<Result<Vec<_>, _>>()?
+                .join(","),
+            (Key::List, Value::String(s)) => s.clone(),
+            (Key::Bool | Key::Simulate | Key::IptablesOnly, Value::Bool(b)) => b.to_string(),
+            (Key::Bool | Key::Simulate | Key::IptablesOnly, Value::String(s)) => s.clone(),
+            (_, other) => return Err(format!("linkerd.{name}: {other} is not a valid value")),
+        };
+        let allowed: &[&str] = match name.as_str() {
+            "iptables-mode" => &["legacy", "nft", "plain"],
+            "ipv6" | "simulate" | "use-wait-flag" => &["true", "false"],
+            _ => &[],
+        };
+        if !allowed.is_empty() && !allowed.contains(&text.as_str()) {
+            return Err(format!(
+                "linkerd.{name}: {text:?} is not one of {}",
+                allowed.join(", ")
+            ));
+        }
+        match key(name) {
+            Some(Key::Simulate) => simulate = text == "true",
+            Some(Key::IptablesOnly) => {}
+            _ => {
+                values.insert(name.as_str(), text);
+            }
+        }
+    }
+    let mut args = Vec::new();
+    for (name, value) in values {
+        if name == "ipv6" {
+            args.push(format!("--ipv6={value}"));
+        } else if !value.is_empty() {
+            args.push(format!("--{name}"));
+            args.push(value);
+        }
+    }
+    Ok(PodFlags { args, simulate })
+}
+
+/// `CNI_ARGS`: `K1=V1;K2=V2`.
+pub fn parse_cni_args(raw: &str) -> Result<BTreeMap<String, String>, String> {
+    raw.split(';')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .ok_or_else(|| format!("CNI_ARGS: {kv:?} is not KEY=VALUE"))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[path = "config_tests.rs"]
+mod tests;

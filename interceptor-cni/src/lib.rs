@@ -1,0 +1,396 @@
+//! `interceptor-cni`: a chained CNI plugin (spec 1.1; configurations of versions 0.3.0 to
+//! 1.1.0 are accepted) that registers a pod's network namespace with the interceptor node agent
+//! on ADD, before any container of the pod starts, and answers only once interception is in
+//! force. It passes `prevResult` through unchanged and talks to the agent over its API, so it
+//! builds without aya or the eBPF toolchain.
+//!
+//! - ADD: register (or update) the pod; the agent unreachable is error 11 ("try again later"):
+//!   the runtime retries the sandbox, and a pod never starts unmeshed.
+//! - DEL: unregister; succeeds when the pod or the agent is already gone.
+//! - CHECK: fails unless the pod is registered with this configuration.
+//! - STATUS: 50 when the agent cannot be reached.
+//! - GC: unregisters pods whose container is not among `cni.dev/valid-attachments`.
+//! - VERSION.
+//!
+//! Errors are the spec's JSON on stdout; the plugin logs to `log_file`
+//! (default `/var/log/interceptor-cni.log`), as stdout belongs to the runtime.
+mod config;
+
+use std::{
+    collections::BTreeMap,
+    io::{Read as _, Write as _},
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+pub use config::{NetConf, SUPPORTED_VERSIONS, parse_cni_args, pod_flags};
+use interceptor_api::{ClientError, ErrorKind, PodAdd, PodInfo, PodMeta, Request};
+use serde_json::{Value, json};
+
+/// A CNI error: the spec's codes below 100, ours from 100.
+#[derive(Debug)]
+pub struct CniError {
+    pub code: u32,
+    pub msg: String,
+    pub details: String,
+}
+
+pub mod code {
+    pub const INCOMPATIBLE_VERSION: u32 = 1;
+    pub const INVALID_ENV: u32 = 4;
+    pub const IO_FAILURE: u32 = 5;
+    pub const DECODE_FAILURE: u32 = 6;
+    pub const INVALID_CONFIG: u32 = 7;
+    pub const TRY_AGAIN_LATER: u32 = 11;
+    pub const NOT_AVAILABLE: u32 = 50;
+    /// The agent refused the registration (the details say why).
+    pub const AGENT_REFUSED: u32 = 100;
+    /// CHECK: the pod is not registered, or with another configuration.
+    pub const NOT_REGISTERED: u32 = 101;
+}
+
+fn error(code: u32, msg: impl Into<String>, details: impl Into<String>) -> CniError {
+    CniError {
+        code,
+        msg: msg.into(),
+        details: details.into(),
+    }
+}
+
+/// What the runtime gives the plugin.
+struct Invocation {
+    container_id: String,
+    netns: Option<PathBuf>,
+    cni_args: BTreeMap<String, String>,
+    conf: NetConf,
+}
+
+pub fn main() -> ExitCode {
+    let mut stdin = Vec::new();
+    let version = |stdin: &[u8]| {
+        serde_json::from_slice::<Value>(stdin)
+            .ok()
+            .and_then(|v| v["cniVersion"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| "1.1.0".into())
+    };
+    let command = std::env::var("CNI_COMMAND").unwrap_or_default();
+    let result = std::io::stdin()
+        .read_to_end(&mut stdin)
+        .map_err(|e| error(code::IO_FAILURE, "reading the configuration", e.to_string()))
+        .and_then(|_| run(&command, &stdin));
+    match result {
+        Ok(Some(output)) => {
+            println!("{output}");
+            ExitCode::SUCCESS
+        }
+        Ok(None) => ExitCode::SUCCESS,
+        Err(e) => {
+            let out = json!({
+                "cniVersion": version(&stdin),
+                "code": e.code,
+                "msg": e.msg,
+                "details": e.details,
+            });
+            println!("{out}");
+            let _ = std::io::stdout().flush();
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs one command; `Some(json)` is what goes to stdout.
+fn run(command: &str, stdin: &[u8]) -> Result<Option<String>, CniError> {
+    if command == "VERSION" {
+        return Ok(Some(
+            json!({ "cniVersion": "1.1.0", "supportedVersions": SUPPORTED_VERSIONS }).to_string(),
+        ));
+    }
+    let conf: NetConf = serde_json::from_slice(stdin).map_err(|e| {
+        error(
+            code::DECODE_FAILURE,
+            "the network configuration is not valid JSON of a CNI configuration",
+            e.to_string(),
+        )
+    })?;
+    if !SUPPORTED_VERSIONS.contains(&conf.cni_version.as_str()) {
+        return Err(error(
+            code::INCOMPATIBLE_VERSION,
+            format!("CNI version {} is not supported", conf.cni_version),
+            format!("supported: {}", SUPPORTED_VERSIONS.join(", ")),
+        ));
+    }
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let invocation = Invocation {
+        container_id: env("CNI_CONTAINERID").unwrap_or_default(),
+        netns: env("CNI_NETNS").map(PathBuf::from),
+        cni_args: parse_cni_args(&env("CNI_ARGS").unwrap_or_default())
+            .map_err(|e| error(code::INVALID_ENV, "CNI_ARGS is malformed", e))?,
+        conf,
+    };
+    let log = Log::new(&invocation);
+    let result = match command {
+        "ADD" => add(&invocation, &log),
+        "DEL" => del(&invocation, &log).map(|()| None),
+        "CHECK" => check(&invocation).map(|()| None),
+        "STATUS" => status(&invocation).map(|()| None),
+        "GC" => gc(&invocation, &log).map(|()| None),
+        other => Err(error(
+            code::INVALID_ENV,
+            format!("CNI_COMMAND {other:?} is not a CNI command"),
+            "expected ADD, DEL, CHECK, STATUS, GC or VERSION",
+        )),
+    };
+    match &result {
+        Ok(_) => log.write(&format!("{command}: ok")),
+        Err(e) => log.write(&format!(
+            "{command}: error {}: {}: {}",
+            e.code, e.msg, e.details
+        )),
+    }
+    result
+}
+
+fn socket(inv: &Invocation) -> PathBuf {
+    inv.conf
+        .agent_socket
+        .clone()
+        .unwrap_or_else(|| config::DEFAULT_AGENT_SOCKET.into())
+}
+
+fn require_netns(inv: &Invocation) -> Result<&Path, CniError> {
+    inv.netns
+        .as_deref()
+        .ok_or_else(|| error(code::INVALID_ENV, "CNI_NETNS is not set", ""))
+}
+
+fn flags(inv: &Invocation) -> Result<config::PodFlags, CniError> {
+    pod_flags(&inv.conf, &inv.cni_args)
+        .map_err(|e| error(code::INVALID_CONFIG, "invalid linkerd configuration", e))
+}
+
+/// The agent's answer as a CNI error.
+fn agent_error(e: ClientError) -> CniError {
+    match e {
+        ClientError::Unreachable { .. } => error(
+            code::TRY_AGAIN_LATER,
+            "the interceptor agent is not reachable; try again later",
+            e.to_string(),
+        ),
+        ClientError::Refused {
+            kind: ErrorKind::InvalidConfig,
+            message,
+        } => error(
+            code::INVALID_CONFIG,
+            "invalid linkerd configuration",
+            message,
+        ),
+        ClientError::Refused { kind, message } => error(
+            code::AGENT_REFUSED,
+            format!("the interceptor agent refused the pod ({kind:?})"),
+            message,
+        ),
+        e @ ClientError::Protocol { .. } => error(
+            code::TRY_AGAIN_LATER,
+            "talking to the interceptor agent",
+            e.to_string(),
+        ),
+    }
+}
+
+fn add(inv: &Invocation, log: &Log) -> Result<Option<String>, CniError> {
+    let netns = require_netns(inv)?;
+    let flags = flags(inv)?;
+    if flags.simulate {
+        log.write(&format!(
+            "ADD: simulate: would register {} with {}",
+            netns.display(),
+            flags.args.join(" ")
+        ));
+    } else {
+        let request = Request::Add(PodAdd {
+            netns: netns.to_owned(),
+            meta: PodMeta {
+                name: inv.cni_args.get("K8S_POD_NAME").cloned(),
+                namespace: inv.cni_args.get("K8S_POD_NAMESPACE").cloned(),
+                container_id: Some(inv.container_id.clone()).filter(|c| !c.is_empty()),
+            },
+            args: flags.args,
+            // A runtime may repeat ADD with a changed configuration: the latest one applies.
+            update: true,
+            takeover_iptables: false,
+        });
+        interceptor_api::call(&socket(inv), &request).map_err(agent_error)?;
+        log.write(&format!("ADD: {} registered", netns.display()));
+    }
+    // The previous plugin's result, unchanged; the configuration's version on an empty one.
+    let mut result = inv.conf.prev_result.clone().unwrap_or_else(|| json!({}));
+    if let Value::Object(map) = &mut result {
+        map.insert("cniVersion".into(), json!(inv.conf.cni_version));
+    }
+    Ok(Some(result.to_string()))
+}
+
+/// The agent's pods, or `None` when the agent cannot be reached.
+fn pods(inv: &Invocation) -> Result<Option<Vec<PodInfo>>, CniError> {
+    match interceptor_api::call(&socket(inv), &Request::List) {
+        Ok(pods) => Ok(Some(pods)),
+        Err(ClientError::Unreachable { .. }) => Ok(None),
+        Err(e) => Err(agent_error(e)),
+    }
+}
+
+fn del(inv: &Invocation, log: &Log) -> Result<(), CniError> {
+    // DEL may come without a namespace (it is already gone): find the pod by container id.
+    let netns = match &inv.netns {
+        Some(netns) => Some(netns.clone()),
+        None => pods(inv)?.and_then(|pods| {
+            pods.into_iter()
+                .find(|p| {
+                    !inv.container_id.is_empty()
+                        && p.meta.container_id.as_deref() == Some(&inv.container_id)
+                })
+                .map(|p| p.netns)
+        }),
+    };
+    let Some(netns) = netns else {
+        log.write("DEL: no such pod registered: nothing to do");
+        return Ok(());
+    };
+    match interceptor_api::call(
+        &socket(inv),
+        &Request::Remove {
+            netns: netns.clone(),
+        },
+    ) {
+        Ok(_) => log.write(&format!("DEL: {} removed", netns.display())),
+        // The agent is gone: there is nothing left to remove the pod from.
+        Err(ClientError::Unreachable { .. }) => {
+            log.write("DEL: the agent is not running: nothing to do")
+        }
+        Err(e) => return Err(agent_error(e)),
+    }
+    Ok(())
+}
+
+fn check(inv: &Invocation) -> Result<(), CniError> {
+    let netns = require_netns(inv)?;
+    let flags = flags(inv)?;
+    if flags.simulate {
+        return Ok(());
+    }
+    let pods = interceptor_api::call(
+        &socket(inv),
+        &Request::Get {
+            netns: netns.to_owned(),
+        },
+    )
+    .map_err(|e| match e {
+        ClientError::Refused {
+            kind: ErrorKind::UnknownNetns,
+            message,
+        } => error(
+            code::NOT_REGISTERED,
+            "the pod is not registered with the interceptor agent",
+            message,
+        ),
+        e => agent_error(e),
+    })?;
+    match pods.first() {
+        Some(pod) if pod.args == flags.args => Ok(()),
+        Some(pod) => Err(error(
+            code::NOT_REGISTERED,
+            "the pod is registered with another configuration",
+            format!(
+                "registered: {}; configured: {}",
+                pod.args.join(" "),
+                flags.args.join(" ")
+            ),
+        )),
+        None => Err(error(
+            code::NOT_REGISTERED,
+            "the pod is not registered with the interceptor agent",
+            netns.display().to_string(),
+        )),
+    }
+}
+
+fn status(inv: &Invocation) -> Result<(), CniError> {
+    match pods(inv)? {
+        Some(_) => Ok(()),
+        None => Err(error(
+            code::NOT_AVAILABLE,
+            "the interceptor agent is not running: pods cannot be meshed",
+            socket(inv).display().to_string(),
+        )),
+    }
+}
+
+fn gc(inv: &Invocation, log: &Log) -> Result<(), CniError> {
+    let valid: Vec<&str> = inv
+        .conf
+        .valid_attachments
+        .iter()
+        .flatten()
+        .map(|a| a.container_id.as_str())
+        .collect();
+    let Some(pods) = pods(inv)? else {
+        return Ok(());
+    };
+    // Only pods this plugin registered carry a container id: others (interceptor run) stay.
+    for pod in pods {
+        let Some(container) = pod.meta.container_id.as_deref() else {
+            continue;
+        };
+        if !valid.contains(&container) {
+            interceptor_api::call(
+                &socket(inv),
+                &Request::Remove {
+                    netns: pod.netns.clone(),
+                },
+            )
+            .map_err(agent_error)?;
+            log.write(&format!(
+                "GC: {} (container {container}) removed",
+                pod.netns.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Appends lines to the log file; a log that cannot be written never fails the command.
+struct Log {
+    path: PathBuf,
+    prefix: String,
+}
+
+impl Log {
+    fn new(inv: &Invocation) -> Self {
+        Self {
+            path: inv
+                .conf
+                .log_file
+                .clone()
+                .unwrap_or_else(|| config::DEFAULT_LOG_FILE.into()),
+            prefix: format!(
+                "container={} netns={}",
+                inv.container_id,
+                inv.netns.as_deref().unwrap_or(Path::new("-")).display()
+            ),
+        }
+    }
+
+    fn write(&self, line: &str) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        if let Ok(mut file) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+        {
+            let _ = writeln!(file, "{now:.3} {} {line}", self.prefix);
+        }
+    }
+}

@@ -1,0 +1,5 @@
+//! The `interceptor-cni` binary: a runtime runs it with the CNI environment and the network
+//! configuration on stdin.
+fn main() -> std::process::ExitCode {
+    interceptor_cni::main()
+}
