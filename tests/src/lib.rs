@@ -5,6 +5,7 @@
 //! Network safety: every address used here lives inside namespaces these fixtures create. A pod
 //! namespace has no default route, so a connect to anything else (192.0.2.0/24) can only
 //! succeed by being intercepted.
+pub mod agent_home;
 pub mod ebpf_backend;
 pub mod fixture;
 pub mod iptables_backend;

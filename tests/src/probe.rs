@@ -8,9 +8,14 @@ use std::{
 
 /// Where the `netprobe` binary of this package is: next to the test binary's `deps/` folder.
 pub fn netprobe_path() -> PathBuf {
+    sibling_binary("netprobe")
+}
+
+/// A binary of this package, next to the test binary's `deps/` folder.
+pub fn sibling_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    dir.join("netprobe")
+    dir.join(name)
 }
 
 /// A netprobe invocation: where it runs (netns, cgroup, credentials) and what it does.

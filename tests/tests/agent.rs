@@ -3,15 +3,16 @@
 //! disappears, bad input, and uninstall. Each test runs its own agent on its own state directory,
 //! bpffs directory and cgroup.
 use std::{
-    path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
+    path::Path,
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use interceptor_tests::{
-    Landing, Netns, PodFixture, privileged,
+    Landing, Netns, PodFixture,
+    agent_home::{Agent, AgentHome, stderr},
+    privileged,
     scenario::{APP_UID, Servers},
-    unique_name,
 };
 use serde_json::Value;
 
@@ -28,141 +29,6 @@ const LINKERD_FLAGS: [&str; 8] = [
 ];
 /// Refused by the fixture's remote host unless intercepted.
 const UNREACHABLE: &str = "192.0.2.2:1404";
-
-/// An agent's places; dropping it stops any agent on them and uninstalls.
-struct AgentHome {
-    state_dir: PathBuf,
-    bpffs: PathBuf,
-    cgroup: PathBuf,
-}
-
-impl AgentHome {
-    fn new(cgroup: &Path) -> Self {
-        let name = unique_name("agent");
-        let bpffs_root = Path::new(interceptor::state::BPFFS_ROOT);
-        interceptor::state::ensure_bpffs(bpffs_root).expect("a bpffs");
-        Self {
-            state_dir: std::env::temp_dir().join(&name),
-            bpffs: bpffs_root.join("interceptor-tests").join(&name),
-            cgroup: cgroup.to_owned(),
-        }
-    }
-
-    fn location(&self) -> Vec<String> {
-        vec![
-            "--state-dir".into(),
-            self.state_dir.display().to_string(),
-            "--bpffs".into(),
-            self.bpffs.display().to_string(),
-        ]
-    }
-
-    /// Starts an agent and waits until its API answers.
-    fn start(&self) -> Agent {
-        self.start_with(&[])
-    }
-
-    fn start_with(&self, extra: &[&str]) -> Agent {
-        let reconcile = if extra.contains(&"--reconcile-ms") {
-            &[][..]
-        } else {
-            &["--reconcile-ms", "100"][..]
-        };
-        let child = Command::new(BIN)
-            .arg("daemon")
-            .args(self.location())
-            .args(["--cgroup", &self.cgroup.display().to_string()])
-            .args(reconcile)
-            .args(["--log-level", "warn"])
-            .args(extra)
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start the agent");
-        let mut agent = Agent { child };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.cli(&["pod", "list"]).status.success() {
-            assert!(
-                agent.child.try_wait().unwrap().is_none(),
-                "the agent exited early"
-            );
-            assert!(Instant::now() < deadline, "the agent did not become ready");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        agent
-    }
-
-    fn cli(&self, args: &[&str]) -> Output {
-        let (command, rest) = args.split_first().expect("a command");
-        let mut cmd = Command::new(BIN);
-        cmd.arg(command);
-        if let Some((sub, rest)) = rest.split_first().filter(|_| *command == "pod") {
-            cmd.arg(sub).args(self.location()).args(rest);
-        } else {
-            cmd.args(self.location()).args(rest);
-        }
-        cmd.output().expect("run the CLI")
-    }
-
-    fn add(&self, netns: &Path, extra: &[&str], config: &[&str]) -> Output {
-        let netns = netns.display().to_string();
-        let mut args = vec!["pod", "add", "--netns", &netns];
-        args.extend_from_slice(extra);
-        args.push("--");
-        args.extend_from_slice(config);
-        self.cli(&args)
-    }
-
-    fn pods(&self) -> Vec<Value> {
-        let out = self.cli(&["pod", "list", "--json"]);
-        assert!(out.status.success(), "{}", stderr(&out));
-        serde_json::from_slice::<Value>(&out.stdout)
-            .expect("pod list --json")
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for AgentHome {
-    fn drop(&mut self) {
-        let _ = Command::new(BIN)
-            .arg("uninstall")
-            .args(self.location())
-            .output();
-        let _ = std::fs::remove_dir_all(&self.state_dir);
-    }
-}
-
-/// A running agent, SIGKILLed on drop if still running.
-struct Agent {
-    child: Child,
-}
-
-impl Agent {
-    fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// SIGTERM: the agent exits, interception stays.
-    fn stop(mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "the agent exits 0 on SIGTERM: {status}");
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 fn counter(pod: &Value, name: &str) -> u64 {
     pod["counters"][name].as_u64().unwrap_or(0)

@@ -1,0 +1,159 @@
+//! The node agent as tests run it: its real binary on a state directory, bpffs directory and
+//! cgroup of the test's own, uninstalled when dropped.
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::unique_name;
+
+/// The `interceptor` command line built for the tests (`interceptor-under-test`), next to the
+/// test binaries.
+pub fn interceptor_bin() -> PathBuf {
+    crate::probe::sibling_binary("interceptor-under-test")
+}
+
+/// An agent's places; dropping it stops any agent on them and uninstalls.
+pub struct AgentHome {
+    pub state_dir: PathBuf,
+    pub bpffs: PathBuf,
+    pub cgroup: PathBuf,
+}
+
+impl AgentHome {
+    pub fn new(cgroup: &Path) -> Self {
+        let name = unique_name("agent");
+        let bpffs_root = Path::new(interceptor::state::BPFFS_ROOT);
+        interceptor::state::ensure_bpffs(bpffs_root).expect("a bpffs");
+        Self {
+            state_dir: std::env::temp_dir().join(&name),
+            bpffs: bpffs_root.join("interceptor-tests").join(&name),
+            cgroup: cgroup.to_owned(),
+        }
+    }
+
+    pub fn location(&self) -> Vec<String> {
+        vec![
+            "--state-dir".into(),
+            self.state_dir.display().to_string(),
+            "--bpffs".into(),
+            self.bpffs.display().to_string(),
+        ]
+    }
+
+    /// Starts an agent and waits until its API answers.
+    pub fn start(&self) -> Agent {
+        self.start_with(&[])
+    }
+
+    pub fn start_with(&self, extra: &[&str]) -> Agent {
+        let reconcile = if extra.contains(&"--reconcile-ms") {
+            &[][..]
+        } else {
+            &["--reconcile-ms", "100"][..]
+        };
+        let child = Command::new(interceptor_bin())
+            .arg("daemon")
+            .args(self.location())
+            .args(["--cgroup", &self.cgroup.display().to_string()])
+            .args(reconcile)
+            .args(["--log-level", "warn"])
+            .args(extra)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the agent");
+        let mut agent = Agent { child };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.cli(&["pod", "list"]).status.success() {
+            assert!(
+                agent.child.try_wait().unwrap().is_none(),
+                "the agent exited early"
+            );
+            assert!(Instant::now() < deadline, "the agent did not become ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        agent
+    }
+
+    pub fn cli(&self, args: &[&str]) -> Output {
+        let (command, rest) = args.split_first().expect("a command");
+        let mut cmd = Command::new(interceptor_bin());
+        cmd.arg(command);
+        if let Some((sub, rest)) = rest.split_first().filter(|_| *command == "pod") {
+            cmd.arg(sub).args(self.location()).args(rest);
+        } else {
+            cmd.args(self.location()).args(rest);
+        }
+        cmd.output().expect("run the CLI")
+    }
+
+    pub fn add(&self, netns: &Path, extra: &[&str], config: &[&str]) -> Output {
+        let netns = netns.display().to_string();
+        let mut args = vec!["pod", "add", "--netns", &netns];
+        args.extend_from_slice(extra);
+        args.push("--");
+        args.extend_from_slice(config);
+        self.cli(&args)
+    }
+
+    pub fn pods(&self) -> Vec<Value> {
+        let out = self.cli(&["pod", "list", "--json"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice::<Value>(&out.stdout)
+            .expect("pod list --json")
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for AgentHome {
+    fn drop(&mut self) {
+        let _ = Command::new(interceptor_bin())
+            .arg("uninstall")
+            .args(self.location())
+            .output();
+        let _ = std::fs::remove_dir_all(&self.state_dir);
+    }
+}
+
+/// A running agent, SIGKILLed on drop if still running.
+pub struct Agent {
+    pub child: Child,
+}
+
+impl Agent {
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM: the agent exits, interception stays.
+    pub fn stop(mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "the agent exits 0 on SIGTERM: {status}");
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The API socket of the agent at `home`.
+impl AgentHome {
+    pub fn socket(&self) -> PathBuf {
+        self.state_dir.join("agent.sock")
+    }
+}

@@ -1,0 +1,359 @@
+//! The CNI plugin driven as a container runtime drives it: CNI environment variables, the
+//! network configuration on stdin, chained after Debian's reference plugins (bridge with
+//! host-local IPAM), whose result it must pass through. The "node" is a network namespace of
+//! the test's own, with no route out: the bridge and the pods' gateway live there.
+use std::{
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use interceptor_tests::{
+    Landing, Netns, PodFixture,
+    agent_home::AgentHome,
+    privileged,
+    scenario::{APP_UID, PROXY_UID},
+    unique_name,
+};
+use serde_json::{Value, json};
+
+const PLUGIN: &str = env!("CARGO_BIN_EXE_interceptor-cni-under-test");
+const CNI_BIN_DIR: &str = "/usr/lib/cni";
+const UNREACHABLE: &str = "192.0.2.2:1404";
+
+/// A node for the runtime: its namespace (bridge, gateway), the network's configuration list,
+/// and an IPAM data directory, all removed with it.
+struct Node {
+    netns: Netns,
+    conflist: Value,
+    ipam_dir: PathBuf,
+    log: PathBuf,
+}
+
+impl Node {
+    fn new(agent: &AgentHome, subnet: u8) -> Self {
+        let netns = Netns::new("cninode");
+        // What the bridge's gateway would forward is refused right here: nothing leaves.
+        netns.ip(&["route", "add", "local", "192.0.2.0/24", "dev", "lo"]);
+        let name = unique_name("cni");
+        let ipam_dir = std::env::temp_dir().join(&name);
+        let log = std::env::temp_dir().join(format!("{name}.log"));
+        let bridge = format!("icb{}", subnet);
+        let conflist = json!({
+            "cniVersion": "1.0.0",
+            "name": name,
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": bridge,
+                    "isGateway": true,
+                    "isDefaultGateway": true,
+                    "ipMasq": false,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{ "subnet": format!("10.{subnet}.0.0/24") }]],
+                        "dataDir": ipam_dir,
+                    },
+                },
+                {
+                    "type": "interceptor-cni",
+                    "agent_socket": agent.socket(),
+                    "log_file": log,
+                    "linkerd": {
+                        "incoming-proxy-port": 4143,
+                        "outgoing-proxy-port": 4140,
+                        "proxy-uid": 2102,
+                        "inbound-ports-to-ignore": ["4190", "4191"],
+                        "ipv6": false,
+                    },
+                },
+            ],
+        });
+        Self {
+            netns,
+            conflist,
+            ipam_dir,
+            log,
+        }
+    }
+
+    /// One plugin of the list, as a runtime runs it: `(exit success, stdout JSON)`.
+    fn plugin(
+        &self,
+        index: usize,
+        command: &str,
+        container: &str,
+        netns: Option<&Path>,
+        extra: Value,
+    ) -> (bool, Value) {
+        let mut conf = self.conflist["plugins"][index].clone();
+        conf["cniVersion"] = self.conflist["cniVersion"].clone();
+        conf["name"] = self.conflist["name"].clone();
+        if let (Value::Object(conf), Value::Object(extra)) = (&mut conf, extra) {
+            conf.extend(extra);
+        }
+        let binary = match conf["type"].as_str() {
+            Some("interceptor-cni") => PathBuf::from(PLUGIN),
+            Some(other) => Path::new(CNI_BIN_DIR).join(other),
+            None => panic!("no type"),
+        };
+        let mut child = Command::new("nsenter")
+            .arg(format!("--net={}", self.netns.path().display()))
+            .arg(binary)
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", container)
+            .env("CNI_NETNS", netns.map(Path::to_owned).unwrap_or_default())
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", CNI_BIN_DIR)
+            .env(
+                "CNI_ARGS",
+                format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME={container}"),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run the plugin");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(conf.to_string().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let json = if stdout.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{command}: {e}: {stdout}"))
+        };
+        (out.status.success(), json)
+    }
+
+    /// ADD through the whole list, each plugin getting the previous one's result.
+    fn add(&self, container: &str, netns: &Path) -> (bool, Value, Value) {
+        let (ok, bridge) = self.plugin(0, "ADD", container, Some(netns), json!({}));
+        assert!(ok, "bridge ADD: {bridge}");
+        let (ok, ours) = self.plugin(
+            1,
+            "ADD",
+            container,
+            Some(netns),
+            json!({ "prevResult": bridge }),
+        );
+        (ok, bridge, ours)
+    }
+
+    fn ours(
+        &self,
+        command: &str,
+        container: &str,
+        netns: Option<&Path>,
+        extra: Value,
+    ) -> (bool, Value) {
+        self.plugin(1, command, container, netns, extra)
+    }
+
+    fn pod_address(result: &Value) -> String {
+        let address = result["ips"][0]["address"].as_str().expect("an address");
+        address.split('/').next().unwrap().to_owned()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.ipam_dir);
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// A pod as the runtime creates it: a network namespace; its processes run in the fixture's
+/// cgroup, which the agent's programs are attached to.
+fn pod_process(fixture: &PodFixture, netns: &Netns) -> interceptor_tests::Probe {
+    interceptor_tests::Probe::new()
+        .netns(&netns.path())
+        .cgroup(&fixture.cgroup.path)
+}
+
+#[test]
+fn pods_added_by_the_runtime_are_intercepted_from_their_first_connect() {
+    if !privileged("pods_added_by_the_runtime_are_intercepted_from_their_first_connect") {
+        return;
+    }
+    let fixture = PodFixture::new("cni");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let _agent = home.start();
+    let node = Node::new(&home, 91);
+    let (web, db) = (Netns::new("cniweb"), Netns::new("cnidb"));
+
+    let (ok, bridge, ours) = node.add("web", &web.path());
+    assert!(ok, "ADD: {ours}");
+    // Chained: the previous result, unchanged.
+    assert_eq!(ours, bridge);
+    let (ok, _, ours) = node.add("db", &db.path());
+    assert!(ok, "ADD: {ours}");
+    let db_addr = Node::pod_address(&ours);
+
+    // The containers start after ADD: their very first connects are intercepted.
+    let _web_proxy = pod_process(&fixture, &web).uid(PROXY_UID).listen(&[
+        "proxy",
+        "127.0.0.1:4140",
+        "--name",
+        "outbound",
+    ]);
+    let _db_proxy = pod_process(&fixture, &db).uid(PROXY_UID).listen(&[
+        "proxy",
+        "0.0.0.0:4143",
+        "--name",
+        "inbound",
+    ]);
+    let _db_app =
+        pod_process(&fixture, &db).listen(&["server", "0.0.0.0:4190", "--name", "db-admin"]);
+    let web_app = pod_process(&fixture, &web).uid(APP_UID);
+    assert_eq!(
+        web_app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+    // From the node (a client of the pod): steered to db's proxy, the ignored port to the app.
+    let node_client = interceptor_tests::Probe::new().netns(&node.netns.path());
+    let target = format!("{db_addr}:80");
+    match node_client.connect(&target) {
+        Landing::Proxy {
+            name,
+            orig: Ok(orig),
+            ..
+        } => {
+            assert_eq!(name, "inbound");
+            assert_eq!(orig.to_string(), target);
+        }
+        other => panic!("expected db's inbound proxy, got {other:?}"),
+    }
+    assert_eq!(
+        node_client
+            .connect(&format!("{db_addr}:4190"))
+            .server_name(),
+        "db-admin"
+    );
+
+    let pods = home.pods();
+    assert_eq!(pods.len(), 2);
+    assert!(pods.iter().all(|p| p["meta"]["namespace"] == "shop"));
+
+    // CHECK: registered with this configuration.
+    let (ok, out) = node.ours(
+        "CHECK",
+        "web",
+        Some(&web.path()),
+        json!({ "prevResult": bridge }),
+    );
+    assert!(ok, "CHECK: {out}");
+    // STATUS: the agent runs.
+    let (ok, out) = node.ours("STATUS", "", None, json!({}));
+    assert!(ok, "STATUS: {out}");
+
+    // GC: only db is still a valid attachment, web goes.
+    let (ok, out) = node.ours(
+        "GC",
+        "",
+        None,
+        json!({ "cni.dev/valid-attachments": [{ "containerID": "db", "ifname": "eth0" }] }),
+    );
+    assert!(ok, "GC: {out}");
+    assert_eq!(home.pods().len(), 1);
+    assert_eq!(
+        web_app.connect(UNREACHABLE),
+        Landing::Failed("connect:ECONNREFUSED".into()),
+        "a removed pod is no longer intercepted"
+    );
+    // CHECK of the removed pod fails with our code.
+    let (ok, out) = node.ours(
+        "CHECK",
+        "web",
+        Some(&web.path()),
+        json!({ "prevResult": bridge }),
+    );
+    assert!(!ok);
+    assert_eq!(out["code"], 101, "{out}");
+
+    // DEL without a namespace (already gone): found by container id. Twice: idempotent.
+    for _ in 0..2 {
+        let (ok, out) = node.ours("DEL", "db", None, json!({}));
+        assert!(ok, "DEL: {out}");
+    }
+    assert!(home.pods().is_empty());
+    let log = std::fs::read_to_string(&node.log).unwrap();
+    assert!(log.contains("ADD: ok") && log.contains("DEL: ok"), "{log}");
+}
+
+#[test]
+fn add_fails_with_try_again_later_when_the_agent_is_not_running() {
+    if !privileged("add_fails_with_try_again_later_when_the_agent_is_not_running") {
+        return;
+    }
+    let fixture = PodFixture::new("cnidown");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let node = Node::new(&home, 92);
+    let pod = Netns::new("cnidownpod");
+    let (ok, _, out) = node.add("down", &pod.path());
+    assert!(!ok, "ADD without an agent must fail");
+    assert_eq!(out["code"], 11, "{out}");
+    assert_eq!(out["cniVersion"], "1.0.0");
+    // Nothing was meshed: the pod's connects go where they are sent.
+    let _proxy = pod_process(&fixture, &pod).uid(PROXY_UID).listen(&[
+        "proxy",
+        "127.0.0.1:4140",
+        "--name",
+        "outbound",
+    ]);
+    assert_eq!(
+        pod_process(&fixture, &pod)
+            .uid(APP_UID)
+            .connect(UNREACHABLE),
+        Landing::Failed("connect:ECONNREFUSED".into())
+    );
+    let (ok, out) = node.ours("STATUS", "", None, json!({}));
+    assert!(!ok);
+    assert_eq!(out["code"], 50, "{out}");
+    // DEL with the agent gone succeeds.
+    let (ok, out) = node.ours("DEL", "down", Some(&pod.path()), json!({}));
+    assert!(ok, "DEL: {out}");
+}
+
+#[test]
+fn a_bad_linkerd_block_is_refused_with_the_invalid_configuration_code() {
+    if !privileged("a_bad_linkerd_block_is_refused_with_the_invalid_configuration_code") {
+        return;
+    }
+    let fixture = PodFixture::new("cnibad");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let _agent = home.start();
+    let node = Node::new(&home, 93);
+    let pod = Netns::new("cnibadpod");
+    for (linkerd, names) in [
+        (
+            json!({ "incoming-proxy-prot": 4143 }),
+            "incoming-proxy-prot",
+        ),
+        (json!({ "outbound-ports-to-ignore": ["99999"] }), "99999"),
+    ] {
+        let (ok, out) = node.ours(
+            "ADD",
+            "bad",
+            Some(&pod.path()),
+            json!({ "linkerd": linkerd }),
+        );
+        assert!(!ok);
+        assert_eq!(out["code"], 7, "{out}");
+        assert!(out["details"].as_str().unwrap().contains(names), "{out}");
+    }
+    assert!(home.pods().is_empty());
+    let (ok, out) = node.ours("VERSION", "", None, json!({}));
+    assert!(ok);
+    assert!(
+        out["supportedVersions"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("0.4.0")),
+        "{out}"
+    );
+}
