@@ -15,6 +15,7 @@
 //! Errors are the spec's JSON on stdout; the plugin logs to `log_file`
 //! (default `/var/log/interceptor-cni.log`), as stdout belongs to the runtime.
 mod config;
+pub mod install;
 
 use std::{
     collections::BTreeMap,

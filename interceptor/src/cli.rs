@@ -32,6 +32,7 @@ pub fn main() -> std::process::ExitCode {
         Command::Pod(args) => crate::commands::agent::pod(args),
         Command::Uninstall(args) => crate::commands::agent::uninstall(args),
         Command::Validate(args) => crate::commands::validate::validate(args),
+        Command::Cni(args) => crate::commands::cni::cni(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -85,6 +86,48 @@ pub enum Command {
     Uninstall(AgentLocationArgs),
     /// Check from inside a pod that its outbound traffic is redirected (exit 0), or not (95).
     Validate(ValidateArgs),
+    /// Install or remove the CNI plugin on this node.
+    Cni(CniArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CniArgs {
+    #[command(subcommand)]
+    pub command: CniCommand,
+
+    /// Where the runtime looks for CNI plugin binaries.
+    #[arg(long, global = true, default_value = "/opt/cni/bin")]
+    pub bin_dir: PathBuf,
+
+    /// Where the node's CNI network configurations are.
+    #[arg(long, global = true, default_value = "/etc/cni/net.d")]
+    pub conf_dir: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CniCommand {
+    /// Copy the plugin into the bin directory and chain it into the primary network
+    /// configuration (converting a lone .conf to a .conflist), atomically and never twice.
+    Install {
+        /// The `interceptor-cni` binary [default: next to this one].
+        #[arg(long)]
+        plugin: Option<PathBuf>,
+        /// The plugin's `linkerd` block, as JSON (Linkerd's keys; missing ones take Linkerd's
+        /// defaults).
+        #[arg(long, default_value = "{}")]
+        linkerd: String,
+        /// The agent's API socket, as the plugin reaches it.
+        #[arg(long, default_value = "/run/interceptor/agent.sock")]
+        agent_socket: PathBuf,
+        /// Where the plugin logs.
+        #[arg(long, default_value = "/var/log/interceptor-cni.log")]
+        log_file: PathBuf,
+        /// Keep running, and chain the plugin again whenever the primary CNI rewrites its file.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Remove exactly what install added.
+    Uninstall,
 }
 
 #[derive(Debug, Args)]

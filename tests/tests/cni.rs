@@ -357,3 +357,64 @@ fn a_bad_linkerd_block_is_refused_with_the_invalid_configuration_code() {
         "{out}"
     );
 }
+
+/// `interceptor cni install --watch` against a Calico-shaped configuration that Calico rewrites
+/// while it watches; then `uninstall` gives back exactly the original.
+#[test]
+fn the_installer_keeps_the_plugin_chained_when_the_primary_cni_rewrites_its_file() {
+    let root = std::env::temp_dir().join(unique_name("cniinstall"));
+    let (conf_dir, bin_dir) = (root.join("net.d"), root.join("bin"));
+    std::fs::create_dir_all(&conf_dir).unwrap();
+    let calico = json!({"name": "k8s-pod-network", "cniVersion": "0.3.1", "plugins": [
+        {"type": "calico", "ipam": {"type": "calico-ipam"}},
+        {"type": "portmap", "snat": true, "capabilities": {"portMappings": true}}]});
+    let primary = conf_dir.join("10-calico.conflist");
+    let write_calico = || std::fs::write(&primary, calico.to_string()).unwrap();
+    write_calico();
+    let dirs = |cmd: &mut Command| {
+        cmd.args(["--conf-dir", &conf_dir.display().to_string()])
+            .args(["--bin-dir", &bin_dir.display().to_string()]);
+    };
+    let mut install = Command::new(env!("CARGO_BIN_EXE_interceptor-under-test"));
+    install
+        .args(["cni", "install", "--watch", "--plugin", PLUGIN])
+        .args([
+            "--linkerd",
+            r#"{"proxy-uid": 2102, "outbound-ports-to-ignore": ["443"]}"#,
+        ]);
+    dirs(&mut install);
+    let mut watching = install.stderr(Stdio::null()).spawn().unwrap();
+    let chained = || -> usize {
+        std::fs::read(&primary)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|v| v["plugins"].as_array().cloned())
+            .map_or(0, |p| {
+                p.iter().filter(|p| p["type"] == "interceptor-cni").count()
+            })
+    };
+    let eventually = |what: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while chained() != 1 {
+            assert!(std::time::Instant::now() < deadline, "{what}: not chained");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    eventually("install");
+    assert!(bin_dir.join("interceptor-cni").is_file());
+    for round in 0..3 {
+        write_calico();
+        eventually(&format!("after Calico's rewrite {round}"));
+    }
+    let _ = watching.kill();
+    let _ = watching.wait();
+
+    let mut uninstall = Command::new(env!("CARGO_BIN_EXE_interceptor-under-test"));
+    uninstall.args(["cni", "uninstall"]);
+    dirs(&mut uninstall);
+    assert!(uninstall.stderr(Stdio::null()).status().unwrap().success());
+    let back: Value = serde_json::from_slice(&std::fs::read(&primary).unwrap()).unwrap();
+    assert_eq!(back, calico);
+    assert!(!bin_dir.join("interceptor-cni").exists());
+    let _ = std::fs::remove_dir_all(&root);
+}

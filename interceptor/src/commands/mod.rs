@@ -1,4 +1,5 @@
 pub mod agent;
+pub mod cni;
 pub mod run;
 pub mod status;
 pub mod validate;

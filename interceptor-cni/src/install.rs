@@ -1,0 +1,216 @@
+//! Installing the plugin on a node: its binary into the CNI bin directory, and an entry chained
+//! into the node's primary network configuration (the first `*.conflist` or `*.conf` of the
+//! conf directory, as runtimes pick it). A lone `.conf` becomes a `.conflist`. Every write is
+//! atomic (a temp file renamed over), and the entry is never added twice. Watching the
+//! directory re-applies it when the primary CNI rewrites its file (Cilium and Calico do).
+//! Uninstalling removes exactly what installing added.
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use serde_json::{Value, json};
+
+/// Our plugin's `type`, as runtimes find its binary in the bin directory.
+pub const PLUGIN_TYPE: &str = "interceptor-cni";
+/// Remembers what installing changed beyond our entry (a `.conf` turned into a `.conflist`), so
+/// uninstalling restores it. Not named `*.conf*`: runtimes never read it.
+const STATE_FILE: &str = ".interceptor-cni-install.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("{action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("{path} is not a CNI network configuration: {reason}")]
+    BadConfig { path: PathBuf, reason: String },
+    #[error(
+        "no CNI network configuration (*.conflist, *.conf) in {0}: install the primary CNI first"
+    )]
+    NoPrimary(PathBuf),
+}
+
+fn io_error<'a>(
+    action: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> InstallError + 'a {
+    move |source| InstallError::Io {
+        action,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+pub struct Installer {
+    pub bin_dir: PathBuf,
+    pub conf_dir: PathBuf,
+    /// The `interceptor-cni` binary to copy.
+    pub plugin: PathBuf,
+    /// Our entry in the list: `type` and the plugin's settings (`linkerd`, `agent_socket`, ...).
+    pub entry: Value,
+}
+
+/// What [`Installer::apply`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// The primary configuration already chains our entry as it should.
+    Unchanged(PathBuf),
+    /// Written (the path of the configuration list).
+    Written(PathBuf),
+}
+
+impl Installer {
+    /// Copies the binary (when it differs) and chains our entry into the primary configuration.
+    pub fn install(&self) -> Result<Applied, InstallError> {
+        self.copy_plugin()?;
+        self.apply()
+    }
+
+    fn copy_plugin(&self) -> Result<(), InstallError> {
+        let target = self.bin_dir.join(PLUGIN_TYPE);
+        let bytes = fs::read(&self.plugin).map_err(io_error("reading", &self.plugin))?;
+        if fs::read(&target).is_ok_and(|existing| existing == bytes) {
+            return Ok(());
+        }
+        fs::create_dir_all(&self.bin_dir).map_err(io_error("creating", &self.bin_dir))?;
+        write_atomically(&target, &bytes, 0o755)
+    }
+
+    /// Chains our entry into the primary configuration if it is not there as it should be. Call
+    /// again whenever the directory changes: an unchanged file is not rewritten.
+    pub fn apply(&self) -> Result<Applied, InstallError> {
+        let primary = primary(&self.conf_dir)?;
+        let mut list = read_json(&primary)?;
+        let mut target = primary.clone();
+        if primary.extension().is_some_and(|e| e == "conf") {
+            list = conf_to_conflist(list);
+            target = primary.with_extension("conflist");
+            let state = json!({ "converted_from": primary.file_name().map(|n| n.to_string_lossy().into_owned()) });
+            write_atomically(
+                &self.conf_dir.join(STATE_FILE),
+                state.to_string().as_bytes(),
+                0o644,
+            )?;
+        }
+        let plugins = plugins_mut(&mut list, &primary)?;
+        let ours = plugins.iter().position(|p| p["type"] == PLUGIN_TYPE);
+        match ours {
+            Some(i) if plugins[i] == self.entry && target == primary => {
+                return Ok(Applied::Unchanged(primary));
+            }
+            Some(i) => plugins[i] = self.entry.clone(),
+            None => plugins.push(self.entry.clone()),
+        }
+        write_json(&target, &list)?;
+        if target != primary {
+            fs::remove_file(&primary).map_err(io_error("removing", &primary))?;
+        }
+        Ok(Applied::Written(target))
+    }
+
+    /// Removes our entry (and restores a `.conf` we converted) and our binary.
+    pub fn uninstall(&self) -> Result<(), InstallError> {
+        if let Ok(primary) = primary(&self.conf_dir) {
+            let mut list = read_json(&primary)?;
+            let plugins = plugins_mut(&mut list, &primary)?;
+            let before = plugins.len();
+            plugins.retain(|p| p["type"] != PLUGIN_TYPE);
+            let state_path = self.conf_dir.join(STATE_FILE);
+            let converted = fs::read(&state_path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .and_then(|s| s["converted_from"].as_str().map(str::to_owned));
+            match converted {
+                Some(conf_name) if plugins.len() == 1 => {
+                    let mut conf = plugins[0].clone();
+                    conf["cniVersion"] = list["cniVersion"].clone();
+                    conf["name"] = list["name"].clone();
+                    write_json(&self.conf_dir.join(conf_name), &conf)?;
+                    fs::remove_file(&primary).map_err(io_error("removing", &primary))?;
+                }
+                _ if plugins.len() != before => write_json(&primary, &list)?,
+                _ => {}
+            }
+            let _ = fs::remove_file(&state_path);
+        }
+        let binary = self.bin_dir.join(PLUGIN_TYPE);
+        match fs::remove_file(&binary) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_error("removing", &binary)(e)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The configuration runtimes use: the first `*.conflist` or `*.conf` by name.
+pub fn primary(conf_dir: &Path) -> Result<PathBuf, InstallError> {
+    let mut candidates: Vec<PathBuf> = fs::read_dir(conf_dir)
+        .map_err(io_error("reading", conf_dir))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.is_file()
+                && p.extension()
+                    .is_some_and(|e| e == "conflist" || e == "conf")
+        })
+        .collect();
+    candidates.sort();
+    candidates
+        .into_iter()
+        .next()
+        .ok_or_else(|| InstallError::NoPrimary(conf_dir.to_owned()))
+}
+
+/// A lone plugin configuration as a list of one.
+pub fn conf_to_conflist(conf: Value) -> Value {
+    json!({
+        "cniVersion": conf["cniVersion"].clone(),
+        "name": conf["name"].clone(),
+        "plugins": [conf],
+    })
+}
+
+fn plugins_mut<'a>(list: &'a mut Value, path: &Path) -> Result<&'a mut Vec<Value>, InstallError> {
+    list.get_mut("plugins")
+        .and_then(Value::as_array_mut)
+        .ok_or_else(|| InstallError::BadConfig {
+            path: path.to_owned(),
+            reason: "no \"plugins\" list".into(),
+        })
+}
+
+fn read_json(path: &Path) -> Result<Value, InstallError> {
+    let bytes = fs::read(path).map_err(io_error("reading", path))?;
+    serde_json::from_slice(&bytes).map_err(|e| InstallError::BadConfig {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+fn write_json(path: &Path, value: &Value) -> Result<(), InstallError> {
+    let mut text = serde_json::to_string_pretty(value).expect("JSON values serialize");
+    text.push('\n');
+    write_atomically(path, text.as_bytes(), 0o644)
+}
+
+/// A temp file in the same directory, renamed over the target: readers see the old file or the
+/// new one, never a part of it.
+fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), InstallError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // A dot-name without a .conf/.conflist extension: a runtime never reads it half-written.
+    let tmp = path.with_file_name(format!(".{file_name}.{}.tmp", std::process::id()));
+    fs::write(&tmp, bytes).map_err(io_error("writing", &tmp))?;
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(mode))
+        .map_err(io_error("setting the mode of", &tmp))?;
+    fs::rename(&tmp, path).map_err(io_error("renaming to", path))
+}
+
+#[cfg(test)]
+#[path = "install_tests.rs"]
+mod tests;

@@ -1,0 +1,184 @@
+use serde_json::json;
+
+use super::*;
+
+/// A conf directory and a bin directory of the test's own.
+struct Dirs {
+    root: PathBuf,
+}
+
+impl Dirs {
+    fn new(tag: &str) -> Self {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let root =
+            std::env::temp_dir().join(format!("icpt-install-{tag}-{}-{n}", std::process::id()));
+        fs::create_dir_all(root.join("net.d")).unwrap();
+        fs::create_dir_all(root.join("plugin")).unwrap();
+        fs::write(root.join("plugin/interceptor-cni"), b"#!plugin").unwrap();
+        Self { root }
+    }
+
+    fn conf(&self, name: &str) -> PathBuf {
+        self.root.join("net.d").join(name)
+    }
+
+    fn installer(&self) -> Installer {
+        Installer {
+            bin_dir: self.root.join("bin"),
+            conf_dir: self.root.join("net.d"),
+            plugin: self.root.join("plugin/interceptor-cni"),
+            entry: json!({ "type": PLUGIN_TYPE, "linkerd": { "proxy-uid": 2102 } }),
+        }
+    }
+
+    fn files(&self) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(self.root.join("net.d"))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+impl Drop for Dirs {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+fn calico() -> Value {
+    json!({"name": "k8s-pod-network", "cniVersion": "0.3.1", "plugins": [
+        {"type": "calico", "datastore_type": "kubernetes", "ipam": {"type": "calico-ipam"},
+         "kubernetes": {"kubeconfig": "/etc/cni/net.d/calico-kubeconfig"}},
+        {"type": "bandwidth", "capabilities": {"bandwidth": true}},
+        {"type": "portmap", "snat": true, "capabilities": {"portMappings": true}}]})
+}
+
+fn flannel() -> Value {
+    json!({"name": "cbr0", "cniVersion": "0.3.1", "plugins": [
+        {"type": "flannel", "delegate": {"hairpinMode": true, "isDefaultGateway": true}},
+        {"type": "portmap", "capabilities": {"portMappings": true}}]})
+}
+
+fn cilium_conf() -> Value {
+    json!({"cniVersion": "0.3.1", "name": "cilium", "type": "cilium-cni",
+           "enable-debug": false, "log-file": "/var/run/cilium/cilium-cni.log"})
+}
+
+fn read(path: &Path) -> Value {
+    serde_json::from_slice(&fs::read(path).unwrap()).unwrap()
+}
+
+#[test]
+fn chains_after_calico_and_flannel_lists_once_and_uninstalls_exactly() {
+    for (name, original) in [
+        ("10-calico.conflist", calico()),
+        ("10-flannel.conflist", flannel()),
+    ] {
+        let dirs = Dirs::new("list");
+        fs::write(
+            dirs.conf(name),
+            serde_json::to_vec_pretty(&original).unwrap(),
+        )
+        .unwrap();
+        // Another configuration later in the directory is not the primary one.
+        fs::write(
+            dirs.conf("99-loopback.conf"),
+            br#"{"cniVersion":"0.3.1","name":"lo","type":"loopback"}"#,
+        )
+        .unwrap();
+        let installer = dirs.installer();
+        assert_eq!(
+            installer.install().unwrap(),
+            Applied::Written(dirs.conf(name))
+        );
+        assert_eq!(
+            installer.install().unwrap(),
+            Applied::Unchanged(dirs.conf(name))
+        );
+        let chained = read(&dirs.conf(name));
+        let plugins = chained["plugins"].as_array().unwrap();
+        assert_eq!(
+            plugins.len(),
+            original["plugins"].as_array().unwrap().len() + 1
+        );
+        assert_eq!(plugins.last().unwrap()["type"], PLUGIN_TYPE);
+        assert_eq!(
+            plugins[0], original["plugins"][0],
+            "the primary plugin is untouched"
+        );
+        assert_eq!(
+            fs::read(dirs.root.join("bin/interceptor-cni")).unwrap(),
+            b"#!plugin"
+        );
+
+        installer.uninstall().unwrap();
+        assert_eq!(read(&dirs.conf(name)), original, "{name}");
+        assert!(!dirs.root.join("bin/interceptor-cni").exists());
+        assert_eq!(dirs.files(), [name, "99-loopback.conf"]);
+    }
+}
+
+#[test]
+fn a_lone_conf_becomes_a_conflist_and_comes_back_on_uninstall() {
+    let dirs = Dirs::new("conf");
+    fs::write(
+        dirs.conf("05-cilium.conf"),
+        serde_json::to_vec(&cilium_conf()).unwrap(),
+    )
+    .unwrap();
+    let installer = dirs.installer();
+    assert_eq!(
+        installer.install().unwrap(),
+        Applied::Written(dirs.conf("05-cilium.conflist"))
+    );
+    assert_eq!(
+        dirs.files(),
+        [".interceptor-cni-install.json", "05-cilium.conflist"]
+    );
+    let list = read(&dirs.conf("05-cilium.conflist"));
+    assert_eq!(list["name"], "cilium");
+    assert_eq!(list["plugins"][0], cilium_conf());
+    assert_eq!(list["plugins"][1]["type"], PLUGIN_TYPE);
+
+    installer.uninstall().unwrap();
+    assert_eq!(dirs.files(), ["05-cilium.conf"]);
+    assert_eq!(read(&dirs.conf("05-cilium.conf")), cilium_conf());
+}
+
+#[test]
+fn a_rewrite_by_the_primary_cni_is_chained_again_and_our_entry_is_updated_in_place() {
+    let dirs = Dirs::new("rewrite");
+    let path = dirs.conf("10-calico.conflist");
+    fs::write(&path, serde_json::to_vec(&calico()).unwrap()).unwrap();
+    let mut installer = dirs.installer();
+    installer.install().unwrap();
+    // Calico rewrites its file, dropping our entry.
+    fs::write(&path, serde_json::to_vec(&calico()).unwrap()).unwrap();
+    assert_eq!(installer.apply().unwrap(), Applied::Written(path.clone()));
+    assert_eq!(read(&path)["plugins"].as_array().unwrap().len(), 4);
+    // A new configuration of ours replaces the entry, never adds a second.
+    installer.entry = json!({ "type": PLUGIN_TYPE, "linkerd": { "proxy-uid": 3000 } });
+    assert_eq!(installer.apply().unwrap(), Applied::Written(path.clone()));
+    let plugins = read(&path)["plugins"].as_array().unwrap().clone();
+    assert_eq!(
+        plugins.iter().filter(|p| p["type"] == PLUGIN_TYPE).count(),
+        1
+    );
+    assert_eq!(plugins[3]["linkerd"]["proxy-uid"], 3000);
+}
+
+#[test]
+fn no_primary_configuration_is_a_clear_error() {
+    let dirs = Dirs::new("empty");
+    let err = dirs.installer().install().unwrap_err();
+    assert!(
+        err.to_string().contains("install the primary CNI first"),
+        "{err}"
+    );
+    fs::write(dirs.conf("10-bad.conflist"), b"{ not json").unwrap();
+    let err = dirs.installer().install().unwrap_err();
+    assert!(err.to_string().contains("10-bad.conflist"), "{err}");
+}
