@@ -27,6 +27,11 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     // The reference CNI plugins the CNI plugin's tests chain after, as a runtime does.
     ("/usr/lib/cni/bridge", "containernetworking-plugins"),
     ("/usr/lib/cni/host-local", "containernetworking-plugins"),
+    // A real container runtime with its CNI backend, and a static busybox to make an image of
+    // (no registry is reachable from these machines).
+    ("podman", "podman"),
+    ("runc", "runc"),
+    ("/bin/busybox", "busybox-static"),
 ];
 
 /// Installs whatever is missing and returns the `PATH` child cargo commands must use:
