@@ -99,6 +99,24 @@ impl AgentHome {
         self.cli(&args)
     }
 
+    /// `pod add`, which must succeed.
+    pub fn add_ok(&self, netns: &Path, extra: &[&str], config: &[&str]) {
+        let out = self.add(netns, extra, config);
+        assert!(out.status.success(), "pod add: {}", stderr(&out));
+    }
+
+    /// How many pods' sk_lookup links are pinned.
+    pub fn pinned_pod_links(&self) -> usize {
+        std::fs::read_dir(&self.bpffs)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .filter(|n| n.starts_with("link_icpt_sk_lookup_"))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
     pub fn pods(&self) -> Vec<Value> {
         let out = self.cli(&["pod", "list", "--json"]);
         assert!(out.status.success(), "{}", stderr(&out));

@@ -49,12 +49,11 @@ fn pods_registered_through_the_api_are_intercepted_until_removed() {
         Landing::Failed("connect:ECONNREFUSED".into())
     );
 
-    let out = home.add(
+    home.add_ok(
         &fixture.pod.path(),
         &["--name", "web", "--namespace", "shop"],
         &LINKERD_FLAGS,
     );
-    assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
         app.connect(UNREACHABLE).proxy_orig().to_string(),
         UNREACHABLE
@@ -128,8 +127,7 @@ fn a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back() {
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
     let agent = home.start();
-    let out = home.add(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
-    assert!(out.status.success(), "{}", stderr(&out));
+    home.add_ok(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
     let before = home.pods();
 
     let app = fixture.in_pod().uid(APP_UID);
@@ -190,10 +188,8 @@ fn a_pod_whose_network_namespace_disappears_is_removed() {
     // The periodic check is a minute away: the watch on /run/netns must notice.
     let _agent = home.start_with(&["--reconcile-ms", "60000"]);
     let doomed = Netns::new("doomed");
-    let out = home.add(&doomed.path(), &[], &LINKERD_FLAGS);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let out = home.add(&fixture.pod.path(), &[], &LINKERD_FLAGS);
-    assert!(out.status.success(), "{}", stderr(&out));
+    home.add_ok(&doomed.path(), &[], &LINKERD_FLAGS);
+    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
     assert_eq!(home.pods().len(), 2);
     let doomed_path = doomed.path();
     drop(doomed);
@@ -212,15 +208,10 @@ fn a_pod_whose_network_namespace_disappears_is_removed() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let links: Vec<String> = std::fs::read_dir(&home.bpffs)
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with("link_icpt_sk_lookup_"))
-        .collect();
     assert_eq!(
-        links.len(),
+        home.pinned_pod_links(),
         1,
-        "the gone pod's sk_lookup link is unpinned: {links:?}"
+        "the gone pod's sk_lookup link is unpinned"
     );
 }
 
@@ -232,8 +223,7 @@ fn bad_requests_get_a_clear_error_and_change_nothing() {
     let fixture = PodFixture::new("agentbad");
     let home = AgentHome::new(&fixture.cgroup.path);
     let _agent = home.start();
-    let out = home.add(&fixture.pod.path(), &[], &LINKERD_FLAGS);
-    assert!(out.status.success(), "{}", stderr(&out));
+    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
     let before = home.pods();
     let socket = home.state_dir.join("agent.sock");
     let refused = |request: Value| -> (String, String) {
@@ -349,8 +339,7 @@ fn uninstall_removes_everything_the_agent_pinned() {
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
     let agent = home.start();
-    let out = home.add(&fixture.pod.path(), &[], &LINKERD_FLAGS);
-    assert!(out.status.success(), "{}", stderr(&out));
+    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
     let app = fixture.in_pod().uid(APP_UID);
 
     let refused = home.cli(&["uninstall"]);
@@ -397,8 +386,7 @@ fn programs_other_software_attached_to_the_same_hooks_keep_running() {
     let before = foreign::deny_port(&cgroup, 9999, foreign::Attach::AllowMulti);
     let home = AgentHome::new(&fixture.cgroup.path);
     let agent = home.start();
-    let out = home.add(&fixture.pod.path(), &[], &LINKERD_FLAGS);
-    assert!(out.status.success(), "{}", stderr(&out));
+    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
     let after = foreign::deny_port(&cgroup, 9998, foreign::Attach::Link);
 
     let app = fixture.in_pod().uid(APP_UID);
@@ -660,12 +648,11 @@ fn metrics_count_decisions_per_pod_and_ready_answers() {
     let (status, _) = http_get(&addr, "/ready");
     assert!(status.contains(" 200 "), "{status}");
 
-    let out = home.add(
+    home.add_ok(
         &fixture.pod.path(),
         &["--name", "web", "--namespace", "shop"],
         &LINKERD_FLAGS,
     );
-    assert!(out.status.success(), "{}", stderr(&out));
     let app = fixture.in_pod().uid(APP_UID);
     assert_eq!(
         app.connect(UNREACHABLE).proxy_orig().to_string(),
@@ -723,8 +710,7 @@ fn a_new_agent_takes_over_from_the_running_one_under_load() {
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
     let old = home.start();
-    let out = home.add(&fixture.pod.path(), &[], &LINKERD_FLAGS);
-    assert!(out.status.success(), "{}", stderr(&out));
+    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
     let cookie = home.pods()[0]["netns_cookie"].as_u64().unwrap();
     let pins = [
         home.bpffs.join("link_icpt_connect4"),
@@ -820,12 +806,11 @@ fn a_pod_meshed_with_iptables_is_taken_over_without_a_gap() {
             ])
         });
         std::thread::sleep(Duration::from_millis(100));
-        let out = home.add(
+        home.add_ok(
             &fixture.pod.path(),
             &["--takeover-iptables"],
             &LINKERD_FLAGS,
         );
-        assert!(out.status.success(), "{}", stderr(&out));
         assert!(!load.is_finished(), "the load outlasts the takeover");
         load.join().expect("load")
     });
@@ -933,12 +918,7 @@ fn hundreds_of_pods_come_and_go_without_leaving_anything_behind() {
                 "round {round}: {line} not in\n{metrics}"
             );
         }
-        let pinned_pods = std::fs::read_dir(&home.bpffs)
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|n| n.starts_with("link_icpt_sk_lookup_"))
-            .count();
-        assert_eq!(pinned_pods, 0, "round {round}");
+        assert_eq!(home.pinned_pod_links(), 0, "round {round}");
     }
     // The first round grows the allocator's pools; later rounds must reuse them.
     assert!(
@@ -955,8 +935,7 @@ fn status_shows_the_agents_pods() {
     let fixture = PodFixture::new("agentstatus");
     let home = AgentHome::new(&fixture.cgroup.path);
     let _agent = home.start();
-    let out = home.add(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
-    assert!(out.status.success(), "{}", stderr(&out));
+    home.add_ok(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
     let state_dir = home.state_dir.display().to_string();
     let out = Command::new(BIN)
         .args(["status", "--json", "--agent-state-dir", &state_dir])
@@ -990,8 +969,7 @@ fn a_new_map_layout_is_migrated_to_without_a_gap() {
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
     let old = home.start_with(&["--map-layout-version", "1"]);
-    let out = home.add(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
-    assert!(out.status.success(), "{}", stderr(&out));
+    home.add_ok(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
     assert!(home.bpffs.join("maps-v1").is_dir());
 
     let app = fixture.in_pod().uid(APP_UID);
@@ -1061,8 +1039,7 @@ fn a_full_pod_table_refuses_clearly_and_changes_nothing() {
     let fixture = PodFixture::new("agentfull");
     let home = AgentHome::new(&fixture.cgroup.path);
     let _agent = home.start_with(&["--max-pods", "1"]);
-    let out = home.add(&fixture.pod.path(), &[], &LINKERD_FLAGS);
-    assert!(out.status.success(), "{}", stderr(&out));
+    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
     let second = Netns::new("full2");
     let out = home.add(&second.path(), &[], &LINKERD_FLAGS);
     assert!(!out.status.success());
@@ -1074,12 +1051,7 @@ fn a_full_pod_table_refuses_clearly_and_changes_nothing() {
     let pods = home.pods();
     assert_eq!(pods.len(), 1);
     assert_eq!(pods[0]["netns"], fixture.pod.path().display().to_string());
-    let pinned: Vec<String> = std::fs::read_dir(&home.bpffs)
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with("link_icpt_sk_lookup_"))
-        .collect();
-    assert_eq!(pinned.len(), 1, "{pinned:?}");
+    assert_eq!(home.pinned_pod_links(), 1);
     assert_eq!(
         std::fs::read_dir(home.state_dir.join("agent-pods"))
             .unwrap()
