@@ -30,6 +30,24 @@ const LINKERD_FLAGS: [&str; 8] = [
 /// Refused by the fixture's remote host unless intercepted.
 const UNREACHABLE: &str = "192.0.2.2:1404";
 
+/// How long a load runs that must outlast an agent's restart, takeover or migration: a time,
+/// not a count, so that it does on fast machines too.
+const LOAD_SECONDS: &str = "3";
+
+/// `netprobe check`'s summary: every connection reached the proxy with its original
+/// destination; returns how many there were.
+fn all_reached_the_proxy(lines: &[String]) -> u64 {
+    let summary = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("ok="))
+        .unwrap_or_else(|| panic!("no summary: {lines:#?}"));
+    let (ok, bad) = summary.split_once(" bad=").expect("ok=N bad=M");
+    assert_eq!(bad, "0", "every connection reached the proxy: {lines:#?}");
+    let ok: u64 = ok.parse().expect("a count");
+    assert!(ok > 0, "{lines:#?}");
+    ok
+}
+
 fn counter(pod: &Value, name: &str) -> u64 {
     pod["counters"][name].as_u64().unwrap_or(0)
 }
@@ -138,8 +156,8 @@ fn a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back() {
                 UNREACHABLE,
                 "[::ffff:192.0.2.2]:1404",
                 "[2001:db8::2]:1404",
-                "--count",
-                "3000",
+                "--seconds",
+                LOAD_SECONDS,
                 "--threads",
                 "2",
             ])
@@ -153,10 +171,7 @@ fn a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back() {
         (lines, agent)
     });
     let (lines, agent) = check;
-    assert!(
-        lines.iter().any(|l| l == "ok=3000 bad=0"),
-        "every connection reached the proxy: {lines:#?}"
-    );
+    let connections = all_reached_the_proxy(&lines);
 
     let after = home.pods();
     assert_eq!(after.len(), 1);
@@ -165,7 +180,7 @@ fn a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back() {
     }
     assert_eq!(
         counter(&after[0], "outbound_redirected"),
-        3000,
+        connections,
         "{after:#?}"
     );
     // The new agent serves the pod: a change made through it takes effect.
@@ -173,7 +188,10 @@ fn a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back() {
         app.connect(UNREACHABLE).proxy_orig().to_string(),
         UNREACHABLE
     );
-    assert_eq!(counter(&home.pods()[0], "outbound_redirected"), 3001);
+    assert_eq!(
+        counter(&home.pods()[0], "outbound_redirected"),
+        connections + 1
+    );
     agent.stop();
 }
 
@@ -726,8 +744,8 @@ fn a_new_agent_takes_over_from_the_running_one_under_load() {
                 "check",
                 UNREACHABLE,
                 "[2001:db8::2]:1404",
-                "--count",
-                "3000",
+                "--seconds",
+                LOAD_SECONDS,
                 "--threads",
                 "2",
             ])
@@ -752,10 +770,7 @@ fn a_new_agent_takes_over_from_the_running_one_under_load() {
         assert!(!load.is_finished(), "the load outlasts the takeover");
         (load.join().expect("load"), Agent { child: new })
     });
-    assert!(
-        lines.iter().any(|l| l == "ok=3000 bad=0"),
-        "every connection reached the proxy: {lines:#?}"
-    );
+    all_reached_the_proxy(&lines);
     let after: Vec<u32> = pins.iter().map(|p| linked_program(p)).collect();
     for ((pin, old_id), new_id) in pins.iter().zip(&before).zip(&after) {
         assert_ne!(
@@ -799,8 +814,8 @@ fn a_pod_meshed_with_iptables_is_taken_over_without_a_gap() {
                 "check",
                 UNREACHABLE,
                 "[2001:db8::2]:1404",
-                "--count",
-                "4000",
+                "--seconds",
+                LOAD_SECONDS,
                 "--threads",
                 "2",
             ])
@@ -814,10 +829,7 @@ fn a_pod_meshed_with_iptables_is_taken_over_without_a_gap() {
         assert!(!load.is_finished(), "the load outlasts the takeover");
         load.join().expect("load")
     });
-    assert!(
-        lines.iter().any(|l| l == "ok=4000 bad=0"),
-        "every connection reached the proxy: {lines:#?}"
-    );
+    all_reached_the_proxy(&lines);
     for save in ["iptables-legacy-save", "ip6tables-legacy-save"] {
         let out = Command::new("nsenter")
             .arg(format!("--net={}", fixture.pod.path().display()))
@@ -979,8 +991,8 @@ fn a_new_map_layout_is_migrated_to_without_a_gap() {
                 "connect",
                 UNREACHABLE,
                 "[2001:db8::2]:1404",
-                "--count",
-                "1500",
+                "--seconds",
+                LOAD_SECONDS,
                 "--linger0",
             ])
         });
@@ -993,7 +1005,7 @@ fn a_new_map_layout_is_migrated_to_without_a_gap() {
     // No connection may reach its destination around the proxy. One whose connect was recorded
     // by the replaced programs in the moment the links switch over can miss its original
     // destination, which the proxy refuses (fails closed); there must be next to none.
-    assert_eq!(lines.len(), 3000);
+    assert!(lines.len() > 100, "{} connections", lines.len());
     let bypassed: Vec<&String> = lines
         .iter()
         .filter(|l| !l.starts_with("who=proxy:outbound "))

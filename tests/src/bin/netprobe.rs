@@ -26,9 +26,9 @@ fn usage() -> ! {
          commands:\n  \
            proxy ADDR... [--name N] [--no-orig] [--inline] [--v6only]  accept, answer with SO_ORIGINAL_DST\n  \
            server ADDR... [--name N] [--v6only]  accept, answer who it is\n  \
-           connect ADDR... [--count N] [--bind ADDR] [--linger0] [--via PATH]\n  \
+           connect ADDR... [--count N | --seconds S] [--bind ADDR] [--linger0] [--via PATH]\n  \
              PATH: connect (default), nonblocking, io-uring, fastopen-sendto, fastopen-connect, mptcp\n  \
-           check ADDR... --count N [--threads T]  connect in a loop, verify every orig\n  \
+           check ADDR... [--count N | --seconds S] [--threads T]  connect in a loop, verify every orig\n  \
            bench ADDR... --seconds S [--threads T] connect in a loop for S seconds, print the rate\n  \
            udp-server ADDR | udp-send ADDR MSG"
     );
@@ -383,10 +383,18 @@ fn connect_cmd(args: &[String]) {
     let bind = take_opt(&mut args, "--bind").map(|b| parse_addr(&b));
     let linger0 = take_flag(&mut args, "--linger0");
     let via = take_opt(&mut args, "--via").map_or(Via::Connect, |v| Via::parse(&v));
+    let until = take_opt(&mut args, "--seconds").map(|s| deadline(&s));
     if args.is_empty() {
         usage()
     }
-    for _ in 0..count {
+    for round in 0.. {
+        let more = match until {
+            Some(until) => Instant::now() < until,
+            None => round < count,
+        };
+        if !more {
+            break;
+        }
         for target in &args {
             match connect_once(parse_addr(target), bind, linger0, via) {
                 Ok(line) => println!("{line}"),
@@ -404,6 +412,8 @@ fn check_cmd(args: &[String]) {
         .map_or(1000, |c| c.parse().unwrap_or_else(|e| die("--count", e)));
     let threads: usize = take_opt(&mut args, "--threads")
         .map_or(4, |c| c.parse().unwrap_or_else(|e| die("--threads", e)));
+    // For a time instead of a count: a load that must outlast an event, whatever the speed.
+    let until = take_opt(&mut args, "--seconds").map(|s| deadline(&s));
     let targets: Vec<SocketAddr> = args.iter().map(|a| parse_addr(a)).collect();
     if targets.is_empty() {
         usage()
@@ -414,7 +424,11 @@ fn check_cmd(args: &[String]) {
                 let targets = &targets;
                 s.spawn(move || {
                     let (mut ok, mut bad, mut samples) = (0, 0, Vec::new());
-                    for i in (t..count).step_by(threads) {
+                    let indexes = (t..).step_by(threads).take_while(|i| match until {
+                        Some(until) => Instant::now() < until,
+                        None => *i < count,
+                    });
+                    for i in indexes {
                         let target = targets[i % targets.len()];
                         // An IPv4-mapped target is an IPv4 connection: its original
                         // destination is the plain IPv4 address.
@@ -496,6 +510,12 @@ fn bench_cmd(args: &[String]) {
         "conns={conns} failures={failures} seconds={elapsed:.3} rate={:.1}",
         conns as f64 / elapsed
     );
+}
+
+/// `--seconds S` from now.
+fn deadline(seconds: &str) -> Instant {
+    let seconds: f64 = seconds.parse().unwrap_or_else(|e| die("--seconds", e));
+    Instant::now() + Duration::from_secs_f64(seconds)
 }
 
 fn udp_server(args: &[String]) {
