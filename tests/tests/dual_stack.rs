@@ -135,7 +135,11 @@ fn one_app_uses_both_families_at_once_through_one_proxy_on_dual_stack_sockets() 
     assert_eq!(counters.get(Decision::Steered), 200);
     assert_eq!(counters.get(Decision::InboundIgnoredPort), 2);
     let from_pod = counters.get(Decision::InboundFromPod);
-    assert!((400 + 2..400 + 2 + 40).contains(&from_pod), "{counters:?}");
+    // At least one lookup per connection; segments after a reset add at most a few each.
+    assert!(
+        (400 + 2..=400 + 2 + 3 * 400).contains(&from_pod),
+        "{counters:?}"
+    );
     let outbound_total: u64 = [
         Decision::Redirected,
         Decision::ProxyUid,
