@@ -19,10 +19,21 @@ use std::{
 use anyhow::{Context as _, ensure};
 use clap::ValueEnum as _;
 
-use crate::sandbox::{APP_UID, PROXY_ARGS, PROXY_UID, Pod};
+use crate::sandbox::{APP_UID, POD_ADDR, POD_ADDR6, PROXY_ARGS, PROXY_UID, Pod};
 
-/// The proxy's outbound listeners (both families, as Linkerd's proxy with IPv6 on).
-const PROXY_LISTEN: [&str; 2] = ["127.0.0.1:4140", "[::1]:4140"];
+/// The proxy's listeners, both families as Linkerd's proxy listens with IPv6 on: outbound on
+/// loopback, inbound on every address (`[::]` with IPV6_V6ONLY).
+const PROXY_LISTEN: [&str; 4] = ["127.0.0.1:4140", "[::1]:4140", "0.0.0.0:4143", "[::]:4143"];
+
+/// Which way the connections go.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Direction {
+    /// The pod's app connects out (connect4/6, sock_ops, getsockopt; iptables OUTPUT).
+    Outbound,
+    /// The pod's peer connects in (sk_lookup, sock_ops and getsockopt on the proxy's side;
+    /// iptables PREROUTING).
+    Inbound,
+}
 
 /// Which sockets the app connects with.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -36,13 +47,27 @@ enum Family {
 }
 
 impl Family {
-    /// (the proxy itself, for `direct`; an address only interception reaches: the pod's peer
-    /// refuses documentation ranges)
-    fn targets(self) -> (&'static str, &'static str) {
-        match self {
-            Family::Ipv4 => ("127.0.0.1:4140", "192.0.2.1:80"),
-            Family::Ipv4Mapped => ("[::ffff:127.0.0.1]:4140", "[::ffff:192.0.2.1]:80"),
-            Family::Ipv6 => ("[::1]:4140", "[2001:db8::1]:80"),
+    /// (the proxy itself, for `direct`; an address only interception reaches it at)
+    fn targets(self, direction: Direction) -> (String, String) {
+        let pair = |direct: &str, redirected: &str| (direct.to_owned(), redirected.to_owned());
+        match (direction, self) {
+            // The pod's peer refuses documentation ranges.
+            (Direction::Outbound, Family::Ipv4) => pair("127.0.0.1:4140", "192.0.2.1:80"),
+            (Direction::Outbound, Family::Ipv4Mapped) => {
+                pair("[::ffff:127.0.0.1]:4140", "[::ffff:192.0.2.1]:80")
+            }
+            (Direction::Outbound, Family::Ipv6) => pair("[::1]:4140", "[2001:db8::1]:80"),
+            // Nothing listens on the pod's port 80: only steering lands there on the proxy.
+            (Direction::Inbound, Family::Ipv4) => {
+                (format!("{POD_ADDR}:4143"), format!("{POD_ADDR}:80"))
+            }
+            (Direction::Inbound, Family::Ipv4Mapped) => (
+                format!("[::ffff:{POD_ADDR}]:4143"),
+                format!("[::ffff:{POD_ADDR}]:80"),
+            ),
+            (Direction::Inbound, Family::Ipv6) => {
+                (format!("[{POD_ADDR6}]:4143"), format!("[{POD_ADDR6}]:80"))
+            }
         }
     }
 }
@@ -61,6 +86,9 @@ pub struct Args {
     /// The app's sockets and destinations.
     #[arg(long, value_enum, default_value = "ipv4")]
     family: Family,
+    /// Outbound (the pod's app connects out) or inbound (its peer connects in).
+    #[arg(long, value_enum, default_value = "outbound")]
+    direction: Direction,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -82,6 +110,12 @@ struct Sample {
     conns: f64,
     failures: u64,
     rate: f64,
+    /// Connect-to-first-byte latency percentiles, µs.
+    p50: f64,
+    p99: f64,
+    p999: f64,
+    /// Connections the pod's conntrack holds after the run ("-" without conntrack).
+    conntrack: String,
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -100,18 +134,22 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     proxy
         .arg("proxy")
         .args(PROXY_LISTEN)
-        .args(["--name", "proxy", "--inline"]);
+        .args(["--v6only", "--name", "proxy", "--inline"]);
     pod.listen(proxy)?;
     println!(
         "command: cargo xtask {}",
         env::args().skip(1).collect::<Vec<_>>().join(" ")
     );
     println!(
-        "settings: --seconds {} --rounds {} --threads {} --family {}, load generator, proxy and interceptor on CPU 0",
+        "settings: --seconds {} --rounds {} --threads {} --family {} --direction {}, load generator, proxy and interceptor on CPU 0",
         args.seconds,
         args.rounds,
         args.threads,
-        args.family.to_possible_value().expect("a value").get_name()
+        args.family.to_possible_value().expect("a value").get_name(),
+        args.direction
+            .to_possible_value()
+            .expect("a value")
+            .get_name()
     );
     println!(
         "machine: {} CPUs, Linux {}",
@@ -119,7 +157,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         fs::read_to_string("/proc/sys/kernel/osrelease")?.trim()
     );
 
-    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); MODES.len()];
+    let mut samples: Vec<Vec<Sample>> = MODES.iter().map(|_| Vec::new()).collect();
     for round in 0..args.rounds {
         // Rotating the order cancels a drift (thermal, other load) between the modes.
         for i in 0..MODES.len() {
@@ -127,27 +165,40 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             let mode = MODES[index];
             let sample = measure(&mut pod, mode, args)?;
             println!(
-                "round {} {:<16} {:>9.0} conn/s {:>7.2} µs/conn  ({} failures)",
+                "round {} {:<16} {:>9.0} conn/s {:>7.2} µs/conn  p99 {:>5.0} µs  conntrack {:>6}  ({} failures)",
                 round + 1,
                 mode.name(),
                 sample.rate,
                 1e6 / sample.rate,
+                sample.p99,
+                sample.conntrack,
                 sample.failures
             );
-            rates[index].push(sample.rate);
+            samples[index].push(sample);
         }
     }
 
-    let medians: Vec<f64> = rates.iter_mut().map(|r| median(r)).collect();
-    let direct = medians[0];
-    println!("\nmode             conn/s (median)  µs/conn  vs direct");
-    for (mode, rate) in MODES.iter().zip(&medians) {
+    let med = |index: usize, f: fn(&Sample) -> f64| {
+        median(&mut samples[index].iter().map(f).collect::<Vec<_>>())
+    };
+    let (direct_rate, direct_p99) = (med(0, |s| s.rate), med(0, |s| s.p99));
+    println!(
+        "\nmode             conn/s (median)  µs/conn  vs direct                         p50/p99/p99.9 µs (p99 vs direct)"
+    );
+    for (index, mode) in MODES.iter().enumerate() {
+        let rate = med(index, |s| s.rate);
+        let (p50, p99, p999) = (
+            med(index, |s| s.p50),
+            med(index, |s| s.p99),
+            med(index, |s| s.p999),
+        );
         println!(
-            "{:<16} {rate:>15.0}  {:>7.2}  {:.3} of the rate, {:+.2} µs/conn",
+            "{:<16} {rate:>15.0}  {:>7.2}  {:.3} of the rate, {:+.2} µs/conn  {p50:.0}/{p99:.0}/{p999:.0} ({:.2}x)",
             mode.name(),
             1e6 / rate,
-            rate / direct,
-            1e6 / rate - 1e6 / direct
+            rate / direct_rate,
+            1e6 / rate - 1e6 / direct_rate,
+            p99 / direct_p99
         );
     }
 
@@ -185,7 +236,8 @@ fn ebpf_args() -> Vec<&'static str> {
 }
 
 fn measure(pod: &mut Pod, mode: Mode, args: &Args) -> anyhow::Result<Sample> {
-    let (proxy, redirected) = args.family.targets();
+    let (proxy, redirected) = args.family.targets(args.direction);
+    let (proxy, redirected) = (proxy.as_str(), redirected.as_str());
     match mode {
         Mode::Direct => bench(pod, proxy, args),
         Mode::Ebpf => {
@@ -209,8 +261,15 @@ fn measure(pod: &mut Pod, mode: Mode, args: &Args) -> anyhow::Result<Sample> {
     }
 }
 
+/// One timed run: the pod's app (outbound) or its peer (inbound) connects to `target`. A
+/// connection answered by anything but the proxy fails the bench: a bypass must never count as
+/// speed.
 fn bench(pod: &Pod, target: &str, args: &Args) -> anyhow::Result<Sample> {
-    let out = crate::cmd::output(pod.probe(APP_UID).args(["bench", target]).args([
+    let mut load = match args.direction {
+        Direction::Outbound => pod.probe(APP_UID),
+        Direction::Inbound => pod.peer_probe(),
+    };
+    let out = crate::cmd::output(load.args(["bench", target]).args([
         "--seconds",
         &args.seconds.to_string(),
         "--threads",
@@ -221,10 +280,19 @@ fn bench(pod: &Pod, target: &str, args: &Args) -> anyhow::Result<Sample> {
             .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
             .with_context(|| format!("no {key}= in netprobe's {out:?}"))
     };
+    let misrouted = field("misrouted")?;
+    ensure!(
+        misrouted == 0.0,
+        "{misrouted} connections to {target} were answered by something other than the proxy"
+    );
     Ok(Sample {
         conns: field("conns")?,
         failures: field("failures")? as u64,
         rate: field("rate")?,
+        p50: field("p50_us")?,
+        p99: field("p99_us")?,
+        p999: field("p999_us")?,
+        conntrack: pod.conntrack_entries(),
     })
 }
 
@@ -240,7 +308,7 @@ fn program_costs(pod: &mut Pod, args: &Args) -> anyhow::Result<()> {
         .map(prog_fd)
         .collect::<anyhow::Result<_>>()?;
     let before: Vec<ProgInfo> = progs.iter().map(prog_info).collect::<anyhow::Result<_>>()?;
-    let sample = bench(pod, args.family.targets().1, args)?;
+    let sample = bench(pod, &args.family.targets(args.direction).1, args)?;
     let after: Vec<ProgInfo> = progs.iter().map(prog_info).collect::<anyhow::Result<_>>()?;
     pod.unmesh()?;
     let mut total = 0.0;

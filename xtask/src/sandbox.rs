@@ -233,6 +233,20 @@ impl Pod {
         cmd::output(&mut cmd).map(drop)
     }
 
+    /// The connections the pod's conntrack holds ("-" when conntrack is not loaded): the
+    /// state iptables' NAT leaves behind, which eBPF interception does not create.
+    pub fn conntrack_entries(&self) -> String {
+        Command::new("nsenter")
+            .arg(format!("--net={}", self.netns.display()))
+            .args(["cat", "/proc/sys/net/netfilter/nf_conntrack_count"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map_or("-".into(), |o| {
+                String::from_utf8_lossy(&o.stdout).trim().to_owned()
+            })
+    }
+
     /// `interceptor status --json` of this pod's instance.
     pub fn status(&self) -> Option<Value> {
         let out = Command::new(&self.interceptor)

@@ -481,34 +481,57 @@ fn bench_cmd(args: &[String]) {
     }
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(seconds);
-    let (conns, failures) = std::thread::scope(|s| {
+    // Per thread: connections that reached a proxy, ones answered by anything else (a bypass
+    // must not count), failures, and each proxy connection's connect-to-first-byte time.
+    let results: Vec<(u64, u64, u64, Vec<u32>)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let targets = &targets;
                 s.spawn(move || {
-                    let (mut conns, mut failures) = (0u64, 0u64);
+                    let (mut conns, mut misrouted, mut failures) = (0u64, 0u64, 0u64);
+                    let mut latencies = Vec::with_capacity(1 << 16);
                     for &target in targets.iter().cycle().skip(t) {
-                        if Instant::now() >= deadline {
+                        let started = Instant::now();
+                        if started >= deadline {
                             break;
                         }
                         match connect_once(target, None, true, Via::Connect) {
-                            Ok(_) => conns += 1,
+                            Ok(line) if line.starts_with("who=proxy:") => {
+                                conns += 1;
+                                let micros = started.elapsed().as_micros();
+                                latencies.push(u32::try_from(micros).unwrap_or(u32::MAX));
+                            }
+                            Ok(_) => misrouted += 1,
                             Err(_) => failures += 1,
                         }
                     }
-                    (conns, failures)
+                    (conns, misrouted, failures, latencies)
                 })
             })
             .collect();
         handles
             .into_iter()
             .map(|h| h.join().expect("bench thread"))
-            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+            .collect()
     });
     let elapsed = start.elapsed().as_secs_f64();
+    let conns: u64 = results.iter().map(|r| r.0).sum();
+    let misrouted: u64 = results.iter().map(|r| r.1).sum();
+    let failures: u64 = results.iter().map(|r| r.2).sum();
+    let mut latencies: Vec<u32> = results.into_iter().flat_map(|r| r.3).collect();
+    latencies.sort_unstable();
+    let pct = |p: f64| {
+        latencies
+            .get(((latencies.len().saturating_sub(1)) as f64 * p).round() as usize)
+            .copied()
+            .unwrap_or(0)
+    };
     println!(
-        "conns={conns} failures={failures} seconds={elapsed:.3} rate={:.1}",
-        conns as f64 / elapsed
+        "conns={conns} misrouted={misrouted} failures={failures} seconds={elapsed:.3} rate={:.1} p50_us={} p99_us={} p999_us={}",
+        conns as f64 / elapsed,
+        pct(0.5),
+        pct(0.99),
+        pct(0.999)
     );
 }
 
