@@ -68,10 +68,7 @@ fn direction_and_reason(name: &str) -> (&str, &str) {
 fn render(agent: &Agent) -> String {
     let mut registry = Registry::with_prefix("interceptor");
     let decisions = Family::<Labels, Counter>::default();
-    for cookie in agent.pods.keys() {
-        let Some(info) = agent.info(*cookie) else {
-            continue;
-        };
+    for info in agent.all_info() {
         let pod = match (&info.meta.namespace, &info.meta.name) {
             (Some(ns), Some(name)) => vec![
                 ("namespace".to_owned(), ns.clone()),

@@ -285,7 +285,7 @@ impl Agent {
         let result = match request {
             Request::Add(add) => self.add(add),
             Request::Remove { netns } => self.remove_by_path(&netns),
-            Request::List => Ok(self.pods.keys().filter_map(|c| self.info(*c)).collect()),
+            Request::List => Ok(self.all_info()),
             Request::Get { netns } => self
                 .find(&netns)
                 .map(|c| self.info(c).into_iter().collect()),
@@ -421,7 +421,24 @@ impl Agent {
         }
     }
 
+    /// Every pod's information; the listener map is walked once, not once per pod.
+    fn all_info(&self) -> Vec<PodInfo> {
+        let listening = self.node.pods_ref().listening_cookies();
+        self.pods
+            .keys()
+            .filter_map(|c| self.info_with(*c, &listening))
+            .collect()
+    }
+
     fn info(&self, cookie: u64) -> Option<PodInfo> {
+        self.info_with(cookie, &self.node.pods_ref().listening_cookies())
+    }
+
+    fn info_with(
+        &self,
+        cookie: u64,
+        listening: &std::collections::BTreeSet<u64>,
+    ) -> Option<PodInfo> {
         let record = self.pods.get(&cookie)?;
         let config = parse_pod_config(&record.args).ok()?;
         let pods = self.node.pods_ref();
@@ -443,7 +460,7 @@ impl Agent {
                 .iter()
                 .map(ToString::to_string)
                 .collect(),
-            inbound_listener: pods.has_listener(cookie),
+            inbound_listener: listening.contains(&cookie),
             counters,
         })
     }

@@ -361,6 +361,16 @@ impl PodRegistry {
         Some(self.pods.get(&cookie)?.inbound.as_ref()?.program.clone())
     }
 
+    /// The pods whose proxy is listening, in either family (one walk of the listener map).
+    pub fn listening_cookies(&self) -> BTreeSet<u64> {
+        self.maps
+            .listeners
+            .keys()
+            .filter_map(Result::ok)
+            .map(|k| k.netns_cookie)
+            .collect()
+    }
+
     /// Whether the pod's proxy is listening, in either family (as far as steering knows).
     pub fn has_listener(&self, cookie: u64) -> bool {
         // Walk the keys: a sock hash lookup from userspace needs 8-byte values (socket cookies),
