@@ -469,6 +469,7 @@ impl Agent {
     /// with the same cookie keeps its slot and counters; the others, and map entries of pods
     /// without a record (a registration that never returned), are removed.
     fn restore(&mut self) {
+        let mut in_maps = self.node.pods_ref().in_maps();
         for record in self.records.load_all() {
             let cookie = record.netns_cookie;
             let restored = parse_pod_config(&record.args)
@@ -484,7 +485,10 @@ impl Agent {
                         addresses: netns.addresses().map_err(|e| e.to_string())?,
                         config,
                     };
-                    self.node.pods().restore(&spec).map_err(|e| e.to_string())
+                    self.node
+                        .pods()
+                        .restore(&spec, &mut in_maps)
+                        .map_err(|e| e.to_string())
                 });
             match restored {
                 Ok(_) => {

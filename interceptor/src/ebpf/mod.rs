@@ -14,7 +14,7 @@ use std::{
 use aya::{maps::MapError, programs::ProgramError};
 use interceptor_common::counters::{COUNTERS_PER_POD, Decision};
 pub use loader::ProgramState;
-pub use pods::{FillLevels, PodRegistry, read_counters};
+pub use pods::{FillLevels, InMaps, PodRegistry, read_counters};
 
 use crate::config::InterceptionConfig;
 

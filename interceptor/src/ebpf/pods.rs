@@ -81,6 +81,13 @@ impl PodMaps {
     }
 }
 
+/// The address and subnet entries the maps hold, by netns cookie (see [`PodRegistry::in_maps`]).
+#[derive(Default)]
+pub struct InMaps {
+    addresses: BTreeMap<u64, BTreeSet<IpAddr>>,
+    subnets: BTreeMap<u64, BTreeSet<(u32, SubnetKey)>>,
+}
+
 /// Entries in each map.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FillLevels {
@@ -171,35 +178,41 @@ impl PodRegistry {
     /// link are still in force (they outlive the agent process), so it keeps its counter slot
     /// and counters, stale entries are removed, and its sk_lookup link gets this process's
     /// program. Registers it afresh if its configuration never reached the maps.
-    pub fn restore(&mut self, spec: &PodSpec) -> Result<u32, EbpfError> {
+    pub fn restore(&mut self, spec: &PodSpec, in_maps: &mut InMaps) -> Result<u32, EbpfError> {
         let cookie = spec.netns_cookie;
         let Ok(in_force) = self.maps.pods.get(&cookie, 0) else {
             return self.add(spec);
         };
-        let addresses = self
-            .maps
-            .local_addrs
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| k.netns_cookie == cookie)
-            .map(|k| IpAddr::from(k.addr))
-            .collect();
-        let subnets = self
-            .maps
-            .subnets
-            .keys()
-            .filter_map(Result::ok)
-            .map(|k| (k.prefix_len(), k.data()))
-            .filter(|(_, k)| k.netns_cookie == cookie)
-            .collect();
         let registered = Registered {
             slot: in_force.slot,
             config: spec.config.clone(),
-            addresses,
-            subnets,
+            addresses: in_maps.addresses.remove(&cookie).unwrap_or_default(),
+            subnets: in_maps.subnets.remove(&cookie).unwrap_or_default(),
             inbound: None,
         };
         self.write(spec, registered)
+    }
+
+    /// What the address and subnet maps hold, by pod: read once to restore many pods (a walk
+    /// per pod would cost pods × entries system calls).
+    pub fn in_maps(&self) -> InMaps {
+        let mut in_maps = InMaps::default();
+        for key in self.maps.local_addrs.keys().filter_map(Result::ok) {
+            in_maps
+                .addresses
+                .entry(key.netns_cookie)
+                .or_default()
+                .insert(IpAddr::from(key.addr));
+        }
+        for key in self.maps.subnets.keys().filter_map(Result::ok) {
+            let data = key.data();
+            in_maps
+                .subnets
+                .entry(data.netns_cookie)
+                .or_default()
+                .insert((key.prefix_len(), data));
+        }
+        in_maps
     }
 
     /// Writes (or rewrites) a pod's entries, its configuration, and attaches its sk_lookup
