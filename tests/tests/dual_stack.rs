@@ -293,3 +293,45 @@ fn an_ipv6_only_proxy_listener_never_takes_ipv4_which_fails_closed() {
     assert_eq!(counters.get(Decision::Steered), 1);
     assert_eq!(counters.get(Decision::InboundNoListener), 1);
 }
+
+/// As conntrack: `SOL_IP`/`SO_ORIGINAL_DST` answers an IPv4 connection on a dual-stack proxy
+/// socket (the other tests), `SOL_IPV6`/`IP6T_SO_ORIGINAL_DST` does not, on both backends.
+#[test]
+fn an_ipv6_original_destination_is_not_made_up_for_an_ipv4_connection() {
+    if !privileged("an_ipv6_original_destination_is_not_made_up_for_an_ipv4_connection") {
+        return;
+    }
+    let backends: [(&str, &dyn Backend); 2] = [
+        ("ebpf", &interceptor_tests::ebpf_backend::Ebpf),
+        (
+            "iptables-nft",
+            &Iptables(interceptor::iptables::IptablesMode::Nft),
+        ),
+    ];
+    for (name, backend) in backends {
+        let fixture = PodFixture::new("askv6");
+        let _attached = backend.attach(&fixture, &dual_stack_config());
+        let outbound = format!("[::]:{OUTBOUND_PORT}");
+        let _proxy = fixture.in_pod().uid(PROXY_UID).listen(&[
+            "proxy",
+            &outbound,
+            "--ask-ipv6",
+            "--name",
+            "outbound",
+        ]);
+        let app = fixture.in_pod().uid(APP_UID);
+        match app.connect(&format!("{REMOTE_ADDR}:80")) {
+            Landing::Proxy {
+                orig: Err(errno), ..
+            } => assert_ne!(errno, 0, "{name}"),
+            other => panic!("{name}: expected the proxy, with an error for SOL_IPV6: {other:?}"),
+        }
+        // Native IPv6 on the same socket is answered.
+        let target = format!("[{REMOTE_ADDR6}]:80");
+        assert_eq!(
+            app.connect(&target).proxy_orig().to_string(),
+            target,
+            "{name}"
+        );
+    }
+}

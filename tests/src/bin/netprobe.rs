@@ -24,7 +24,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: netprobe [--netns PATH] [--cgroup DIR] [--uid N] [--gid N] COMMAND\n\
          commands:\n  \
-           proxy ADDR... [--name N] [--no-orig] [--inline] [--v6only]  accept, answer with SO_ORIGINAL_DST\n  \
+           proxy ADDR... [--name N] [--no-orig] [--ask-ipv6] [--inline] [--v6only]  accept, answer with SO_ORIGINAL_DST\n  \
            server ADDR... [--name N] [--v6only]  accept, answer who it is\n  \
            connect ADDR... [--count N | --seconds S] [--bind ADDR] [--linger0] [--via PATH]\n  \
              PATH: connect (default), nonblocking, io-uring, fastopen-sendto, fastopen-connect, mptcp\n  \
@@ -123,7 +123,7 @@ fn original_dst(stream: &TcpStream) -> Result<SocketAddr, i32> {
     let ipv4 = match peer {
         SocketAddr::V4(_) => true,
         SocketAddr::V6(v6) => v6.ip().to_ipv4_mapped().is_some(),
-    };
+    } && !ASK_IPV6.get().copied().unwrap_or(false);
     let orig = if ipv4 {
         socket.original_dst_v4()
     } else {
@@ -132,6 +132,10 @@ fn original_dst(stream: &TcpStream) -> Result<SocketAddr, i32> {
     let orig = orig.map_err(|e| e.raw_os_error().unwrap_or(0))?;
     orig.as_socket().ok_or(0)
 }
+
+/// `proxy --ask-ipv6`: always ask `IP6T_SO_ORIGINAL_DST`, whatever the connection's family
+/// (what a proxy that does not tell IPv4-mapped peers apart would do).
+static ASK_IPV6: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 
 /// A listening socket on `addr`; an IPv6 one is dual-stack unless `v6only`.
 fn listen_on(addr: SocketAddr, v6only: bool) -> TcpListener {
@@ -154,6 +158,7 @@ fn serve(args: &[String], is_proxy: bool) {
     let mut args = args.to_vec();
     let name = take_opt(&mut args, "--name").unwrap_or_else(|| "-".into());
     let ask = !take_flag(&mut args, "--no-orig");
+    let _ = ASK_IPV6.set(take_flag(&mut args, "--ask-ipv6"));
     // A lean proxy for the bench: one SO_ORIGINAL_DST per connection, answered in the accept
     // loop instead of a thread per connection.
     let inline = take_flag(&mut args, "--inline");
