@@ -292,42 +292,11 @@ impl PodRegistry {
             return self.remove(cookie);
         }
         let slot = self.maps.pods.get(&cookie, 0).ok().map(|c| c.slot);
-        let ignore_absent = |r: Result<(), MapError>| match r {
-            Err(e) if is_absent(&e) => Ok(()),
-            r => r,
-        };
-        ignore_absent(self.maps.pods.remove(&cookie)).map_err(map_error(names::MAP_PODS))?;
-        let path = inbound_link_path(&self.links_dir, cookie);
-        PinnedLink::remove_pinned(&path).map_err(|source| EbpfError::PinDir { path, source })?;
-        for ipv6 in [false, true] {
-            ignore_absent(self.maps.listeners.remove(&listener_key(cookie, ipv6)))
-                .map_err(map_error(names::MAP_LISTENERS))?;
-        }
-        let addresses: Vec<LocalAddrKey> = self
-            .maps
-            .local_addrs
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| k.netns_cookie == cookie)
-            .collect();
-        for key in addresses {
-            ignore_absent(self.maps.local_addrs.remove(&key))
-                .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
-        }
-        let subnets: Vec<Key<SubnetKey>> = self
-            .maps
-            .subnets
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| k.data().netns_cookie == cookie)
-            .collect();
-        for key in subnets {
-            ignore_absent(self.maps.subnets.remove(&key)).map_err(map_error(names::MAP_SUBNETS))?;
-        }
-        match slot {
-            Some(slot) => self.zero_counters(slot),
-            None => Ok(()),
-        }
+        self.remove_config(cookie)?;
+        let mut in_maps = self.in_maps();
+        let addresses = in_maps.addresses.remove(&cookie).unwrap_or_default();
+        let subnets = in_maps.subnets.remove(&cookie).unwrap_or_default();
+        self.remove_entries(cookie, slot, &addresses, &subnets)
     }
 
     /// Puts the listeners that existed before registration into the listener map, one per family
@@ -374,7 +343,9 @@ impl PodRegistry {
         Some(self.pods.get(&cookie)?.inbound.as_ref()?.program.clone())
     }
 
-    /// The pods whose proxy is listening, in either family (one walk of the listener map).
+    /// The pods whose proxy is listening, in either family (one walk of the listener map: a
+    /// sock hash lookup from userspace needs 8-byte values, socket cookies, and aya-ebpf
+    /// declares 4-byte ones).
     pub fn listening_cookies(&self) -> BTreeSet<u64> {
         self.maps
             .listeners
@@ -386,12 +357,7 @@ impl PodRegistry {
 
     /// Whether the pod's proxy is listening, in either family (as far as steering knows).
     pub fn has_listener(&self, cookie: u64) -> bool {
-        // Walk the keys: a sock hash lookup from userspace needs 8-byte values (socket cookies),
-        // and aya-ebpf declares 4-byte ones.
-        self.maps
-            .listeners
-            .keys()
-            .any(|k| k.is_ok_and(|k| k.netns_cookie == cookie))
+        self.listening_cookies().contains(&cookie)
     }
 
     /// Unregisters a pod: its connections are no longer intercepted from this call on.
@@ -399,33 +365,50 @@ impl PodRegistry {
         let Some(registered) = self.pods.remove(&cookie) else {
             return Ok(());
         };
-        let ignore_absent = |r: Result<(), MapError>| match r {
-            Err(e) if is_absent(&e) => Ok(()),
-            r => r,
-        };
-        ignore_absent(self.maps.pods.remove(&cookie)).map_err(map_error(names::MAP_PODS))?;
+        self.remove_config(cookie)?;
         drop(registered.inbound);
+        self.remove_entries(
+            cookie,
+            Some(registered.slot),
+            &registered.addresses,
+            &registered.subnets,
+        )
+    }
+
+    fn remove_config(&mut self, cookie: u64) -> Result<(), EbpfError> {
+        ignore_absent(self.maps.pods.remove(&cookie)).map_err(map_error(names::MAP_PODS))
+    }
+
+    /// What remains of a pod once its configuration is gone: its pinned sk_lookup link, its
+    /// listeners, addresses, subnets and counters.
+    fn remove_entries(
+        &mut self,
+        cookie: u64,
+        slot: Option<u32>,
+        addresses: &BTreeSet<IpAddr>,
+        subnets: &BTreeSet<(u32, SubnetKey)>,
+    ) -> Result<(), EbpfError> {
         if self.persistent {
-            PinnedLink::remove_pinned(&inbound_link_path(&self.links_dir, cookie)).map_err(
-                |source| EbpfError::PinDir {
-                    path: inbound_link_path(&self.links_dir, cookie),
-                    source,
-                },
-            )?;
+            let path = inbound_link_path(&self.links_dir, cookie);
+            PinnedLink::remove_pinned(&path)
+                .map_err(|source| EbpfError::PinDir { path, source })?;
         }
         for ipv6 in [false, true] {
             ignore_absent(self.maps.listeners.remove(&listener_key(cookie, ipv6)))
                 .map_err(map_error(names::MAP_LISTENERS))?;
         }
-        for ip in &registered.addresses {
+        for ip in addresses {
             ignore_absent(self.maps.local_addrs.remove(&local_key(cookie, *ip)))
                 .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
         }
-        for (prefix_len, key) in &registered.subnets {
+        for (prefix_len, key) in subnets {
             ignore_absent(self.maps.subnets.remove(&Key::new(*prefix_len, *key)))
                 .map_err(map_error(names::MAP_SUBNETS))?;
         }
-        self.zero_counters(registered.slot)
+        match slot {
+            Some(slot) => self.zero_counters(slot),
+            None => Ok(()),
+        }
     }
 
     /// Replaces the pod's set of own addresses (after an address change in its namespace).
@@ -504,10 +487,8 @@ impl PodRegistry {
                 .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
         }
         for ip in registered.addresses.difference(&wanted) {
-            match self.maps.local_addrs.remove(&local_key(cookie, *ip)) {
-                Err(e) if !is_absent(&e) => return Err(map_error(names::MAP_LOCAL_ADDRS)(e)),
-                _ => {}
-            }
+            ignore_absent(self.maps.local_addrs.remove(&local_key(cookie, *ip)))
+                .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
         }
         registered.addresses = wanted;
         Ok(())
@@ -534,10 +515,8 @@ impl PodRegistry {
         wanted: &BTreeSet<(u32, SubnetKey)>,
     ) -> Result<(), EbpfError> {
         for (prefix_len, key) in registered.subnets.clone().difference(wanted) {
-            match self.maps.subnets.remove(&Key::new(*prefix_len, *key)) {
-                Err(e) if !is_absent(&e) => return Err(map_error(names::MAP_SUBNETS)(e)),
-                _ => {}
-            }
+            ignore_absent(self.maps.subnets.remove(&Key::new(*prefix_len, *key)))
+                .map_err(map_error(names::MAP_SUBNETS))?;
             registered.subnets.remove(&(*prefix_len, *key));
         }
         Ok(())
@@ -552,6 +531,14 @@ impl PodRegistry {
             .counters
             .set(slot, zero, 0)
             .map_err(map_error(names::MAP_COUNTERS))
+    }
+}
+
+/// A delete that found nothing to delete is not an error.
+fn ignore_absent(result: Result<(), MapError>) -> Result<(), MapError> {
+    match result {
+        Err(e) if is_absent(&e) => Ok(()),
+        r => r,
     }
 }
 
