@@ -28,8 +28,16 @@ pub const PEER_ADDR6: &str = "fd99::20";
 /// default, as in proxy-init).
 pub const PROXY_ARGS: [&str; 6] = ["-p", "4143", "-o", "4140", "-u", PROXY_UID];
 
-/// Installs what is missing, builds the release binaries; returns (interceptor, netprobe).
-pub fn build() -> anyhow::Result<(PathBuf, PathBuf)> {
+/// The release binaries a sandbox runs.
+pub struct Binaries {
+    pub interceptor: PathBuf,
+    pub netprobe: PathBuf,
+    /// The bench's lean load generator and proxy.
+    pub connload: PathBuf,
+}
+
+/// Installs what is missing, builds the release binaries.
+pub fn build() -> anyhow::Result<Binaries> {
     // SAFETY: geteuid has no preconditions.
     ensure!(
         unsafe { libc::geteuid() } == 0,
@@ -52,7 +60,11 @@ pub fn build() -> anyhow::Result<(PathBuf, PathBuf)> {
     )?;
     let dir = env::var_os("CARGO_TARGET_DIR").unwrap_or_else(|| "target".into());
     let release = workspace_root().join(dir).join("release");
-    Ok((release.join("interceptor"), release.join("netprobe")))
+    Ok(Binaries {
+        interceptor: release.join("interceptor"),
+        netprobe: release.join("netprobe"),
+        connload: release.join("connload"),
+    })
 }
 
 pub struct Pod {
@@ -70,11 +82,19 @@ pub struct Pod {
 
 impl Pod {
     pub fn create(kind: &str, cpu: Option<&'static str>) -> anyhow::Result<Self> {
-        let (interceptor, netprobe) = build()?;
+        Self::with_binaries(&build()?, kind, cpu)
+    }
+
+    /// A pod named after `kind` (unique per process) running already built binaries.
+    pub fn with_binaries(
+        binaries: &Binaries,
+        kind: &str,
+        cpu: Option<&'static str>,
+    ) -> anyhow::Result<Self> {
         let name = format!("interceptor-{kind}-{}", std::process::id());
         let pod = Self {
-            interceptor,
-            netprobe,
+            interceptor: binaries.interceptor.clone(),
+            netprobe: binaries.netprobe.clone(),
             netns: Path::new("/run/netns").join(&name),
             peer: format!("{name}-peer"),
             cgroup: cgroup2_root()?.join(&name),
@@ -152,6 +172,11 @@ impl Pod {
         cmd
     }
 
+    /// The peer's network namespace: the rest of the network, as the pod sees it.
+    pub fn peer_netns(&self) -> PathBuf {
+        Path::new("/run/netns").join(&self.peer)
+    }
+
     /// netprobe on the peer, a client of the pod.
     pub fn peer_probe(&self) -> Command {
         let mut cmd = self.command(&self.netprobe);
@@ -213,11 +238,19 @@ impl Pod {
         stop(self.meshed.take().context("not meshed")?)
     }
 
-    /// `interceptor run --mode iptables` (writes the chains and exits) and its cleanup.
-    pub fn iptables(&self, iptables_mode: &str, install: bool) -> anyhow::Result<()> {
+    /// `interceptor run --mode iptables` (writes the chains, with more of proxy-init's flags
+    /// when installing, and exits) and its cleanup.
+    pub fn iptables(
+        &self,
+        iptables_mode: &str,
+        install: bool,
+        extra: &[&str],
+    ) -> anyhow::Result<()> {
         let mut cmd = Command::new(&self.interceptor);
         if install {
-            cmd.args(["run", "--mode", "iptables"]).args(PROXY_ARGS);
+            cmd.args(["run", "--mode", "iptables"])
+                .args(PROXY_ARGS)
+                .args(extra);
         } else {
             cmd.arg("iptables-cleanup");
         }
@@ -284,7 +317,7 @@ fn ip(args: &[&str]) -> anyhow::Result<()> {
     cmd::run(Command::new("ip").args(args))
 }
 
-fn cgroup2_root() -> anyhow::Result<PathBuf> {
+pub fn cgroup2_root() -> anyhow::Result<PathBuf> {
     let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
     mountinfo
         .lines()

@@ -1,0 +1,367 @@
+//! A lean load generator and proxy in one process, for `cargo xtask bench`: each worker thread
+//! connects, accepts that connection on the proxy's listener, asks `SO_ORIGINAL_DST` and checks
+//! the answer, sends one byte back and reads it, then closes both ends. A few syscalls and no
+//! runtime, so the microsecond or so that interception adds per connection is visible.
+//!
+//! The listener is opened in `--listen-netns` (the pod) from the process's `--cgroup`; the
+//! connecting sockets in `--connect-netns` (the pod for outbound, its peer for inbound), from
+//! `--client-cgroup` if given (the inbound client is no process of the pod). Prints one JSON line.
+//!
+//! A connection that fails, or whose original destination is not `--expect` (or, with
+//! `--expect none`, that has one), counts as a failure: the bench refuses a run with any, so a
+//! bypass can never pass for speed.
+use std::{
+    fs::File,
+    mem::{size_of, zeroed},
+    net::SocketAddr,
+    os::fd::{AsRawFd as _, BorrowedFd, OwnedFd, RawFd},
+    path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use socket2::SockAddr;
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: connload --listen-netns PATH --listen ADDR [--v6only] --connect-netns PATH \
+         --connect ADDR --expect ADDR|none [--cgroup DIR] [--client-cgroup DIR] [--uid N] \
+         [--workers N] [--cpu N] [--seconds S] [--close rst|fin]"
+    );
+    std::process::exit(2)
+}
+
+fn die(what: &str, e: impl std::fmt::Display) -> ! {
+    eprintln!("connload: {what}: {e}");
+    std::process::exit(1)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Close {
+    /// SO_LINGER 0 on the connecting side: an RST, no TIME_WAIT anywhere.
+    Rst,
+    /// The app closes first: FIN both ways, TIME_WAIT on the app's side.
+    Fin,
+}
+
+struct Args {
+    listen_netns: PathBuf,
+    listen: SocketAddr,
+    v6only: bool,
+    connect_netns: PathBuf,
+    connect: SocketAddr,
+    expect: Option<SocketAddr>,
+    cgroup: Option<PathBuf>,
+    client_cgroup: Option<PathBuf>,
+    uid: Option<u32>,
+    workers: usize,
+    cpu: Option<usize>,
+    seconds: f64,
+    close: Close,
+}
+
+fn parse_args() -> Args {
+    let mut raw: Vec<String> = std::env::args().skip(1).collect();
+    let mut take = |flag: &str| -> Option<String> {
+        let i = raw.iter().position(|a| a == flag)?;
+        raw.remove(i);
+        (i < raw.len()).then(|| raw.remove(i))
+    };
+    let addr = |s: String| -> SocketAddr { s.parse().unwrap_or_else(|e| die(&s, e)) };
+    let num = |s: String| -> f64 { s.parse().unwrap_or_else(|e| die(&s, e)) };
+    let args = Args {
+        listen_netns: take("--listen-netns").unwrap_or_else(|| usage()).into(),
+        listen: addr(take("--listen").unwrap_or_else(|| usage())),
+        v6only: false,
+        connect_netns: take("--connect-netns").unwrap_or_else(|| usage()).into(),
+        connect: addr(take("--connect").unwrap_or_else(|| usage())),
+        expect: match take("--expect").unwrap_or_else(|| usage()) {
+            none if none == "none" => None,
+            a => Some(addr(a)),
+        },
+        cgroup: take("--cgroup").map(PathBuf::from),
+        client_cgroup: take("--client-cgroup").map(PathBuf::from),
+        uid: take("--uid").map(|u| num(u) as u32),
+        workers: take("--workers").map_or(1, |w| num(w) as usize),
+        cpu: take("--cpu").map(|c| num(c) as usize),
+        seconds: take("--seconds").map_or(1.0, num),
+        close: match take("--close").as_deref() {
+            None | Some("rst") => Close::Rst,
+            Some("fin") => Close::Fin,
+            Some(other) => die("--close", format!("{other:?} is neither rst nor fin")),
+        },
+    };
+    let v6only = raw.iter().position(|a| a == "--v6only");
+    let args = Args {
+        v6only: v6only.map(|i| raw.remove(i)).is_some(),
+        ..args
+    };
+    if !raw.is_empty() {
+        usage()
+    }
+    args
+}
+
+fn check(rc: libc::c_int, what: &str) -> libc::c_int {
+    if rc < 0 {
+        die(what, std::io::Error::last_os_error())
+    }
+    rc
+}
+
+fn enter_netns(path: &Path) {
+    let netns = File::open(path).unwrap_or_else(|e| die(&path.display().to_string(), e));
+    // SAFETY: setns on a valid fd; it moves only the calling thread.
+    check(
+        unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) },
+        "setns",
+    );
+}
+
+fn enter_cgroup(dir: &Path) {
+    std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
+        .unwrap_or_else(|e| die(&dir.display().to_string(), e));
+}
+
+fn listener(addr: SocketAddr, v6only: bool) -> OwnedFd {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )
+    .unwrap_or_else(|e| die("socket", e));
+    socket.set_reuse_address(true).ok();
+    if addr.is_ipv6() {
+        socket
+            .set_only_v6(v6only)
+            .unwrap_or_else(|e| die("IPV6_V6ONLY", e));
+    }
+    socket
+        .bind(&addr.into())
+        .and_then(|()| socket.listen(4096))
+        .unwrap_or_else(|e| die(&format!("listen on {addr}"), e));
+    socket.into()
+}
+
+/// What one worker saw.
+#[derive(Default)]
+struct Tally {
+    conns: u64,
+    failures: u64,
+    first_failure: Option<String>,
+    /// Connect-to-first-byte, ns, one per connection.
+    latencies: Vec<u32>,
+}
+
+impl Tally {
+    fn fail(&mut self, what: String) {
+        self.failures += 1;
+        self.first_failure.get_or_insert(what);
+    }
+}
+
+/// The socket's original destination as a proxy asks for it: SOL_IP for an IPv4 connection
+/// (also on an AF_INET6 socket), SOL_IPV6 for an IPv6 one; None if the kernel has no answer.
+fn original_dst(fd: RawFd, ipv4: bool) -> Option<SocketAddr> {
+    // SAFETY: fd is an open socket for the duration of this call.
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    let socket = socket2::SockRef::from(&fd);
+    let orig = if ipv4 {
+        socket.original_dst_v4()
+    } else {
+        socket.original_dst_v6()
+    };
+    orig.ok()?.as_socket()
+}
+
+fn set_linger0(fd: RawFd) {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: linger is a valid struct linger.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&raw const linger).cast(),
+            size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+}
+
+fn now_ns() -> u64 {
+    let mut ts: libc::timespec = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is writable.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// connect, accept, SO_ORIGINAL_DST, one byte back, close — until `stop`. Every worker accepts
+/// from the same listener, so it may take another worker's connection; each connects once before
+/// it accepts once, so an accept always has a connection waiting.
+fn worker(listener: RawFd, args: &Args, stop: &AtomicBool) -> Tally {
+    let target = SockAddr::from(args.connect);
+    let ipv4 = match args.connect {
+        SocketAddr::V4(_) => true,
+        SocketAddr::V6(v6) => v6.ip().to_ipv4_mapped().is_some(),
+    };
+    let domain = if args.connect.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    let mut tally = Tally {
+        latencies: Vec::with_capacity(1 << 20),
+        ..Tally::default()
+    };
+    let mut byte = [b'x'];
+    while !stop.load(Ordering::Relaxed) {
+        let start = now_ns();
+        // SAFETY: plain syscalls on fds this loop owns; buffers are valid for their lengths.
+        unsafe {
+            let client = check(
+                libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0),
+                "socket",
+            );
+            if libc::connect(client, target.as_ptr().cast(), target.len()) != 0 {
+                let err = std::io::Error::last_os_error();
+                libc::close(client);
+                tally.fail(format!("connect to {}: {err}", args.connect));
+                if tally.failures > 100 {
+                    break;
+                }
+                continue;
+            }
+            let accepted = check(
+                libc::accept4(
+                    listener,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_CLOEXEC,
+                ),
+                "accept",
+            );
+            let orig = original_dst(accepted, ipv4);
+            if orig != args.expect {
+                tally.fail(format!(
+                    "original destination {orig:?}, expected {:?}",
+                    args.expect
+                ));
+            }
+            if libc::write(accepted, byte.as_ptr().cast(), 1) != 1
+                || libc::read(client, byte.as_mut_ptr().cast(), 1) != 1
+            {
+                tally.fail(format!("echo: {}", std::io::Error::last_os_error()));
+            }
+            tally
+                .latencies
+                .push((now_ns() - start).min(u64::from(u32::MAX)) as u32);
+            if args.close == Close::Rst {
+                set_linger0(client);
+            }
+            libc::close(client);
+            libc::close(accepted);
+        }
+        tally.conns += 1;
+    }
+    tally
+}
+
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET stays within it for cpu < CPU_SETSIZE.
+    unsafe {
+        let mut set: libc::cpu_set_t = zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        check(
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set),
+            "sched_setaffinity",
+        );
+    }
+}
+
+fn cpu_seconds() -> f64 {
+    // SAFETY: usage is writable.
+    let mut usage: libc::rusage = unsafe { zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
+fn percentile(sorted: &[u32], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let index = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    f64::from(sorted[index]) / 1e3
+}
+
+fn main() {
+    let args = parse_args();
+    if let Some(cpu) = args.cpu {
+        pin_to(cpu);
+    }
+    if let Some(cgroup) = &args.cgroup {
+        enter_cgroup(cgroup);
+    }
+    // Threads inherit the network namespace of the thread that creates them, and sockets keep
+    // the namespace and cgroup they were created in.
+    enter_netns(&args.listen_netns);
+    let listener = listener(args.listen, args.v6only);
+    enter_netns(&args.connect_netns);
+    if let Some(cgroup) = &args.client_cgroup {
+        enter_cgroup(cgroup);
+    }
+    if let Some(uid) = args.uid {
+        // SAFETY: plain credential syscalls (glibc applies them to every thread).
+        unsafe {
+            check(libc::setgroups(0, std::ptr::null()), "setgroups");
+            check(libc::setresgid(uid, uid, uid), "setresgid");
+            check(libc::setresuid(uid, uid, uid), "setresuid");
+        }
+    }
+
+    let args = Arc::new(args);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (cpu_before, started) = (cpu_seconds(), Instant::now());
+    let workers: Vec<_> = (0..args.workers)
+        .map(|_| {
+            let (args, stop) = (Arc::clone(&args), Arc::clone(&stop));
+            let listener = listener.as_raw_fd();
+            std::thread::spawn(move || worker(listener, &args, &stop))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs_f64(args.seconds));
+    stop.store(true, Ordering::Relaxed);
+    let tallies: Vec<Tally> = workers
+        .into_iter()
+        .map(|w| w.join().expect("a worker panicked"))
+        .collect();
+    let (elapsed, cpu) = (started.elapsed().as_secs_f64(), cpu_seconds() - cpu_before);
+
+    let conns: u64 = tallies.iter().map(|t| t.conns).sum();
+    let failures: u64 = tallies.iter().map(|t| t.failures).sum();
+    let first_failure = tallies.iter().find_map(|t| t.first_failure.clone());
+    let mut latencies: Vec<u32> = tallies.into_iter().flat_map(|t| t.latencies).collect();
+    latencies.sort_unstable();
+    let json = serde_json::json!({
+        "conns": conns,
+        "failures": failures,
+        "first_failure": first_failure,
+        "seconds": elapsed,
+        "rate": conns as f64 / elapsed,
+        "cpu_us_per_conn": cpu * 1e6 / conns.max(1) as f64,
+        "p50_us": percentile(&latencies, 0.50),
+        "p99_us": percentile(&latencies, 0.99),
+        "p999_us": percentile(&latencies, 0.999),
+    });
+    println!("{json}");
+}
