@@ -129,6 +129,16 @@ fn proxy_side_key(ctx: &SockOpsContext) -> PendingKey {
 /// redirected connection, ask for this socket's state changes, so its entry goes when it closes.
 #[inline(always)]
 fn watch_proxy_side(ctx: &SockOpsContext) {
+    // A redirected connection reaches the proxy on loopback (connect4/6 rewrite to 127.0.0.1,
+    // ::ffff:127.0.0.1 or ::1): any other connection (every inbound one) needs no lookup.
+    let local = sock_ops_addr(
+        ctx,
+        unsafe { &raw const (*ctx.ops).local_ip6 },
+        ctx.local_ip4(),
+    );
+    if !local.is_loopback_or_unspecified() {
+        return;
+    }
     let Some(pending) = (unsafe { PENDING.get(&proxy_side_key(ctx)) }) else {
         return;
     };
@@ -197,7 +207,14 @@ fn serve_orig_dst(ctx: &SockoptContext, so: *mut bpf_sockopt, ipv6: bool) {
     if ipv6 && pod.flags & flags::INTERCEPT_IPV6 == 0 {
         return;
     }
-    let local_port_be = (unsafe { (*sk).src_port } as u16).to_be();
+    let local_port = unsafe { (*sk).src_port } as u16;
+    let local_port_be = local_port.to_be();
+    // Redirected outbound connections all land on the proxy's outbound port: any other socket
+    // (an inbound one above all) needs no lookup.
+    if local_port != pod.outbound_port {
+        answer_local_address(so, local, local_port_be);
+        return;
+    }
     let key = PendingKey {
         netns_cookie,
         client: peer,
