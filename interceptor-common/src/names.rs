@@ -5,10 +5,12 @@ pub const PROG_CONNECT4: &str = "icpt_connect4";
 pub const PROG_CONNECT6: &str = "icpt_connect6";
 pub const PROG_SOCKOPS: &str = "icpt_sockops";
 pub const PROG_GETSOCKOPT: &str = "icpt_getsockopt";
-/// Loaded once per pod (sk_lookup attaches to a network namespace, and cannot ask which one it
-/// runs in), with [`GLOBAL_POD_NETNS_COOKIE`] set to that pod's cookie.
+/// Loaded once, into [`MAP_SK_LOOKUP_PROG`]: each pod's [`PROG_POD_LOOKUP`] tail-calls it.
 pub const PROG_SK_LOOKUP: &str = "icpt_sk_lookup";
-pub const GLOBAL_POD_NETNS_COOKIE: &str = "POD_NETNS_COOKIE";
+/// A pod's own sk_lookup program, attached to its network namespace (sk_lookup cannot ask which
+/// namespace it runs in): it writes the pod's netns cookie to [`MAP_LOOKUP_POD`] and tail-calls
+/// [`PROG_SK_LOOKUP`]. Assembled by userspace, not in the object.
+pub const PROG_POD_LOOKUP: &str = "icpt_pod_lookup";
 
 /// netns cookie -> [`crate::PodConfig`]: which pods are meshed, and how.
 pub const MAP_PODS: &str = "ICPT_PODS";
@@ -25,9 +27,14 @@ pub const MAP_PENDING: &str = "ICPT_PENDING";
 /// Sock hash [`crate::ListenerKey`] -> the proxy's inbound listening socket(s), per family.
 pub const MAP_LISTENERS: &str = "ICPT_LISTENERS";
 
-/// Maps shared by the node's programs and every pod's sk_lookup instance (through pins), and
+/// Program array, index 0: [`PROG_SK_LOOKUP`].
+pub const MAP_SK_LOOKUP_PROG: &str = "ICPT_SK_LOOKUP";
+/// Per-CPU array, index 0: the netns cookie of the pod whose sk_lookup is running.
+pub const MAP_LOOKUP_POD: &str = "ICPT_LOOKUP_POD";
+
+/// Maps shared by the node's programs and every pod's sk_lookup program (through pins), and
 /// read by `interceptor status` from another process.
-pub const SHARED_MAPS: [&str; 7] = [
+pub const SHARED_MAPS: [&str; 9] = [
     MAP_PODS,
     MAP_LOCAL_ADDRS,
     MAP_SUBNETS,
@@ -35,4 +42,6 @@ pub const SHARED_MAPS: [&str; 7] = [
     MAP_CONNECTING,
     MAP_PENDING,
     MAP_LISTENERS,
+    MAP_SK_LOOKUP_PROG,
+    MAP_LOOKUP_POD,
 ];

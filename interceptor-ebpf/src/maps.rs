@@ -2,7 +2,7 @@
 //! must be literals, so the loader checks they match at load time).
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, SockHash, lpm_trie::Key},
+    maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray, SockHash, lpm_trie::Key},
 };
 use interceptor_common::{
     DEFAULT_PENDING_ORIG_DST_CAPACITY, Ip6Addr, ListenerKey, LocalAddrKey, MAX_LOCAL_ADDRS_PER_POD,
@@ -41,6 +41,17 @@ pub static PENDING: LruHashMap<PendingKey, PendingOrigDst> =
 /// the next listen() on the inbound port puts the new one in.
 #[map(name = "ICPT_LISTENERS")]
 pub static LISTENERS: SockHash<ListenerKey> = SockHash::with_max_entries(2 * MAX_PODS, 0);
+
+/// Index 0: the sk_lookup program every pod's own program tail-calls (see `inbound`). One
+/// verified program serves every pod, and an upgrade swaps it for all pods with one update.
+#[map(name = "ICPT_SK_LOOKUP")]
+pub static SK_LOOKUP_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// Index 0: the netns cookie of the pod whose sk_lookup runs on this CPU, written by the pod's
+/// own program right before its tail call (a per-CPU slot: the two run back to back on one CPU
+/// with bottom halves off, nothing can run a lookup in between).
+#[map(name = "ICPT_LOOKUP_POD")]
+pub static LOOKUP_POD: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// Whether `addr` is in one of the pod's subnets for `direction`, among the subnets of the
 /// address's own family.

@@ -109,7 +109,7 @@ impl PinnedLink {
 }
 
 /// The object pinned at `path` (BPF_OBJ_GET), or `None` when nothing is pinned there.
-fn open_pinned(path: &Path) -> io::Result<Option<OwnedFd>> {
+pub(super) fn open_pinned(path: &Path) -> io::Result<Option<OwnedFd>> {
     let pathname = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
     // obj_get: pathname (u64), bpf_fd (u32), file_flags (u32); the rest zero.
     let mut attr = [0u64; 3];
@@ -132,7 +132,7 @@ impl Drop for PinnedLink {
     }
 }
 
-fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<i32> {
+pub(super) fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<i32> {
     // SAFETY: attr is a valid, initialised buffer of size_of::<T>() bytes for this command.
     let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, std::ptr::from_mut(attr), size_of::<T>()) };
     if rc < 0 {

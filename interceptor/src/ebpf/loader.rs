@@ -6,6 +6,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
+    maps::ProgramArray,
     programs::{CgroupSockAddr, CgroupSockopt, ProgramError, SkLookup, SockOps},
 };
 use interceptor_common::names;
@@ -14,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::{
     EbpfError, LoadOptions, OBJECT,
     links::{self, PinnedLink},
+    pod_lookup::{PodLookupLoader, program_id},
     pods::PodMaps,
 };
 
@@ -25,12 +27,14 @@ pub struct ProgramState {
     pub attach_type: String,
 }
 
-/// The node-wide programs; `icpt_sk_lookup` is loaded per pod instead.
-const PROGRAMS: [(&str, &str); 4] = [
+/// The node-wide programs. The sk_lookup one is attached to no hook: each pod's own program
+/// tail-calls it (see `pod_lookup`).
+const PROGRAMS: [(&str, &str); 5] = [
     (names::PROG_CONNECT4, "cgroup/connect4"),
     (names::PROG_CONNECT6, "cgroup/connect6"),
     (names::PROG_SOCKOPS, "sock_ops"),
     (names::PROG_GETSOCKOPT, "cgroup/getsockopt"),
+    (names::PROG_SK_LOOKUP, "sk_lookup, tail-called"),
 ];
 
 pub(super) struct Attached {
@@ -60,6 +64,30 @@ impl Attached {
         getsockopt
             .load()
             .map_err(program_error(names::PROG_GETSOCKOPT))?;
+        // Loaded and verified once, for every pod; swapping it in replaces it for all pods at
+        // once (a restarted or upgraded agent).
+        let sk_lookup: &mut SkLookup = program(&mut ebpf, names::PROG_SK_LOOKUP)?;
+        sk_lookup
+            .load()
+            .map_err(program_error(names::PROG_SK_LOOKUP))?;
+        let sk_lookup_fd = sk_lookup
+            .fd()
+            .map_err(program_error(names::PROG_SK_LOOKUP))?
+            .try_clone()
+            .map_err(|e| program_error(names::PROG_SK_LOOKUP)(ProgramError::IOError(e)))?;
+        let map_error = |source| EbpfError::Map {
+            map: names::MAP_SK_LOOKUP_PROG,
+            source,
+        };
+        let mut sk_lookup_prog = ProgramArray::try_from(
+            ebpf.map_mut(names::MAP_SK_LOOKUP_PROG)
+                .ok_or(EbpfError::Missing {
+                    kind: "map",
+                    name: names::MAP_SK_LOOKUP_PROG,
+                })?,
+        )
+        .map_err(map_error)?;
+        sk_lookup_prog.set(0, &sk_lookup_fd, 0).map_err(map_error)?;
 
         let maps = PodMaps::take(&mut ebpf)?;
         Ok((
@@ -153,57 +181,15 @@ pub(super) fn probe(pin_dir: &Path) -> Result<(), EbpfError> {
         persistent: false,
         max_pods: interceptor_common::MAX_PODS,
     })?;
-    let ebpf = SkLookupLoader::new(pin_dir).load(0)?;
-    drop((ebpf, maps, attached));
+    let pod_lookup = PodLookupLoader::new(pin_dir)
+        .and_then(|loader| loader.load(0))
+        .map_err(EbpfError::PodLookup)?;
+    drop((pod_lookup, maps, attached));
     Ok(())
 }
 
-/// Loads pods' sk_lookup instances on the node's pinned maps. One loader serves every pod:
-/// aya 0.14's `EbpfLoader::new` parses the kernel's BTF (`/sys/kernel/btf/vmlinux`, megabytes)
-/// each time, which was most of a pod's registration time.
-pub(super) struct SkLookupLoader {
-    loader: EbpfLoader<'static>,
-}
-
-impl SkLookupLoader {
-    pub(super) fn new(pin_dir: &Path) -> Self {
-        Self {
-            loader: loader(pin_dir),
-        }
-    }
-
-    /// Loads (and verifies) an sk_lookup instance for the pod with `netns_cookie`, without
-    /// attaching it.
-    pub(super) fn load(&mut self, netns_cookie: u64) -> Result<Ebpf, EbpfError> {
-        static UNSET: u64 = 0;
-        // SAFETY: the loader only reads its globals inside `load` below, and the entry is
-        // pointed back at a static before this function returns: the loader never holds this
-        // reference beyond `netns_cookie`'s life. (A loader of this call's lifetime would have
-        // to be built, and the kernel's BTF parsed, for every pod.)
-        let cookie: &'static u64 = unsafe { &*std::ptr::from_ref(&netns_cookie) };
-        let loaded = self
-            .loader
-            .override_global(names::GLOBAL_POD_NETNS_COOKIE, cookie, true)
-            .load(OBJECT);
-        self.loader
-            .override_global(names::GLOBAL_POD_NETNS_COOKIE, &UNSET, true);
-        load_sk_lookup_program(loaded?)
-    }
-}
-
-fn load_sk_lookup_program(mut ebpf: Ebpf) -> Result<Ebpf, EbpfError> {
-    let name = names::PROG_SK_LOOKUP;
-    let sk_lookup: &mut SkLookup = program(&mut ebpf, name)?;
-    sk_lookup
-        .load()
-        .map_err(|source| EbpfError::Program { name, source })?;
-    Ok(ebpf)
-}
-
-/// One pod's sk_lookup instance, attached to the pod's network namespace with a pinned link;
-/// dropping it detaches it, unless the link is persistent. The link holds the program: the
-/// loaded object (its maps' handles, its instructions) is not kept, it would cost tens of KiB
-/// per pod.
+/// One pod's sk_lookup program, attached to the pod's network namespace with a pinned link;
+/// dropping it detaches it, unless the link is persistent. The link holds the program.
 pub(super) struct Inbound {
     _link: PinnedLink,
     pub(super) program: super::ProgramState,
@@ -214,33 +200,30 @@ pub(super) fn inbound_link_path(links_dir: &Path, netns_cookie: u64) -> PathBuf 
     links_dir.join(format!("link_{}_{netns_cookie}", names::PROG_SK_LOOKUP))
 }
 
-/// Loads one pod's sk_lookup instance (its netns cookie baked in) and attaches it to the pod's
+/// Loads one pod's sk_lookup program (its netns cookie baked in) and attaches it to the pod's
 /// network namespace with a link pinned in `links_dir`; a `persistent` one replaces the program
 /// of a link already pinned there for the pod (the agent).
 pub(super) fn load_inbound(
-    loader: &mut SkLookupLoader,
+    loader: &PodLookupLoader,
     links_dir: &Path,
     persistent: bool,
     netns_cookie: u64,
     netns: &crate::netns::PodNetns,
 ) -> Result<Inbound, EbpfError> {
-    let mut ebpf = loader.load(netns_cookie)?;
-    let name = names::PROG_SK_LOOKUP;
-    let sk_lookup: &mut SkLookup = program(&mut ebpf, name)?;
+    let program = loader.load(netns_cookie).map_err(EbpfError::PodLookup)?;
     let attach_error = |source| EbpfError::AttachNetns {
-        name,
+        name: names::PROG_POD_LOOKUP,
         netns: netns.path().to_owned(),
-        source,
+        source: ProgramError::IOError(source),
     };
     let program_state = super::ProgramState {
-        name: name.into(),
-        id: sk_lookup.info().map_err(attach_error)?.id(),
+        name: names::PROG_POD_LOOKUP.into(),
+        id: program_id(program.as_fd()).map_err(attach_error)?,
         attach_type: "sk_lookup".into(),
     };
     let path = inbound_link_path(links_dir, netns_cookie);
-    let fd = sk_lookup.fd().map_err(attach_error)?;
     let (program, target, attach_type) = (
-        fd.as_fd(),
+        program.as_fd(),
         netns.file().as_fd(),
         links::attach_type::SK_LOOKUP,
     );
@@ -249,7 +232,7 @@ pub(super) fn load_inbound(
     } else {
         PinnedLink::attach(program, target, attach_type, &path)
     }
-    .map_err(|e| attach_error(ProgramError::IOError(e)))?;
+    .map_err(attach_error)?;
     Ok(Inbound {
         _link: link,
         program: program_state,

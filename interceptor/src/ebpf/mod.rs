@@ -4,6 +4,7 @@
 mod links;
 mod listener;
 mod loader;
+mod pod_lookup;
 mod pods;
 
 use std::{
@@ -62,6 +63,8 @@ pub enum EbpfError {
     },
     #[error(transparent)]
     Netns(#[from] crate::netns::NetnsError),
+    #[error("a pod's sk_lookup program: {0}")]
+    PodLookup(std::io::Error),
     #[error("pod with netns cookie {0} is already registered")]
     AlreadyRegistered(u64),
     #[error("pod {netns} has {count} addresses, more than the {max} supported")]
@@ -170,7 +173,7 @@ impl EbpfNode {
         let (attached, maps) = loader::Attached::load(&options)?;
         Ok(Self {
             attached,
-            pods: PodRegistry::new(maps, &options),
+            pods: PodRegistry::new(maps, &options)?,
         })
     }
 

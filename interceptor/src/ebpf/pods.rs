@@ -27,7 +27,8 @@ use super::{
     Counters, EbpfError, LoadOptions, PodSpec,
     links::PinnedLink,
     listener::{Listening, find_listeners},
-    loader::{Inbound, SkLookupLoader, inbound_link_path, load_inbound},
+    loader::{Inbound, inbound_link_path, load_inbound},
+    pod_lookup::PodLookupLoader,
 };
 use crate::{config::InterceptionConfig, netns::PodNetns};
 
@@ -120,20 +121,20 @@ pub struct PodRegistry {
     /// The agent's: links and maps stay pinned when the registry goes.
     persistent: bool,
     max_pods: u32,
-    sk_lookup_loader: SkLookupLoader,
+    pod_lookup: PodLookupLoader,
 }
 
 impl PodRegistry {
-    pub(super) fn new(maps: PodMaps, options: &LoadOptions) -> Self {
-        Self {
+    pub(super) fn new(maps: PodMaps, options: &LoadOptions) -> Result<Self, EbpfError> {
+        Ok(Self {
             maps,
             pods: BTreeMap::new(),
             pin_dir: options.pin_dir.clone(),
             links_dir: options.links_dir.clone(),
             persistent: options.persistent,
             max_pods: options.max_pods.min(MAX_PODS),
-            sk_lookup_loader: SkLookupLoader::new(&options.pin_dir),
-        }
+            pod_lookup: PodLookupLoader::new(&options.pin_dir).map_err(EbpfError::PodLookup)?,
+        })
     }
 
     /// Registers a pod. Its configuration is written last, so the programs never see a pod whose
@@ -244,7 +245,7 @@ impl PodRegistry {
                     // From here on inbound connections are steered, or dropped until the proxy
                     // listens: the pod fails closed from its first registered moment.
                     registered.inbound = Some(load_inbound(
-                        &mut self.sk_lookup_loader,
+                        &self.pod_lookup,
                         &self.links_dir,
                         self.persistent,
                         cookie,

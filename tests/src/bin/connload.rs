@@ -29,7 +29,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: connload --listen-netns PATH --listen ADDR [--v6only] --connect-netns PATH \
          --connect ADDR --expect ADDR|none [--cgroup DIR] [--client-cgroup DIR] [--uid N] \
-         [--workers N] [--cpu N] [--seconds S] [--close rst|fin]"
+         [--workers N] [--cpu N] [--seconds S] [--close rst|fin|fin-server]"
     );
     std::process::exit(2)
 }
@@ -43,8 +43,10 @@ fn die(what: &str, e: impl std::fmt::Display) -> ! {
 enum Close {
     /// SO_LINGER 0 on the connecting side: an RST, no TIME_WAIT anywhere.
     Rst,
-    /// The app closes first: FIN both ways, TIME_WAIT on the app's side.
+    /// The connecting side closes first: FIN both ways, TIME_WAIT on its side.
     Fin,
+    /// The accepting side closes first: TIME_WAIT on its side.
+    FinServer,
 }
 
 struct Args {
@@ -91,7 +93,11 @@ fn parse_args() -> Args {
         close: match take("--close").as_deref() {
             None | Some("rst") => Close::Rst,
             Some("fin") => Close::Fin,
-            Some(other) => die("--close", format!("{other:?} is neither rst nor fin")),
+            Some("fin-server") => Close::FinServer,
+            Some(other) => die(
+                "--close",
+                format!("{other:?} is not rst, fin or fin-server"),
+            ),
         },
     };
     let v6only = raw.iter().position(|a| a == "--v6only");
@@ -264,11 +270,21 @@ fn worker(listener: RawFd, args: &Args, stop: &AtomicBool) -> Tally {
             tally
                 .latencies
                 .push((now_ns() - start).min(u64::from(u32::MAX)) as u32);
-            if args.close == Close::Rst {
-                set_linger0(client);
+            match args.close {
+                Close::Rst => {
+                    set_linger0(client);
+                    libc::close(client);
+                    libc::close(accepted);
+                }
+                Close::Fin => {
+                    libc::close(client);
+                    libc::close(accepted);
+                }
+                Close::FinServer => {
+                    libc::close(accepted);
+                    libc::close(client);
+                }
             }
-            libc::close(client);
-            libc::close(accepted);
         }
         tally.conns += 1;
     }

@@ -36,7 +36,9 @@ pub enum Family {
 pub enum Close {
     /// SO_LINGER 0 on the app's side: an RST, nothing left behind.
     Rst,
-    /// A normal close, the app first: FIN both ways and TIME_WAIT on the app's side.
+    /// A normal close, the pod's side first (the app outbound, the proxy inbound): FIN both
+    /// ways and TIME_WAIT in the pod. (A single inbound client closing first would soon have
+    /// every port of its address in TIME_WAIT, whatever the mode.)
     Fin,
 }
 
@@ -206,9 +208,10 @@ pub fn measure(
         .args(["--seconds", &seconds.to_string()])
         .args([
             "--close",
-            match case.close {
-                Close::Rst => "rst",
-                Close::Fin => "fin",
+            match (case.close, case.direction) {
+                (Close::Rst, _) => "rst",
+                (Close::Fin, Direction::Outbound) => "fin",
+                (Close::Fin, Direction::Inbound) => "fin-server",
             },
         ]);
     if addrs.v6only {

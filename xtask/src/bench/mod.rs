@@ -42,12 +42,13 @@ pub struct Args {
     /// no worker/pinning/close matrix, no pod sweep.
     #[arg(long)]
     quick: bool,
-    /// Length of each timed run in seconds [default: 0.5 with --quick, 0.8 otherwise].
-    #[arg(long)]
-    seconds: Option<f64>,
-    /// Repetitions; each measures every mode once, in rotating order.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
-    repetitions: u32,
+    /// Length of each timed run in seconds.
+    #[arg(long, default_value_t = 0.5)]
+    seconds: f64,
+    /// Repetitions; each measures every mode once, in rotating order [default: 5 with --quick,
+    /// 7 otherwise].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    repetitions: Option<u32>,
     /// The app's sockets and destinations.
     #[arg(long, value_enum, default_value = "ipv4")]
     family: Family,
@@ -179,8 +180,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     // SAFETY: the handler does nothing; a handler (unlike SIG_IGN) is reset for exec'd children.
     unsafe { libc::signal(libc::SIGINT, ignore as *const () as libc::sighandler_t) };
 
-    let seconds = args.seconds.unwrap_or(if args.quick { 0.5 } else { 0.8 });
-    let repetitions = args.repetitions as usize;
+    let seconds = args.seconds;
+    let repetitions = args.repetitions.unwrap_or(if args.quick { 5 } else { 7 }) as usize;
     let out_dir = match &args.out {
         Some(dir) => dir.clone(),
         None => workspace_root()
@@ -190,7 +191,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
 
     let mut lab = Lab::new(sandbox::build()?)?;
-    let mut md = header(args, seconds)?;
+    let mut md = header(args, repetitions, seconds)?;
     println!("{md}");
 
     // The comparison matrix.
@@ -214,21 +215,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
         cases
     };
-    let matrix_results = matrix
+    // FIN cases last: the TIME_WAIT sockets and conntrack entries they leave behind for a minute
+    // would slow whatever runs after them.
+    let (rst, fin): (Vec<Case>, Vec<Case>) = matrix.iter().partition(|c| c.close == Close::Rst);
+    let mut matrix_results = rst
         .iter()
         .map(|case| run_case(&mut lab, case, repetitions, seconds))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let refs: Vec<&CaseResult> = matrix_results.iter().collect();
-    report::ratio_chart(
-        &out_dir.join("per-connection.svg"),
-        "Connection rate, interception vs none",
-        &refs,
-    )?;
-    let _ = write!(
-        md,
-        "\n## Per-connection cost\n\nMedians over {repetitions} repetitions of {seconds} s; \"vs limit\" is the connection rate over the rate with no interception measured in the same repetition (min-max over repetitions); +µs/conn is the wall-clock time one connection takes more.\n\n{}\n![per-connection](per-connection.svg)\n",
-        report::table(&refs)
-    );
 
     // Ignored ports.
     let sweep: Vec<Case> = if args.quick {
@@ -251,6 +244,40 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         .iter()
         .map(|case| run_case(&mut lab, case, repetitions, seconds))
         .collect::<anyhow::Result<Vec<_>>>()?;
+
+    // Registered pods.
+    let pods = if args.quick {
+        None
+    } else {
+        let cases = DIRECTIONS.map(|d| base_case(d, args.family));
+        lab.pod(Mode::Limit, 0)?;
+        Some(agent_sweep::run(
+            &lab.binaries,
+            &lab.pods[&(0, 0)],
+            &lab.client_cgroup,
+            &cases,
+            &POD_COUNTS,
+            repetitions,
+            seconds,
+            |line| println!("{line}"),
+        )?)
+    };
+
+    for case in &fin {
+        matrix_results.push(run_case(&mut lab, case, repetitions, seconds)?);
+    }
+
+    let refs: Vec<&CaseResult> = matrix_results.iter().collect();
+    report::ratio_chart(
+        &out_dir.join("per-connection.svg"),
+        "Connection rate, interception vs none",
+        &refs,
+    )?;
+    let _ = write!(
+        md,
+        "\n## Per-connection cost\n\nMedians over {repetitions} repetitions of {seconds} s; \"vs limit\" is the connection rate over the rate with no interception measured in the same repetition (min-max over repetitions); +µs/conn is the wall-clock time one connection takes more.\n\n{}\n![per-connection](per-connection.svg)\n",
+        report::table(&refs)
+    );
     let refs: Vec<&CaseResult> = sweep_results.iter().collect();
     let mut lines = Vec::new();
     for direction in DIRECTIONS {
@@ -283,26 +310,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             "\n![ignored ports](ignored-ports.svg)\n"
         }
     );
-
-    // Registered pods.
-    let pods = if args.quick {
-        None
-    } else {
-        let cases = DIRECTIONS.map(|d| base_case(d, args.family));
-        lab.pod(Mode::Limit, 0)?;
-        let sweep = agent_sweep::run(
-            &lab.binaries,
-            &lab.pods[&(0, 0)],
-            &lab.client_cgroup,
-            &cases,
-            &POD_COUNTS,
-            repetitions,
-            seconds,
-            |line| println!("{line}"),
-        )?;
-        md.push_str(&pods_section(&sweep, &out_dir)?);
-        Some(sweep)
-    };
+    if let Some(sweep) = &pods {
+        md.push_str(&pods_section(sweep, &out_dir)?);
+    }
 
     // Where the eBPF time goes.
     md.push_str("\n## Where the eBPF time goes\n\nA separate run with the kernel's per-program statistics on (`kernel.bpf_stats_enabled`; they slow every program run, so these runs are not in the tables).\n\n| case | program | ns/run | runs/conn | µs/conn |\n|---|---|---:|---:|---:|\n");
@@ -546,7 +556,7 @@ fn targets_section(
     md
 }
 
-fn header(args: &Args, seconds: f64) -> anyhow::Result<String> {
+fn header(args: &Args, repetitions: usize, seconds: f64) -> anyhow::Result<String> {
     let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
         .lines()
@@ -562,7 +572,7 @@ fn header(args: &Args, seconds: f64) -> anyhow::Result<String> {
         env::args().skip(1).collect::<Vec<_>>().join(" "),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         fs::read_to_string("/proc/sys/kernel/osrelease")?.trim(),
-        args.repetitions,
+        repetitions,
         args.family,
     );
     if let Ok(mitigations) =
