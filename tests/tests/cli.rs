@@ -176,7 +176,9 @@ fn run_meshes_a_pod_reports_status_and_detaches_on_sigterm() {
             "icpt_connect4",
             "icpt_connect6",
             "icpt_sockops",
-            "icpt_getsockopt"
+            "icpt_getsockopt",
+            // Loaded once and tail-called by every pod's own sk_lookup program.
+            "icpt_sk_lookup"
         ]
     );
     assert_eq!(

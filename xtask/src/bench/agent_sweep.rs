@@ -145,6 +145,7 @@ impl Drop for BenchAgent {
             .arg("uninstall")
             .args(&self.location)
             .args(["--log-level", "warn"])
+            .stdout(Stdio::null())
             .status();
         let _ = ip_batch(&self.fillers, "del");
     }

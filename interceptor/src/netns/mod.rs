@@ -1,5 +1,7 @@
 //! A pod's network namespace: its identity (the netns cookie) and its addresses. Work inside the
-//! namespace runs on a short-lived thread that `setns`es, so the daemon itself never moves.
+//! namespace runs on the calling thread, which `setns`es in and back out.
+mod addresses;
+
 use std::{
     fs::File,
     net::IpAddr,
@@ -69,26 +71,49 @@ impl PodNetns {
         &self.file
     }
 
-    /// Runs `f` on a thread that has entered this namespace.
+    /// Runs `f` with the calling thread in this namespace, then puts the thread back where it
+    /// was (also if `f` panics). Sockets `f` creates stay in this namespace. A thread switches
+    /// namespace in microseconds; spawning a thread for it, as this did before, cost a pod's
+    /// registration about a quarter of its time (three per registration).
     pub fn run_inside<T: Send>(
         &self,
         f: impl FnOnce() -> Result<T, NetnsError> + Send,
     ) -> Result<T, NetnsError> {
-        std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|source| {
-                        NetnsError::Syscall {
-                            call: "setns",
-                            path: self.path.clone(),
-                            source,
-                        }
-                    })?;
-                    f()
-                })
-                .join()
-                .expect("netns worker thread panicked")
-        })
+        let syscall = |call, source| NetnsError::Syscall {
+            call,
+            path: self.path.clone(),
+            source,
+        };
+        thread_local! {
+            /// The namespace this thread started in, opened on its first switch.
+            static HOME: std::io::Result<File> = File::open("/proc/thread-self/ns/net");
+        }
+        /// Back to the thread's own namespace however `f` ends.
+        struct GoHome;
+        impl Drop for GoHome {
+            fn drop(&mut self) {
+                HOME.with(|home| {
+                    let home = home.as_ref().expect("opened before leaving");
+                    // Failing here would leave this thread in a pod's namespace, where every
+                    // socket it made later would be: nothing can be trusted after that.
+                    if let Err(e) = setns(home.as_fd(), CloneFlags::CLONE_NEWNET) {
+                        panic!("returning to the thread's own network namespace: {e}");
+                    }
+                });
+            }
+        }
+        HOME.with(|home| {
+            home.as_ref().map(drop).map_err(|e| {
+                syscall(
+                    "open /proc/thread-self/ns/net",
+                    nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+                )
+            })
+        })?;
+        setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET)
+            .map_err(|source| syscall("setns", source))?;
+        let _home = GoHome;
+        f()
     }
 
     /// The kernel's 64-bit identity of the namespace, the same value `bpf_get_netns_cookie`
@@ -135,18 +160,11 @@ impl PodNetns {
     pub fn addresses(&self) -> Result<Vec<IpAddr>, NetnsError> {
         let path = self.path.clone();
         self.run_inside(move || {
-            let addrs = nix::ifaddrs::getifaddrs().map_err(|source| NetnsError::Syscall {
-                call: "getifaddrs",
+            let mut all = addresses::dump().map_err(|e| NetnsError::Syscall {
+                call: "RTM_GETADDR",
                 path,
-                source,
+                source: nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
             })?;
-            let mut all: Vec<IpAddr> = addrs
-                .filter_map(|a| {
-                    let address = a.address?;
-                    let v4 = address.as_sockaddr_in().map(|s| IpAddr::V4(s.ip()));
-                    v4.or_else(|| address.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())))
-                })
-                .collect();
             all.sort();
             all.dedup();
             Ok(all)
