@@ -19,6 +19,7 @@ use std::{
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
+        mpsc::{Receiver, Sender, channel},
     },
     time::{Duration, Instant},
 };
@@ -29,7 +30,8 @@ fn usage() -> ! {
     eprintln!(
         "usage: connload --listen-netns PATH --listen ADDR [--v6only] --connect-netns PATH \
          --connect ADDR --expect ADDR|none [--cgroup DIR] [--client-cgroup DIR] [--uid N] \
-         [--workers N] [--cpu N] [--seconds S] [--close rst|fin|fin-server]"
+         [--workers N] [--cpu N] [--seconds S | --ring-in FIFO --ring-out FIFO [--slice-ms MS]] \
+         [--close rst|fin|fin-server]"
     );
     std::process::exit(2)
 }
@@ -63,6 +65,9 @@ struct Args {
     cpu: Option<usize>,
     seconds: f64,
     close: Close,
+    /// Slices handed in on the first FIFO and passed on to the second: see `ring`.
+    ring: Option<(PathBuf, PathBuf)>,
+    slice_ms: f64,
 }
 
 fn parse_args() -> Args {
@@ -99,6 +104,18 @@ fn parse_args() -> Args {
                 format!("{other:?} is not rst, fin or fin-server"),
             ),
         },
+        ring: None,
+        slice_ms: take("--slice-ms").map_or(20.0, num),
+    };
+    let ring_in = take("--ring-in").map(PathBuf::from);
+    let ring_out = take("--ring-out").map(PathBuf::from);
+    let args = Args {
+        ring: match (ring_in, ring_out) {
+            (Some(input), Some(output)) => Some((input, output)),
+            (None, None) => None,
+            _ => usage(),
+        },
+        ..args
     };
     let v6only = raw.iter().position(|a| a == "--v6only");
     let args = Args {
@@ -210,11 +227,46 @@ fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// connect, accept, SO_ORIGINAL_DST, one byte back, close — until `stop`. Every worker accepts
+/// When a worker stops: when `stop` is set (a timed run), or at each slice's deadline (a ring:
+/// the bench hands out slices of time to each mode's process in turn).
+enum Pace<'a> {
+    Until(&'a AtomicBool),
+    Slices {
+        deadlines: Receiver<u64>,
+        /// The connections made in each slice.
+        done: Sender<u64>,
+    },
+}
+
+/// connect, accept, SO_ORIGINAL_DST, one byte back, close, over and over. Every worker accepts
 /// from the same listener, so it may take another worker's connection; each connects once before
 /// it accepts once, so an accept always has a connection waiting.
-fn worker(listener: RawFd, args: &Args, stop: &AtomicBool) -> Tally {
+fn worker(listener: RawFd, args: &Args, pace: Pace<'_>) -> Tally {
     let target = SockAddr::from(args.connect);
+    let mut tally = Tally {
+        latencies: Vec::with_capacity(1 << 20),
+        ..Tally::default()
+    };
+    match pace {
+        Pace::Until(stop) => {
+            while !stop.load(Ordering::Relaxed) && connection(listener, args, &target, &mut tally) {
+            }
+        }
+        Pace::Slices { deadlines, done } => {
+            while let Ok(deadline) = deadlines.recv() {
+                let before = tally.conns;
+                while now_ns() < deadline && connection(listener, args, &target, &mut tally) {}
+                if done.send(tally.conns - before).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    tally
+}
+
+/// One connection; false once there were too many failures to go on.
+fn connection(listener: RawFd, args: &Args, target: &SockAddr, tally: &mut Tally) -> bool {
     let ipv4 = match args.connect {
         SocketAddr::V4(_) => true,
         SocketAddr::V6(v6) => v6.ip().to_ipv4_mapped().is_some(),
@@ -224,71 +276,62 @@ fn worker(listener: RawFd, args: &Args, stop: &AtomicBool) -> Tally {
     } else {
         libc::AF_INET6
     };
-    let mut tally = Tally {
-        latencies: Vec::with_capacity(1 << 20),
-        ..Tally::default()
-    };
     let mut byte = [b'x'];
-    while !stop.load(Ordering::Relaxed) {
-        let start = now_ns();
-        // SAFETY: plain syscalls on fds this loop owns; buffers are valid for their lengths.
-        unsafe {
-            let client = check(
-                libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0),
-                "socket",
-            );
-            if libc::connect(client, target.as_ptr().cast(), target.len()) != 0 {
-                let err = std::io::Error::last_os_error();
+    let start = now_ns();
+    // SAFETY: plain syscalls on fds this loop owns; buffers are valid for their lengths.
+    unsafe {
+        let client = check(
+            libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0),
+            "socket",
+        );
+        if libc::connect(client, target.as_ptr().cast(), target.len()) != 0 {
+            let err = std::io::Error::last_os_error();
+            libc::close(client);
+            tally.fail(format!("connect to {}: {err}", args.connect));
+            return tally.failures <= 100;
+        }
+        let accepted = check(
+            libc::accept4(
+                listener,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            ),
+            "accept",
+        );
+        let orig = original_dst(accepted, ipv4);
+        if orig != args.expect {
+            tally.fail(format!(
+                "original destination {orig:?}, expected {:?}",
+                args.expect
+            ));
+        }
+        if libc::write(accepted, byte.as_ptr().cast(), 1) != 1
+            || libc::read(client, byte.as_mut_ptr().cast(), 1) != 1
+        {
+            tally.fail(format!("echo: {}", std::io::Error::last_os_error()));
+        }
+        tally
+            .latencies
+            .push((now_ns() - start).min(u64::from(u32::MAX)) as u32);
+        match args.close {
+            Close::Rst => {
+                set_linger0(client);
                 libc::close(client);
-                tally.fail(format!("connect to {}: {err}", args.connect));
-                if tally.failures > 100 {
-                    break;
-                }
-                continue;
+                libc::close(accepted);
             }
-            let accepted = check(
-                libc::accept4(
-                    listener,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    libc::SOCK_CLOEXEC,
-                ),
-                "accept",
-            );
-            let orig = original_dst(accepted, ipv4);
-            if orig != args.expect {
-                tally.fail(format!(
-                    "original destination {orig:?}, expected {:?}",
-                    args.expect
-                ));
+            Close::Fin => {
+                libc::close(client);
+                libc::close(accepted);
             }
-            if libc::write(accepted, byte.as_ptr().cast(), 1) != 1
-                || libc::read(client, byte.as_mut_ptr().cast(), 1) != 1
-            {
-                tally.fail(format!("echo: {}", std::io::Error::last_os_error()));
-            }
-            tally
-                .latencies
-                .push((now_ns() - start).min(u64::from(u32::MAX)) as u32);
-            match args.close {
-                Close::Rst => {
-                    set_linger0(client);
-                    libc::close(client);
-                    libc::close(accepted);
-                }
-                Close::Fin => {
-                    libc::close(client);
-                    libc::close(accepted);
-                }
-                Close::FinServer => {
-                    libc::close(accepted);
-                    libc::close(client);
-                }
+            Close::FinServer => {
+                libc::close(accepted);
+                libc::close(client);
             }
         }
-        tally.conns += 1;
     }
-    tally
+    tally.conns += 1;
+    true
 }
 
 fn pin_to(cpu: usize) {
@@ -320,6 +363,102 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
     f64::from(sorted[index]) / 1e3
 }
 
+/// Every worker for `args.seconds`: (seconds, CPU seconds, tallies, no rounds).
+fn timed_run(listener: RawFd, args: &Arc<Args>) -> (f64, f64, Vec<Tally>, Vec<[f64; 3]>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (cpu_before, started) = (cpu_seconds(), Instant::now());
+    let workers: Vec<_> = (0..args.workers)
+        .map(|_| {
+            let (args, stop) = (Arc::clone(args), Arc::clone(&stop));
+            std::thread::spawn(move || worker(listener, &args, Pace::Until(&stop)))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs_f64(args.seconds));
+    stop.store(true, Ordering::Relaxed);
+    let tallies = workers
+        .into_iter()
+        .map(|w| w.join().expect("a worker panicked"))
+        .collect();
+    (
+        started.elapsed().as_secs_f64(),
+        cpu_seconds() - cpu_before,
+        tallies,
+        Vec::new(),
+    )
+}
+
+/// One process per mode sits in a ring of FIFOs, the bench at its head: a `t` on `input` is
+/// this process's turn, a slice of `--slice-ms` in which its workers connect; then the `t` goes
+/// on to `output`, to the next mode. A `q` goes round once and ends every process. The modes thus
+/// alternate every few tens of milliseconds, and whatever else the machine does lands on all of
+/// them alike. Returns (seconds in slices, CPU seconds, tallies, per slice [connections,
+/// seconds, CPU seconds]).
+fn ring(
+    listener: RawFd,
+    args: &Arc<Args>,
+    (mut input, mut output): (File, File),
+) -> (f64, f64, Vec<Tally>, Vec<[f64; 3]>) {
+    use std::io::{Read as _, Write as _};
+    let (done_tx, done_rx) = channel();
+    let mut deadlines = Vec::new();
+    let workers: Vec<_> = (0..args.workers)
+        .map(|_| {
+            let (tx, rx) = channel();
+            deadlines.push(tx);
+            let (args, done) = (Arc::clone(args), done_tx.clone());
+            std::thread::spawn(move || {
+                worker(
+                    listener,
+                    &args,
+                    Pace::Slices {
+                        deadlines: rx,
+                        done,
+                    },
+                )
+            })
+        })
+        .collect();
+    println!("ready");
+    let mut rounds = Vec::new();
+    let mut token = [0u8];
+    loop {
+        input
+            .read_exact(&mut token)
+            .unwrap_or_else(|e| die("reading the ring", e));
+        if token[0] == b'q' {
+            break;
+        }
+        let (cpu_before, started) = (cpu_seconds(), now_ns());
+        let deadline = started + (args.slice_ms * 1e6) as u64;
+        for tx in &deadlines {
+            tx.send(deadline).expect("a worker is gone");
+        }
+        let conns: u64 = deadlines
+            .iter()
+            .map(|_| done_rx.recv().expect("a worker is gone"))
+            .sum();
+        rounds.push([
+            conns as f64,
+            (now_ns() - started) as f64 / 1e9,
+            cpu_seconds() - cpu_before,
+        ]);
+        output
+            .write_all(b"t")
+            .unwrap_or_else(|e| die("writing the ring", e));
+    }
+    drop(deadlines);
+    let tallies = workers
+        .into_iter()
+        .map(|w| w.join().expect("a worker panicked"))
+        .collect();
+    output
+        .write_all(b"q")
+        .unwrap_or_else(|e| die("writing the ring", e));
+    let elapsed = rounds.iter().map(|r| r[1]).sum();
+    let cpu = rounds.iter().map(|r| r[2]).sum();
+    (elapsed, cpu, tallies, rounds)
+}
+
 fn main() {
     let args = parse_args();
     if let Some(cpu) = args.cpu {
@@ -336,6 +475,18 @@ fn main() {
     if let Some(cgroup) = &args.client_cgroup {
         enter_cgroup(cgroup);
     }
+    // Opened before dropping to the app's UID: the bench's FIFOs are root's. Read and write:
+    // opening a FIFO that way never waits for the other end.
+    let ring_files = args.ring.as_ref().map(|(input, output)| {
+        let open = |path: &Path| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .unwrap_or_else(|e| die(&path.display().to_string(), e))
+        };
+        (open(input), open(output))
+    });
     if let Some(uid) = args.uid {
         // SAFETY: plain credential syscalls (glibc applies them to every thread).
         unsafe {
@@ -346,23 +497,10 @@ fn main() {
     }
 
     let args = Arc::new(args);
-    let stop = Arc::new(AtomicBool::new(false));
-    let (cpu_before, started) = (cpu_seconds(), Instant::now());
-    let workers: Vec<_> = (0..args.workers)
-        .map(|_| {
-            let (args, stop) = (Arc::clone(&args), Arc::clone(&stop));
-            let listener = listener.as_raw_fd();
-            std::thread::spawn(move || worker(listener, &args, &stop))
-        })
-        .collect();
-    std::thread::sleep(Duration::from_secs_f64(args.seconds));
-    stop.store(true, Ordering::Relaxed);
-    let tallies: Vec<Tally> = workers
-        .into_iter()
-        .map(|w| w.join().expect("a worker panicked"))
-        .collect();
-    let (elapsed, cpu) = (started.elapsed().as_secs_f64(), cpu_seconds() - cpu_before);
-
+    let (elapsed, cpu, tallies, rounds) = match ring_files {
+        None => timed_run(listener.as_raw_fd(), &args),
+        Some(files) => ring(listener.as_raw_fd(), &args, files),
+    };
     let conns: u64 = tallies.iter().map(|t| t.conns).sum();
     let failures: u64 = tallies.iter().map(|t| t.failures).sum();
     let first_failure = tallies.iter().find_map(|t| t.first_failure.clone());
@@ -378,6 +516,7 @@ fn main() {
         "p50_us": percentile(&latencies, 0.50),
         "p99_us": percentile(&latencies, 0.99),
         "p999_us": percentile(&latencies, 0.999),
+        "rounds": rounds,
     });
     println!("{json}");
 }

@@ -169,8 +169,8 @@ fn ip_batch(names: &[String], verb: &str) -> anyhow::Result<()> {
     result
 }
 
-/// Measures `cases` with the bench pod registered among `counts` pods (ascending), the limit pod
-/// measured back to back with it in every repetition.
+/// Measures `cases` with the bench pod registered among `counts` pods (ascending), interleaved
+/// with the limit pod.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     binaries: &Binaries,
@@ -195,31 +195,15 @@ pub fn run(
             rss_mib: agent.rss_mib()?,
         };
         for case in cases {
-            let (mut limit, mut ebpf) = (Vec::new(), Vec::new());
-            for rep in 0..repetitions {
-                // Alternate which goes first, so a drift does not favour either.
-                for first in [rep % 2 == 0, rep % 2 != 0] {
-                    if first {
-                        limit.push(load::measure(
-                            &binaries.connload,
-                            limit_pod,
-                            client_cgroup,
-                            case,
-                            Mode::Limit,
-                            seconds,
-                        )?);
-                    } else {
-                        ebpf.push(load::measure(
-                            &binaries.connload,
-                            &pod,
-                            client_cgroup,
-                            case,
-                            Mode::Ebpf,
-                            seconds,
-                        )?);
-                    }
-                }
-            }
+            let mut samples = load::measure_interleaved(
+                &binaries.connload,
+                &[(Mode::Limit, limit_pod), (Mode::Ebpf, &pod)],
+                client_cgroup,
+                case,
+                repetitions as f64 * seconds * 2.0,
+                repetitions,
+            )?;
+            let (ebpf, limit) = (samples.pop().expect("two"), samples.pop().expect("two"));
             let ratio = Spread::of(
                 &ebpf
                     .iter()

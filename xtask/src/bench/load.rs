@@ -185,16 +185,15 @@ fn addresses(case: &Case, mode: Mode) -> Addresses {
     }
 }
 
-/// Runs connload once for `case` in `pod`, set up for `mode`. Any connection that failed or
-/// whose original destination was wrong fails the run: a bypass must never count as speed.
-pub fn measure(
+/// connload's command line for `case` in `pod`, set up for `mode` (how long it runs is the
+/// caller's to add).
+fn connload_command(
     connload: &Path,
     pod: &Pod,
     client_cgroup: &Path,
     case: &Case,
     mode: Mode,
-    seconds: f64,
-) -> anyhow::Result<Sample> {
+) -> Command {
     let addrs = addresses(case, mode);
     let mut cmd = Command::new(connload);
     cmd.arg("--listen-netns")
@@ -205,7 +204,6 @@ pub fn measure(
         .args(["--connect", &addrs.connect])
         .args(["--expect", addrs.expect.as_deref().unwrap_or("none")])
         .args(["--workers", &case.workers.to_string()])
-        .args(["--seconds", &seconds.to_string()])
         .args([
             "--close",
             match (case.close, case.direction) {
@@ -235,29 +233,178 @@ pub fn measure(
                 .arg(client_cgroup);
         }
     }
-    let out = cmd::output(&mut cmd)?;
+    cmd
+}
+
+/// connload's report; any connection that failed or whose original destination was wrong fails
+/// the run: a bypass must never count as speed.
+fn checked_report(out: &str, case: &Case, mode: Mode) -> anyhow::Result<Value> {
     let json: Value =
         serde_json::from_str(out.trim()).with_context(|| format!("connload printed {out:?}"))?;
-    let num = |key: &str| -> anyhow::Result<f64> {
-        json[key]
-            .as_f64()
-            .with_context(|| format!("no {key} in connload's {out:?}"))
-    };
-    let failures = num("failures")?;
+    let failures = json["failures"].as_f64().unwrap_or(f64::NAN);
     ensure!(
         failures == 0.0,
         "{} ({case}): {failures} of {} connections failed, the first: {}",
         mode.name(),
-        num("conns")?,
+        json["conns"],
         json["first_failure"].as_str().unwrap_or("?")
     );
+    Ok(json)
+}
+
+fn num(json: &Value, key: &str) -> anyhow::Result<f64> {
+    json[key]
+        .as_f64()
+        .with_context(|| format!("no {key} in connload's report {json}"))
+}
+
+/// Runs connload once for `case` in `pod`, set up for `mode`, for `seconds`.
+pub fn measure(
+    connload: &Path,
+    pod: &Pod,
+    client_cgroup: &Path,
+    case: &Case,
+    mode: Mode,
+    seconds: f64,
+) -> anyhow::Result<Sample> {
+    let mut cmd = connload_command(connload, pod, client_cgroup, case, mode);
+    cmd.args(["--seconds", &seconds.to_string()]);
+    let out = cmd::output(&mut cmd)?;
+    let json = checked_report(&out, case, mode)?;
     Ok(Sample {
-        conns: num("conns")?,
-        rate: num("rate")?,
-        cpu_us_per_conn: num("cpu_us_per_conn")?,
-        p50: num("p50_us")?,
-        p99: num("p99_us")?,
-        p999: num("p999_us")?,
+        conns: num(&json, "conns")?,
+        rate: num(&json, "rate")?,
+        cpu_us_per_conn: num(&json, "cpu_us_per_conn")?,
+        p50: num(&json, "p50_us")?,
+        p99: num(&json, "p99_us")?,
+        p999: num(&json, "p999_us")?,
         conntrack: pod.conntrack_entries().parse().unwrap_or(0),
     })
+}
+
+/// Slices of time given to each mode's process in turn.
+const SLICE_MS: f64 = 20.0;
+
+/// Every mode of `pods` at once, each in a connload process of its own, taking turns in slices
+/// of 20 ms for `seconds` in all: a ring of FIFOs passes the turn on (see connload's `ring`).
+/// Whatever else the machine does in a moment falls on all modes alike, which timed runs one
+/// after the other cannot give on a shared machine. The slices are then grouped into
+/// `repetitions` samples per mode, in order.
+pub fn measure_interleaved(
+    connload: &Path,
+    pods: &[(Mode, &Pod)],
+    client_cgroup: &Path,
+    case: &Case,
+    seconds: f64,
+    repetitions: usize,
+) -> anyhow::Result<Vec<Vec<Sample>>> {
+    let dir = std::env::temp_dir().join(format!("interceptor-bench-ring-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let fifo = |i: usize| dir.join(format!("turn-{i}"));
+    for i in 0..=pods.len() {
+        let path = std::ffi::CString::new(fifo(i).as_os_str().as_encoded_bytes())?;
+        let _ = std::fs::remove_file(fifo(i));
+        // SAFETY: a valid NUL-terminated path.
+        ensure!(
+            unsafe { libc::mkfifo(path.as_ptr(), 0o600) } == 0,
+            "mkfifo {}: {}",
+            fifo(i).display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    let result = run_ring(
+        connload,
+        pods,
+        client_cgroup,
+        case,
+        seconds,
+        repetitions,
+        &fifo,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn run_ring(
+    connload: &Path,
+    pods: &[(Mode, &Pod)],
+    client_cgroup: &Path,
+    case: &Case,
+    seconds: f64,
+    repetitions: usize,
+    fifo: &dyn Fn(usize) -> std::path::PathBuf,
+) -> anyhow::Result<Vec<Vec<Sample>>> {
+    use std::io::{BufRead as _, Read as _, Write as _};
+    let mut children = Vec::new();
+    for (i, (mode, pod)) in pods.iter().enumerate() {
+        let mut cmd = connload_command(connload, pod, client_cgroup, case, *mode);
+        cmd.arg("--ring-in")
+            .arg(fifo(i))
+            .arg("--ring-out")
+            .arg(fifo(i + 1))
+            .args(["--slice-ms", &SLICE_MS.to_string()])
+            .stdout(std::process::Stdio::piped());
+        let mut child = cmd.spawn().context("starting connload")?;
+        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+        let mut line = String::new();
+        stdout.read_line(&mut line)?;
+        children.push((child, stdout));
+        ensure!(
+            line.trim() == "ready",
+            "connload for {} did not start",
+            mode.name()
+        );
+    }
+    let open = |path: std::path::PathBuf| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+    };
+    let (mut head, mut tail) = (open(fifo(0))?, open(fifo(pods.len()))?);
+    let started = std::time::Instant::now();
+    let mut token = [0u8];
+    while started.elapsed().as_secs_f64() < seconds {
+        head.write_all(b"t")?;
+        tail.read_exact(&mut token)?;
+    }
+    head.write_all(b"q")?;
+    tail.read_exact(&mut token)?;
+
+    let mut samples = Vec::new();
+    for ((mode, pod), (mut child, mut stdout)) in pods.iter().zip(children) {
+        let mut out = String::new();
+        stdout.read_to_string(&mut out)?;
+        let status = child.wait()?;
+        ensure!(
+            status.success(),
+            "connload for {} failed ({status})",
+            mode.name()
+        );
+        let json = checked_report(&out, case, *mode)?;
+        let rounds: Vec<[f64; 3]> =
+            serde_json::from_value(json["rounds"].clone()).context("connload's rounds")?;
+        let conntrack = pod.conntrack_entries().parse().unwrap_or(0);
+        let per_sample = rounds.len().div_ceil(repetitions).max(1);
+        let mode_samples = rounds
+            .chunks(per_sample)
+            .map(|chunk| {
+                let conns: f64 = chunk.iter().map(|r| r[0]).sum();
+                let secs: f64 = chunk.iter().map(|r| r[1]).sum();
+                let cpu: f64 = chunk.iter().map(|r| r[2]).sum();
+                Ok(Sample {
+                    conns,
+                    rate: conns / secs,
+                    cpu_us_per_conn: cpu * 1e6 / conns.max(1.0),
+                    // Latency percentiles are over the whole run.
+                    p50: num(&json, "p50_us")?,
+                    p99: num(&json, "p99_us")?,
+                    p999: num(&json, "p999_us")?,
+                    conntrack,
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        samples.push(mode_samples);
+    }
+    Ok(samples)
 }

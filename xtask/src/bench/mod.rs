@@ -79,17 +79,29 @@ impl Lab {
         })
     }
 
-    fn pod(&mut self, mode: Mode, ignored_ports: usize) -> anyhow::Result<&Pod> {
+    /// The key of a mode's pod: the limit ignores nothing whatever the case, one pod serves
+    /// every case.
+    fn key(mode: Mode, ignored_ports: usize) -> (usize, usize) {
         let index = MODES.iter().position(|&m| m == mode).expect("a mode");
-        // The limit ignores nothing whatever the case: one pod serves every case.
-        let ignored_ports = if mode == Mode::Limit {
-            0
-        } else {
-            ignored_ports
-        };
-        let key = (index, ignored_ports);
+        (
+            index,
+            if mode == Mode::Limit {
+                0
+            } else {
+                ignored_ports
+            },
+        )
+    }
+
+    /// A pod [`Self::pod`] already created.
+    fn existing_pod(&self, mode: Mode, ignored_ports: usize) -> &Pod {
+        &self.pods[&Self::key(mode, ignored_ports)]
+    }
+
+    fn pod(&mut self, mode: Mode, ignored_ports: usize) -> anyhow::Result<&Pod> {
+        let key = Self::key(mode, ignored_ports);
         if !self.pods.contains_key(&key) {
-            let pod = self.create_pod(mode, ignored_ports)?;
+            let pod = self.create_pod(mode, key.1)?;
             self.pods.insert(key, pod);
         }
         Ok(&self.pods[&key])
@@ -360,24 +372,29 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every mode `repetitions` times, the order rotating by one each repetition.
+/// Every mode interleaved in slices for `repetitions` × `seconds` each, grouped into
+/// `repetitions` samples.
 fn run_case(
     lab: &mut Lab,
     case: &Case,
     repetitions: usize,
     seconds: f64,
 ) -> anyhow::Result<CaseResult> {
-    let mut samples: Vec<Vec<load::Sample>> = MODES.iter().map(|_| Vec::new()).collect();
-    // Set every pod up before timing anything.
     for mode in MODES {
         lab.pod(mode, case.ignored_ports)?;
     }
-    for rep in 0..repetitions {
-        for i in 0..MODES.len() {
-            let index = (i + rep) % MODES.len();
-            samples[index].push(lab.measure(case, MODES[index], seconds)?);
-        }
-    }
+    let pods: Vec<(Mode, &Pod)> = MODES
+        .iter()
+        .map(|&mode| (mode, lab.existing_pod(mode, case.ignored_ports)))
+        .collect();
+    let samples = load::measure_interleaved(
+        &lab.binaries.connload,
+        &pods,
+        &lab.client_cgroup,
+        case,
+        repetitions as f64 * seconds * MODES.len() as f64,
+        repetitions,
+    )?;
     let result = CaseResult {
         case: *case,
         modes: MODES.to_vec(),
