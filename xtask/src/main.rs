@@ -34,7 +34,8 @@ enum Task {
     },
     /// Run setup, then build the demo's binaries.
     Demo,
-    /// Run setup, then measure what outbound interception costs per connection. Needs root.
+    /// Run setup, then measure what interception costs per connection, eBPF next to iptables
+    /// (results in target/bench/, see docs/BENCHMARKS.md). Needs root.
     Bench(bench::Args),
 }
 

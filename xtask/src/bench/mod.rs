@@ -6,8 +6,9 @@
 //! and iptables-nft (`interceptor run --mode iptables`). Pods never switch modes, so no mode
 //! inherits another's state (iptables leaves conntrack behind in a namespace). `connload`, a
 //! lean load generator and proxy, connects, accepts, asks SO_ORIGINAL_DST and checks it on every
-//! connection; each repetition measures every mode back to back in rotating order, and the
-//! report gives medians of the per-repetition ratios to the limit with their range.
+//! connection. The modes of a case run at once, one connload process each, taking turns in 20 ms
+//! slices (`load::measure_interleaved`); the slices are grouped into repetitions, and the report
+//! gives medians of the per-repetition ratios to the limit with their range.
 //!
 //! Timings never fail the bench: these machines are shared and noisy, compare the ratios of one
 //! run. A connection that fails or reaches the proxy with a wrong original destination does.
@@ -42,10 +43,10 @@ pub struct Args {
     /// no worker/pinning/close matrix, no pod sweep.
     #[arg(long)]
     quick: bool,
-    /// Length of each timed run in seconds.
+    /// Seconds per mode and repetition: a case runs for repetitions x seconds x modes.
     #[arg(long, default_value_t = 0.5)]
     seconds: f64,
-    /// Repetitions; each measures every mode once, in rotating order [default: 5 with --quick,
+    /// Samples per mode and case, each from its own stretch of time [default: 5 with --quick,
     /// 7 otherwise].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     repetitions: Option<u32>,
@@ -297,7 +298,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     )?;
     let _ = write!(
         md,
-        "\n## Per-connection cost\n\nMedians over {repetitions} repetitions of {seconds} s ({} for the first case of each direction, the targets' cases); \"vs limit\" is the connection rate over the rate with no interception measured in the same repetition (min-max over repetitions); +µs/conn is the wall-clock time one connection takes more.\n\n{}\n![per-connection](per-connection.svg)\n",
+        "\n## Per-connection cost\n\nThe modes of a case take turns in 20 ms slices, grouped into {repetitions} repetitions of {seconds} s per mode ({} for the first case of each direction, the targets' cases); \"vs limit\" is the connection rate over the rate with no interception in the same repetition (median, and min-max over repetitions); +µs/conn is the wall-clock time one connection takes more.\n\n{}\n![per-connection](per-connection.svg)\n",
         repetitions * 3,
         report::table(&refs)
     );
@@ -416,7 +417,7 @@ fn run_case(
 
 fn pods_section(sweep: &agent_sweep::PodsSweep, out_dir: &Path) -> anyhow::Result<String> {
     let mut md = String::from(
-        "\n## Registered pods (node agent)\n\nOne agent (`interceptor daemon`), the measured pod registered first, empty pods added through the API up to each count; the limit measured back to back with the agent's pod in every repetition.\n\n| pods | case | eBPF vs limit (min-max) | +µs/conn | p99 vs limit | agent RSS MiB |\n|---:|---|---|---:|---:|---:|\n",
+        "\n## Registered pods (node agent)\n\nOne agent (`interceptor daemon`), the measured pod registered first, empty pods added through the API up to each count; the limit and the agent's pod taking turns in 20 ms slices.\n\n| pods | case | eBPF vs limit (min-max) | +µs/conn | p99 vs limit | agent RSS MiB |\n|---:|---|---|---:|---:|---:|\n",
     );
     let mut lines: BTreeMap<String, Vec<(f64, Spread)>> = BTreeMap::new();
     for point in &sweep.points {

@@ -1,5 +1,5 @@
 //! From samples to what a reader compares: medians of per-repetition ratios to the limit (each
-//! repetition measures every mode back to back), a markdown report and SVG charts.
+//! repetition is the same stretch of time for every mode), a markdown report and SVG charts.
 use std::{fmt::Write as _, path::Path};
 
 use plotters::prelude::*;
@@ -279,7 +279,7 @@ fn draw_sweep_chart(path: &Path, title: &str, x_desc: &str, lines: &[SweepLine])
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
+        .position(SeriesLabelPosition::LowerLeft)
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
         .draw()?;
