@@ -302,11 +302,11 @@ impl Agent {
             parse_pod_config(&add.args).map_err(|message| (ErrorKind::InvalidConfig, message))?;
         let unknown = |e: crate::netns::NetnsError| (ErrorKind::UnknownNetns, e.to_string());
         let netns = PodNetns::open(&add.netns).map_err(unknown)?;
-        let cookie = netns.cookie().map_err(unknown)?;
+        let (cookie, addresses) = netns.cookie_and_addresses().map_err(unknown)?;
         let spec = PodSpec {
             netns_path: add.netns.clone(),
             netns_cookie: cookie,
-            addresses: netns.addresses().map_err(unknown)?,
+            addresses,
             config,
         };
         let record = PodRecord {
@@ -523,16 +523,20 @@ impl Agent {
             let Some(path) = self.pods.get(&cookie).map(|r| r.netns.clone()) else {
                 continue;
             };
-            let current = PodNetns::open(&path).and_then(|n| Ok((n.cookie()?, n)));
+            // One switch into the namespace for both; a failed address dump alone must not pass
+            // for a gone namespace.
+            let current = PodNetns::open(&path).and_then(|n| match n.cookie_and_addresses() {
+                Ok((c, addresses)) => Ok((c, Some(addresses))),
+                Err(_) => n.cookie().map(|c| (c, None)),
+            });
             match current {
-                Ok((c, netns)) if c == cookie => {
-                    if let Ok(addresses) = netns.addresses() {
-                        let pods = self.node.pods();
-                        if pods.addresses(cookie) != addresses
-                            && let Err(e) = pods.set_addresses(cookie, &addresses)
-                        {
-                            warn!(netns = %path.display(), error = %e, "updating pod addresses");
-                        }
+                Ok((c, addresses)) if c == cookie => {
+                    let pods = self.node.pods();
+                    if let Some(addresses) = addresses
+                        && pods.addresses(cookie) != addresses
+                        && let Err(e) = pods.set_addresses(cookie, &addresses)
+                    {
+                        warn!(netns = %path.display(), error = %e, "updating pod addresses");
                     }
                 }
                 Ok(_) => self.forget(cookie, "its network namespace was replaced"),

@@ -116,11 +116,22 @@ impl PodNetns {
         f()
     }
 
+    /// The namespace's cookie and addresses with one switch into it (see [`Self::cookie`] and
+    /// [`Self::addresses`]): the agent reads both for every pod at every periodic check.
+    pub fn cookie_and_addresses(&self) -> Result<(u64, Vec<IpAddr>), NetnsError> {
+        self.run_inside(|| Ok((self.cookie_here()?, self.addresses_here()?)))
+    }
+
     /// The kernel's 64-bit identity of the namespace, the same value `bpf_get_netns_cookie`
     /// returns in the eBPF programs. Needs Linux 5.14 (`SO_NETNS_COOKIE`).
     pub fn cookie(&self) -> Result<u64, NetnsError> {
+        self.run_inside(|| self.cookie_here())
+    }
+
+    /// [`Self::cookie`], from a thread already inside the namespace.
+    fn cookie_here(&self) -> Result<u64, NetnsError> {
         let path = self.path.clone();
-        self.run_inside(move || {
+        {
             let sock = socket(
                 AddressFamily::Inet,
                 SockType::Datagram,
@@ -152,23 +163,25 @@ impl PodNetns {
                 });
             }
             Ok(cookie)
-        })
+        }
     }
 
     /// The addresses assigned to the namespace's interfaces, IPv4 and IPv6 (loopback and
     /// link-local ones included).
     pub fn addresses(&self) -> Result<Vec<IpAddr>, NetnsError> {
-        let path = self.path.clone();
-        self.run_inside(move || {
-            let mut all = addresses::dump().map_err(|e| NetnsError::Syscall {
-                call: "RTM_GETADDR",
-                path,
-                source: nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
-            })?;
-            all.sort();
-            all.dedup();
-            Ok(all)
-        })
+        self.run_inside(|| self.addresses_here())
+    }
+
+    /// [`Self::addresses`], from a thread already inside the namespace.
+    fn addresses_here(&self) -> Result<Vec<IpAddr>, NetnsError> {
+        let mut all = addresses::dump().map_err(|e| NetnsError::Syscall {
+            call: "RTM_GETADDR",
+            path: self.path.clone(),
+            source: nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+        })?;
+        all.sort();
+        all.dedup();
+        Ok(all)
     }
 }
 

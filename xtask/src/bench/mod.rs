@@ -43,6 +43,10 @@ pub struct Args {
     /// no worker/pinning/close matrix, no pod sweep.
     #[arg(long)]
     quick: bool,
+    /// Only the node agent's pod sweep: 1, 100 and 1,000 registered pods, registration time and
+    /// memory (about a minute).
+    #[arg(long, conflicts_with = "quick")]
+    pods_only: bool,
     /// Seconds per mode and repetition: a case runs for repetitions x seconds x modes.
     #[arg(long, default_value_t = 0.5)]
     seconds: f64,
@@ -208,7 +212,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     println!("{md}");
 
     // The comparison matrix.
-    let matrix: Vec<Case> = if args.quick {
+    let matrix: Vec<Case> = if args.pods_only {
+        Vec::new()
+    } else if args.quick {
         DIRECTIONS.map(|d| base_case(d, args.family)).to_vec()
     } else {
         let mut cases = Vec::new();
@@ -247,7 +253,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         .collect::<anyhow::Result<Vec<_>>>()?;
 
     // Ignored ports.
-    let sweep: Vec<Case> = if args.quick {
+    let sweep: Vec<Case> = if args.pods_only {
+        Vec::new()
+    } else if args.quick {
         vec![Case {
             ignored_ports: 3000,
             ..base_case(Direction::Outbound, args.family)
@@ -290,77 +298,83 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         matrix_results.push(run_case(&mut lab, case, repetitions, seconds)?);
     }
 
-    let refs: Vec<&CaseResult> = matrix_results.iter().collect();
-    report::ratio_chart(
-        &out_dir.join("per-connection.svg"),
-        "Connection rate, interception vs none",
-        &refs,
-    )?;
-    let _ = write!(
-        md,
-        "\n## Per-connection cost\n\nThe modes of a case take turns in 20 ms slices, grouped into {repetitions} repetitions of {seconds} s per mode ({} for the first case of each direction, the targets' cases); \"vs limit\" is the connection rate over the rate with no interception in the same repetition (median, and min-max over repetitions); +µs/conn is the wall-clock time one connection takes more.\n\n{}\n![per-connection](per-connection.svg)\n",
-        repetitions * 3,
-        report::table(&refs)
-    );
-    let refs: Vec<&CaseResult> = sweep_results.iter().collect();
-    let mut lines = Vec::new();
-    for direction in DIRECTIONS {
-        for &mode in &MODES[1..] {
-            let points: Vec<(f64, Spread)> = sweep_results
-                .iter()
-                .filter(|r| r.case.direction == direction)
-                .filter_map(|r| Some((r.case.ignored_ports as f64, r.summary(mode)?.ratio)))
-                .collect();
-            if points.len() > 1 {
-                lines.push((mode, format!("{} {direction:?}", mode.name()), points));
+    if !matrix_results.is_empty() {
+        let refs: Vec<&CaseResult> = matrix_results.iter().collect();
+        report::ratio_chart(
+            &out_dir.join("per-connection.svg"),
+            "Connection rate, interception vs none",
+            &refs,
+        )?;
+        let _ = write!(
+            md,
+            "\n## Per-connection cost\n\nThe modes of a case take turns in 20 ms slices, grouped into {repetitions} repetitions of {seconds} s per mode ({} for the first case of each direction, the targets' cases); \"vs limit\" is the connection rate over the rate with no interception in the same repetition (median, and min-max over repetitions); +µs/conn is the wall-clock time one connection takes more.\n\n{}\n![per-connection](per-connection.svg)\n",
+            repetitions * 3,
+            report::table(&refs)
+        );
+    }
+    if !sweep_results.is_empty() {
+        let refs: Vec<&CaseResult> = sweep_results.iter().collect();
+        let mut lines = Vec::new();
+        for direction in DIRECTIONS {
+            for &mode in &MODES[1..] {
+                let points: Vec<(f64, Spread)> = sweep_results
+                    .iter()
+                    .filter(|r| r.case.direction == direction)
+                    .filter_map(|r| Some((r.case.ignored_ports as f64, r.summary(mode)?.ratio)))
+                    .collect();
+                if points.len() > 1 {
+                    lines.push((mode, format!("{} {direction:?}", mode.name()), points));
+                }
             }
         }
-    }
-    if !lines.is_empty() {
-        report::sweep_chart(
-            &out_dir.join("ignored-ports.svg"),
-            "Connection rate as ignored ports grow",
-            "ports in each ignore list",
-            &lines,
-        )?;
-    }
-    let _ = write!(
-        md,
-        "\n## Ignored ports\n\nThe same ports in both ignore lists; the connections go to a port that is not ignored, so every rule is passed.\n\n{}{}",
-        report::table(&refs),
-        if lines.is_empty() {
-            ""
-        } else {
-            "\n![ignored ports](ignored-ports.svg)\n"
+        if !lines.is_empty() {
+            report::sweep_chart(
+                &out_dir.join("ignored-ports.svg"),
+                "Connection rate as ignored ports grow",
+                "ports in each ignore list",
+                &lines,
+            )?;
         }
-    );
+        let _ = write!(
+            md,
+            "\n## Ignored ports\n\nThe same ports in both ignore lists; the connections go to a port that is not ignored, so every rule is passed.\n\n{}{}",
+            report::table(&refs),
+            if lines.is_empty() {
+                ""
+            } else {
+                "\n![ignored ports](ignored-ports.svg)\n"
+            }
+        );
+    }
     if let Some(sweep) = &pods {
         md.push_str(&pods_section(sweep, &out_dir)?);
     }
 
     // Where the eBPF time goes.
-    md.push_str("\n## Where the eBPF time goes\n\nA separate run with the kernel's per-program statistics on (`kernel.bpf_stats_enabled`; they slow every program run, so these runs are not in the tables).\n\n| case | program | ns/run | runs/conn | µs/conn |\n|---|---|---:|---:|---:|\n");
-    for direction in DIRECTIONS {
-        let case = base_case(direction, args.family);
-        let pid = lab
-            .pod(Mode::Ebpf, 0)?
-            .meshed_pid()
-            .context("the eBPF pod is not meshed")?;
-        let costs = progstats::program_costs(pid, || {
-            Ok(lab.measure(&case, Mode::Ebpf, seconds.max(1.0))?.conns)
-        })?;
-        let total: f64 = costs.iter().map(progstats::ProgramCost::us_per_conn).sum();
-        for cost in &costs {
-            let _ = writeln!(
-                md,
-                "| {case} | {} | {:.0} | {:.2} | {:.2} |",
-                cost.name,
-                cost.ns_per_run,
-                cost.runs_per_conn,
-                cost.us_per_conn()
-            );
+    if !args.pods_only {
+        md.push_str("\n## Where the eBPF time goes\n\nA separate run with the kernel's per-program statistics on (`kernel.bpf_stats_enabled`; they slow every program run, so these runs are not in the tables).\n\n| case | program | ns/run | runs/conn | µs/conn |\n|---|---|---:|---:|---:|\n");
+        for direction in DIRECTIONS {
+            let case = base_case(direction, args.family);
+            let pid = lab
+                .pod(Mode::Ebpf, 0)?
+                .meshed_pid()
+                .context("the eBPF pod is not meshed")?;
+            let costs = progstats::program_costs(pid, || {
+                Ok(lab.measure(&case, Mode::Ebpf, seconds.max(1.0))?.conns)
+            })?;
+            let total: f64 = costs.iter().map(progstats::ProgramCost::us_per_conn).sum();
+            for cost in &costs {
+                let _ = writeln!(
+                    md,
+                    "| {case} | {} | {:.0} | {:.2} | {:.2} |",
+                    cost.name,
+                    cost.ns_per_run,
+                    cost.runs_per_conn,
+                    cost.us_per_conn()
+                );
+            }
+            let _ = writeln!(md, "| {case} | **total** | | | **{total:.2}** |");
         }
-        let _ = writeln!(md, "| {case} | **total** | | | **{total:.2}** |");
     }
 
     md.push_str(&targets_section(
