@@ -32,17 +32,20 @@ pub struct PodsPoint {
 
 pub struct PodsSweep {
     pub points: Vec<PodsPoint>,
-    /// Every registration's round trip through the API, ms, in order.
+    /// Every registration's round trip through the API, ms, in order. The bench is a debug
+    /// build: its JSON work is part of this.
     pub registration_ms: Vec<f64>,
+    /// Every registration as the agent timed it (its `pod registered` log line: from the request
+    /// read to interception in force), ms, in order.
+    pub agent_registration_ms: Vec<f64>,
 }
 
-impl PodsSweep {
-    pub fn registration(&self) -> (Spread, f64) {
-        let mut sorted = self.registration_ms.clone();
-        sorted.sort_by(f64::total_cmp);
-        let p99 = sorted[((sorted.len() as f64 * 0.99).ceil() as usize).clamp(1, sorted.len()) - 1];
-        (Spread::of(&sorted), p99)
-    }
+/// (median and range, p99) of `values`.
+pub fn percentiles(values: &[f64]) -> (Spread, f64) {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let p99 = sorted[((sorted.len() as f64 * 0.99).ceil() as usize).clamp(1, sorted.len()) - 1];
+    (Spread::of(&sorted), p99)
 }
 
 /// An agent of the bench's own (state directory, bpffs directory, the pod's cgroup), stopped and
@@ -50,6 +53,8 @@ impl PodsSweep {
 struct BenchAgent {
     interceptor: PathBuf,
     location: Vec<String>,
+    /// The agent's log (JSON lines), for its own registration times.
+    log: PathBuf,
     socket: PathBuf,
     child: Option<Child>,
     fillers: Vec<String>,
@@ -66,18 +71,21 @@ impl BenchAgent {
             "--bpffs".to_owned(),
             bpffs.display().to_string(),
         ];
+        let log = std::env::temp_dir().join(format!("{name}.log"));
         let child = Command::new(interceptor)
             .arg("daemon")
             .args(&location)
             .arg("--cgroup")
             .arg(cgroup)
-            .args(["--log-level", "warn"])
+            .args(["--log-level", "info", "--log-format", "json"])
             .stdin(Stdio::null())
+            .stderr(fs::File::create(&log).context("creating the agent's log")?)
             .spawn()
             .context("starting interceptor daemon")?;
         let mut agent = Self {
             interceptor: interceptor.to_owned(),
             location,
+            log,
             socket: state_dir.join("agent.sock"),
             child: Some(child),
             fillers: Vec::new(),
@@ -124,6 +132,19 @@ impl BenchAgent {
         Ok(())
     }
 
+    /// The registration times the agent logged, ms, in order.
+    fn logged_registrations_ms(&self) -> anyhow::Result<Vec<f64>> {
+        let log = fs::read_to_string(&self.log)
+            .with_context(|| format!("reading {}", self.log.display()))?;
+        Ok(log
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|entry| entry["message"] == "pod registered")
+            .filter_map(|entry| entry["micros"].as_f64())
+            .map(|micros| micros / 1e3)
+            .collect())
+    }
+
     fn rss_mib(&self) -> anyhow::Result<f64> {
         let pid = self.child.as_ref().context("agent stopped")?.id();
         let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
@@ -148,6 +169,7 @@ impl Drop for BenchAgent {
             .stdout(Stdio::null())
             .status();
         let _ = ip_batch(&self.fillers, "del");
+        let _ = fs::remove_file(&self.log);
     }
 }
 
@@ -221,6 +243,7 @@ pub fn run(
     }
     Ok(PodsSweep {
         points,
+        agent_registration_ms: agent.logged_registrations_ms()?,
         registration_ms,
     })
 }
