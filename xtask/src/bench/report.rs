@@ -286,3 +286,52 @@ fn draw_sweep_chart(path: &Path, title: &str, x_desc: &str, lines: &[SweepLine])
     root.present()?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_takes_the_middle_or_the_mean_of_the_two_middles() {
+        let odd = Spread::of(&[3.0, 1.0, 2.0]);
+        assert_eq!((odd.median, odd.min, odd.max), (2.0, 1.0, 3.0));
+        let even = Spread::of(&[4.0, 1.0, 3.0, 2.0]);
+        assert_eq!((even.median, even.min, even.max), (2.5, 1.0, 4.0));
+    }
+
+    fn sample(rate: f64, p99: f64) -> Sample {
+        Sample {
+            conns: rate,
+            rate,
+            cpu_us_per_conn: 1e6 / rate,
+            p50: p99 / 2.0,
+            p99,
+            p999: p99 * 2.0,
+            conntrack: 0,
+        }
+    }
+
+    #[test]
+    fn ratios_are_taken_within_each_repetition() {
+        // The limit halves in the second repetition; eBPF is 0.9 of it in both.
+        let result = CaseResult {
+            case: Case {
+                direction: super::super::load::Direction::Outbound,
+                family: super::super::load::Family::Ipv4,
+                workers: 1,
+                pinned: true,
+                close: super::super::load::Close::Rst,
+                ignored_ports: 0,
+            },
+            modes: vec![Mode::Limit, Mode::Ebpf],
+            samples: vec![
+                vec![sample(1000.0, 10.0), sample(500.0, 20.0)],
+                vec![sample(900.0, 11.0), sample(450.0, 22.0)],
+            ],
+        };
+        let ebpf = result.summary(Mode::Ebpf).unwrap();
+        assert!((ebpf.ratio.median - 0.9).abs() < 1e-9);
+        assert!((ebpf.ratio.min - 0.9).abs() < 1e-9 && (ebpf.ratio.max - 0.9).abs() < 1e-9);
+        assert!((ebpf.p99_ratio - 1.1).abs() < 1e-9);
+    }
+}
