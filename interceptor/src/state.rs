@@ -54,7 +54,8 @@ pub struct PodState {
     pub slot: u32,
     pub addresses: Vec<String>,
     pub config: ConfigSummary,
-    /// The pod's sk_lookup instance, attached to its network namespace.
+    /// The pod's own sk_lookup program (which tail-calls the shared one), attached to its network
+    /// namespace.
     pub sk_lookup: Option<ProgramState>,
 }
 

@@ -162,7 +162,7 @@ impl Attached {
 }
 
 /// A loader that creates the shared maps pinned in `pin_dir`, or opens them there when they
-/// already exist (so every pod's sk_lookup instance uses the node's maps).
+/// already exist (so every process of the node, and `status`, uses the same maps).
 pub(super) fn loader(pin_dir: &Path) -> EbpfLoader<'static> {
     let mut loader = EbpfLoader::new();
     for name in names::SHARED_MAPS {

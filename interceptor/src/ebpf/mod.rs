@@ -104,7 +104,7 @@ impl Counters {
 pub struct LoadOptions {
     /// Capacity of the map of original destinations not yet read by the proxy.
     pub orig_dst_capacity: u32,
-    /// Directory on a bpffs where the shared maps are pinned: each pod's sk_lookup instance
+    /// Directory on a bpffs where the shared maps are pinned: each pod's sk_lookup program
     /// opens them there, and so does `interceptor status`. Removed when the node is dropped.
     pub pin_dir: PathBuf,
     /// Where the links are pinned: `pin_dir` unless the maps have a directory of their own (the

@@ -107,7 +107,7 @@ struct Registered {
     addresses: BTreeSet<IpAddr>,
     /// (prefix length, key) of each entry in the subnet trie.
     subnets: BTreeSet<(u32, SubnetKey)>,
-    /// The pod's sk_lookup instance; dropping it detaches it from the pod's namespace (unless its
+    /// The pod's own sk_lookup program; dropping it detaches it from the pod's namespace (unless its
     /// link is persistent).
     inbound: Option<Inbound>,
 }
@@ -668,7 +668,7 @@ pub fn read_counters<T: std::borrow::Borrow<MapData>>(
 
 impl Drop for PodRegistry {
     fn drop(&mut self) {
-        // Detach every pod's sk_lookup instance, then drop the pins: the maps themselves go away
+        // Detach every pod's sk_lookup program, then drop the pins: the maps themselves go away
         // once no program or process uses them. The agent's (persistent) pins stay.
         for (_, registered) in std::mem::take(&mut self.pods) {
             drop(registered.inbound);

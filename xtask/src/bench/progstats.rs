@@ -24,7 +24,7 @@ impl ProgramCost {
 
 /// Per program held by process `pid`: average run time and runs per connection over `run`,
 /// which returns how many connections it made. The programs are found through the process's
-/// program and link fds, so per-pod sk_lookup instances count too.
+/// program and link fds, so the programs of pods' links count too.
 pub fn program_costs(
     pid: u32,
     run: impl FnOnce() -> anyhow::Result<f64>,
