@@ -176,7 +176,10 @@ fn addresses(case: &Case, mode: Mode) -> Addresses {
         ),
     };
     // The proxy sees an IPv4-mapped client's connection as plain IPv4.
-    let expect = (!limit).then(|| redirected.replace("[::ffff:", "").replace("]:", ":"));
+    let expect = (!limit).then(|| match redirected.strip_prefix("[::ffff:") {
+        Some(mapped) => mapped.replacen("]:", ":", 1),
+        None => redirected.clone(),
+    });
     Addresses {
         listen: listen.into(),
         v6only,
@@ -335,7 +338,23 @@ fn run_ring(
     fifo: &dyn Fn(usize) -> std::path::PathBuf,
 ) -> anyhow::Result<Vec<Vec<Sample>>> {
     use std::io::{BufRead as _, Read as _, Write as _};
-    let mut children = Vec::new();
+    /// The mode processes, killed if the ring fails half-way: they would wait for their turn
+    /// for ever.
+    struct Children(
+        Vec<(
+            std::process::Child,
+            std::io::BufReader<std::process::ChildStdout>,
+        )>,
+    );
+    impl Drop for Children {
+        fn drop(&mut self) {
+            for (child, _) in &mut self.0 {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+    let mut children = Children(Vec::new());
     for (i, (mode, pod)) in pods.iter().enumerate() {
         let mut cmd = connload_command(connload, pod, client_cgroup, case, *mode);
         cmd.arg("--ring-in")
@@ -348,7 +367,7 @@ fn run_ring(
         let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
         let mut line = String::new();
         stdout.read_line(&mut line)?;
-        children.push((child, stdout));
+        children.0.push((child, stdout));
         ensure!(
             line.trim() == "ready",
             "connload for {} did not start",
@@ -372,7 +391,7 @@ fn run_ring(
     tail.read_exact(&mut token)?;
 
     let mut samples = Vec::new();
-    for ((mode, pod), (mut child, mut stdout)) in pods.iter().zip(children) {
+    for ((mode, pod), (child, stdout)) in pods.iter().zip(&mut children.0) {
         let mut out = String::new();
         stdout.read_to_string(&mut out)?;
         let status = child.wait()?;
@@ -407,4 +426,46 @@ fn run_ring(
         samples.push(mode_samples);
     }
     Ok(samples)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(direction: Direction, family: Family) -> Case {
+        Case {
+            direction,
+            family,
+            workers: 1,
+            pinned: true,
+            close: Close::Rst,
+            ignored_ports: 0,
+        }
+    }
+
+    #[test]
+    fn the_proxy_is_told_the_address_the_app_connected_to() {
+        let expect = |direction, family| addresses(&case(direction, family), Mode::Ebpf).expect;
+        assert_eq!(
+            expect(Direction::Outbound, Family::Ipv4).as_deref(),
+            Some("192.0.2.1:80")
+        );
+        // An IPv4-mapped connect is an IPv4 connection: SO_ORIGINAL_DST answers plain IPv4.
+        assert_eq!(
+            expect(Direction::Outbound, Family::Ipv4Mapped).as_deref(),
+            Some("192.0.2.1:80")
+        );
+        assert_eq!(
+            expect(Direction::Outbound, Family::Ipv6).as_deref(),
+            Some("[2001:db8::1]:80")
+        );
+        assert_eq!(
+            expect(Direction::Inbound, Family::Ipv6),
+            Some(format!("[{POD_ADDR6}]:80"))
+        );
+        assert_eq!(
+            addresses(&case(Direction::Outbound, Family::Ipv6), Mode::Limit).expect,
+            None
+        );
+    }
 }
