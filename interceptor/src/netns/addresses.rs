@@ -13,19 +13,7 @@ const IFADDRMSG_LEN: usize = 8;
 /// Every address assigned to an interface of the namespace, both families, loopback and
 /// link-local included, as `getifaddrs` names them (`IFA_LOCAL`, else `IFA_ADDRESS`).
 pub(super) fn dump() -> io::Result<Vec<IpAddr>> {
-    // SAFETY: plain socket(2); the fd is owned right away.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned by socket(2) and is not owned elsewhere.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = route_socket()?;
 
     // nlmsghdr (len, type, flags, seq, pid) + ifaddrmsg (family AF_UNSPEC: both).
     let mut request = [0u8; NLMSG_HDRLEN + IFADDRMSG_LEN];
@@ -51,6 +39,23 @@ pub(super) fn dump() -> io::Result<Vec<IpAddr>> {
             return Ok(addresses);
         }
     }
+}
+
+/// An rtnetlink socket in the calling thread's network namespace.
+pub(super) fn route_socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2); the fd is owned right away.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_ROUTE,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by socket(2) and is not owned elsewhere.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Parses one datagram of the dump into `addresses`; true once the dump is done.

@@ -200,19 +200,12 @@ impl PodNetns {
                 path: path.clone(),
                 source,
             };
-            // SAFETY: plain socket(2); the fd is owned right away.
-            let fd = unsafe {
-                libc::socket(
-                    libc::AF_NETLINK,
-                    libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                    libc::NETLINK_ROUTE,
+            let fd = addresses::route_socket().map_err(|e| {
+                error(
+                    "socket(NETLINK_ROUTE)",
+                    nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
                 )
-            };
-            if fd < 0 {
-                return Err(error("socket(NETLINK_ROUTE)", nix::Error::last()));
-            }
-            // SAFETY: fd was just returned by socket(2) and is not owned elsewhere.
-            let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            })?;
             // SAFETY: sockaddr_nl is plain data; zeroed is a valid value.
             let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
             addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
