@@ -11,6 +11,7 @@ pub mod fixture;
 pub mod iptables_backend;
 pub mod probe;
 pub mod scenario;
+pub mod sockets;
 
 pub use fixture::{Cgroup, Netns, PodFixture};
 pub use probe::{Landing, Probe};

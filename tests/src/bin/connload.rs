@@ -150,23 +150,9 @@ fn enter_cgroup(dir: &Path) {
 }
 
 fn listener(addr: SocketAddr, v6only: bool) -> OwnedFd {
-    let socket = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        None,
-    )
-    .unwrap_or_else(|e| die("socket", e));
-    socket.set_reuse_address(true).ok();
-    if addr.is_ipv6() {
-        socket
-            .set_only_v6(v6only)
-            .unwrap_or_else(|e| die("IPV6_V6ONLY", e));
-    }
-    socket
-        .bind(&addr.into())
-        .and_then(|()| socket.listen(4096))
-        .unwrap_or_else(|e| die(&format!("listen on {addr}"), e));
-    socket.into()
+    interceptor_tests::sockets::listening(addr, v6only, 4096)
+        .unwrap_or_else(|e| die(&format!("listen on {addr}"), e))
+        .into()
 }
 
 /// What one worker saw.
@@ -242,7 +228,7 @@ enum Pace<'a> {
 /// from the same listener, so it may take another worker's connection; each connects once before
 /// it accepts once, so an accept always has a connection waiting.
 fn worker(listener: RawFd, args: &Args, pace: Pace<'_>) -> Tally {
-    let target = SockAddr::from(args.connect);
+    let target = Target::of(args.connect);
     let mut tally = Tally {
         latencies: Vec::with_capacity(1 << 20),
         ..Tally::default()
@@ -265,26 +251,43 @@ fn worker(listener: RawFd, args: &Args, pace: Pace<'_>) -> Tally {
     tally
 }
 
+/// Where a worker connects, worked out once rather than per connection.
+struct Target {
+    addr: SockAddr,
+    /// The socket family: `AF_INET6` for an IPv4-mapped address too.
+    domain: libc::c_int,
+    /// Whether the connection is IPv4 (so SO_ORIGINAL_DST is asked at SOL_IP).
+    ipv4: bool,
+}
+
+impl Target {
+    fn of(connect: SocketAddr) -> Self {
+        Self {
+            addr: SockAddr::from(connect),
+            domain: if connect.is_ipv4() {
+                libc::AF_INET
+            } else {
+                libc::AF_INET6
+            },
+            ipv4: match connect {
+                SocketAddr::V4(_) => true,
+                SocketAddr::V6(v6) => v6.ip().to_ipv4_mapped().is_some(),
+            },
+        }
+    }
+}
+
 /// One connection; false once there were too many failures to go on.
-fn connection(listener: RawFd, args: &Args, target: &SockAddr, tally: &mut Tally) -> bool {
-    let ipv4 = match args.connect {
-        SocketAddr::V4(_) => true,
-        SocketAddr::V6(v6) => v6.ip().to_ipv4_mapped().is_some(),
-    };
-    let domain = if args.connect.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
+fn connection(listener: RawFd, args: &Args, target: &Target, tally: &mut Tally) -> bool {
     let mut byte = [b'x'];
     let start = now_ns();
     // SAFETY: plain syscalls on fds this loop owns; buffers are valid for their lengths.
     unsafe {
         let client = check(
-            libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0),
+            libc::socket(target.domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0),
             "socket",
         );
-        if libc::connect(client, target.as_ptr().cast(), target.len()) != 0 {
+        if libc::connect(client, target.addr.as_ptr().cast(), target.addr.len()) != 0 {
             let err = std::io::Error::last_os_error();
             libc::close(client);
             tally.fail(format!("connect to {}: {err}", args.connect));
@@ -299,7 +302,7 @@ fn connection(listener: RawFd, args: &Args, target: &SockAddr, tally: &mut Tally
             ),
             "accept",
         );
-        let orig = original_dst(accepted, ipv4);
+        let orig = original_dst(accepted, target.ipv4);
         if orig != args.expect {
             tally.fail(format!(
                 "original destination {orig:?}, expected {:?}",

@@ -139,19 +139,9 @@ static ASK_IPV6: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 
 /// A listening socket on `addr`; an IPv6 one is dual-stack unless `v6only`.
 fn listen_on(addr: SocketAddr, v6only: bool) -> TcpListener {
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
-        .unwrap_or_else(|e| die("socket", e));
-    socket.set_reuse_address(true).ok();
-    if addr.is_ipv6() {
-        socket
-            .set_only_v6(v6only)
-            .unwrap_or_else(|e| die("IPV6_V6ONLY", e));
-    }
-    socket
-        .bind(&addr.into())
-        .and_then(|()| socket.listen(1024))
-        .unwrap_or_else(|e| die(&format!("listen {addr}"), e));
-    socket.into()
+    interceptor_tests::sockets::listening(addr, v6only, 1024)
+        .unwrap_or_else(|e| die(&format!("listen {addr}"), e))
+        .into()
 }
 
 fn serve(args: &[String], is_proxy: bool) {
