@@ -32,6 +32,9 @@ pub enum Request {
     Get {
         netns: PathBuf,
     },
+    /// Whether interception is in force as configured: the node's links attached to the
+    /// agent's cgroup, every pod's entries complete.
+    Health,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -74,12 +77,24 @@ pub struct PodInfo {
     pub addresses: Vec<String>,
     pub inbound_listener: bool,
     pub counters: BTreeMap<String, u64>,
+    /// Why the pod's interception is not exactly what its configuration asks for, when it is
+    /// not (see [`Health`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
+/// The agent's answer to [`Request::Health`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    /// What is not in force as configured; empty when all is.
+    pub problems: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum Response {
     Ok { pods: Vec<PodInfo> },
+    Health(Health),
     Error { kind: ErrorKind, message: String },
 }
 
@@ -97,6 +112,9 @@ pub enum ErrorKind {
     Conflict,
     /// No free pod slot.
     PodTableFull,
+    /// The pod's configuration or addresses need more room than a node-wide table (or the
+    /// per-pod address limit) has left; the message names the table, its size and what is free.
+    TableFull,
     /// The caller is not root.
     PermissionDenied,
     /// The kernel refused an operation; the message says which.
@@ -121,6 +139,28 @@ pub enum ClientError {
 /// Sends one request to the agent and waits for its answer (registration answers only once the
 /// pod is intercepted).
 pub fn call(socket: &Path, request: &Request) -> Result<Vec<PodInfo>, ClientError> {
+    match exchange(socket, request)? {
+        Response::Ok { pods } => Ok(pods),
+        other => Err(unexpected(socket, &other)),
+    }
+}
+
+/// Asks the agent whether interception is in force as configured.
+pub fn health(socket: &Path) -> Result<Health, ClientError> {
+    match exchange(socket, &Request::Health)? {
+        Response::Health(health) => Ok(health),
+        other => Err(unexpected(socket, &other)),
+    }
+}
+
+fn unexpected(socket: &Path, response: &Response) -> ClientError {
+    ClientError::Protocol {
+        path: socket.to_owned(),
+        detail: format!("unexpected answer {response:?}"),
+    }
+}
+
+fn exchange(socket: &Path, request: &Request) -> Result<Response, ClientError> {
     let protocol = |detail: String| ClientError::Protocol {
         path: socket.to_owned(),
         detail,
@@ -140,8 +180,8 @@ pub fn call(socket: &Path, request: &Request) -> Result<Vec<PodInfo>, ClientErro
         .read_line(&mut answer)
         .map_err(|e| protocol(e.to_string()))?;
     match serde_json::from_str(&answer).map_err(|e| protocol(format!("{e}: {answer:?}")))? {
-        Response::Ok { pods } => Ok(pods),
         Response::Error { kind, message } => Err(ClientError::Refused { kind, message }),
+        response => Ok(response),
     }
 }
 

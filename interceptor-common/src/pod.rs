@@ -5,6 +5,7 @@ use crate::Ip6Addr;
 /// the per-connection cost does not grow with the ignore lists.
 #[repr(C)]
 #[derive(Clone, Copy)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct PortBitmap {
     pub bits: [u8; 8192],
 }
@@ -51,6 +52,7 @@ pub mod flags {
 /// How one pod is intercepted. Written by userspace, read on every connect in the pod.
 #[repr(C)]
 #[derive(Clone, Copy)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct PodConfig {
     /// Index of this pod's counters in the per-CPU counter array.
     pub slot: u32,

@@ -50,6 +50,11 @@ impl AgentHome {
     }
 
     pub fn start_with(&self, extra: &[&str]) -> Agent {
+        self.wait_ready(self.spawn(extra, Stdio::null()))
+    }
+
+    /// Starts an agent without waiting for it; its log (warnings and errors) goes to `log`.
+    pub fn spawn(&self, extra: &[&str], log: impl Into<Stdio>) -> Agent {
         let reconcile = if extra.contains(&"--reconcile-ms") {
             &[][..]
         } else {
@@ -60,12 +65,16 @@ impl AgentHome {
             .args(self.location())
             .args(["--cgroup", &self.cgroup.display().to_string()])
             .args(reconcile)
-            .args(["--log-level", "warn"])
+            .args(["--log-level", "warn", "--log-format", "json"])
             .args(extra)
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("start the agent");
-        let mut agent = Agent { child };
+        Agent { child }
+    }
+
+    /// Waits until the agent's API answers.
+    pub fn wait_ready(&self, mut agent: Agent) -> Agent {
         let deadline = Instant::now() + Duration::from_secs(20);
         while !self.cli(&["pod", "list"]).status.success() {
             assert!(
@@ -112,6 +121,26 @@ impl AgentHome {
                 entries
                     .filter_map(|e| e.ok()?.file_name().into_string().ok())
                     .filter(|n| n.starts_with("link_icpt_sk_lookup_"))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// What the agent reports as not in force as configured (its thorough check: links, every
+    /// pod's entries, and anything in the maps, pins or records that belongs to no pod).
+    pub fn problems(&self) -> Vec<String> {
+        interceptor::agent::api::health(&self.socket())
+            .expect("the agent answers a health request")
+            .problems
+    }
+
+    /// How many pod records the agent keeps.
+    pub fn records(&self) -> usize {
+        std::fs::read_dir(self.state_dir.join("agent-pods"))
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok())
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
                     .count()
             })
             .unwrap_or(0)

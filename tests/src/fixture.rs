@@ -46,6 +46,26 @@ impl Netns {
         sh("ip", &all);
     }
 
+    /// `ip -n NAME -batch -` with `commands`, one per line: many changes in one go.
+    pub fn ip_batch(&self, commands: &str) {
+        use std::io::Write as _;
+        let mut child = Command::new("ip")
+            .args(["-n", &self.name, "-batch", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("ip -batch");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(commands.as_bytes())
+            .expect("write to ip -batch");
+        assert!(
+            child.wait().expect("ip -batch").success(),
+            "ip -batch {commands}"
+        );
+    }
+
     /// Connects two namespaces with a veth pair and gives each end its addresses (IPv6 ones
     /// without duplicate address detection, so they are usable at once).
     pub fn veth_to(&self, self_cidrs: &[&str], other: &Netns, other_cidrs: &[&str]) {

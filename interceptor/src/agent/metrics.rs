@@ -1,6 +1,8 @@
 //! The agent's Prometheus endpoint (`--metrics-addr`): `/metrics` in the text format, rendered
 //! from the kernel's counters at each scrape, and `/ready`, which answers once the programs are
-//! attached and the pods restored (the server starts only then).
+//! attached and the pods restored (the server starts only then), and only while interception is
+//! in force as configured: 503, with what is wrong, when a node link is missing or attached
+//! elsewhere than `--cgroup`, or a pod's entries are incomplete.
 use std::{
     net::SocketAddr,
     sync::{Arc, Mutex},
@@ -33,7 +35,7 @@ pub fn serve(addr: SocketAddr, agent: Arc<Mutex<Agent>>) -> anyhow::Result<()> {
         for request in server.incoming_requests() {
             let response = match request.url() {
                 "/metrics" => {
-                    let body = agent.lock().map(|a| render(&a)).unwrap_or_default();
+                    let body = render(&super::lock(&agent));
                     tiny_http::Response::from_string(body).with_header(
                         tiny_http::Header::from_bytes(
                             "Content-Type",
@@ -42,7 +44,18 @@ pub fn serve(addr: SocketAddr, agent: Arc<Mutex<Agent>>) -> anyhow::Result<()> {
                         .expect("a valid header"),
                     )
                 }
-                "/ready" => tiny_http::Response::from_string("ready\n"),
+                "/ready" => {
+                    let health = super::lock(&agent).health(false);
+                    if health.problems.is_empty() {
+                        tiny_http::Response::from_string("ready\n")
+                    } else {
+                        let mut body = String::from("not in force as configured:\n");
+                        for problem in &health.problems {
+                            body.push_str(&format!("- {problem}\n"));
+                        }
+                        tiny_http::Response::from_string(body).with_status_code(503)
+                    }
+                }
                 _ => tiny_http::Response::from_string("not found\n").with_status_code(404),
             };
             let _ = request.respond(response);

@@ -109,6 +109,9 @@ pub fn print_pods(pods: &[PodInfo], json: bool) {
             pod.addresses.join(","),
             pod.args.join(" ")
         );
+        if let Some(problem) = &pod.problem {
+            println!("  problem: {problem}");
+        }
     }
 }
 

@@ -41,8 +41,21 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
     // The node agent's pods, when one answers (its API is root-only, as status is in practice).
     let socket = args.agent_state_dir.join("agent.sock");
     let agent = crate::agent::api::call(&socket, &crate::agent::api::Request::List).ok();
+    let health = agent
+        .as_ref()
+        .map(|_| crate::agent::api::health(&socket).map_err(|e| e.to_string()));
     if args.json {
-        let agent = agent.map(|pods| serde_json::json!({ "socket": socket, "pods": pods }));
+        let agent = agent.map(|pods| {
+            serde_json::json!({
+                "socket": socket,
+                "pods": pods,
+                "problems": match &health {
+                    Some(Ok(health)) => health.problems.clone(),
+                    Some(Err(e)) => vec![format!("asking the agent: {e}")],
+                    None => Vec::new(),
+                },
+            })
+        });
         println!(
             "{}",
             serde_json::to_string_pretty(
@@ -53,6 +66,19 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
     }
     if let Some(pods) = &agent {
         println!("node agent at {}: {} pods", socket.display(), pods.len());
+        match &health {
+            Some(Ok(health)) if health.problems.is_empty() => {
+                println!("  interception in force as configured");
+            }
+            Some(Ok(health)) => {
+                println!("  DEGRADED: not in force as configured:");
+                for problem in &health.problems {
+                    println!("  - {problem}");
+                }
+            }
+            Some(Err(e)) => println!("  health unknown: {e}"),
+            None => {}
+        }
         crate::commands::agent::print_pods(pods, false);
         for pod in pods {
             println!("  {}:", pod.netns.display());

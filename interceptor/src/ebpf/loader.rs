@@ -37,6 +37,23 @@ const PROGRAMS: [(&str, &str); 5] = [
     (names::PROG_SK_LOOKUP, "sk_lookup, tail-called"),
 ];
 
+/// The programs attached to the node's cgroup, and their hooks.
+const CGROUP_PROGRAMS: [(&str, u32); 4] = [
+    (
+        names::PROG_CONNECT4,
+        links::attach_type::CGROUP_INET4_CONNECT,
+    ),
+    (
+        names::PROG_CONNECT6,
+        links::attach_type::CGROUP_INET6_CONNECT,
+    ),
+    (names::PROG_SOCKOPS, links::attach_type::CGROUP_SOCK_OPS),
+    (
+        names::PROG_GETSOCKOPT,
+        links::attach_type::CGROUP_GETSOCKOPT,
+    ),
+];
+
 pub(super) struct Attached {
     links_dir: PathBuf,
     /// Dropped first, detaching them, unless they are persistent.
@@ -114,21 +131,7 @@ impl Attached {
                 source,
             }
         };
-        for (name, attach_type) in [
-            (
-                names::PROG_CONNECT4,
-                links::attach_type::CGROUP_INET4_CONNECT,
-            ),
-            (
-                names::PROG_CONNECT6,
-                links::attach_type::CGROUP_INET6_CONNECT,
-            ),
-            (names::PROG_SOCKOPS, links::attach_type::CGROUP_SOCK_OPS),
-            (
-                names::PROG_GETSOCKOPT,
-                links::attach_type::CGROUP_GETSOCKOPT,
-            ),
-        ] {
+        for (name, attach_type) in CGROUP_PROGRAMS {
             let program = self.ebpf.program(name).ok_or(EbpfError::Missing {
                 kind: "program",
                 name,
@@ -144,6 +147,16 @@ impl Attached {
             self.links.push(link);
         }
         Ok(())
+    }
+
+    /// The node links that are not pinned where this process pinned them.
+    pub(super) fn missing_links(&self) -> Vec<String> {
+        CGROUP_PROGRAMS
+            .iter()
+            .map(|(name, _)| self.links_dir.join(format!("link_{name}")))
+            .filter(|path| !path.exists())
+            .map(|path| format!("link {} is not pinned", path.display()))
+            .collect()
     }
 
     pub(super) fn programs(&self) -> Vec<ProgramState> {

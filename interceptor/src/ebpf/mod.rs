@@ -1,8 +1,9 @@
 //! The eBPF backend: one attachment per node (a cgroup v2 directory), pods as map entries keyed
 //! by their network namespace cookie. Meshing one pod (`interceptor run`) and many (the node
 //! agent) both go through [`EbpfNode`].
+mod encode;
 mod links;
-mod listener;
+pub mod listener;
 mod loader;
 mod pod_lookup;
 mod pods;
@@ -67,12 +68,45 @@ pub enum EbpfError {
     PodLookup(std::io::Error),
     #[error("pod with netns cookie {0} is already registered")]
     AlreadyRegistered(u64),
+    #[error(
+        "{table} table full: {capacity} {unit}, {free} free, and this change needs {needed} more (while a change is made, the old and new entries are both in force)",
+        capacity = thousands(*capacity),
+        free = thousands(*free),
+        needed = thousands(*needed)
+    )]
+    TableFull {
+        table: &'static str,
+        unit: &'static str,
+        capacity: usize,
+        free: usize,
+        needed: usize,
+    },
     #[error("pod {netns} has {count} addresses, more than the {max} supported")]
     TooManyAddresses {
         netns: PathBuf,
         count: usize,
         max: u32,
     },
+}
+
+impl EbpfError {
+    /// Whether the request asked for more than the maps can hold (nothing was changed).
+    pub fn is_capacity(&self) -> bool {
+        matches!(self, Self::TableFull { .. } | Self::TooManyAddresses { .. })
+    }
+}
+
+/// `16384` as `16,384`.
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// What registering a pod needs: its identity, its addresses and its configuration.
@@ -162,6 +196,17 @@ pub struct EbpfNode {
     pods: PodRegistry,
 }
 
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn thousands_are_separated() {
+        assert_eq!(super::thousands(0), "0");
+        assert_eq!(super::thousands(120), "120");
+        assert_eq!(super::thousands(16384), "16,384");
+        assert_eq!(super::thousands(1234567), "1,234,567");
+    }
+}
+
 impl EbpfNode {
     /// Loads the programs (verifying them) and creates the shared maps, pinned under
     /// `options.pin_dir`, without attaching anything.
@@ -184,6 +229,12 @@ impl EbpfNode {
 
     pub fn programs(&self) -> Vec<ProgramState> {
         self.attached.programs()
+    }
+
+    /// What is wrong with the node's links, for `status` and `/ready`: empty when each hook
+    /// has its pinned link.
+    pub fn link_problems(&self, _cgroup: &Path) -> Vec<String> {
+        self.attached.missing_links()
     }
 
     pub fn pods(&mut self) -> &mut PodRegistry {

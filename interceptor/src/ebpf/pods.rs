@@ -1,5 +1,10 @@
 //! Registering pods: writing their configuration, addresses and subnets into the maps, and
 //! reading their counters back.
+//!
+//! Every change to a pod is made before break: the entries the new state needs are written
+//! first, then the pod's configuration (one map update: the switch), then the entries only the
+//! old state needed are removed. A change that fails before the switch leaves the maps exactly as
+//! they were, so a refused change never leaves a pod less intercepted than before.
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -15,16 +20,13 @@ use aya::{
     },
 };
 use interceptor_common::{
-    IP4_MAPPED_PREFIX_BITS, Ip6Addr, ListenerKey, LocalAddrKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS,
-    OrigDst, PendingKey, PendingOrigDst, PodConfig, PodCounters, SUBNET_KEY_FIXED_BITS, SubnetKey,
-    addr::family,
-    names,
-    pod::{direction, flags},
+    ListenerKey, LocalAddrKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS, MAX_SUBNET_RULES, OrigDst,
+    PendingKey, PendingOrigDst, PodConfig, PodCounters, SubnetKey, names,
 };
-use ipnet::IpNet;
 
 use super::{
     Counters, EbpfError, LoadOptions, PodSpec,
+    encode::{SubnetEntry, listener_key, local_key, pod_config, subnet_keys},
     links::PinnedLink,
     listener::{Listening, find_listeners},
     loader::{Inbound, inbound_link_path, load_inbound},
@@ -86,7 +88,14 @@ impl PodMaps {
 #[derive(Default)]
 pub struct InMaps {
     addresses: BTreeMap<u64, BTreeSet<IpAddr>>,
-    subnets: BTreeMap<u64, BTreeSet<(u32, SubnetKey)>>,
+    subnets: BTreeMap<u64, BTreeSet<SubnetEntry>>,
+}
+
+impl InMaps {
+    /// The pods these entries belong to.
+    pub fn cookies(&self) -> impl Iterator<Item = u64> + '_ {
+        self.addresses.keys().chain(self.subnets.keys()).copied()
+    }
 }
 
 /// Entries in each map.
@@ -100,16 +109,38 @@ pub struct FillLevels {
     pub pods: usize,
 }
 
+/// What the maps hold for a pod: its configuration entry (none for a pod not yet registered)
+/// and its address and subnet entries.
+#[derive(Default)]
+struct InForce {
+    config: Option<PodConfig>,
+    addresses: BTreeSet<IpAddr>,
+    subnets: BTreeSet<SubnetEntry>,
+}
+
+/// Entries written during a change, removed again if the change cannot be completed.
+#[derive(Default)]
+struct Written {
+    addresses: Vec<IpAddr>,
+    subnets: Vec<SubnetEntry>,
+}
+
 /// What was written for one pod, so it can be changed or removed exactly.
 struct Registered {
     slot: u32,
+    /// The configuration asked for (the pod's record).
     config: InterceptionConfig,
+    /// Its encoding as the pod map holds it: `config`'s, unless `problem` says otherwise.
+    in_force: PodConfig,
+    /// Every address and subnet entry the maps hold for the pod.
     addresses: BTreeSet<IpAddr>,
-    /// (prefix length, key) of each entry in the subnet trie.
-    subnets: BTreeSet<(u32, SubnetKey)>,
+    subnets: BTreeSet<SubnetEntry>,
     /// The pod's own sk_lookup program; dropping it detaches it from the pod's namespace (unless its
     /// link is persistent).
     inbound: Option<Inbound>,
+    /// Why the maps do not hold exactly `config` (a restore that could not apply the record's
+    /// configuration and kept the one in force, or old entries that could not be removed).
+    problem: Option<String>,
 }
 
 /// The pods one node attachment serves.
@@ -122,10 +153,14 @@ pub struct PodRegistry {
     persistent: bool,
     max_pods: u32,
     pod_lookup: PodLookupLoader,
+    /// Entries in the subnet trie, kept up to date by every insert and delete (counting them
+    /// means a system call per entry): what lets a change that cannot fit be refused up front.
+    subnet_entries: usize,
 }
 
 impl PodRegistry {
     pub(super) fn new(maps: PodMaps, options: &LoadOptions) -> Result<Self, EbpfError> {
+        let subnet_entries = maps.subnets.keys().filter(Result::is_ok).count();
         Ok(Self {
             maps,
             pods: BTreeMap::new(),
@@ -134,17 +169,34 @@ impl PodRegistry {
             persistent: options.persistent,
             max_pods: options.max_pods.min(MAX_PODS),
             pod_lookup: PodLookupLoader::new(&options.pin_dir).map_err(EbpfError::PodLookup)?,
+            subnet_entries,
         })
     }
 
-    /// Registers a pod. Its configuration is written last, so the programs never see a pod whose
-    /// addresses or subnets are missing. Returns the pod's counter slot. Adding a pod that is
-    /// registered with the same configuration changes nothing; with another configuration it is
-    /// an error (see [`Self::update`]).
+    /// Registers a pod and adopts its proxy's inbound listener if it already listens (see
+    /// [`Self::register`] and [`Self::adopt_listeners`]): all of it, or nothing.
     pub fn add(&mut self, spec: &PodSpec) -> Result<u32, EbpfError> {
+        let is_new = !self.pods.contains_key(&spec.netns_cookie);
+        let slot = self.register(spec)?;
+        let netns = PodNetns::open(&spec.netns_path)?;
+        let found = find_listeners(&netns, spec.config.incoming_proxy_port);
+        if let Err(e) = self.adopt_listeners(spec.netns_cookie, found) {
+            if is_new {
+                let _ = self.remove(spec.netns_cookie);
+            }
+            return Err(e);
+        }
+        Ok(slot)
+    }
+
+    /// Registers a pod. Returns its counter slot. A pod registered with the same configuration
+    /// changes nothing; with another configuration it is an error (see [`Self::update`]). Its
+    /// proxy's existing listener is left to [`Self::adopt_listeners`], which walks `/proc` and
+    /// so is better done without holding whatever guards the registry.
+    pub fn register(&mut self, spec: &PodSpec) -> Result<u32, EbpfError> {
         let cookie = spec.netns_cookie;
         if let Some(registered) = self.pods.get(&cookie) {
-            if registered.config == spec.config {
+            if registered.config == spec.config && registered.problem.is_none() {
                 return Ok(registered.slot);
             }
             return Err(EbpfError::AlreadyRegistered(cookie));
@@ -153,45 +205,92 @@ impl PodRegistry {
         let slot = (0..self.max_pods)
             .find(|slot| !used.contains(slot))
             .ok_or(EbpfError::NoFreeSlot(self.max_pods))?;
+        let netns = PodNetns::open(&spec.netns_path)?;
         self.zero_counters(slot)?;
-        let registered = Registered {
-            slot,
-            config: spec.config.clone(),
-            addresses: BTreeSet::new(),
-            subnets: BTreeSet::new(),
-            inbound: None,
-        };
-        self.write(spec, registered)
+        let registered = self
+            .write(spec, &netns, slot, &InForce::default(), None)
+            .map_err(|(e, _)| e)?;
+        self.pods.insert(cookie, registered);
+        Ok(slot)
     }
 
-    /// Applies a new configuration to a registered pod in place (registers it if it is not):
-    /// new subnets are added before the configuration that uses them is written, old ones are
-    /// removed after, so at every moment the programs apply the old or the new configuration.
+    /// Applies a new configuration to a registered pod in place (registers it if it is not),
+    /// make before break: at every moment the programs apply the old or the new configuration,
+    /// and if the new one cannot be applied the old one stays in force.
     pub fn update(&mut self, spec: &PodSpec) -> Result<u32, EbpfError> {
-        let Some(mut registered) = self.pods.remove(&spec.netns_cookie) else {
-            return self.add(spec);
+        let cookie = spec.netns_cookie;
+        let Some(mut registered) = self.pods.remove(&cookie) else {
+            return self.register(spec);
         };
-        registered.config = spec.config.clone();
-        self.write(spec, registered)
+        let before = InForce {
+            config: Some(registered.in_force),
+            addresses: std::mem::take(&mut registered.addresses),
+            subnets: std::mem::take(&mut registered.subnets),
+        };
+        let inbound = registered.inbound.take();
+        let result = match PodNetns::open(&spec.netns_path) {
+            Ok(netns) => self.write(spec, &netns, registered.slot, &before, inbound),
+            Err(e) => Err((e.into(), inbound)),
+        };
+        match result {
+            Ok(updated) => {
+                self.pods.insert(cookie, updated);
+                Ok(registered.slot)
+            }
+            Err((e, inbound)) => {
+                registered.addresses = before.addresses;
+                registered.subnets = before.subnets;
+                registered.inbound = inbound;
+                self.pods.insert(cookie, registered);
+                Err(e)
+            }
+        }
     }
 
     /// Takes a pod back under management after a restart: its map entries and pinned sk_lookup
     /// link are still in force (they outlive the agent process), so it keeps its counter slot
-    /// and counters, stale entries are removed, and its sk_lookup link gets this process's
-    /// program. Registers it afresh if its configuration never reached the maps.
+    /// and counters, its record's configuration is applied (make before break, as an update),
+    /// stale entries are removed, and its sk_lookup link gets this process's program. Registers
+    /// it afresh if its configuration never reached the maps.
+    ///
+    /// When the record's configuration cannot be applied, what was in force stays in force and
+    /// the pod stays registered with a [`Self::problem`]: a restart never unmeshes a pod.
     pub fn restore(&mut self, spec: &PodSpec, in_maps: &mut InMaps) -> Result<u32, EbpfError> {
         let cookie = spec.netns_cookie;
         let Ok(in_force) = self.maps.pods.get(&cookie, 0) else {
             return self.add(spec);
         };
-        let registered = Registered {
-            slot: in_force.slot,
-            config: spec.config.clone(),
+        let before = InForce {
+            config: Some(in_force),
             addresses: in_maps.addresses.remove(&cookie).unwrap_or_default(),
             subnets: in_maps.subnets.remove(&cookie).unwrap_or_default(),
-            inbound: None,
         };
-        self.write(spec, registered)
+        let netns = PodNetns::open(&spec.netns_path)?;
+        match self.write(spec, &netns, in_force.slot, &before, None) {
+            Ok(registered) => {
+                self.pods.insert(cookie, registered);
+                let found = find_listeners(&netns, spec.config.incoming_proxy_port);
+                self.adopt_listeners(cookie, found)?;
+            }
+            Err((e, inbound)) => {
+                tracing::warn!(netns = %spec.netns_path.display(), netns_cookie = cookie, error = %e, "keeping the configuration in force before the restart: the record's cannot be applied");
+                self.pods.insert(
+                    cookie,
+                    Registered {
+                        slot: in_force.slot,
+                        config: spec.config.clone(),
+                        in_force,
+                        addresses: before.addresses,
+                        subnets: before.subnets,
+                        inbound,
+                        problem: Some(format!(
+                            "the configuration in force before the agent restarted is kept: its record's cannot be applied: {e}"
+                        )),
+                    },
+                );
+            }
+        }
+        Ok(in_force.slot)
     }
 
     /// What the address and subnet maps hold, by pod: read once to restore many pods (a walk
@@ -216,50 +315,186 @@ impl PodRegistry {
         in_maps
     }
 
-    /// Writes (or rewrites) a pod's entries, its configuration, and attaches its sk_lookup
-    /// instance. On failure the pod is removed: a half-registered pod is never left behind.
-    fn write(&mut self, spec: &PodSpec, mut registered: Registered) -> Result<u32, EbpfError> {
+    /// Makes `spec` the pod's state, from `before`: its sk_lookup link (`inbound`, or attached
+    /// now), the entries the new state needs, its configuration (the switch), then the entries
+    /// only `before` needed are removed. Nothing is written unless everything fits; a failure
+    /// before the switch removes what was written, so the maps are as they were (a new pod's
+    /// link is detached too), and hands the link back.
+    fn write(
+        &mut self,
+        spec: &PodSpec,
+        netns: &PodNetns,
+        slot: u32,
+        before: &InForce,
+        inbound: Option<Inbound>,
+    ) -> Result<Registered, (EbpfError, Option<Inbound>)> {
         let cookie = spec.netns_cookie;
-        let slot = registered.slot;
-        if spec.addresses.len() > MAX_LOCAL_ADDRS_PER_POD as usize {
-            self.pods.insert(cookie, registered);
-            let _ = self.remove(cookie);
+        let addresses: BTreeSet<IpAddr> = spec.addresses.iter().copied().collect();
+        let subnets = subnet_keys(cookie, &spec.config);
+        if let Err(e) = self.check_room(spec, &addresses, &before.subnets, &subnets) {
+            return Err((e, inbound));
+        }
+        let inbound = match inbound {
+            Some(inbound) => inbound,
+            None => load_inbound(
+                &self.pod_lookup,
+                &self.links_dir,
+                self.persistent,
+                cookie,
+                netns,
+            )
+            .map_err(|e| (e, None))?,
+        };
+        let config = pod_config(slot, &spec.config);
+        let mut written = Written::default();
+        let switched = self
+            .write_new_entries(cookie, before, &addresses, &subnets, &mut written)
+            .and_then(|()| {
+                self.maps
+                    .pods
+                    .insert(cookie, config, 0)
+                    .map_err(map_error(names::MAP_PODS))
+            });
+        if let Err(e) = switched {
+            self.remove_written(cookie, written);
+            if before.config.is_none() {
+                self.detach_inbound(cookie, Some(inbound));
+                return Err((e, None));
+            }
+            return Err((e, Some(inbound)));
+        }
+        let (addresses, subnets, problem) =
+            self.remove_old_entries(cookie, before, addresses, subnets);
+        Ok(Registered {
+            slot,
+            config: spec.config.clone(),
+            in_force: config,
+            addresses,
+            subnets,
+            inbound: Some(inbound),
+            problem,
+        })
+    }
+
+    /// Refuses a change the maps cannot hold, before anything is written. The old and the new
+    /// entries are both in the maps for a moment, so a change needs room for what it adds.
+    fn check_room(
+        &self,
+        spec: &PodSpec,
+        addresses: &BTreeSet<IpAddr>,
+        subnets_before: &BTreeSet<SubnetEntry>,
+        subnets: &BTreeSet<SubnetEntry>,
+    ) -> Result<(), EbpfError> {
+        if addresses.len() > MAX_LOCAL_ADDRS_PER_POD as usize {
             return Err(EbpfError::TooManyAddresses {
                 netns: spec.netns_path.clone(),
-                count: spec.addresses.len(),
+                count: addresses.len(),
                 max: MAX_LOCAL_ADDRS_PER_POD,
             });
         }
-        let wanted_subnets = subnet_keys(cookie, &spec.config);
-        let result = PodNetns::open(&spec.netns_path)
-            .map_err(EbpfError::from)
-            .and_then(|netns| {
-                self.write_addresses(cookie, &mut registered, &spec.addresses)?;
-                self.add_subnets(&mut registered, &wanted_subnets)?;
-                self.maps
-                    .pods
-                    .insert(cookie, pod_config(slot, &spec.config), 0)
-                    .map_err(map_error(names::MAP_PODS))?;
-                self.prune_subnets(&mut registered, &wanted_subnets)?;
-                if registered.inbound.is_none() {
-                    // From here on inbound connections are steered, or dropped until the proxy
-                    // listens: the pod fails closed from its first registered moment.
-                    registered.inbound = Some(load_inbound(
-                        &self.pod_lookup,
-                        &self.links_dir,
-                        self.persistent,
-                        cookie,
-                        &netns,
-                    )?);
-                }
-                self.adopt_existing_listener(cookie, &netns, spec.config.incoming_proxy_port)
+        let needed = subnets.difference(subnets_before).count();
+        let free = (MAX_SUBNET_RULES as usize).saturating_sub(self.subnet_entries);
+        if needed > free {
+            return Err(EbpfError::TableFull {
+                table: "subnet",
+                unit: "rules",
+                capacity: MAX_SUBNET_RULES as usize,
+                free,
+                needed,
             });
-        self.pods.insert(cookie, registered);
-        if let Err(e) = result {
-            let _ = self.remove(cookie);
-            return Err(e);
         }
-        Ok(slot)
+        Ok(())
+    }
+
+    fn write_new_entries(
+        &mut self,
+        cookie: u64,
+        before: &InForce,
+        addresses: &BTreeSet<IpAddr>,
+        subnets: &BTreeSet<SubnetEntry>,
+        written: &mut Written,
+    ) -> Result<(), EbpfError> {
+        for ip in addresses.difference(&before.addresses) {
+            self.maps
+                .local_addrs
+                .insert(local_key(cookie, *ip), 1, 0)
+                .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
+            written.addresses.push(*ip);
+        }
+        for entry in subnets.difference(&before.subnets) {
+            self.insert_subnet(entry)?;
+            written.subnets.push(*entry);
+        }
+        Ok(())
+    }
+
+    /// Undoes [`Self::write_new_entries`] for a change that could not be completed.
+    fn remove_written(&mut self, cookie: u64, written: Written) {
+        let addresses = written.addresses.into_iter().collect();
+        let subnets = written.subnets.into_iter().collect();
+        if let Err(e) = self.remove_address_and_subnet_entries(cookie, &addresses, &subnets) {
+            tracing::warn!(netns_cookie = cookie, error = %e, "removing the entries of a change that could not be completed");
+        }
+    }
+
+    /// After the switch: removes the entries only the old state needed. Returns the entries the
+    /// maps now hold, and a problem if an old one could not be removed (kept, to be removed
+    /// with the pod).
+    fn remove_old_entries(
+        &mut self,
+        cookie: u64,
+        before: &InForce,
+        mut addresses: BTreeSet<IpAddr>,
+        mut subnets: BTreeSet<SubnetEntry>,
+    ) -> (BTreeSet<IpAddr>, BTreeSet<SubnetEntry>, Option<String>) {
+        let mut problem = None;
+        for ip in before.addresses.difference(&addresses.clone()) {
+            if let Err(e) = ignore_absent(self.maps.local_addrs.remove(&local_key(cookie, *ip))) {
+                problem = Some(format!("an old address entry ({ip}) is left: {e}"));
+                addresses.insert(*ip);
+            }
+        }
+        for entry in before.subnets.difference(&subnets.clone()) {
+            if let Err(e) = self.remove_subnet(entry) {
+                problem = Some(format!("an old subnet entry is left: {e}"));
+                subnets.insert(*entry);
+            }
+        }
+        (addresses, subnets, problem)
+    }
+
+    fn insert_subnet(&mut self, (prefix_len, key): &SubnetEntry) -> Result<(), EbpfError> {
+        self.maps
+            .subnets
+            .insert(&Key::new(*prefix_len, *key), 1, 0)
+            .map_err(|e| match e {
+                // Another writer of the trie (an older agent still running) filled it.
+                MapError::SyscallError(ref s)
+                    if s.io_error.raw_os_error() == Some(libc::ENOSPC) =>
+                {
+                    EbpfError::TableFull {
+                        table: "subnet",
+                        unit: "rules",
+                        capacity: MAX_SUBNET_RULES as usize,
+                        free: 0,
+                        needed: 1,
+                    }
+                }
+                e => map_error(names::MAP_SUBNETS)(e),
+            })?;
+        self.subnet_entries += 1;
+        Ok(())
+    }
+
+    fn remove_subnet(&mut self, (prefix_len, key): &SubnetEntry) -> Result<(), EbpfError> {
+        match self.maps.subnets.remove(&Key::new(*prefix_len, *key)) {
+            Ok(()) => {
+                self.subnet_entries = self.subnet_entries.saturating_sub(1);
+                Ok(())
+            }
+            Err(e) if is_absent(&e) => Ok(()),
+            Err(e) => Err(map_error(names::MAP_SUBNETS)(e)),
+        }
     }
 
     /// The registered pods' netns cookies.
@@ -270,6 +505,69 @@ impl PodRegistry {
     /// A registered pod's counter slot.
     pub fn slot(&self, cookie: u64) -> Option<u32> {
         self.pods.get(&cookie).map(|p| p.slot)
+    }
+
+    /// Why a registered pod's entries are not exactly what its configuration asks for, if they
+    /// are not: what the kernel holds is checked (its configuration entry, its pinned sk_lookup
+    /// link), and what an earlier change could not complete is reported.
+    pub fn problem(&self, cookie: u64) -> Option<String> {
+        let registered = self.pods.get(&cookie)?;
+        if let Some(problem) = &registered.problem {
+            return Some(problem.clone());
+        }
+        match self.maps.pods.get(&cookie, 0) {
+            Ok(in_maps)
+                if bytemuck::bytes_of(&in_maps) == bytemuck::bytes_of(&registered.in_force) => {}
+            Ok(_) => return Some("its configuration entry differs from the one written".into()),
+            Err(_) => return Some("its configuration entry is missing from the pod map".into()),
+        }
+        if self.persistent && !inbound_link_path(&self.links_dir, cookie).exists() {
+            return Some("its sk_lookup link is not pinned".into());
+        }
+        if registered.inbound.is_none() {
+            return Some("its sk_lookup program is not attached by this agent".into());
+        }
+        None
+    }
+
+    /// How the address and subnet entries the maps hold for a registered pod (`in_maps`, read
+    /// once for all pods) differ from what was written for it, if they do.
+    pub fn entries_differ(&self, cookie: u64, in_maps: &InMaps) -> Option<String> {
+        let registered = self.pods.get(&cookie)?;
+        let empty_addresses = BTreeSet::new();
+        let empty_subnets = BTreeSet::new();
+        let addresses = in_maps.addresses.get(&cookie).unwrap_or(&empty_addresses);
+        let subnets = in_maps.subnets.get(&cookie).unwrap_or(&empty_subnets);
+        if *addresses != registered.addresses {
+            return Some(format!(
+                "the address map holds {addresses:?}, not the pod's {:?}",
+                registered.addresses
+            ));
+        }
+        if *subnets != registered.subnets {
+            return Some(format!(
+                "the subnet map holds {} entries for it, not the {} written",
+                subnets.len(),
+                registered.subnets.len()
+            ));
+        }
+        None
+    }
+
+    /// The pods whose sk_lookup link is pinned (the agent's), registered or not.
+    pub fn pinned_inbound_cookies(&self) -> Vec<u64> {
+        let prefix = inbound_link_path(Path::new(""), 0)
+            .to_string_lossy()
+            .trim_end_matches('0')
+            .to_owned();
+        std::fs::read_dir(&self.links_dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|entry| {
+                let name = entry.ok()?.file_name().into_string().ok()?;
+                name.strip_prefix(&prefix)?.parse().ok()
+            })
+            .collect()
     }
 
     /// The pods in the kernel's pod map, registered by this process or an earlier one.
@@ -297,24 +595,27 @@ impl PodRegistry {
         let mut in_maps = self.in_maps();
         let addresses = in_maps.addresses.remove(&cookie).unwrap_or_default();
         let subnets = in_maps.subnets.remove(&cookie).unwrap_or_default();
+        self.detach_inbound(cookie, None);
         self.remove_entries(cookie, slot, &addresses, &subnets)
     }
 
-    /// Puts the listeners that existed before registration into the listener map, one per family
-    /// (new ones are caught by sock_ops; see `listener.rs`). A listener already in the map is
-    /// newer: keep it.
-    fn adopt_existing_listener(
-        &mut self,
-        cookie: u64,
-        netns: &PodNetns,
-        port: u16,
-    ) -> Result<(), EbpfError> {
-        for Listening { socket, ipv6 } in find_listeners(netns, port) {
-            let key = listener_key(cookie, ipv6);
-            tracing::info!(netns = %netns.path().display(), port, ipv6, "adopting the proxy's existing inbound listener");
+    /// Puts the listeners of the pod's proxy that existed before registration (found with
+    /// [`find_listeners`]) into the listener map, one per family (new ones are caught by
+    /// sock_ops; see `listener.rs`). A listener already in the map is newer: keep it. A pod
+    /// that is no longer registered is left alone.
+    pub fn adopt_listeners(&mut self, cookie: u64, found: Vec<Listening>) -> Result<(), EbpfError> {
+        if !self.pods.contains_key(&cookie) {
+            return Ok(());
+        }
+        for Listening { socket, ipv6 } in found {
+            tracing::info!(
+                netns_cookie = cookie,
+                ipv6,
+                "adopting the proxy's existing inbound listener"
+            );
             // Our duplicate is closed right after: the map holds the socket only while the proxy
             // keeps it open.
-            self.insert_listener(key, &socket)?;
+            self.insert_listener(listener_key(cookie, ipv6), &socket)?;
         }
         Ok(())
     }
@@ -367,7 +668,7 @@ impl PodRegistry {
             return Ok(());
         };
         self.remove_config(cookie)?;
-        drop(registered.inbound);
+        self.detach_inbound(cookie, registered.inbound);
         self.remove_entries(
             cookie,
             Some(registered.slot),
@@ -380,46 +681,90 @@ impl PodRegistry {
         ignore_absent(self.maps.pods.remove(&cookie)).map_err(map_error(names::MAP_PODS))
     }
 
-    /// What remains of a pod once its configuration is gone: its pinned sk_lookup link, its
-    /// listeners, addresses, subnets and counters.
+    /// Detaches a pod's sk_lookup program: drops this process's link and, for the agent, the
+    /// pin that keeps it attached.
+    fn detach_inbound(&mut self, cookie: u64, inbound: Option<Inbound>) {
+        drop(inbound);
+        if self.persistent {
+            let path = inbound_link_path(&self.links_dir, cookie);
+            if let Err(e) = PinnedLink::remove_pinned(&path) {
+                tracing::warn!(path = %path.display(), error = %e, "unpinning a pod's sk_lookup link");
+            }
+        }
+    }
+
+    /// What remains of a pod once its configuration and sk_lookup link are gone: its listeners,
+    /// addresses, subnets and counters.
     fn remove_entries(
         &mut self,
         cookie: u64,
         slot: Option<u32>,
         addresses: &BTreeSet<IpAddr>,
-        subnets: &BTreeSet<(u32, SubnetKey)>,
+        subnets: &BTreeSet<SubnetEntry>,
     ) -> Result<(), EbpfError> {
-        if self.persistent {
-            let path = inbound_link_path(&self.links_dir, cookie);
-            PinnedLink::remove_pinned(&path)
-                .map_err(|source| EbpfError::PinDir { path, source })?;
-        }
         for ipv6 in [false, true] {
             ignore_absent(self.maps.listeners.remove(&listener_key(cookie, ipv6)))
                 .map_err(map_error(names::MAP_LISTENERS))?;
         }
-        for ip in addresses {
-            ignore_absent(self.maps.local_addrs.remove(&local_key(cookie, *ip)))
-                .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
-        }
-        for (prefix_len, key) in subnets {
-            ignore_absent(self.maps.subnets.remove(&Key::new(*prefix_len, *key)))
-                .map_err(map_error(names::MAP_SUBNETS))?;
-        }
+        self.remove_address_and_subnet_entries(cookie, addresses, subnets)?;
         match slot {
             Some(slot) => self.zero_counters(slot),
             None => Ok(()),
         }
     }
 
-    /// Replaces the pod's set of own addresses (after an address change in its namespace).
+    fn remove_address_and_subnet_entries(
+        &mut self,
+        cookie: u64,
+        addresses: &BTreeSet<IpAddr>,
+        subnets: &BTreeSet<SubnetEntry>,
+    ) -> Result<(), EbpfError> {
+        for ip in addresses {
+            ignore_absent(self.maps.local_addrs.remove(&local_key(cookie, *ip)))
+                .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
+        }
+        for entry in subnets {
+            self.remove_subnet(entry)?;
+        }
+        Ok(())
+    }
+
+    /// Replaces the pod's set of own addresses (after an address change in its namespace), make
+    /// before break: the new ones are added, then the old ones removed; if one cannot be added,
+    /// the old set stays as it was.
     pub fn set_addresses(&mut self, cookie: u64, addresses: &[IpAddr]) -> Result<(), EbpfError> {
-        let Some(mut registered) = self.pods.remove(&cookie) else {
+        let Some(registered) = self.pods.get(&cookie) else {
             return Ok(());
         };
-        let result = self.write_addresses(cookie, &mut registered, addresses);
-        self.pods.insert(cookie, registered);
-        result
+        let wanted: BTreeSet<IpAddr> = addresses.iter().copied().collect();
+        if wanted.len() > MAX_LOCAL_ADDRS_PER_POD as usize {
+            return Err(EbpfError::TooManyAddresses {
+                netns: PathBuf::from(format!("with netns cookie {cookie}")),
+                count: wanted.len(),
+                max: MAX_LOCAL_ADDRS_PER_POD,
+            });
+        }
+        let before = InForce {
+            config: Some(registered.in_force),
+            addresses: registered.addresses.clone(),
+            subnets: registered.subnets.clone(),
+        };
+        let mut written = Written::default();
+        if let Err(e) =
+            self.write_new_entries(cookie, &before, &wanted, &before.subnets, &mut written)
+        {
+            self.remove_written(cookie, written);
+            return Err(e);
+        }
+        let (addresses, _, problem) =
+            self.remove_old_entries(cookie, &before, wanted, before.subnets.clone());
+        if let Some(registered) = self.pods.get_mut(&cookie) {
+            registered.addresses = addresses;
+            if problem.is_some() {
+                registered.problem = problem;
+            }
+        }
+        Ok(())
     }
 
     pub fn counters(&self, cookie: u64) -> Result<Option<Counters>, EbpfError> {
@@ -474,55 +819,6 @@ impl PodRegistry {
         }
     }
 
-    fn write_addresses(
-        &mut self,
-        cookie: u64,
-        registered: &mut Registered,
-        addresses: &[IpAddr],
-    ) -> Result<(), EbpfError> {
-        let wanted: BTreeSet<IpAddr> = addresses.iter().copied().collect();
-        for ip in wanted.difference(&registered.addresses) {
-            self.maps
-                .local_addrs
-                .insert(local_key(cookie, *ip), 1, 0)
-                .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
-        }
-        for ip in registered.addresses.difference(&wanted) {
-            ignore_absent(self.maps.local_addrs.remove(&local_key(cookie, *ip)))
-                .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
-        }
-        registered.addresses = wanted;
-        Ok(())
-    }
-
-    fn add_subnets(
-        &mut self,
-        registered: &mut Registered,
-        wanted: &BTreeSet<(u32, SubnetKey)>,
-    ) -> Result<(), EbpfError> {
-        for (prefix_len, key) in wanted.difference(&registered.subnets.clone()) {
-            self.maps
-                .subnets
-                .insert(&Key::new(*prefix_len, *key), 1, 0)
-                .map_err(map_error(names::MAP_SUBNETS))?;
-            registered.subnets.insert((*prefix_len, *key));
-        }
-        Ok(())
-    }
-
-    fn prune_subnets(
-        &mut self,
-        registered: &mut Registered,
-        wanted: &BTreeSet<(u32, SubnetKey)>,
-    ) -> Result<(), EbpfError> {
-        for (prefix_len, key) in registered.subnets.clone().difference(wanted) {
-            ignore_absent(self.maps.subnets.remove(&Key::new(*prefix_len, *key)))
-                .map_err(map_error(names::MAP_SUBNETS))?;
-            registered.subnets.remove(&(*prefix_len, *key));
-        }
-        Ok(())
-    }
-
     fn zero_counters(&mut self, slot: u32) -> Result<(), EbpfError> {
         let cpus = aya::util::nr_cpus()
             .map_err(|(_, e)| map_error(names::MAP_COUNTERS)(MapError::IoError(e)))?;
@@ -549,103 +845,6 @@ fn is_absent(e: &MapError) -> bool {
         MapError::KeyNotFound => true,
         MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),
         _ => false,
-    }
-}
-
-/// The subnet trie entries of a pod's configuration: (prefix length, key).
-fn subnet_keys(cookie: u64, config: &InterceptionConfig) -> BTreeSet<(u32, SubnetKey)> {
-    let outbound = config
-        .outbound_subnets_to_ignore
-        .iter()
-        .map(|net| (direction::OUTBOUND, net));
-    let inbound = config
-        .subnets_to_ignore
-        .iter()
-        .map(|net| (direction::INBOUND, net));
-    outbound
-        .chain(inbound)
-        .map(|(direction, net)| {
-            let (family, prefix_len) = match net {
-                IpNet::V4(v4) => (
-                    family::IPV4,
-                    IP4_MAPPED_PREFIX_BITS + u32::from(v4.prefix_len()),
-                ),
-                IpNet::V6(v6) => (family::IPV6, u32::from(v6.prefix_len())),
-            };
-            let key = SubnetKey {
-                netns_cookie: cookie,
-                direction,
-                family,
-                addr: Ip6Addr::from(net.network()),
-            };
-            (SUBNET_KEY_FIXED_BITS + prefix_len, key)
-        })
-        .collect()
-}
-
-fn local_key(netns_cookie: u64, ip: IpAddr) -> LocalAddrKey {
-    LocalAddrKey {
-        netns_cookie,
-        addr: Ip6Addr::from(ip),
-    }
-}
-
-fn listener_key(netns_cookie: u64, ipv6: bool) -> ListenerKey {
-    ListenerKey {
-        netns_cookie,
-        family: if ipv6 { family::IPV6 } else { family::IPV4 },
-        _pad: 0,
-    }
-}
-
-fn pod_config(slot: u32, config: &InterceptionConfig) -> PodConfig {
-    let mut pod_flags = 0;
-    if config.proxy_uid.is_some() {
-        pod_flags |= flags::HAS_PROXY_UID;
-    }
-    if config.proxy_gid.is_some() {
-        pod_flags |= flags::HAS_PROXY_GID;
-    }
-    if config.ipv6 {
-        pod_flags |= flags::INTERCEPT_IPV6;
-    }
-    for (nets, v4_flag, v6_flag) in [
-        (
-            &config.outbound_subnets_to_ignore,
-            flags::HAS_OUTBOUND_SUBNETS_V4,
-            flags::HAS_OUTBOUND_SUBNETS_V6,
-        ),
-        (
-            &config.subnets_to_ignore,
-            flags::HAS_INBOUND_SUBNETS_V4,
-            flags::HAS_INBOUND_SUBNETS_V6,
-        ),
-    ] {
-        for net in nets {
-            pod_flags |= match net {
-                IpNet::V4(_) => v4_flag,
-                IpNet::V6(_) => v6_flag,
-            };
-        }
-    }
-    let mut redirect_ports = interceptor_common::PortBitmap::EMPTY;
-    for port in &config.ports_to_redirect {
-        redirect_ports.insert(*port);
-    }
-    if !config.ports_to_redirect.is_empty() {
-        pod_flags |= flags::HAS_PORTS_TO_REDIRECT;
-    }
-    PodConfig {
-        slot,
-        flags: pod_flags,
-        proxy_uid: config.proxy_uid.unwrap_or(0),
-        proxy_gid: config.proxy_gid.unwrap_or(0),
-        outbound_port: config.outgoing_proxy_port,
-        inbound_port: config.incoming_proxy_port,
-        _pad: 0,
-        outbound_ignore_ports: config.outbound_ports_to_ignore.bitmap(),
-        inbound_ignore_ports: config.inbound_ports_to_ignore.bitmap(),
-        redirect_ports,
     }
 }
 

@@ -1,0 +1,64 @@
+//! Keeping the pods in step with their namespaces: a pod whose namespace disappeared (or was
+//! replaced: another cookie at the same path) is removed, and address changes are applied.
+//! Runs periodically, and at once when a watched namespace directory loses an entry.
+//!
+//! Each namespace is visited without the agent's lock (a switch into it per pod, which adds up
+//! on a node with many pods); the lock is taken only to apply what changed.
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use tracing::warn;
+
+use super::{Agent, lock};
+use crate::netns::PodNetns;
+
+/// Starts a reconciliation on a blocking thread unless one is still running.
+pub(super) fn start(agent: &Arc<Mutex<Agent>>, running: &Arc<AtomicBool>) {
+    if running.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let (agent, running) = (agent.clone(), running.clone());
+    tokio::task::spawn_blocking(move || {
+        reconcile(&agent);
+        running.store(false, Ordering::Release);
+    });
+}
+
+fn reconcile(agent: &Mutex<Agent>) {
+    let pods: Vec<(u64, PathBuf)> = lock(agent)
+        .pods
+        .iter()
+        .map(|(cookie, record)| (*cookie, record.netns.clone()))
+        .collect();
+    for (cookie, path) in pods {
+        // One switch into the namespace for both; a failed address dump alone must not pass
+        // for a gone namespace.
+        let current = PodNetns::open(&path).and_then(|n| match n.cookie_and_addresses() {
+            Ok((c, addresses)) => Ok((c, Some(addresses))),
+            Err(_) => n.cookie().map(|c| (c, None)),
+        });
+        let mut agent = lock(agent);
+        // Removed or replaced through the API meanwhile.
+        if agent.pods.get(&cookie).map(|r| &r.netns) != Some(&path) {
+            continue;
+        }
+        match current {
+            Ok((c, addresses)) if c == cookie => {
+                let pods = agent.node.pods();
+                if let Some(addresses) = addresses
+                    && pods.addresses(cookie) != addresses
+                    && let Err(e) = pods.set_addresses(cookie, &addresses)
+                {
+                    warn!(netns = %path.display(), error = %e, "updating pod addresses: the previous ones stay in force");
+                }
+            }
+            Ok(_) => agent.forget(cookie, "its network namespace was replaced"),
+            Err(_) => agent.forget(cookie, "its network namespace is gone"),
+        }
+    }
+}

@@ -1,0 +1,353 @@
+//! Registering, changing and removing pods through the API.
+//!
+//! A change is applied to the maps first (make before break: the old state stays in force
+//! unless the new one is complete, see `ebpf::PodRegistry`), and only then to the pod's record,
+//! so a restarted agent never restores a configuration the maps did not take. Work that can be
+//! slow (opening the pod's namespace, looking through `/proc` for its proxy's listener, running
+//! iptables) is done without holding the agent's lock.
+use std::{collections::BTreeSet, path::Path, sync::Mutex, time::Instant};
+
+use tracing::{info, warn};
+
+use super::{
+    Agent, Refusal,
+    api::{ErrorKind, Health, PodAdd, PodInfo},
+    lock,
+    records::PodRecord,
+};
+use crate::{
+    cli::parse_pod_config,
+    ebpf::{EbpfError, PodSpec, listener::find_listeners},
+    netns::PodNetns,
+};
+
+/// What a request changed in the maps.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Applied {
+    Nothing,
+    NewPod,
+    Changed,
+}
+
+/// `add`: registers a pod, or applies a new configuration with `update`. Answers once the
+/// pod's interception is in force.
+pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Refusal> {
+    let started = Instant::now();
+    let config =
+        parse_pod_config(&add.args).map_err(|message| (ErrorKind::InvalidConfig, message))?;
+    let unknown = |e: crate::netns::NetnsError| (ErrorKind::UnknownNetns, e.to_string());
+    let netns = PodNetns::open(&add.netns).map_err(unknown)?;
+    let (cookie, addresses) = netns.cookie_and_addresses().map_err(unknown)?;
+    let spec = PodSpec {
+        netns_path: add.netns.clone(),
+        netns_cookie: cookie,
+        addresses,
+        config,
+    };
+    let record = PodRecord {
+        netns: add.netns.clone(),
+        netns_cookie: cookie,
+        meta: add.meta.clone(),
+        args: add.args.clone(),
+    };
+    let applied = lock(agent).apply(&spec, &record, add.update)?;
+    if applied != Applied::Nothing {
+        // Its configuration is in force, so a listen() from here on is caught by sock_ops; one
+        // made before is looked for now, in /proc, without the lock.
+        let found = find_listeners(&netns, spec.config.incoming_proxy_port);
+        let mut agent = lock(agent);
+        agent.adopt_listeners(cookie, found, applied == Applied::NewPod)?;
+        agent
+            .registration_seconds
+            .observe(started.elapsed().as_secs_f64());
+        info!(
+            netns = %add.netns.display(),
+            netns_cookie = cookie,
+            name = add.meta.name.as_deref().unwrap_or("-"),
+            namespace = add.meta.namespace.as_deref().unwrap_or("-"),
+            config = %spec.config,
+            micros = started.elapsed().as_micros() as u64,
+            "pod registered"
+        );
+    }
+    if add.takeover_iptables {
+        take_over_from_iptables(&add.netns)?;
+    }
+    Ok(lock(agent).info(cookie).into_iter().collect())
+}
+
+impl Agent {
+    /// Applies a pod's configuration to the maps, then to its record; on failure nothing
+    /// changed.
+    fn apply(
+        &mut self,
+        spec: &PodSpec,
+        record: &PodRecord,
+        update: bool,
+    ) -> Result<Applied, Refusal> {
+        let cookie = spec.netns_cookie;
+        let existing = self.pods.get(&cookie).cloned();
+        let existing_config = existing
+            .as_ref()
+            .and_then(|r| parse_pod_config(&r.args).ok());
+        if let Some(existing) = &existing {
+            let same = existing_config.as_ref() == Some(&spec.config);
+            // A pod whose entries are not what its record says is written again.
+            let settled = same && self.node.pods_ref().problem(cookie).is_none();
+            if settled && existing.meta == record.meta {
+                return Ok(Applied::Nothing);
+            }
+            if !same && !update {
+                return Err((
+                    ErrorKind::Conflict,
+                    format!(
+                        "pod {} is already registered with another configuration ({}); pass --update to apply the new one in place",
+                        record.netns.display(),
+                        existing.args.join(" ")
+                    ),
+                ));
+            }
+        }
+        // The same path with another cookie: the namespace was replaced, the old pod is gone.
+        if let Some(stale) = self
+            .pods
+            .values()
+            .find(|r| r.netns == record.netns && r.netns_cookie != cookie)
+            .map(|r| r.netns_cookie)
+        {
+            self.forget(stale, "its network namespace was replaced");
+        }
+        let is_new = existing.is_none();
+        if is_new {
+            self.node.pods().register(spec)
+        } else {
+            self.node.pods().update(spec)
+        }
+        .map_err(refusal)?;
+        if let Err(e) = self.records.save(record) {
+            // Back to what was in force, so the maps and the records agree.
+            let undone = match existing_config {
+                _ if is_new => self.node.pods().remove(cookie),
+                Some(config) => self
+                    .node
+                    .pods()
+                    .update(&PodSpec {
+                        config,
+                        ..spec.clone()
+                    })
+                    .map(drop),
+                None => Ok(()),
+            };
+            if let Err(undo) = undone {
+                warn!(netns = %record.netns.display(), error = %undo, "undoing a change whose record could not be saved");
+            }
+            return Err((
+                ErrorKind::Internal,
+                format!("saving the pod record: {e}; the pod's interception is as it was"),
+            ));
+        }
+        self.netns_watch.watch(&record.netns);
+        self.pods.insert(cookie, record.clone());
+        Ok(if is_new {
+            Applied::NewPod
+        } else {
+            Applied::Changed
+        })
+    }
+
+    /// Puts the proxy's listeners that existed before the pod was registered into the listener
+    /// map. A new pod that cannot have them is removed again: it would drop inbound connections.
+    fn adopt_listeners(
+        &mut self,
+        cookie: u64,
+        found: Vec<crate::ebpf::listener::Listening>,
+        is_new: bool,
+    ) -> Result<(), Refusal> {
+        let Err(e) = self.node.pods().adopt_listeners(cookie, found) else {
+            return Ok(());
+        };
+        if is_new {
+            self.forget(cookie, "its proxy's listener could not be adopted");
+        }
+        Err((
+            ErrorKind::Internal,
+            format!("adopting the proxy's inbound listener: {e}"),
+        ))
+    }
+
+    pub(super) fn find(&self, netns: &Path) -> Result<u64, Refusal> {
+        self.pods
+            .values()
+            .find(|r| r.netns == netns)
+            .map(|r| r.netns_cookie)
+            .ok_or_else(|| {
+                (
+                    ErrorKind::UnknownNetns,
+                    format!("no pod is registered for {}", netns.display()),
+                )
+            })
+    }
+
+    pub(super) fn remove_by_path(&mut self, netns: &Path) -> Result<Vec<PodInfo>, Refusal> {
+        let Ok(cookie) = self.find(netns) else {
+            return Ok(Vec::new());
+        };
+        let info = self.info(cookie);
+        self.node
+            .pods()
+            .remove(cookie)
+            .map_err(|e| (ErrorKind::Internal, e.to_string()))?;
+        let _ = self.records.remove(cookie);
+        self.pods.remove(&cookie);
+        info!(netns = %netns.display(), netns_cookie = cookie, "pod removed");
+        Ok(info.into_iter().collect())
+    }
+
+    /// Removes a pod whose namespace is gone, whatever state it is in.
+    pub(super) fn forget(&mut self, cookie: u64, why: &str) {
+        if let Err(e) = self.node.pods().remove(cookie) {
+            warn!(netns_cookie = cookie, error = %e, "removing a pod's map entries");
+        }
+        let _ = self.records.remove(cookie);
+        if let Some(record) = self.pods.remove(&cookie) {
+            warn!(netns = %record.netns.display(), netns_cookie = cookie, "pod removed: {why}");
+        }
+    }
+
+    /// Every pod's information; the listener map is walked once, not once per pod.
+    pub(super) fn all_info(&self) -> Vec<PodInfo> {
+        let listening = self.node.pods_ref().listening_cookies();
+        self.pods
+            .keys()
+            .filter_map(|c| self.info_with(*c, &listening))
+            .collect()
+    }
+
+    pub(super) fn info(&self, cookie: u64) -> Option<PodInfo> {
+        self.info_with(cookie, &self.node.pods_ref().listening_cookies())
+    }
+
+    fn info_with(&self, cookie: u64, listening: &BTreeSet<u64>) -> Option<PodInfo> {
+        let record = self.pods.get(&cookie)?;
+        let config = parse_pod_config(&record.args).ok()?;
+        let pods = self.node.pods_ref();
+        let counters = pods
+            .counters(cookie)
+            .ok()
+            .flatten()
+            .map(|c| c.named().map(|(k, v)| (k.to_owned(), v)).collect())
+            .unwrap_or_default();
+        Some(PodInfo {
+            netns: record.netns.clone(),
+            netns_cookie: cookie,
+            meta: record.meta.clone(),
+            slot: pods.slot(cookie)?,
+            args: record.args.clone(),
+            config: config.summary(),
+            addresses: pods
+                .addresses(cookie)
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            inbound_listener: listening.contains(&cookie),
+            counters,
+            problem: pods.problem(cookie),
+        })
+    }
+
+    /// What is not in force as configured: the node's links, then each pod's entries. A
+    /// `thorough` check (the API's, for `status` and tests) also walks the address and subnet
+    /// maps, the pins and the records for anything that belongs to no registered pod; `/ready`,
+    /// polled often, does not.
+    pub(super) fn health(&self, thorough: bool) -> Health {
+        let mut problems: Vec<String> = self
+            .node
+            .link_problems(&self.cgroup)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let pods = self.node.pods_ref();
+        for (cookie, record) in &self.pods {
+            if let Some(problem) = pods.problem(*cookie) {
+                problems.push(format!("pod {}: {problem}", record.netns.display()));
+            }
+        }
+        if !thorough {
+            return Health { problems };
+        }
+        let in_maps = pods.in_maps();
+        for (cookie, record) in &self.pods {
+            if let Some(difference) = pods.entries_differ(*cookie, &in_maps) {
+                problems.push(format!("pod {}: {difference}", record.netns.display()));
+            }
+        }
+        let strays: BTreeSet<u64> = pods
+            .cookies_in_maps()
+            .into_iter()
+            .chain(in_maps.cookies())
+            .chain(pods.pinned_inbound_cookies())
+            .filter(|cookie| !self.pods.contains_key(cookie))
+            .collect();
+        for cookie in strays {
+            problems.push(format!(
+                "the maps or pins hold entries for netns cookie {cookie}, which is not a registered pod"
+            ));
+        }
+        let recorded: BTreeSet<u64> = self
+            .records
+            .load_all()
+            .iter()
+            .map(|r| r.netns_cookie)
+            .collect();
+        let registered: BTreeSet<u64> = self.pods.keys().copied().collect();
+        for cookie in recorded.symmetric_difference(&registered) {
+            problems.push(format!(
+                "netns cookie {cookie} has a pod record but is not registered, or the other way round"
+            ));
+        }
+        Health { problems }
+    }
+}
+
+/// The API's error kind for a registration the maps refused (nothing was changed).
+fn refusal(e: EbpfError) -> Refusal {
+    let kind = match &e {
+        EbpfError::NoFreeSlot(_) => ErrorKind::PodTableFull,
+        EbpfError::Netns(_) => ErrorKind::UnknownNetns,
+        e if e.is_capacity() => ErrorKind::TableFull,
+        _ => ErrorKind::Internal,
+    };
+    (kind, e.to_string())
+}
+
+/// Called once the pod is intercepted by the programs: its iptables chains can go.
+fn take_over_from_iptables(netns: &Path) -> Result<(), Refusal> {
+    remove_iptables_chains(netns).map_err(|e| {
+        (
+            ErrorKind::Internal,
+            format!("the pod is registered and intercepted, but removing its iptables chains failed: {e}"),
+        )
+    })
+}
+
+/// Removes proxy-init's chains from a pod, whichever binaries wrote them; modes whose binaries
+/// are not installed cannot have written any.
+fn remove_iptables_chains(netns: &Path) -> Result<(), crate::iptables::IptablesError> {
+    use crate::iptables::{IptablesError, IptablesMode, IptablesOptions, cleanup};
+    for mode in [IptablesMode::Legacy, IptablesMode::Nft] {
+        let options = IptablesOptions {
+            mode,
+            wait: true,
+            ipv6: true,
+            netns: Some(netns.to_owned()),
+        };
+        match cleanup(&options) {
+            Ok(ran) if !ran.is_empty() => {
+                info!(netns = %netns.display(), ?mode, commands = ran.len(), "took over from iptables: chains removed");
+            }
+            Ok(_) | Err(IptablesError::MissingBinary { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,90 @@
+//! The agent's API: one JSON request per connection on its Unix socket, one JSON response.
+//!
+//! Each connection is served by a task of its own with a deadline, and its request is handled on
+//! a blocking thread, so a client that connects and says nothing delays nobody: not another
+//! client's `pod add` (a pod waiting to start), nor the periodic reconciliation. The agent's lock
+//! is held only for the map and record changes themselves (see `registration`).
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::{
+    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
+    net::UnixStream,
+    time::timeout,
+};
+
+use super::{
+    Agent, Refusal,
+    api::{ErrorKind, Request, Response},
+    lock, registration,
+};
+
+/// How long a client has to send its request, and then to take its answer.
+pub(super) const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+
+/// A request is one line of JSON; a pod's configuration is small.
+const MAX_REQUEST_BYTES: u64 = 1 << 20;
+
+/// Serves one connection: reads its request within the deadline, handles it, answers.
+pub(super) async fn serve(agent: Arc<Mutex<Agent>>, stream: UnixStream) {
+    let uid = stream.peer_cred().map(|c| c.uid()).ok();
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    let read = timeout(
+        REQUEST_DEADLINE,
+        BufReader::new(read.take(MAX_REQUEST_BYTES)).read_line(&mut line),
+    )
+    .await;
+    // The socket is mode 0600 already; the peer's credentials are checked too, in case it is
+    // reached through a descriptor passed on.
+    let response = if uid != Some(0) {
+        refuse((
+            ErrorKind::PermissionDenied,
+            "the interceptor agent's API is for root only".into(),
+        ))
+    } else {
+        match read {
+            Ok(Ok(n)) if n > 0 => match serde_json::from_str::<Request>(&line) {
+                Ok(request) => tokio::task::spawn_blocking(move || handle(&agent, request))
+                    .await
+                    .unwrap_or_else(|e| {
+                        refuse((ErrorKind::Internal, format!("handling the request: {e}")))
+                    }),
+                Err(e) => refuse((ErrorKind::BadRequest, format!("not a request: {e}"))),
+            },
+            Ok(_) => refuse((ErrorKind::BadRequest, "no request read".into())),
+            Err(_) => refuse((
+                ErrorKind::BadRequest,
+                format!("no request within {} s", REQUEST_DEADLINE.as_secs_f32()),
+            )),
+        }
+    };
+    let mut out = serde_json::to_string(&response).unwrap_or_default();
+    out.push('\n');
+    let _ = timeout(REQUEST_DEADLINE, write.write_all(out.as_bytes())).await;
+}
+
+fn handle(agent: &Mutex<Agent>, request: Request) -> Response {
+    let result = match request {
+        Request::Add(add) => registration::add(agent, add),
+        Request::Remove { netns } => lock(agent).remove_by_path(&netns),
+        Request::List => Ok(lock(agent).all_info()),
+        Request::Get { netns } => {
+            let agent = lock(agent);
+            agent
+                .find(&netns)
+                .map(|cookie| agent.info(cookie).into_iter().collect())
+        }
+        Request::Health => return Response::Health(lock(agent).health(true)),
+    };
+    match result {
+        Ok(pods) => Response::Ok { pods },
+        Err(refusal) => refuse(refusal),
+    }
+}
+
+fn refuse((kind, message): Refusal) -> Response {
+    Response::Error { kind, message }
+}

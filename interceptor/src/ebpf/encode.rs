@@ -1,0 +1,113 @@
+//! How a pod's configuration and identity are encoded as the maps' keys and values (the types
+//! shared with the programs in `interceptor-common`).
+use std::{collections::BTreeSet, net::IpAddr};
+
+use interceptor_common::{
+    IP4_MAPPED_PREFIX_BITS, Ip6Addr, ListenerKey, LocalAddrKey, PodConfig, SUBNET_KEY_FIXED_BITS,
+    SubnetKey,
+    addr::family,
+    pod::{direction, flags},
+};
+use ipnet::IpNet;
+
+use crate::config::InterceptionConfig;
+
+/// One entry of the subnet trie: (prefix length, key).
+pub(super) type SubnetEntry = (u32, SubnetKey);
+
+/// The subnet trie entries of a pod's configuration: (prefix length, key).
+pub(super) fn subnet_keys(cookie: u64, config: &InterceptionConfig) -> BTreeSet<SubnetEntry> {
+    let outbound = config
+        .outbound_subnets_to_ignore
+        .iter()
+        .map(|net| (direction::OUTBOUND, net));
+    let inbound = config
+        .subnets_to_ignore
+        .iter()
+        .map(|net| (direction::INBOUND, net));
+    outbound
+        .chain(inbound)
+        .map(|(direction, net)| {
+            let (family, prefix_len) = match net {
+                IpNet::V4(v4) => (
+                    family::IPV4,
+                    IP4_MAPPED_PREFIX_BITS + u32::from(v4.prefix_len()),
+                ),
+                IpNet::V6(v6) => (family::IPV6, u32::from(v6.prefix_len())),
+            };
+            let key = SubnetKey {
+                netns_cookie: cookie,
+                direction,
+                family,
+                addr: Ip6Addr::from(net.network()),
+            };
+            (SUBNET_KEY_FIXED_BITS + prefix_len, key)
+        })
+        .collect()
+}
+
+pub(super) fn local_key(netns_cookie: u64, ip: IpAddr) -> LocalAddrKey {
+    LocalAddrKey {
+        netns_cookie,
+        addr: Ip6Addr::from(ip),
+    }
+}
+
+pub(super) fn listener_key(netns_cookie: u64, ipv6: bool) -> ListenerKey {
+    ListenerKey {
+        netns_cookie,
+        family: if ipv6 { family::IPV6 } else { family::IPV4 },
+        _pad: 0,
+    }
+}
+
+pub(super) fn pod_config(slot: u32, config: &InterceptionConfig) -> PodConfig {
+    let mut pod_flags = 0;
+    if config.proxy_uid.is_some() {
+        pod_flags |= flags::HAS_PROXY_UID;
+    }
+    if config.proxy_gid.is_some() {
+        pod_flags |= flags::HAS_PROXY_GID;
+    }
+    if config.ipv6 {
+        pod_flags |= flags::INTERCEPT_IPV6;
+    }
+    for (nets, v4_flag, v6_flag) in [
+        (
+            &config.outbound_subnets_to_ignore,
+            flags::HAS_OUTBOUND_SUBNETS_V4,
+            flags::HAS_OUTBOUND_SUBNETS_V6,
+        ),
+        (
+            &config.subnets_to_ignore,
+            flags::HAS_INBOUND_SUBNETS_V4,
+            flags::HAS_INBOUND_SUBNETS_V6,
+        ),
+    ] {
+        for net in nets {
+            pod_flags |= match net {
+                IpNet::V4(_) => v4_flag,
+                IpNet::V6(_) => v6_flag,
+            };
+        }
+    }
+    let mut redirect_ports = interceptor_common::PortBitmap::EMPTY;
+    for port in &config.ports_to_redirect {
+        redirect_ports.insert(*port);
+    }
+    if !config.ports_to_redirect.is_empty() {
+        pod_flags |= flags::HAS_PORTS_TO_REDIRECT;
+    }
+    PodConfig {
+        slot,
+        flags: pod_flags,
+        proxy_uid: config.proxy_uid.unwrap_or(0),
+        proxy_gid: config.proxy_gid.unwrap_or(0),
+        outbound_port: config.outgoing_proxy_port,
+        inbound_port: config.incoming_proxy_port,
+        _pad: 0,
+        outbound_ignore_ports: config.outbound_ports_to_ignore.bitmap(),
+        inbound_ignore_ports: config.inbound_ports_to_ignore.bitmap(),
+        redirect_ports,
+    }
+}

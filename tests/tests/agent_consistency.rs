@@ -1,0 +1,438 @@
+//! A meshed pod never drops out of interception: a change the maps cannot hold is refused and
+//! leaves the configuration in force; an agent killed at any point restarts into a state the API
+//! could have produced; a client that says nothing delays no other. Through the real binary,
+//! each test on its own agent, bpffs directory, state directory, namespaces and cgroups.
+use std::{
+    io::Write as _,
+    os::unix::net::UnixStream,
+    sync::{
+        Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use interceptor_tests::{
+    Netns, PodFixture,
+    agent_home::{Agent, AgentHome, stderr},
+    privileged,
+    scenario::{APP_UID, Servers},
+};
+
+const LINKERD_FLAGS: [&str; 8] = [
+    "-p",
+    "4143",
+    "-o",
+    "4140",
+    "-u",
+    "2102",
+    "--inbound-ports-to-ignore",
+    "4190,4191",
+];
+/// Refused by the fixture's remote host unless intercepted.
+const UNREACHABLE: &str = "192.0.2.2:1404";
+
+/// Connections of a `netprobe connect` load that did not land on the proxy's outbound listener:
+/// each one reached its destination around the proxy (or failed).
+fn around_the_proxy(lines: &[String]) -> Vec<&String> {
+    lines
+        .iter()
+        .filter(|l| !l.starts_with("who=proxy:outbound "))
+        .collect()
+}
+
+/// `--outbound-subnets-to-ignore` flags for `count` /32 networks in 100.64.0.0/10, in chunks (a
+/// single argument is limited to 128 KiB).
+fn many_subnets(count: u32) -> Vec<String> {
+    let nets: Vec<String> = (0..count)
+        .map(|i| format!("100.{}.{}.{}/32", 64 + i / 65536, (i / 256) % 256, i % 256))
+        .collect();
+    nets.chunks(1000)
+        .flat_map(|chunk| ["--outbound-subnets-to-ignore".to_owned(), chunk.join(",")])
+        .collect()
+}
+
+fn assert_consistent(home: &AgentHome) {
+    let problems = home.problems();
+    assert!(problems.is_empty(), "{problems:#?}");
+    let pods = home.pods().len();
+    assert_eq!(home.records(), pods, "a record per pod");
+    assert_eq!(home.pinned_pod_links(), pods, "an sk_lookup link per pod");
+}
+
+#[test]
+fn an_update_the_maps_cannot_hold_is_refused_and_the_pod_stays_intercepted() {
+    if !privileged("an_update_the_maps_cannot_hold_is_refused_and_the_pod_stays_intercepted") {
+        return;
+    }
+    let fixture = PodFixture::new("agentrefuse");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home.start();
+    home.add_ok(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
+    let before = home.pods();
+    let record = std::fs::read_dir(home.state_dir.join("agent-pods"))
+        .unwrap()
+        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .collect::<Vec<_>>();
+
+    let app = fixture.in_pod().uid(APP_UID);
+    let (lines, refused) = std::thread::scope(|s| {
+        let load = s.spawn(|| app.run(&["connect", UNREACHABLE, "--seconds", "2", "--linger0"]));
+        std::thread::sleep(Duration::from_millis(200));
+        let mut flags: Vec<String> = LINKERD_FLAGS.iter().map(|f| (*f).to_owned()).collect();
+        flags.extend(many_subnets(17_000));
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let refused = home.add(&fixture.pod.path(), &["--update"], &flags);
+        (load.join().expect("load"), refused)
+    });
+    assert!(!refused.status.success());
+    let message = stderr(&refused);
+    assert!(
+        message.contains("TableFull")
+            && message.contains("subnet table full: 16,384 rules, 16,384 free")
+            && message.contains("needs 17,000 more"),
+        "{message}"
+    );
+    assert!(lines.len() > 50, "{} connections", lines.len());
+    assert_eq!(around_the_proxy(&lines), Vec::<&String>::new());
+
+    // Nothing changed: the configuration, the record, the entries.
+    let after = home.pods();
+    assert_eq!(after[0]["args"], before[0]["args"]);
+    assert_eq!(after[0]["slot"], before[0]["slot"]);
+    let record_after = std::fs::read_dir(home.state_dir.join("agent-pods"))
+        .unwrap()
+        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .collect::<Vec<_>>();
+    assert_eq!(record_after, record, "the record is unchanged");
+    assert_consistent(&home);
+
+    // An update that fits is applied, make before break, under load.
+    let (lines, updated) = std::thread::scope(|s| {
+        let load = s.spawn(|| app.run(&["connect", UNREACHABLE, "--seconds", "2", "--linger0"]));
+        std::thread::sleep(Duration::from_millis(200));
+        let mut flags: Vec<String> = LINKERD_FLAGS.iter().map(|f| (*f).to_owned()).collect();
+        flags.extend(many_subnets(8_000));
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let updated = home.add(&fixture.pod.path(), &["--update"], &flags);
+        (load.join().expect("load"), updated)
+    });
+    assert!(updated.status.success(), "{}", stderr(&updated));
+    assert_eq!(around_the_proxy(&lines), Vec::<&String>::new());
+    assert_consistent(&home);
+    // The old and new rules cannot both fit for a moment: refused, the 8,000 stay.
+    let mut flags: Vec<String> = LINKERD_FLAGS.iter().map(|f| (*f).to_owned()).collect();
+    flags.extend(many_subnets(17_000).into_iter().skip(16));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let refused = home.add(&fixture.pod.path(), &["--update"], &flags);
+    assert!(
+        stderr(&refused).contains("8,384 free"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+    assert_consistent(&home);
+
+    // A restart restores what was in force.
+    agent.kill();
+    let agent = home.start();
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+    assert_consistent(&home);
+    agent.stop();
+}
+
+#[test]
+fn an_address_change_that_cannot_be_applied_keeps_the_pod_intercepted() {
+    if !privileged("an_address_change_that_cannot_be_applied_keeps_the_pod_intercepted") {
+        return;
+    }
+    let fixture = PodFixture::new("agentaddr");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home.start();
+    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+
+    let app = fixture.in_pod().uid(APP_UID);
+    let lines = std::thread::scope(|s| {
+        let load = s.spawn(|| app.run(&["connect", UNREACHABLE, "--seconds", "2", "--linger0"]));
+        std::thread::sleep(Duration::from_millis(200));
+        // More addresses than a pod may have, at once: the periodic check cannot apply them.
+        let batch: String = (1..=40)
+            .map(|i| format!("addr add 10.78.0.{i}/32 dev lo\n"))
+            .collect();
+        fixture.pod.ip_batch(&batch);
+        std::thread::sleep(Duration::from_millis(500));
+        load.join().expect("load")
+    });
+    assert!(lines.len() > 50, "{} connections", lines.len());
+    assert_eq!(around_the_proxy(&lines), Vec::<&String>::new());
+    let pods = home.pods();
+    assert_eq!(pods.len(), 1, "the pod stays registered");
+    let in_force = pods[0]["addresses"].clone();
+    let count = in_force.as_array().unwrap().len();
+    // The batch may have been seen half-way (within the limit, applied); never all of it.
+    assert!(count <= 32, "{in_force}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        home.pods()[0]["addresses"],
+        in_force,
+        "the addresses in force stay"
+    );
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+    assert_consistent(&home);
+
+    // Back within the limit: applied.
+    let batch: String = (1..=40)
+        .map(|i| format!("addr del 10.78.0.{i}/32 dev lo\n"))
+        .collect();
+    fixture.pod.ip_batch(&batch);
+    fixture
+        .pod
+        .ip(&["addr", "add", "10.78.1.1/32", "dev", "lo"]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !home.pods()[0]["addresses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a == "10.78.1.1")
+    {
+        assert!(Instant::now() < deadline, "the new address is applied");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_consistent(&home);
+    agent.stop();
+}
+
+#[test]
+fn a_client_that_says_nothing_does_not_delay_another_clients_pod_add() {
+    if !privileged("a_client_that_says_nothing_does_not_delay_another_clients_pod_add") {
+        return;
+    }
+    let fixture = PodFixture::new("agentsilent");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home.start();
+    // Three clients connect and say nothing (the agent gives each 5 s).
+    let silent: Vec<UnixStream> = (0..3)
+        .map(|_| UnixStream::connect(home.socket()).expect("connect to the agent"))
+        .collect();
+    // And one says half a request.
+    let mut half = UnixStream::connect(home.socket()).unwrap();
+    half.write_all(br#"{"op":"ad"#).unwrap();
+
+    let started = Instant::now();
+    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "pod add took {took:?} while silent clients were connected"
+    );
+    assert_eq!(home.pods().len(), 1);
+    drop((silent, half));
+    agent.stop();
+}
+
+/// A small reproducible random sequence (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1)
+    }
+}
+
+/// The configurations the churn switches between: none of them lets `UNREACHABLE` through.
+fn churn_config(variant: u64) -> Vec<String> {
+    let mut flags: Vec<String> = LINKERD_FLAGS.iter().map(|f| (*f).to_owned()).collect();
+    match variant % 4 {
+        0 => {}
+        1 => flags.extend([
+            "--outbound-ports-to-ignore".into(),
+            "25,587,3306-3307".into(),
+        ]),
+        2 => flags.extend(many_subnets(300)),
+        _ => {
+            flags.extend(many_subnets(200).into_iter().skip(2));
+            flags.extend(["--subnets-to-ignore".into(), "198.51.100.0/24".into()]);
+        }
+    }
+    flags
+}
+
+/// Where each round kills the agent.
+#[derive(Clone, Copy, Debug)]
+enum KillPoint {
+    /// While pods are added, updated and removed through the API.
+    Churn,
+    /// While a new agent restores the pods at start-up.
+    Restore,
+    /// While a new agent migrates to another map layout.
+    Migration,
+}
+
+/// SIGKILL the agent at random points (reproducible: `INTERCEPTOR_KILL_SEED`) during pod churn,
+/// during its start-up restore and during a map-layout migration. After each kill a new agent
+/// starts and the state is one the API could have produced: every pod fully in force or fully
+/// absent, nothing in the maps, pins or records without its pod, and the app of a registered
+/// pod never reaches its destination around the proxy at any moment.
+#[test]
+fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
+    if !privileged("an_agent_killed_at_any_point_restarts_into_a_consistent_state") {
+        return;
+    }
+    let seed = std::env::var("INTERCEPTOR_KILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("kill test seed {seed} (rerun with INTERCEPTOR_KILL_SEED={seed})");
+    let mut rng = Rng(seed);
+    const ROUNDS: usize = 24;
+
+    let fixture = PodFixture::new("agentchaos");
+    let _servers = Servers::start(&fixture);
+    let churned: Vec<Netns> = (0..4).map(|i| Netns::new(&format!("chaos{i}"))).collect();
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let log_path = home.state_dir.with_extension("log");
+    let log = || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .expect("the agent's log file")
+    };
+    let mut agent = home.wait_ready(home.spawn(&[], log()));
+    home.add_ok(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
+
+    let app = fixture.in_pod().uid(APP_UID);
+    let stop = AtomicBool::new(false);
+    // Held by the churn for each request, and by the checks to pause it.
+    let gate = Mutex::new(());
+    let mut churn_rng = Rng(seed.rotate_left(17) | 1);
+    let mut report = Vec::new();
+    let (lines, agent) = std::thread::scope(|s| {
+        let load = s.spawn(|| {
+            let mut lines = Vec::new();
+            while !stop.load(Ordering::Acquire) {
+                lines.extend(app.run(&["connect", UNREACHABLE, "--seconds", "2", "--linger0"]));
+            }
+            lines
+        });
+        s.spawn(|| {
+            while !stop.load(Ordering::Acquire) {
+                let _held = gate.lock().unwrap();
+                let variant = churn_rng.below(4);
+                let config = churn_config(variant);
+                let config: Vec<&str> = config.iter().map(String::as_str).collect();
+                match churn_rng.below(4) {
+                    // The meshed app's own pod, reconfigured under its load.
+                    0 => drop(home.add(&fixture.pod.path(), &["--update"], &config)),
+                    1 | 2 => {
+                        let netns = &churned[churn_rng.below(4) as usize];
+                        drop(home.add(&netns.path(), &["--update"], &config));
+                    }
+                    _ => {
+                        let netns = churned[churn_rng.below(4) as usize].path();
+                        drop(home.cli(&["pod", "remove", "--netns", &netns.display().to_string()]));
+                    }
+                }
+            }
+        });
+
+        let mut layout = 100;
+        for round in 0..ROUNDS {
+            let point = match round % 3 {
+                0 => KillPoint::Churn,
+                1 => KillPoint::Restore,
+                _ => KillPoint::Migration,
+            };
+            let delay = Duration::from_millis(rng.below(match point {
+                KillPoint::Churn => 400,
+                _ => 120,
+            }));
+            let mut killed: Agent = match point {
+                KillPoint::Churn => {
+                    std::thread::sleep(delay);
+                    agent
+                }
+                KillPoint::Restore | KillPoint::Migration => {
+                    agent.kill();
+                    if let KillPoint::Migration = point {
+                        layout += 1;
+                    }
+                    let layout_arg = layout.to_string();
+                    let starting = home.spawn(&["--map-layout-version", &layout_arg], log());
+                    std::thread::sleep(delay);
+                    starting
+                }
+            };
+            let ran = killed.child.try_wait().unwrap().is_none();
+            killed.kill();
+            let layout_arg = layout.to_string();
+            agent = home.wait_ready(home.spawn(&["--map-layout-version", &layout_arg], log()));
+            let _paused = gate.lock().unwrap();
+            let problems = home.problems();
+            let pods = home.pods();
+            let consistent = problems.is_empty()
+                && home.records() == pods.len()
+                && home.pinned_pod_links() == pods.len()
+                && pods
+                    .iter()
+                    .any(|p| p["netns"] == fixture.pod.path().display().to_string());
+            report.push(format!(
+                "round {round:2}: {point:?} kill after {delay:?}{}: {} pods, {}",
+                if ran { "" } else { " (had exited)" },
+                pods.len(),
+                if consistent {
+                    "consistent".to_owned()
+                } else {
+                    format!("INCONSISTENT: {problems:?}")
+                }
+            ));
+            assert!(consistent, "{report:#?}");
+            assert_consistent(&home);
+        }
+        stop.store(true, Ordering::Release);
+        (load.join().expect("load"), agent)
+    });
+    agent.stop();
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&log_path);
+    let leftovers = log.matches("a pod without a record").count();
+    let rebuilt = log.matches("map layout migration done").count();
+    eprintln!(
+        "{}\n{} connections, {} kill points; leftovers of cut-short requests removed {leftovers} times; migrations completed {rebuilt}",
+        report.join("\n"),
+        lines.len(),
+        ROUNDS
+    );
+    assert!(lines.len() > 200, "{} connections", lines.len());
+    assert_eq!(around_the_proxy(&lines), Vec::<&String>::new());
+    // A connect recorded by the replaced programs in the instant a migration switches the links
+    // can miss its original destination: the proxy gets it without one and refuses it (fails
+    // closed, never around the proxy). A few at most.
+    let unanswered = lines.iter().filter(|l| l.contains(" orig=errno:")).count();
+    eprintln!("{unanswered} connections reached the proxy without their original destination");
+    assert!(
+        unanswered * 100 <= lines.len(),
+        "{unanswered} of {}",
+        lines.len()
+    );
+}
