@@ -12,6 +12,7 @@ pub mod cgroup;
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod crash_points;
 pub mod ebpf;
 pub mod iptables;
 pub mod logging;

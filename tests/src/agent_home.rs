@@ -55,6 +55,12 @@ impl AgentHome {
 
     /// Starts an agent without waiting for it; its log (warnings and errors) goes to `log`.
     pub fn spawn(&self, extra: &[&str], log: impl Into<Stdio>) -> Agent {
+        self.spawn_armed(extra, log, "")
+    }
+
+    /// Starts an agent with crash points armed (`FAILPOINTS`, see
+    /// `interceptor::crash_points`), without waiting for it.
+    pub fn spawn_armed(&self, extra: &[&str], log: impl Into<Stdio>, failpoints: &str) -> Agent {
         let reconcile = if extra.contains(&"--reconcile-ms") {
             &[][..]
         } else {
@@ -67,6 +73,7 @@ impl AgentHome {
             .args(reconcile)
             .args(["--log-level", "warn", "--log-format", "json"])
             .args(extra)
+            .env("FAILPOINTS", failpoints)
             .stderr(log)
             .spawn()
             .expect("start the agent");

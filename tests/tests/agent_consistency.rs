@@ -271,22 +271,31 @@ fn churn_config(variant: u64) -> Vec<String> {
     flags
 }
 
-/// Where each round kills the agent.
+/// Where a round kills the agent.
 #[derive(Clone, Copy, Debug)]
 enum KillPoint {
-    /// While pods are added, updated and removed through the API.
+    /// SIGKILL after a random time while pods are added, updated and removed through the API.
     Churn,
-    /// While a new agent restores the pods at start-up.
+    /// SIGKILL after a random time while a new agent restores the pods at start-up.
     Restore,
-    /// While a new agent migrates to another map layout.
+    /// SIGKILL after a random time while a new agent migrates to another map layout.
     Migration,
+    /// The agent kills itself at a named crash point (`interceptor::crash_points`), the given
+    /// number of passes in.
+    Crash(&'static str, u64),
 }
 
-/// SIGKILL the agent at random points (reproducible: `INTERCEPTOR_KILL_SEED`) during pod churn,
-/// during its start-up restore and during a map-layout migration. After each kill a new agent
-/// starts and the state is one the API could have produced: every pod fully in force or fully
-/// absent, nothing in the maps, pins or records without its pod, and the app of a registered
-/// pod never reaches its destination around the proxy at any moment.
+/// Crash points reached only while an agent starts.
+fn on_start_up(point: &str) -> bool {
+    matches!(point, "restore-pod" | "migration-built" | "migration-switched")
+}
+
+/// SIGKILL the agent at random points (reproducible: `INTERCEPTOR_KILL_SEED`): after random
+/// times and at every named crash point of its write paths, during pod add, update and remove
+/// churn, address changes, its start-up restore and map-layout migrations. After each kill a new
+/// agent starts and the state is one the API could have produced: every pod fully in force or
+/// fully absent, nothing in the maps, pins or records without its pod, and the app of a
+/// registered pod never reaches its destination around the proxy at any moment.
 #[test]
 fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
     if !privileged("an_agent_killed_at_any_point_restarts_into_a_consistent_state") {
@@ -304,7 +313,10 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
         });
     eprintln!("kill test seed {seed} (rerun with INTERCEPTOR_KILL_SEED={seed})");
     let mut rng = Rng(seed);
-    const ROUNDS: usize = 24;
+    let rounds: usize = std::env::var("INTERCEPTOR_KILL_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
 
     let fixture = PodFixture::new("agentchaos");
     let _servers = Servers::start(&fixture);
@@ -318,6 +330,7 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
             .open(&log_path)
             .expect("the agent's log file")
     };
+    let log_len = || std::fs::metadata(&log_path).map_or(0, |m| m.len() as usize);
     let mut agent = home.wait_ready(home.spawn(&[], log()));
     home.add_ok(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
 
@@ -328,45 +341,66 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
     let mut churn_rng = Rng(seed.rotate_left(17) | 1);
     let mut report = Vec::new();
     let (lines, agent) = std::thread::scope(|s| {
+        // Every connection's line is checked as it comes; only the counts and the lines that
+        // did not reach the proxy with their original destination are kept.
         let load = s.spawn(|| {
-            let mut lines = Vec::new();
+            let mut load = Load::default();
             while !stop.load(Ordering::Acquire) {
-                lines.extend(app.run(&["connect", UNREACHABLE, "--seconds", "2", "--linger0"]));
+                let lines = app.run(&["connect", UNREACHABLE, "--seconds", "1", "--linger0"]);
+                load.connections += lines.len();
+                load.around.extend(around_the_proxy(&lines).into_iter().cloned());
+                load.unanswered += lines.iter().filter(|l| l.contains(" orig=errno:")).count();
             }
-            lines
+            load
         });
         s.spawn(|| {
             while !stop.load(Ordering::Acquire) {
                 let _held = gate.lock().unwrap();
-                let variant = churn_rng.below(4);
-                let config = churn_config(variant);
+                let config = churn_config(churn_rng.below(4));
                 let config: Vec<&str> = config.iter().map(String::as_str).collect();
-                match churn_rng.below(4) {
+                let netns = &churned[churn_rng.below(4) as usize];
+                match churn_rng.below(6) {
                     // The meshed app's own pod, reconfigured under its load.
                     0 => drop(home.add(&fixture.pod.path(), &["--update"], &config)),
-                    1 | 2 => {
-                        let netns = &churned[churn_rng.below(4) as usize];
-                        drop(home.add(&netns.path(), &["--update"], &config));
-                    }
+                    1 | 2 => drop(home.add(&netns.path(), &["--update"], &config)),
+                    3 => drop(home.cli(&[
+                        "pod",
+                        "remove",
+                        "--netns",
+                        &netns.path().display().to_string(),
+                    ])),
+                    // An address change, applied by the agent's periodic check.
                     _ => {
-                        let netns = churned[churn_rng.below(4) as usize].path();
-                        drop(home.cli(&["pod", "remove", "--netns", &netns.display().to_string()]));
+                        let op = if churn_rng.below(2) == 0 { "add" } else { "del" };
+                        let addr = format!("10.79.0.{}/32", 1 + churn_rng.below(3));
+                        let _ = std::process::Command::new("ip")
+                            .args(["-n", &netns.name, "addr", op, &addr, "dev", "lo"])
+                            .stderr(std::process::Stdio::null())
+                            .status();
+                        std::thread::sleep(Duration::from_millis(20));
                     }
                 }
             }
         });
 
-        let mut layout = 100;
-        for round in 0..ROUNDS {
-            let point = match round % 3 {
-                0 => KillPoint::Churn,
-                1 => KillPoint::Restore,
-                _ => KillPoint::Migration,
+        let mut layout = interceptor_common::MAP_LAYOUT_VERSION;
+        for round in 0..rounds {
+            let point = if rng.below(2) == 0 {
+                let points = interceptor::crash_points::POINTS;
+                let name = points[rng.below(points.len() as u64) as usize];
+                KillPoint::Crash(name, rng.below(3))
+            } else {
+                match rng.below(3) {
+                    0 => KillPoint::Churn,
+                    1 => KillPoint::Restore,
+                    _ => KillPoint::Migration,
+                }
             };
             let delay = Duration::from_millis(rng.below(match point {
                 KillPoint::Churn => 400,
                 _ => 120,
             }));
+            let started = Instant::now();
             let mut killed: Agent = match point {
                 KillPoint::Churn => {
                     std::thread::sleep(delay);
@@ -382,9 +416,33 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
                     std::thread::sleep(delay);
                     starting
                 }
+                KillPoint::Crash(name, passes) => {
+                    agent.kill();
+                    if name.starts_with("migration") {
+                        layout += 1;
+                    }
+                    let layout_arg = layout.to_string();
+                    let armed = format!("{name}={passes}*off->return");
+                    let mut armed =
+                        home.spawn_armed(&["--map-layout-version", &layout_arg], log(), &armed);
+                    // Until the point is reached (the agent is gone) or for a while: a point on
+                    // the request paths needs the churn to pass through it.
+                    let deadline = Instant::now()
+                        + if on_start_up(name) {
+                            Duration::from_secs(10)
+                        } else {
+                            Duration::from_secs(4)
+                        };
+                    while armed.child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    armed
+                }
             };
             let ran = killed.child.try_wait().unwrap().is_none();
+            let lived = started.elapsed();
             killed.kill();
+            let before_restart = log_len();
             let layout_arg = layout.to_string();
             agent = home.wait_ready(home.spawn(&["--map-layout-version", &layout_arg], log()));
             let _paused = gate.lock().unwrap();
@@ -396,9 +454,38 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
                 && pods
                     .iter()
                     .any(|p| p["netns"] == fixture.pod.path().display().to_string());
+            let restart_log = std::fs::read_to_string(&log_path)
+                .unwrap_or_default()
+                .get(before_restart..)
+                .unwrap_or_default()
+                .to_owned();
+            let found = [
+                ("leftovers of a cut-short request removed", "a pod without a record"),
+                ("pods not restored", "not restoring pod"),
+                ("configurations kept", "keeping the configuration in force"),
+            ]
+            .iter()
+            .filter_map(|(what, needle)| {
+                let n = restart_log.matches(needle).count();
+                (n > 0).then(|| format!("{n} {what}"))
+            })
+            .collect::<Vec<_>>();
+            let how = match point {
+                KillPoint::Crash(name, passes) if !ran => {
+                    format!("crash at {name} (pass {}) after {lived:.2?}", passes + 1)
+                }
+                KillPoint::Crash(name, passes) => {
+                    format!("{name} (pass {}) not reached; SIGKILL after {lived:.2?}", passes + 1)
+                }
+                other => format!("{other:?}: SIGKILL after {delay:?}"),
+            };
             report.push(format!(
-                "round {round:2}: {point:?} kill after {delay:?}{}: {} pods, {}",
-                if ran { "" } else { " (had exited)" },
+                "round {round:2}: {how}: restart found {}; {} pods, {}",
+                if found.is_empty() {
+                    "nothing to repair".to_owned()
+                } else {
+                    found.join(", ")
+                },
                 pods.len(),
                 if consistent {
                     "consistent".to_owned()
@@ -413,26 +500,34 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
         (load.join().expect("load"), agent)
     });
     agent.stop();
-    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
     let _ = std::fs::remove_file(&log_path);
-    let leftovers = log.matches("a pod without a record").count();
-    let rebuilt = log.matches("map layout migration done").count();
+    let crashes = report.iter().filter(|r| r.contains(": crash at ")).count();
     eprintln!(
-        "{}\n{} connections, {} kill points; leftovers of cut-short requests removed {leftovers} times; migrations completed {rebuilt}",
+        "{}\n{} kill points ({crashes} at named crash points); {} connections, {} without their original destination",
         report.join("\n"),
-        lines.len(),
-        ROUNDS
+        rounds,
+        lines.connections,
+        lines.unanswered,
     );
-    assert!(lines.len() > 200, "{} connections", lines.len());
-    assert_eq!(around_the_proxy(&lines), Vec::<&String>::new());
+    assert!(lines.connections > 200, "{} connections", lines.connections);
+    assert_eq!(lines.around, Vec::<String>::new(), "connections around the proxy");
     // A connect recorded by the replaced programs in the instant a migration switches the links
     // can miss its original destination: the proxy gets it without one and refuses it (fails
     // closed, never around the proxy). A few at most.
-    let unanswered = lines.iter().filter(|l| l.contains(" orig=errno:")).count();
-    eprintln!("{unanswered} connections reached the proxy without their original destination");
     assert!(
-        unanswered * 100 <= lines.len(),
-        "{unanswered} of {}",
-        lines.len()
+        lines.unanswered * 100 <= lines.connections,
+        "{} of {}",
+        lines.unanswered,
+        lines.connections
     );
+}
+
+/// What an app's load saw.
+#[derive(Default)]
+struct Load {
+    connections: usize,
+    /// Connections that did not land on the proxy's outbound listener.
+    around: Vec<String>,
+    /// Connections that reached the proxy without their original destination.
+    unanswered: usize,
 }

@@ -35,7 +35,10 @@ use tokio::{
 };
 use tracing::{info, warn};
 
-use crate::ebpf::{EbpfNode, LoadOptions};
+use crate::{
+    crash_points::crash_point,
+    ebpf::{EbpfNode, LoadOptions},
+};
 
 /// Where the agent keeps its state.
 #[derive(Clone, Debug)]
@@ -183,12 +186,14 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         info!(from = ?older, to = %maps_dir.display(), "the map layout changed: building new maps from the pod records, then switching the links over");
         agent.restore(true)?;
         import_in_flight(&mut agent);
+        crash_point!("migration-built");
     }
     agent
         .node
         .attach(cgroup)
         .with_context(|| format!("attaching to cgroup {}", cgroup.display()))?;
     if migrating {
+        crash_point!("migration-switched");
         let copied = import_in_flight(&mut agent);
         for dir in &older {
             remove_maps_dir(dir);

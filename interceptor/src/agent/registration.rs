@@ -17,6 +17,7 @@ use super::{
 };
 use crate::{
     cli::parse_pod_config,
+    crash_points::crash_point,
     ebpf::{EbpfError, PodSpec, listener::find_listeners},
     netns::PodNetns,
 };
@@ -124,6 +125,7 @@ impl Agent {
             self.node.pods().update(spec)
         }
         .map_err(refusal)?;
+        crash_point!("agent-before-record");
         if let Err(e) = self.records.save(record) {
             // Back to what was in force, so the maps and the records agree.
             let undone = match existing_config {
@@ -197,6 +199,7 @@ impl Agent {
             .pods()
             .remove(cookie)
             .map_err(|e| (ErrorKind::Internal, e.to_string()))?;
+        crash_point!("agent-before-record-removal");
         let _ = self.records.remove(cookie);
         self.pods.remove(&cookie);
         info!(netns = %netns.display(), netns_cookie = cookie, "pod removed");

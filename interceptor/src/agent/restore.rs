@@ -12,6 +12,7 @@ use tracing::{info, warn};
 use super::{Agent, records::PodRecord};
 use crate::{
     cli::parse_pod_config,
+    crash_points::crash_point,
     ebpf::{InMaps, PodSpec},
     netns::PodNetns,
 };
@@ -37,6 +38,7 @@ impl Agent {
                 Ok(()) => {
                     self.netns_watch.watch(&record.netns);
                     self.pods.insert(cookie, record);
+                    crash_point!("restore-pod");
                 }
                 Err(NotRestored::Refused(why)) if migrating => bail!(
                     "building the new maps: pod {} cannot be registered in them: {why}. Nothing was switched: every pod stays intercepted by the previous programs and maps. Remove the pod or fix the cause, then start the agent again",

@@ -13,6 +13,7 @@ use crate::{
 };
 
 pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
+    crate::crash_points::arm();
     let cgroup = match args.cgroup {
         Some(path) => path,
         None => cgroup::cgroup2_root()?,

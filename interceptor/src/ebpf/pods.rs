@@ -32,7 +32,7 @@ use super::{
     loader::{Inbound, inbound_link_path, load_inbound},
     pod_lookup::PodLookupLoader,
 };
-use crate::{config::InterceptionConfig, netns::PodNetns};
+use crate::{config::InterceptionConfig, crash_points::crash_point, netns::PodNetns};
 
 const BPF_NOEXIST: u64 = 1;
 
@@ -345,11 +345,13 @@ impl PodRegistry {
             )
             .map_err(|e| (e, None))?,
         };
+        crash_point!("pod-inbound-attached");
         let config = pod_config(slot, &spec.config);
         let mut written = Written::default();
         let switched = self
             .write_new_entries(cookie, before, &addresses, &subnets, &mut written)
             .and_then(|()| {
+                crash_point!("pod-entries-written");
                 self.maps
                     .pods
                     .insert(cookie, config, 0)
@@ -363,6 +365,7 @@ impl PodRegistry {
             }
             return Err((e, Some(inbound)));
         }
+        crash_point!("pod-switched");
         let (addresses, subnets, problem) =
             self.remove_old_entries(cookie, before, addresses, subnets);
         Ok(Registered {
@@ -668,7 +671,9 @@ impl PodRegistry {
             return Ok(());
         };
         self.remove_config(cookie)?;
+        crash_point!("pod-config-removed");
         self.detach_inbound(cookie, registered.inbound);
+        crash_point!("pod-inbound-detached");
         self.remove_entries(
             cookie,
             Some(registered.slot),
@@ -756,6 +761,7 @@ impl PodRegistry {
             self.remove_written(cookie, written);
             return Err(e);
         }
+        crash_point!("addresses-written");
         let (addresses, _, problem) =
             self.remove_old_entries(cookie, &before, wanted, before.subnets.clone());
         if let Some(registered) = self.pods.get_mut(&cookie) {

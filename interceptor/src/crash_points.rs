@@ -1,0 +1,47 @@
+//! Named points on the agent's write paths where the kill tests crash it with SIGKILL, to check
+//! that every state a crash can leave behind restarts into a consistent one.
+//!
+//! Built only with the `failpoints` feature (the tests crate turns it on) and armed with the
+//! `fail` crate's `FAILPOINTS` variable: `FAILPOINTS='pod-switched=2*off->return'` lets the point
+//! pass twice and kills the process the third time. Without the feature a point is nothing.
+
+/// Crashes the process here when the kill tests armed this point.
+macro_rules! crash_point {
+    ($name:literal) => {
+        #[cfg(feature = "failpoints")]
+        if fail::eval($name, |_| ()).is_some() {
+            $crate::crash_points::crash($name);
+        }
+    };
+}
+pub(crate) use crash_point;
+
+/// Every point, for the tests.
+pub const POINTS: &[&str] = &[
+    "pod-inbound-attached",
+    "pod-entries-written",
+    "pod-switched",
+    "pod-config-removed",
+    "pod-inbound-detached",
+    "addresses-written",
+    "agent-before-record",
+    "agent-before-record-removal",
+    "restore-pod",
+    "migration-built",
+    "migration-switched",
+];
+
+/// Reads `FAILPOINTS` once, at start-up. The configuration lives as long as the process.
+pub fn arm() {
+    #[cfg(feature = "failpoints")]
+    std::mem::forget(fail::FailScenario::setup());
+}
+
+/// SIGKILL to ourselves: no destructor, no flush, as when the node kills the agent.
+#[cfg(feature = "failpoints")]
+pub fn crash(point: &str) -> ! {
+    eprintln!("crash point {point}: killing the agent");
+    // SAFETY: signalling our own process.
+    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    std::process::abort()
+}
