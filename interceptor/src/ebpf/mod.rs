@@ -14,6 +14,7 @@ use std::{
 
 use aya::{maps::MapError, programs::ProgramError};
 use interceptor_common::counters::{COUNTERS_PER_POD, Decision};
+pub use links::{LinkProblem, PinError};
 pub use loader::ProgramState;
 pub use pods::{FillLevels, InMaps, PodRegistry, read_counters};
 
@@ -63,6 +64,8 @@ pub enum EbpfError {
     },
     #[error(transparent)]
     Netns(#[from] crate::netns::NetnsError),
+    #[error(transparent)]
+    Pin(#[from] links::PinError),
     #[error("a pod's sk_lookup program: {0}")]
     PodLookup(std::io::Error),
     #[error("pod with netns cookie {0} is already registered")]
@@ -180,6 +183,13 @@ impl EbpfNode {
     /// Attaches every program to `cgroup`. Kernel >= 5.7 (link-based cgroup attachment).
     pub fn attach(&mut self, cgroup: &Path) -> Result<(), EbpfError> {
         self.attached.attach(cgroup)
+    }
+
+    /// What is wrong with the node's pinned cgroup links, for `cgroup` (the configured one):
+    /// a link missing, defunct, attached to another cgroup, or running another program than this
+    /// node's. Reads only. Kernel >= 5.8.
+    pub fn link_problems(&self, cgroup: &Path) -> Vec<LinkProblem> {
+        self.attached.link_problems(cgroup)
     }
 
     pub fn programs(&self) -> Vec<ProgramState> {
