@@ -431,7 +431,8 @@ impl std::fmt::Display for ObjectKind {
 pub fn object_kind(fd: BorrowedFd<'_>) -> io::Result<ObjectKind> {
     let target = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
     Ok(match target.to_string_lossy().as_ref() {
-        "anon_inode:bpf-link" => ObjectKind::Link,
+        // Links made by BPF_LINK_CREATE are `bpf_link`, those opened from a pin `bpf-link`.
+        "anon_inode:bpf-link" | "anon_inode:bpf_link" => ObjectKind::Link,
         "anon_inode:bpf-map" => ObjectKind::Map,
         "anon_inode:bpf-prog" => ObjectKind::Prog,
         other => ObjectKind::Other(other.to_owned()),

@@ -50,6 +50,16 @@ impl AgentHome {
     }
 
     pub fn start_with(&self, extra: &[&str]) -> Agent {
+        self.start_logging(extra, "warn", Stdio::null())
+    }
+
+    /// Starts an agent whose log (level info) goes to `log`.
+    pub fn start_logged(&self, log: &Path) -> Agent {
+        let file = std::fs::File::create(log).expect("create the agent's log");
+        self.start_logging(&[], "info", file.into())
+    }
+
+    fn start_logging(&self, extra: &[&str], level: &str, stderr: Stdio) -> Agent {
         let reconcile = if extra.contains(&"--reconcile-ms") {
             &[][..]
         } else {
@@ -60,9 +70,9 @@ impl AgentHome {
             .args(self.location())
             .args(["--cgroup", &self.cgroup.display().to_string()])
             .args(reconcile)
-            .args(["--log-level", "warn"])
+            .args(["--log-level", level])
             .args(extra)
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("start the agent");
         let mut agent = Agent { child };
