@@ -28,7 +28,7 @@ pub enum PinError {
     },
     #[error(
         "{path} holds {found}, where the agent keeps {expected}: it is not ours, so it is left \
-         alone and the agent does not start. Remove it if nothing uses it, or use another --bpffs"
+         alone and not used. Remove it if nothing uses it, or use another --bpffs"
     )]
     NotOurs {
         path: PathBuf,
