@@ -1,6 +1,9 @@
 //! Program and map names, shared so the loader and the object cannot drift apart. Each fits the
 //! kernel's 15-character object name limit.
 
+/// Every program of ours starts with it: a pinned link running a program without it is not ours.
+pub const PREFIX: &str = "icpt_";
+
 pub const PROG_CONNECT4: &str = "icpt_connect4";
 pub const PROG_CONNECT6: &str = "icpt_connect6";
 pub const PROG_SOCKOPS: &str = "icpt_sockops";

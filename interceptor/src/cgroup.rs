@@ -82,6 +82,28 @@ pub fn open_cgroup2(path: &Path) -> Result<File, CgroupError> {
     Ok(file)
 }
 
+/// The directory of the cgroup with id `id` (on cgroup2, the directory's inode number), found by
+/// walking the cgroup2 hierarchy; `None` when it is gone or cannot be read.
+pub fn path_of_id(id: u64) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut dirs = vec![cgroup2_root().ok()?];
+    while let Some(dir) = dirs.pop() {
+        if std::fs::metadata(&dir).is_ok_and(|m| m.ino() == id) {
+            return Some(dir);
+        }
+        let entries = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok);
+        dirs.extend(
+            entries
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path()),
+        );
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

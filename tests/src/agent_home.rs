@@ -53,14 +53,24 @@ impl AgentHome {
         self.wait_ready(self.spawn(extra, Stdio::null()))
     }
 
+    /// Starts an agent whose log (level info) goes to `log`.
+    pub fn start_logged(&self, log: &Path) -> Agent {
+        let file = std::fs::File::create(log).expect("create the agent's log");
+        self.wait_ready(self.launch(&[], "info", file.into(), ""))
+    }
+
     /// Starts an agent without waiting for it; its log (warnings and errors) goes to `log`.
     pub fn spawn(&self, extra: &[&str], log: impl Into<Stdio>) -> Agent {
-        self.spawn_armed(extra, log, "")
+        self.launch(extra, "warn", log.into(), "")
     }
 
     /// Starts an agent with crash points armed (`FAILPOINTS`, see
     /// `interceptor::crash_points`), without waiting for it.
     pub fn spawn_armed(&self, extra: &[&str], log: impl Into<Stdio>, failpoints: &str) -> Agent {
+        self.launch(extra, "warn", log.into(), failpoints)
+    }
+
+    fn launch(&self, extra: &[&str], level: &str, stderr: Stdio, failpoints: &str) -> Agent {
         let reconcile = if extra.contains(&"--reconcile-ms") {
             &[][..]
         } else {
@@ -71,10 +81,10 @@ impl AgentHome {
             .args(self.location())
             .args(["--cgroup", &self.cgroup.display().to_string()])
             .args(reconcile)
-            .args(["--log-level", "warn", "--log-format", "json"])
+            .args(["--log-level", level])
             .args(extra)
             .env("FAILPOINTS", failpoints)
-            .stderr(log)
+            .stderr(stderr)
             .spawn()
             .expect("start the agent");
         Agent { child }

@@ -117,6 +117,13 @@ impl Cgroup {
         Self { path }
     }
 
+    /// A child of `parent` (a test's own cgroup); drop it before its parent.
+    pub fn new_in(parent: &Path, tag: &str) -> Self {
+        let path = parent.join(unique_name(tag));
+        std::fs::create_dir(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
+        Self { path }
+    }
+
     pub fn pids(&self) -> Vec<i32> {
         std::fs::read_to_string(self.path.join("cgroup.procs"))
             .unwrap_or_default()
@@ -192,6 +199,12 @@ impl PodFixture {
     pub fn share_cgroup_with(mut self, other: &PodFixture) -> Self {
         self.processes_cgroup = other.cgroup.path.clone();
         self
+    }
+
+    /// Runs this pod's processes (its servers and proxies too) under `cgroup`, e.g. a child of
+    /// its own.
+    pub fn set_processes_cgroup(&mut self, cgroup: &Path) {
+        self.processes_cgroup = cgroup.to_owned();
     }
 
     /// A process of the pod (in its namespace and cgroup).

@@ -448,16 +448,12 @@ fn programs_other_software_attached_to_the_same_hooks_keep_running() {
 /// A minimal foreign cgroup/connect4 program, loaded and attached with raw bpf(2) calls as
 /// another product would: it refuses connects to one port.
 mod foreign {
-    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+    use std::os::fd::{AsFd as _, OwnedFd};
 
-    const BPF_PROG_LOAD: libc::c_long = 5;
-    const BPF_PROG_ATTACH: libc::c_long = 8;
-    const BPF_PROG_QUERY: libc::c_long = 16;
-    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-    const BPF_LINK_CREATE: libc::c_long = 28;
-    const PROG_TYPE_CGROUP_SOCK_ADDR: u32 = 18;
-    const ATTACH_CGROUP_INET4_CONNECT: u32 = 10;
-    const F_ALLOW_MULTI: u32 = 2;
+    use interceptor_sys::{
+        BPF_F_ALLOW_MULTI, ProgLoad, bpf_attach_type::BPF_CGROUP_INET4_CONNECT,
+        bpf_prog_type::BPF_PROG_TYPE_CGROUP_SOCK_ADDR, insn,
+    };
 
     pub enum Attach {
         AllowMulti,
@@ -472,85 +468,46 @@ mod foreign {
         _link: Option<OwnedFd>,
     }
 
-    fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> i64 {
-        // SAFETY: attr is a valid buffer of its size for this command.
-        unsafe { libc::syscall(libc::SYS_bpf, cmd, std::ptr::from_mut(attr), size_of::<T>()) }
-    }
-
-    fn insn(code: u8, regs: u8, off: i16, imm: i32) -> u64 {
-        u64::from(code)
-            | u64::from(regs) << 8
-            | u64::from(off as u16) << 16
-            | u64::from(imm as u32) << 32
-    }
-
     pub fn deny_port(cgroup: &std::fs::File, port: u16, how: Attach) -> Foreign {
         // r2 = ctx->user_port; r0 = 1; if r2 != port (network order) goto +1; r0 = 0; exit
         let port_be = i32::from(u16::from_ne_bytes(port.to_be_bytes()));
         let insns = [
-            insn(0x61, 0x12, 24, 0),
-            insn(0xb7, 0x00, 0, 1),
-            insn(0x55, 0x02, 1, port_be),
-            insn(0xb7, 0x00, 0, 0),
-            insn(0x95, 0, 0, 0),
+            insn(0x61, 2, 1, 24, 0),
+            insn(0xb7, 0, 0, 0, 1),
+            insn(0x55, 2, 0, 1, port_be),
+            insn(0xb7, 0, 0, 0, 0),
+            insn(0x95, 0, 0, 0, 0),
         ];
-        let license = c"GPL";
-        // prog_load: prog_type, insn_cnt, insns, license, log_level, log_size, log_buf,
-        // kern_version, prog_flags, prog_name[16], prog_ifindex, expected_attach_type.
-        let mut attr = [0u8; 128];
-        attr[0..4].copy_from_slice(&PROG_TYPE_CGROUP_SOCK_ADDR.to_ne_bytes());
-        attr[4..8].copy_from_slice(&(insns.len() as u32).to_ne_bytes());
-        attr[8..16].copy_from_slice(&(insns.as_ptr() as u64).to_ne_bytes());
-        attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
-        attr[48..56].copy_from_slice(b"foreign_deny\0\0\0\0"[..8].try_into().unwrap());
-        attr[56..64].copy_from_slice(b"foreign_deny\0\0\0\0"[8..].try_into().unwrap());
-        attr[68..72].copy_from_slice(&ATTACH_CGROUP_INET4_CONNECT.to_ne_bytes());
-        let fd = bpf(BPF_PROG_LOAD, &mut attr);
-        assert!(fd >= 0, "load: {}", std::io::Error::last_os_error());
-        // SAFETY: a new fd nothing else owns.
-        let prog = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let prog = interceptor_sys::prog_load(&ProgLoad {
+            prog_type: BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
+            expected_attach_type: Some(BPF_CGROUP_INET4_CONNECT),
+            name: "foreign_deny",
+            insns: &insns,
+            license: c"GPL",
+        })
+        .expect("load");
         let link = match how {
             Attach::AllowMulti => {
-                // prog_attach: target_fd, attach_bpf_fd, attach_type, attach_flags.
-                let mut attr = [
-                    cgroup.as_raw_fd() as u32,
-                    prog.as_raw_fd() as u32,
-                    ATTACH_CGROUP_INET4_CONNECT,
-                    F_ALLOW_MULTI,
-                    0,
-                    0,
-                ];
-                let rc = bpf(BPF_PROG_ATTACH, &mut attr);
-                assert!(rc == 0, "attach: {}", std::io::Error::last_os_error());
+                interceptor_sys::prog_attach(
+                    prog.as_fd(),
+                    cgroup.as_fd(),
+                    BPF_CGROUP_INET4_CONNECT,
+                    BPF_F_ALLOW_MULTI,
+                )
+                .expect("attach");
                 None
             }
-            Attach::Link => {
-                let mut attr = [0u32; 16];
-                attr[0] = prog.as_raw_fd() as u32;
-                attr[1] = cgroup.as_raw_fd() as u32;
-                attr[2] = ATTACH_CGROUP_INET4_CONNECT;
-                let fd = bpf(BPF_LINK_CREATE, &mut attr);
-                assert!(fd >= 0, "link: {}", std::io::Error::last_os_error());
-                // SAFETY: a new fd nothing else owns.
-                Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-            }
+            Attach::Link => Some(
+                interceptor_sys::link_create(
+                    prog.as_fd(),
+                    cgroup.as_fd(),
+                    BPF_CGROUP_INET4_CONNECT,
+                )
+                .expect("link"),
+            ),
         };
-        // bpf_prog_info starts with type (u32) and id (u32).
-        let mut info = [0u32; 2];
-        #[repr(C)]
-        struct InfoByFd {
-            bpf_fd: u32,
-            info_len: u32,
-            info: u64,
-        }
-        let mut attr = InfoByFd {
-            bpf_fd: prog.as_raw_fd() as u32,
-            info_len: 8,
-            info: info.as_mut_ptr() as u64,
-        };
-        assert_eq!(bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr), 0);
         Foreign {
-            id: info[1],
+            id: interceptor_sys::prog_info(prog.as_fd()).unwrap().id,
             _prog: prog,
             _link: link,
         }
@@ -558,33 +515,7 @@ mod foreign {
 
     /// The ids of the connect4 programs attached directly to the cgroup.
     pub fn attached_ids(cgroup: &std::fs::File) -> Vec<u32> {
-        let mut ids = [0u32; 64];
-        #[repr(C)]
-        struct Query {
-            target_fd: u32,
-            attach_type: u32,
-            query_flags: u32,
-            attach_flags: u32,
-            prog_ids: u64,
-            prog_cnt: u32,
-            _pad: u32,
-        }
-        let mut attr = Query {
-            target_fd: cgroup.as_raw_fd() as u32,
-            attach_type: ATTACH_CGROUP_INET4_CONNECT,
-            query_flags: 0,
-            attach_flags: 0,
-            prog_ids: ids.as_mut_ptr() as u64,
-            prog_cnt: ids.len() as u32,
-            _pad: 0,
-        };
-        assert_eq!(
-            bpf(BPF_PROG_QUERY, &mut attr),
-            0,
-            "query: {}",
-            std::io::Error::last_os_error()
-        );
-        ids[..attr.prog_cnt as usize].to_vec()
+        interceptor_sys::prog_query(cgroup.as_fd(), BPF_CGROUP_INET4_CONNECT).expect("query")
     }
 }
 
@@ -694,26 +625,14 @@ fn metrics_count_decisions_per_pod_and_ready_answers() {
     }
 }
 
-/// The program a pinned link runs, from the link's fdinfo.
+/// The program a pinned link runs.
 fn linked_program(pin: &Path) -> u32 {
-    let path = std::ffi::CString::new(pin.as_os_str().as_encoded_bytes()).unwrap();
-    let mut attr = [0u64; 3];
-    attr[0] = path.as_ptr() as u64;
-    // SAFETY: BPF_OBJ_GET (7) with a valid attr; the fd returned is closed below.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, 7, attr.as_mut_ptr(), 24) };
-    assert!(
-        fd >= 0,
-        "open {}: {}",
-        pin.display(),
-        std::io::Error::last_os_error()
-    );
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap();
-    // SAFETY: closing the fd BPF_OBJ_GET gave us.
-    unsafe { libc::close(fd as i32) };
-    info.lines()
-        .find_map(|l| l.strip_prefix("prog_id:"))
-        .and_then(|id| id.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no prog_id in {info}"))
+    let link = interceptor_sys::obj_get(pin)
+        .and_then(|fd| fd.ok_or_else(|| std::io::ErrorKind::NotFound.into()))
+        .unwrap_or_else(|e| panic!("open {}: {e}", pin.display()));
+    interceptor_sys::link_info(std::os::fd::AsFd::as_fd(&link))
+        .unwrap()
+        .prog_id
 }
 
 /// An upgrade: a new agent started while the old one runs waits for it, and once it stops puts

@@ -388,7 +388,13 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
             let point = if rng.below(2) == 0 {
                 let points = interceptor::crash_points::POINTS;
                 let name = points[rng.below(points.len() as u64) as usize];
-                KillPoint::Crash(name, rng.below(3))
+                // A migration passes its points once; the restore passes its own per pod.
+                let passes = if name.starts_with("migration") {
+                    0
+                } else {
+                    rng.below(3)
+                };
+                KillPoint::Crash(name, passes)
             } else {
                 match rng.below(3) {
                     0 => KillPoint::Churn,
@@ -429,7 +435,7 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
                     // the request paths needs the churn to pass through it.
                     let deadline = Instant::now()
                         + if on_start_up(name) {
-                            Duration::from_secs(10)
+                            Duration::from_secs(3)
                         } else {
                             Duration::from_secs(4)
                         };

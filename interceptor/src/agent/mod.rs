@@ -266,9 +266,30 @@ fn remove_maps_dir(dir: &Path) {
 
 /// Removes what an agent pinned and wrote, and nothing else: the pinned links first (the
 /// programs detach as the last reference goes), then the maps, the pod records, the socket and
-/// the lock. Returns what was removed.
-pub fn uninstall(paths: &AgentPaths) -> std::io::Result<Vec<PathBuf>> {
+/// the lock. A pin that is not ours (checked as the agent checks it before use) stops the
+/// uninstall with an error naming it, and is left in place. Returns what was removed.
+pub fn uninstall(paths: &AgentPaths) -> anyhow::Result<Vec<PathBuf>> {
     let mut removed = Vec::new();
+    let links: Vec<PathBuf> = std::fs::read_dir(&paths.bpffs)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("link_icpt_"))
+        .map(|e| e.path())
+        .collect();
+    let maps = paths.all_maps_dirs().into_iter().flat_map(|dir| {
+        interceptor_common::names::SHARED_MAPS
+            .iter()
+            .map(move |map| dir.join(map))
+    });
+    for pin in links.into_iter().chain(maps) {
+        if crate::ebpf::remove_ours(&pin)? {
+            removed.push(pin);
+        }
+    }
+    for dir in paths.all_maps_dirs() {
+        let _ = std::fs::remove_dir(&dir);
+    }
     let mut remove = |path: PathBuf| -> std::io::Result<()> {
         match std::fs::remove_file(&path) {
             Ok(()) => {
@@ -279,22 +300,6 @@ pub fn uninstall(paths: &AgentPaths) -> std::io::Result<Vec<PathBuf>> {
             Err(e) => Err(e),
         }
     };
-    let links: Vec<PathBuf> = std::fs::read_dir(&paths.bpffs)
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().starts_with("link_icpt_"))
-        .map(|e| e.path())
-        .collect();
-    for link in links {
-        remove(link)?;
-    }
-    for dir in paths.all_maps_dirs() {
-        for map in interceptor_common::names::SHARED_MAPS {
-            remove(dir.join(map))?;
-        }
-        let _ = std::fs::remove_dir(&dir);
-    }
     let records = Records::open(&paths.records())?;
     for record in records.load_all() {
         remove(

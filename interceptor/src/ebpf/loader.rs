@@ -12,9 +12,11 @@ use aya::{
 use interceptor_common::names;
 use serde::{Deserialize, Serialize};
 
+use interceptor_sys::bpf_attach_type;
+
 use super::{
     EbpfError, LoadOptions, OBJECT,
-    links::{self, PinnedLink},
+    links::{self, LinkProblem, PinError, PinnedLink, Target},
     pod_lookup::{PodLookupLoader, program_id},
     pods::PodMaps,
 };
@@ -37,22 +39,27 @@ const PROGRAMS: [(&str, &str); 5] = [
     (names::PROG_SK_LOOKUP, "sk_lookup, tail-called"),
 ];
 
-/// The programs attached to the node's cgroup, and their hooks.
-const CGROUP_PROGRAMS: [(&str, u32); 4] = [
+/// The node's links: each program and the cgroup hook it attaches to.
+const CGROUP_LINKS: [(&str, bpf_attach_type); 4] = [
     (
         names::PROG_CONNECT4,
-        links::attach_type::CGROUP_INET4_CONNECT,
+        bpf_attach_type::BPF_CGROUP_INET4_CONNECT,
     ),
     (
         names::PROG_CONNECT6,
-        links::attach_type::CGROUP_INET6_CONNECT,
+        bpf_attach_type::BPF_CGROUP_INET6_CONNECT,
     ),
-    (names::PROG_SOCKOPS, links::attach_type::CGROUP_SOCK_OPS),
+    (names::PROG_SOCKOPS, bpf_attach_type::BPF_CGROUP_SOCK_OPS),
     (
         names::PROG_GETSOCKOPT,
-        links::attach_type::CGROUP_GETSOCKOPT,
+        bpf_attach_type::BPF_CGROUP_GETSOCKOPT,
     ),
 ];
+
+/// Where the node's link for `program` is pinned.
+fn link_path(links_dir: &Path, program: &str) -> PathBuf {
+    links_dir.join(format!("link_{program}"))
+}
 
 pub(super) struct Attached {
     links_dir: PathBuf,
@@ -65,6 +72,7 @@ pub(super) struct Attached {
 
 impl Attached {
     pub(super) fn load(options: &LoadOptions) -> Result<(Self, PodMaps), EbpfError> {
+        check_pinned_maps(&options.pin_dir)?;
         let mut ebpf = loader(&options.pin_dir)
             .map_max_entries(names::MAP_CONNECTING, options.orig_dst_capacity)
             .map_max_entries(names::MAP_PENDING, options.orig_dst_capacity)
@@ -131,31 +139,54 @@ impl Attached {
                 source,
             }
         };
-        for (name, attach_type) in CGROUP_PROGRAMS {
+        for (name, attach_type) in CGROUP_LINKS {
             let program = self.ebpf.program(name).ok_or(EbpfError::Missing {
                 kind: "program",
                 name,
             })?;
             let fd = program.fd().map_err(attach_error(name))?;
-            let path = self.links_dir.join(format!("link_{name}"));
+            let path = link_path(&self.links_dir, name);
             let link = if self.persistent {
-                PinnedLink::attach_or_update(fd.as_fd(), cgroup.as_fd(), attach_type, &path)
+                let target = Target::cgroup(cgroup.as_fd(), cgroup_path)
+                    .map_err(|e| attach_error(name)(ProgramError::IOError(e)))?;
+                PinnedLink::attach_or_update(fd.as_fd(), target, attach_type, &path)?
             } else {
                 PinnedLink::attach(fd.as_fd(), cgroup.as_fd(), attach_type, &path)
-            }
-            .map_err(|e| attach_error(name)(ProgramError::IOError(e)))?;
+                    .map_err(|e| attach_error(name)(ProgramError::IOError(e)))?
+            };
             self.links.push(link);
         }
         Ok(())
     }
 
-    /// The node links that are not pinned where this process pinned them.
-    pub(super) fn missing_links(&self) -> Vec<String> {
-        CGROUP_PROGRAMS
+    /// What is wrong with the node's pinned links for `cgroup_path`: missing, defunct, attached
+    /// to another cgroup, or running another program than this node's. Changes nothing.
+    pub(super) fn link_problems(&self, cgroup_path: &Path) -> Vec<LinkProblem> {
+        let cgroup = match crate::cgroup::open_cgroup2(cgroup_path) {
+            Ok(cgroup) => cgroup,
+            Err(e) => {
+                return vec![LinkProblem::Unreadable {
+                    path: cgroup_path.to_owned(),
+                    error: e.to_string(),
+                }];
+            }
+        };
+        let target = match Target::cgroup(cgroup.as_fd(), cgroup_path) {
+            Ok(target) => target,
+            Err(e) => {
+                return vec![LinkProblem::Unreadable {
+                    path: cgroup_path.to_owned(),
+                    error: e.to_string(),
+                }];
+            }
+        };
+        CGROUP_LINKS
             .iter()
-            .map(|(name, _)| self.links_dir.join(format!("link_{name}")))
-            .filter(|path| !path.exists())
-            .map(|path| format!("link {} is not pinned", path.display()))
+            .filter_map(|&(name, attach_type)| {
+                let path = link_path(&self.links_dir, name);
+                let program_id = self.ebpf.program(name)?.info().ok()?.id();
+                links::check(&path, attach_type, target.id, program_id)
+            })
             .collect()
     }
 
@@ -235,21 +266,80 @@ pub(super) fn load_inbound(
         attach_type: "sk_lookup".into(),
     };
     let path = inbound_link_path(links_dir, netns_cookie);
-    let (program, target, attach_type) = (
-        program.as_fd(),
-        netns.file().as_fd(),
-        links::attach_type::SK_LOOKUP,
-    );
+    let attach_type = bpf_attach_type::BPF_SK_LOOKUP;
     let link = if persistent {
-        PinnedLink::attach_or_update(program, target, attach_type, &path)
+        let target = Target::netns(netns.file().as_fd(), netns.path()).map_err(attach_error)?;
+        PinnedLink::attach_or_update(program.as_fd(), target, attach_type, &path)?
     } else {
-        PinnedLink::attach(program, target, attach_type, &path)
-    }
-    .map_err(attach_error)?;
+        PinnedLink::attach(program.as_fd(), netns.file().as_fd(), attach_type, &path)
+            .map_err(attach_error)?
+    };
     Ok(Inbound {
         _link: link,
         program: program_state,
     })
+}
+
+/// Refuses maps pinned in `pin_dir` that are not the maps the object declares (another type,
+/// key size or value size): aya would use whatever is pinned at a map's path. Kernel >= 4.13.
+fn check_pinned_maps(pin_dir: &Path) -> Result<(), EbpfError> {
+    let mut declared = None;
+    for name in names::SHARED_MAPS {
+        let path = pin_dir.join(name);
+        let Some(fd) = interceptor_sys::obj_get(&path).map_err(|source| PinError::Io {
+            call: "opening the pin",
+            path: path.clone(),
+            source,
+        })?
+        else {
+            continue;
+        };
+        let object = match &declared {
+            Some(object) => object,
+            None => declared.insert(
+                aya_obj::Object::parse(OBJECT)
+                    .map_err(|e| EbpfError::Load(aya::EbpfError::ParseError(e)))?,
+            ),
+        };
+        let map = object
+            .maps
+            .get(name)
+            .ok_or(EbpfError::Missing { kind: "map", name })?;
+        let expected = format!(
+            "map {name}: a map of type {} with {}-byte keys and {}-byte values",
+            map.map_type(),
+            map.key_size(),
+            map.value_size()
+        );
+        let not_ours = |found: String| PinError::NotOurs {
+            path: path.clone(),
+            found,
+            expected: expected.clone(),
+        };
+        let kind = interceptor_sys::object_kind(fd.as_fd()).map_err(|source| PinError::Io {
+            call: "reading the kind of",
+            path: path.clone(),
+            source,
+        })?;
+        if kind != interceptor_sys::ObjectKind::Map {
+            return Err(not_ours(kind.to_string()).into());
+        }
+        let info = interceptor_sys::map_info(fd.as_fd()).map_err(|source| PinError::Io {
+            call: "reading the map info of",
+            path: path.clone(),
+            source,
+        })?;
+        if (info.map_type, info.key_size, info.value_size)
+            != (map.map_type(), map.key_size(), map.value_size())
+        {
+            return Err(not_ours(format!(
+                "map {}: a map of type {} with {}-byte keys and {}-byte values",
+                info.name, info.map_type, info.key_size, info.value_size
+            ))
+            .into());
+        }
+    }
+    Ok(())
 }
 
 fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, EbpfError>

@@ -15,6 +15,7 @@ use std::{
 
 use aya::{maps::MapError, programs::ProgramError};
 use interceptor_common::counters::{COUNTERS_PER_POD, Decision};
+pub use links::{LinkProblem, PinError, remove_ours};
 pub use loader::ProgramState;
 pub use pods::{FillLevels, InMaps, PodRegistry, read_counters};
 
@@ -64,6 +65,8 @@ pub enum EbpfError {
     },
     #[error(transparent)]
     Netns(#[from] crate::netns::NetnsError),
+    #[error(transparent)]
+    Pin(#[from] links::PinError),
     #[error("a pod's sk_lookup program: {0}")]
     PodLookup(std::io::Error),
     #[error("pod with netns cookie {0} is already registered")]
@@ -227,14 +230,15 @@ impl EbpfNode {
         self.attached.attach(cgroup)
     }
 
-    pub fn programs(&self) -> Vec<ProgramState> {
-        self.attached.programs()
+    /// What is wrong with the node's pinned cgroup links, for `cgroup` (the configured one):
+    /// a link missing, defunct, attached to another cgroup, or running another program than this
+    /// node's. Reads only. Kernel >= 5.8.
+    pub fn link_problems(&self, cgroup: &Path) -> Vec<LinkProblem> {
+        self.attached.link_problems(cgroup)
     }
 
-    /// What is wrong with the node's links, for `status` and `/ready`: empty when each hook
-    /// has its pinned link.
-    pub fn link_problems(&self, _cgroup: &Path) -> Vec<String> {
-        self.attached.missing_links()
+    pub fn programs(&self) -> Vec<ProgramState> {
+        self.attached.programs()
     }
 
     pub fn pods(&mut self) -> &mut PodRegistry {

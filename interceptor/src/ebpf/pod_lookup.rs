@@ -8,45 +8,23 @@
 //! registration); this program verifies in microseconds, and the shared one is verified once.
 use std::{
     io,
-    os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+    os::fd::{AsRawFd as _, BorrowedFd, OwnedFd},
     path::Path,
 };
 
 use interceptor_common::names;
+use interceptor_sys::{
+    BPF_PSEUDO_MAP_FD, ProgLoad, bpf_attach_type, bpf_insn as Insn, bpf_prog_type, insn,
+};
 
-use super::links;
-
-const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-const BPF_PROG_TYPE_SK_LOOKUP: u32 = 30;
 const BPF_FUNC_MAP_LOOKUP_ELEM: i32 = 1;
 const BPF_FUNC_TAIL_CALL: i32 = 12;
-/// `src_reg` of a 64-bit immediate load whose value is a map fd (`BPF_PSEUDO_MAP_FD`).
-const PSEUDO_MAP_FD: u8 = 1;
+/// `src_reg` of a 64-bit immediate load whose value is a map fd.
+const PSEUDO_MAP_FD: u8 = BPF_PSEUDO_MAP_FD as u8;
 const SK_DROP: i32 = 0;
 
-/// One `struct bpf_insn`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Insn {
-    code: u8,
-    /// dst_reg in the low nibble, src_reg in the high one.
-    regs: u8,
-    off: i16,
-    imm: i32,
-}
-
-const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
-    Insn {
-        code,
-        regs: dst | (src << 4),
-        off,
-        imm,
-    }
-}
-
 /// `dst = imm64` as its two instructions.
-const fn ld_imm64(dst: u8, src: u8, imm: u64) -> [Insn; 2] {
+fn ld_imm64(dst: u8, src: u8, imm: u64) -> [Insn; 2] {
     [
         insn(0x18, dst, src, 0, imm as u32 as i32),
         insn(0, 0, 0, 0, (imm >> 32) as u32 as i32),
@@ -107,7 +85,7 @@ impl PodLookupLoader {
     pub(super) fn new(pin_dir: &Path) -> io::Result<Self> {
         let open = |name: &str| {
             let path = pin_dir.join(name);
-            links::open_pinned(&path)?.ok_or_else(|| {
+            interceptor_sys::obj_get(&path)?.ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::NotFound,
                     format!("no map pinned at {}", path.display()),
@@ -120,54 +98,26 @@ impl PodLookupLoader {
         })
     }
 
-    /// Loads (and so verifies) the lookup program of the pod with `netns_cookie`.
+    /// Loads (and so verifies) the lookup program of the pod with `netns_cookie`. Kernel >= 5.9.
     pub(super) fn load(&self, netns_cookie: u64) -> io::Result<OwnedFd> {
-        let prog = instructions(
+        let insns = instructions(
             self.lookup_pod.as_raw_fd(),
             self.programs.as_raw_fd(),
             netns_cookie,
         );
-        let license = c"GPL";
-        let mut log = vec![0u8; 4096];
-        // union bpf_attr, prog_load (offsets from <linux/bpf.h>): prog_type, insn_cnt, insns,
-        // license, log_level, log_size, log_buf, kern_version, prog_flags, prog_name[16],
-        // prog_ifindex, expected_attach_type; the rest zero.
-        let mut attr = [0u8; 128];
-        let mut put = |at: usize, bytes: &[u8]| attr[at..at + bytes.len()].copy_from_slice(bytes);
-        put(0, &BPF_PROG_TYPE_SK_LOOKUP.to_ne_bytes());
-        put(4, &(prog.len() as u32).to_ne_bytes());
-        put(8, &(prog.as_ptr() as u64).to_ne_bytes());
-        put(16, &(license.as_ptr() as u64).to_ne_bytes());
-        put(24, &1u32.to_ne_bytes());
-        put(28, &(log.len() as u32).to_ne_bytes());
-        put(32, &(log.as_mut_ptr() as u64).to_ne_bytes());
-        put(48, names::PROG_POD_LOOKUP.as_bytes());
-        put(68, &links::attach_type::SK_LOOKUP.to_ne_bytes());
-        match links::bpf(BPF_PROG_LOAD, &mut attr) {
-            // SAFETY: BPF_PROG_LOAD returned a new fd that nothing else owns.
-            Ok(fd) => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
-            Err(e) => {
-                let log = String::from_utf8_lossy(&log);
-                let log = log.trim_end_matches('\0').trim();
-                Err(io::Error::new(
-                    e.kind(),
-                    format!("loading {}: {e}: {log}", names::PROG_POD_LOOKUP),
-                ))
-            }
-        }
+        interceptor_sys::prog_load(&ProgLoad {
+            prog_type: bpf_prog_type::BPF_PROG_TYPE_SK_LOOKUP,
+            expected_attach_type: Some(bpf_attach_type::BPF_SK_LOOKUP),
+            name: names::PROG_POD_LOOKUP,
+            insns: &insns,
+            license: c"GPL",
+        })
     }
 }
 
 /// The kernel's id of a loaded program.
 pub(super) fn program_id(program: BorrowedFd<'_>) -> io::Result<u32> {
-    // struct bpf_prog_info starts with type (u32) and id (u32).
-    let mut info = [0u32; 2];
-    // obj_get_info_by_fd: bpf_fd, info_len, info (u64).
-    let mut attr = [0u64; 2];
-    attr[0] = u64::from(program.as_raw_fd() as u32) | (8u64 << 32);
-    attr[1] = info.as_mut_ptr() as u64;
-    links::bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
-    Ok(info[1])
+    interceptor_sys::prog_info(program).map(|info| info.id)
 }
 
 #[cfg(test)]
@@ -191,7 +141,11 @@ mod tests {
         let prog = instructions(3, 4, 0x1122_3344_5566_7788);
         assert_eq!(prog[8].imm as u32, 0x5566_7788);
         assert_eq!(prog[9].imm as u32, 0x1122_3344);
-        assert_eq!(prog[4].regs, 0x11, "r1 = map fd (src_reg 1: pseudo map fd)");
+        assert_eq!(
+            (prog[4].dst_reg(), prog[4].src_reg()),
+            (1, 1),
+            "r1 = map fd (src_reg 1: pseudo map fd)"
+        );
         assert_eq!(prog[4].imm, 3);
         assert_eq!(prog[12].imm, 4);
     }
