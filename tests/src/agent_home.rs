@@ -53,6 +53,11 @@ impl AgentHome {
         self.wait_ready(self.spawn(extra, Stdio::null()))
     }
 
+    /// Where a test keeps this agent's log: beside its state directory, removed with it.
+    pub fn log_path(&self) -> PathBuf {
+        self.state_dir.with_extension("log")
+    }
+
     /// Starts an agent whose log (level info) goes to `log`.
     pub fn start_logged(&self, log: &Path) -> Agent {
         let file = std::fs::File::create(log).expect("create the agent's log");
@@ -181,6 +186,7 @@ impl Drop for AgentHome {
             .args(self.location())
             .output();
         let _ = std::fs::remove_dir_all(&self.state_dir);
+        let _ = std::fs::remove_file(self.log_path());
     }
 }
 

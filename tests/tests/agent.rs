@@ -993,3 +993,78 @@ fn a_full_pod_table_refuses_clearly_and_changes_nothing() {
         "no record is left for the refused pod"
     );
 }
+
+/// `status` and `/ready` say when interception is not in force as configured (a pod's sk_lookup
+/// link or a node link no longer pinned), and what; a new `pod add` or a restart repairs it.
+#[test]
+fn status_and_ready_say_when_interception_is_not_as_configured() {
+    if !privileged("status_and_ready_say_when_interception_is_not_as_configured") {
+        return;
+    }
+    let fixture = PodFixture::new("agenthealth");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let agent = home.start_with(&["--metrics-addr", &addr]);
+    home.add_ok(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
+    let state_dir = home.state_dir.display().to_string();
+    let status = || {
+        let out = Command::new(BIN)
+            .args(["status", "--agent-state-dir", &state_dir])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(http_get(&addr, "/ready").0.contains(" 200 "));
+    assert!(
+        status().contains("interception in force as configured"),
+        "{}",
+        status()
+    );
+
+    let cookie = home.pods()[0]["netns_cookie"].as_u64().unwrap();
+    let pod_link = home.bpffs.join(format!("link_icpt_sk_lookup_{cookie}"));
+    std::fs::remove_file(&pod_link).unwrap();
+    let (ready, body) = http_get(&addr, "/ready");
+    assert!(ready.contains(" 503 "), "{ready}");
+    assert!(body.contains("its sk_lookup link is not pinned"), "{body}");
+    let text = status();
+    assert!(
+        text.contains("DEGRADED") && text.contains("problem: its sk_lookup link is not pinned"),
+        "{text}"
+    );
+    // Registering it again repairs it, steering all along.
+    home.add_ok(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
+    assert!(pod_link.exists());
+    assert!(http_get(&addr, "/ready").0.contains(" 200 "));
+    let landing = fixture.on_remote().connect("10.77.0.1:80");
+    assert!(
+        matches!(&landing, Landing::Proxy { name, .. } if name == "inbound"),
+        "{landing:?}"
+    );
+
+    std::fs::remove_file(home.bpffs.join("link_icpt_connect4")).unwrap();
+    let (ready, body) = http_get(&addr, "/ready");
+    assert!(ready.contains(" 503 "), "{ready}");
+    assert!(body.contains("link_icpt_connect4"), "{body}");
+    assert!(status().contains("DEGRADED"), "{}", status());
+    // The agent still holds the link: connects are still intercepted. A restart pins it again.
+    let app = fixture.in_pod().uid(APP_UID);
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+    agent.stop();
+    let _agent = home.start_with(&["--metrics-addr", &addr]);
+    assert!(http_get(&addr, "/ready").0.contains(" 200 "));
+    assert!(status().contains("interception in force as configured"));
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+}

@@ -287,7 +287,10 @@ enum KillPoint {
 
 /// Crash points reached only while an agent starts.
 fn on_start_up(point: &str) -> bool {
-    matches!(point, "restore-pod" | "migration-built" | "migration-switched")
+    matches!(
+        point,
+        "restore-pod" | "migration-built" | "migration-switched"
+    )
 }
 
 /// SIGKILL the agent at random points (reproducible: `INTERCEPTOR_KILL_SEED`): after random
@@ -322,7 +325,7 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
     let _servers = Servers::start(&fixture);
     let churned: Vec<Netns> = (0..4).map(|i| Netns::new(&format!("chaos{i}"))).collect();
     let home = AgentHome::new(&fixture.cgroup.path);
-    let log_path = home.state_dir.with_extension("log");
+    let log_path = home.log_path();
     let log = || {
         std::fs::OpenOptions::new()
             .create(true)
@@ -348,7 +351,8 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
             while !stop.load(Ordering::Acquire) {
                 let lines = app.run(&["connect", UNREACHABLE, "--seconds", "1", "--linger0"]);
                 load.connections += lines.len();
-                load.around.extend(around_the_proxy(&lines).into_iter().cloned());
+                load.around
+                    .extend(around_the_proxy(&lines).into_iter().cloned());
                 load.unanswered += lines.iter().filter(|l| l.contains(" orig=errno:")).count();
             }
             load
@@ -371,7 +375,11 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
                     ])),
                     // An address change, applied by the agent's periodic check.
                     _ => {
-                        let op = if churn_rng.below(2) == 0 { "add" } else { "del" };
+                        let op = if churn_rng.below(2) == 0 {
+                            "add"
+                        } else {
+                            "del"
+                        };
                         let addr = format!("10.79.0.{}/32", 1 + churn_rng.below(3));
                         let _ = std::process::Command::new("ip")
                             .args(["-n", &netns.name, "addr", op, &addr, "dev", "lo"])
@@ -466,7 +474,10 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
                 .unwrap_or_default()
                 .to_owned();
             let found = [
-                ("leftovers of a cut-short request removed", "a pod without a record"),
+                (
+                    "leftovers of a cut-short request removed",
+                    "a pod without a record",
+                ),
                 ("pods not restored", "not restoring pod"),
                 ("configurations kept", "keeping the configuration in force"),
             ]
@@ -481,7 +492,10 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
                     format!("crash at {name} (pass {}) after {lived:.2?}", passes + 1)
                 }
                 KillPoint::Crash(name, passes) => {
-                    format!("{name} (pass {}) not reached; SIGKILL after {lived:.2?}", passes + 1)
+                    format!(
+                        "{name} (pass {}) not reached; SIGKILL after {lived:.2?}",
+                        passes + 1
+                    )
                 }
                 other => format!("{other:?}: SIGKILL after {delay:?}"),
             };
@@ -506,7 +520,6 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
         (load.join().expect("load"), agent)
     });
     agent.stop();
-    let _ = std::fs::remove_file(&log_path);
     let crashes = report.iter().filter(|r| r.contains(": crash at ")).count();
     eprintln!(
         "{}\n{} kill points ({crashes} at named crash points); {} connections, {} without their original destination",
@@ -516,7 +529,11 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
         lines.unanswered,
     );
     assert!(lines.connections > 200, "{} connections", lines.connections);
-    assert_eq!(lines.around, Vec::<String>::new(), "connections around the proxy");
+    assert_eq!(
+        lines.around,
+        Vec::<String>::new(),
+        "connections around the proxy"
+    );
     // A connect recorded by the replaced programs in the instant a migration switches the links
     // can miss its original destination: the proxy gets it without one and refuses it (fails
     // closed, never around the proxy). A few at most.

@@ -134,7 +134,7 @@ fn a_restart_with_another_cgroup_moves_the_links_there_first() {
     agent.kill();
 
     home.cgroup = new.path.clone();
-    let log = home.state_dir.with_extension("log");
+    let log = home.log_path();
     let (lines, agent) = std::thread::scope(|s| {
         let load = s.spawn(|| check_for(&in_new, "3"));
         std::thread::sleep(Duration::from_millis(300));

@@ -334,16 +334,24 @@ impl PodRegistry {
         if let Err(e) = self.check_room(spec, &addresses, &before.subnets, &subnets) {
             return Err((e, inbound));
         }
+        // Attached again when its pin went missing: the new link is attached before the old
+        // one is dropped, so inbound steering never stops.
+        let pinned = !self.persistent || inbound_link_path(&self.links_dir, cookie).exists();
         let inbound = match inbound {
-            Some(inbound) => inbound,
-            None => load_inbound(
+            Some(inbound) if pinned => inbound,
+            old => match load_inbound(
                 &self.pod_lookup,
                 &self.links_dir,
                 self.persistent,
                 cookie,
                 netns,
-            )
-            .map_err(|e| (e, None))?,
+            ) {
+                Ok(new) => {
+                    drop(old);
+                    new
+                }
+                Err(e) => return Err((e, old)),
+            },
         };
         crash_point!("pod-inbound-attached");
         let config = pod_config(slot, &spec.config);
