@@ -10,6 +10,35 @@ use serde_json::Value;
 
 use crate::unique_name;
 
+/// The flags Linkerd's injector gives proxy-init, as the agent tests register their pods.
+pub const LINKERD_FLAGS: [&str; 8] = [
+    "-p",
+    "4143",
+    "-o",
+    "4140",
+    "-u",
+    "2102",
+    "--inbound-ports-to-ignore",
+    "4190,4191",
+];
+
+/// Refused by the fixture's remote host unless intercepted.
+pub const UNREACHABLE: &str = "192.0.2.2:1404";
+
+/// `netprobe check`'s summary: every connection reached the proxy with its original
+/// destination; returns how many there were.
+pub fn all_reached_the_proxy(lines: &[String]) -> u64 {
+    let summary = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("ok="))
+        .unwrap_or_else(|| panic!("no summary: {lines:#?}"));
+    let (ok, bad) = summary.split_once(" bad=").expect("ok=N bad=M");
+    assert_eq!(bad, "0", "every connection reached the proxy: {lines:#?}");
+    let ok: u64 = ok.parse().expect("a count");
+    assert!(ok > 0, "{lines:#?}");
+    ok
+}
+
 /// The `interceptor` command line built for the tests (`interceptor-under-test`), next to the
 /// test binaries.
 pub fn interceptor_bin() -> PathBuf {

@@ -10,43 +10,17 @@ use std::{
 
 use interceptor_tests::{
     Landing, Netns, PodFixture,
-    agent_home::{Agent, AgentHome, stderr},
+    agent_home::{Agent, AgentHome, LINKERD_FLAGS, UNREACHABLE, all_reached_the_proxy, stderr},
     privileged,
     scenario::{APP_UID, Servers},
 };
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_interceptor-under-test");
-const LINKERD_FLAGS: [&str; 8] = [
-    "-p",
-    "4143",
-    "-o",
-    "4140",
-    "-u",
-    "2102",
-    "--inbound-ports-to-ignore",
-    "4190,4191",
-];
-/// Refused by the fixture's remote host unless intercepted.
-const UNREACHABLE: &str = "192.0.2.2:1404";
 
 /// How long a load runs that must outlast an agent's restart, takeover or migration: a time,
 /// not a count, so that it does on fast machines too.
 const LOAD_SECONDS: &str = "3";
-
-/// `netprobe check`'s summary: every connection reached the proxy with its original
-/// destination; returns how many there were.
-fn all_reached_the_proxy(lines: &[String]) -> u64 {
-    let summary = lines
-        .iter()
-        .find_map(|l| l.strip_prefix("ok="))
-        .unwrap_or_else(|| panic!("no summary: {lines:#?}"));
-    let (ok, bad) = summary.split_once(" bad=").expect("ok=N bad=M");
-    assert_eq!(bad, "0", "every connection reached the proxy: {lines:#?}");
-    let ok: u64 = ok.parse().expect("a count");
-    assert!(ok > 0, "{lines:#?}");
-    ok
-}
 
 fn counter(pod: &Value, name: &str) -> u64 {
     pod["counters"][name].as_u64().unwrap_or(0)

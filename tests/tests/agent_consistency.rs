@@ -14,23 +14,10 @@ use std::{
 
 use interceptor_tests::{
     Netns, PodFixture,
-    agent_home::{Agent, AgentHome, stderr},
+    agent_home::{Agent, AgentHome, LINKERD_FLAGS, UNREACHABLE, stderr},
     privileged,
     scenario::{APP_UID, Servers},
 };
-
-const LINKERD_FLAGS: [&str; 8] = [
-    "-p",
-    "4143",
-    "-o",
-    "4140",
-    "-u",
-    "2102",
-    "--inbound-ports-to-ignore",
-    "4190,4191",
-];
-/// Refused by the fixture's remote host unless intercepted.
-const UNREACHABLE: &str = "192.0.2.2:1404";
 
 /// Connections of a `netprobe connect` load that did not land on the proxy's outbound listener:
 /// each one reached its destination around the proxy (or failed).
@@ -344,6 +331,8 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
     let mut churn_rng = Rng(seed.rotate_left(17) | 1);
     let mut report = Vec::new();
     let (lines, agent) = std::thread::scope(|s| {
+        // A failed check must end the load and the churn too, or the scope waits for ever.
+        let _stop = StopOnDrop(&stop);
         // Every connection's line is checked as it comes; only the counts and the lines that
         // did not reach the proxy with their original destination are kept.
         let load = s.spawn(|| {
@@ -359,7 +348,9 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
         });
         s.spawn(|| {
             while !stop.load(Ordering::Acquire) {
-                let _held = gate.lock().unwrap();
+                let _held = gate
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 let config = churn_config(churn_rng.below(4));
                 let config: Vec<&str> = config.iter().map(String::as_str).collect();
                 let netns = &churned[churn_rng.below(4) as usize];
@@ -479,7 +470,7 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
                     "a pod without a record",
                 ),
                 ("pods not restored", "not restoring pod"),
-                ("configurations kept", "keeping the configuration in force"),
+                ("pods repaired", "pod restored, repaired"),
             ]
             .iter()
             .filter_map(|(what, needle)| {
@@ -543,6 +534,15 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
         lines.unanswered,
         lines.connections
     );
+}
+
+/// Sets the flag when dropped, unwinding included.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
 }
 
 /// What an app's load saw.

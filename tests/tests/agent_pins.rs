@@ -17,23 +17,11 @@ use std::{
 use interceptor_sys::{LinkTarget, ProgLoad, bpf_attach_type, bpf_map_type, bpf_prog_type};
 use interceptor_tests::{
     Cgroup, Landing, Netns, PodFixture, Probe,
-    agent_home::{AgentHome, interceptor_bin},
+    agent_home::{AgentHome, LINKERD_FLAGS, UNREACHABLE, all_reached_the_proxy, interceptor_bin},
     privileged,
     scenario::{APP_UID, Servers},
 };
 
-const LINKERD_FLAGS: [&str; 8] = [
-    "-p",
-    "4143",
-    "-o",
-    "4140",
-    "-u",
-    "2102",
-    "--inbound-ports-to-ignore",
-    "4190,4191",
-];
-/// Refused by the fixture's remote host unless intercepted.
-const UNREACHABLE: &str = "192.0.2.2:1404";
 /// The node's cgroup links.
 const NODE_LINKS: [&str; 4] = [
     "link_icpt_connect4",
@@ -41,18 +29,6 @@ const NODE_LINKS: [&str; 4] = [
     "link_icpt_sockops",
     "link_icpt_getsockopt",
 ];
-
-/// `netprobe check`'s summary: every connection reached the proxy with its original
-/// destination.
-fn all_reached_the_proxy(lines: &[String]) {
-    let summary = lines
-        .iter()
-        .find_map(|l| l.strip_prefix("ok="))
-        .unwrap_or_else(|| panic!("no summary: {lines:#?}"));
-    let (ok, bad) = summary.split_once(" bad=").expect("ok=N bad=M");
-    assert_eq!(bad, "0", "every connection reached the proxy: {lines:#?}");
-    assert!(ok.parse::<u64>().expect("a count") > 0, "{lines:#?}");
-}
 
 fn check_for(app: &Probe, seconds: &str) -> Vec<String> {
     app.run(&[

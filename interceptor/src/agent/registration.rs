@@ -284,14 +284,7 @@ impl Agent {
                 problems.push(format!("pod {}: {difference}", record.netns.display()));
             }
         }
-        let strays: BTreeSet<u64> = pods
-            .cookies_in_maps()
-            .into_iter()
-            .chain(in_maps.cookies())
-            .chain(pods.pinned_inbound_cookies())
-            .filter(|cookie| !self.pods.contains_key(cookie))
-            .collect();
-        for cookie in strays {
+        for cookie in self.unregistered(&in_maps) {
             problems.push(format!(
                 "the maps or pins hold entries for netns cookie {cookie}, which is not a registered pod"
             ));

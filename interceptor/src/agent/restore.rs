@@ -34,7 +34,7 @@ impl Agent {
         let mut in_maps = self.node.pods_ref().in_maps();
         for record in self.records.load_all() {
             let cookie = record.netns_cookie;
-            match self.restore_one(&record, &mut in_maps) {
+            match self.restore_one(&record, &mut in_maps, migrating) {
                 Ok(()) => {
                     self.netns_watch.watch(&record.netns);
                     self.pods.insert(cookie, record);
@@ -56,7 +56,13 @@ impl Agent {
         Ok(())
     }
 
-    fn restore_one(&mut self, record: &PodRecord, in_maps: &mut InMaps) -> Result<(), NotRestored> {
+    /// Restores one pod; `migrating`: into new maps, where no pod is yet (nothing to repair).
+    fn restore_one(
+        &mut self,
+        record: &PodRecord,
+        in_maps: &mut InMaps,
+        migrating: bool,
+    ) -> Result<(), NotRestored> {
         let config = parse_pod_config(&record.args)
             .map_err(|e| NotRestored::Gone(format!("its configuration no longer parses: {e}")))?;
         let gone = |e: crate::netns::NetnsError| NotRestored::Gone(e.to_string());
@@ -73,25 +79,21 @@ impl Agent {
             addresses,
             config,
         };
-        self.node
+        let repaired = self
+            .node
             .pods()
             .restore(&spec, in_maps)
-            .map(drop)
-            .map_err(|e| NotRestored::Refused(e.to_string()))
+            .map_err(|e| NotRestored::Refused(e.to_string()))?;
+        if let Some(what) = repaired.filter(|_| !migrating) {
+            warn!(netns = %record.netns.display(), netns_cookie = cookie, "pod restored, repaired: {what}");
+        }
+        Ok(())
     }
 
     /// Removes what the maps and pins hold for pods without a record: a configuration, address
     /// or subnet entries, or an sk_lookup link written by a registration that never answered.
     fn remove_leftovers(&mut self, in_maps: &InMaps) {
-        let pods = self.node.pods_ref();
-        let leftovers: BTreeSet<u64> = pods
-            .cookies_in_maps()
-            .into_iter()
-            .chain(in_maps.cookies())
-            .chain(pods.pinned_inbound_cookies())
-            .filter(|cookie| !self.pods.contains_key(cookie))
-            .collect();
-        for cookie in leftovers {
+        for cookie in self.unregistered(in_maps) {
             warn!(
                 netns_cookie = cookie,
                 "removing what the maps and pins hold for a pod without a record"
@@ -100,5 +102,17 @@ impl Agent {
                 warn!(netns_cookie = cookie, error = %e, "removing a pod's leftovers");
             }
         }
+    }
+
+    /// The pods the maps (`in_maps`: the address and subnet entries, read once) or the pins hold
+    /// something of, and that are not registered.
+    pub(super) fn unregistered(&self, in_maps: &InMaps) -> BTreeSet<u64> {
+        let pods = self.node.pods_ref();
+        pods.cookies_in_maps()
+            .into_iter()
+            .chain(in_maps.cookies())
+            .chain(pods.pinned_inbound_cookies())
+            .filter(|cookie| !self.pods.contains_key(cookie))
+            .collect()
     }
 }

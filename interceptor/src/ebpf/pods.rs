@@ -201,10 +201,7 @@ impl PodRegistry {
             }
             return Err(EbpfError::AlreadyRegistered(cookie));
         }
-        let used: BTreeSet<u32> = self.pods.values().map(|p| p.slot).collect();
-        let slot = (0..self.max_pods)
-            .find(|slot| !used.contains(slot))
-            .ok_or(EbpfError::NoFreeSlot(self.max_pods))?;
+        let slot = self.free_slot()?;
         let netns = PodNetns::open(&spec.netns_path)?;
         self.zero_counters(slot)?;
         let registered = self
@@ -212,6 +209,13 @@ impl PodRegistry {
             .map_err(|(e, _)| e)?;
         self.pods.insert(cookie, registered);
         Ok(slot)
+    }
+
+    fn free_slot(&self) -> Result<u32, EbpfError> {
+        let used: BTreeSet<u32> = self.pods.values().map(|p| p.slot).collect();
+        (0..self.max_pods)
+            .find(|slot| !used.contains(slot))
+            .ok_or(EbpfError::NoFreeSlot(self.max_pods))
     }
 
     /// Applies a new configuration to a registered pod in place (registers it if it is not),
@@ -255,42 +259,73 @@ impl PodRegistry {
     ///
     /// When the record's configuration cannot be applied, what was in force stays in force and
     /// the pod stays registered with a [`Self::problem`]: a restart never unmeshes a pod.
-    pub fn restore(&mut self, spec: &PodSpec, in_maps: &mut InMaps) -> Result<u32, EbpfError> {
+    ///
+    /// Returns what the restart repaired, if anything: the remains of a change the previous
+    /// agent did not complete.
+    pub fn restore(
+        &mut self,
+        spec: &PodSpec,
+        in_maps: &mut InMaps,
+    ) -> Result<Option<String>, EbpfError> {
         let cookie = spec.netns_cookie;
-        let Ok(in_force) = self.maps.pods.get(&cookie, 0) else {
-            return self.add(spec);
-        };
+        // Entries of a registration or removal cut short may be there without a configuration:
+        // the pod is registered afresh over them, and they go with the old state.
         let before = InForce {
-            config: Some(in_force),
+            config: self.maps.pods.get(&cookie, 0).ok(),
             addresses: in_maps.addresses.remove(&cookie).unwrap_or_default(),
             subnets: in_maps.subnets.remove(&cookie).unwrap_or_default(),
         };
         let netns = PodNetns::open(&spec.netns_path)?;
-        match self.write(spec, &netns, in_force.slot, &before, None) {
+        let slot = match before.config {
+            Some(in_force) => in_force.slot,
+            None => {
+                let slot = self.free_slot()?;
+                self.zero_counters(slot)?;
+                slot
+            }
+        };
+        match self.write(spec, &netns, slot, &before, None) {
             Ok(registered) => {
+                let repaired = match before.config {
+                    None => Some(
+                        "its configuration was not in the maps (a registration or removal cut short): registered afresh"
+                            .to_owned(),
+                    ),
+                    Some(in_force)
+                        if bytemuck::bytes_of(&in_force) != bytemuck::bytes_of(&registered.in_force) =>
+                    {
+                        Some("the maps held another configuration than its record's (a change cut short): the record's is applied".to_owned())
+                    }
+                    Some(_) if before.subnets != registered.subnets => Some(
+                        "subnet entries of a change cut short were removed".to_owned(),
+                    ),
+                    Some(_) => None,
+                };
                 self.pods.insert(cookie, registered);
                 let found = find_listeners(&netns, spec.config.incoming_proxy_port);
                 self.adopt_listeners(cookie, found)?;
+                Ok(repaired)
             }
+            Err((e, _)) if before.config.is_none() => Err(e),
             Err((e, inbound)) => {
-                tracing::warn!(netns = %spec.netns_path.display(), netns_cookie = cookie, error = %e, "keeping the configuration in force before the restart: the record's cannot be applied");
+                let problem = format!(
+                    "the configuration in force before the agent restarted is kept: its record's cannot be applied: {e}"
+                );
                 self.pods.insert(
                     cookie,
                     Registered {
-                        slot: in_force.slot,
+                        slot,
                         config: spec.config.clone(),
-                        in_force,
+                        in_force: before.config.unwrap_or_else(bytemuck::Zeroable::zeroed),
                         addresses: before.addresses,
                         subnets: before.subnets,
                         inbound,
-                        problem: Some(format!(
-                            "the configuration in force before the agent restarted is kept: its record's cannot be applied: {e}"
-                        )),
+                        problem: Some(problem.clone()),
                     },
                 );
+                Ok(Some(problem))
             }
         }
-        Ok(in_force.slot)
     }
 
     /// What the address and subnet maps hold, by pod: read once to restore many pods (a walk
