@@ -1,6 +1,7 @@
-//! The raw bpf(2) calls of the interceptor, its tests and xtask, in one place that owns the
-//! `unsafe`: one private [`sys_bpf`] on the kernel's own `union bpf_attr` (aya-obj's generated
-//! bindings, never hand-counted offsets), and a safe, typed function per command. aya 0.14 lacks
+//! The raw system calls of the interceptor, its tests and xtask (bpf(2), and pidfd for the
+//! listener adoption), in one place that owns the `unsafe`: one private [`sys_bpf`] on the
+//! kernel's own `union bpf_attr` (aya-obj's generated bindings, never hand-counted offsets), and
+//! a safe, typed function per command. aya 0.14 lacks
 //! some of these (link info, link update of cgroup sockopt links, loading hand-assembled programs),
 //! and the tests and xtask must not need aya at all.
 //!
@@ -455,4 +456,24 @@ mod tests {
         let name = object_name("a_name_longer_than_fifteen");
         assert_eq!(name_string(&name), "a_name_longer_t");
     }
+}
+
+/// A duplicate of file descriptor `fd` of process `pid` (pidfd_open, then pidfd_getfd): how the
+/// agent takes a proxy's listening socket that predates registration. Needs ptrace access to
+/// the process (root has it). Kernel >= 5.6.
+pub fn duplicate_fd_of(pid: i32, fd: i32) -> io::Result<OwnedFd> {
+    // SAFETY: plain integer arguments; the fd returned on success is new and owned at once.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if pidfd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+    // SAFETY: plain integer arguments; the fd returned on success is new and owned at once.
+    let dup = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    if dup < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    Ok(unsafe { OwnedFd::from_raw_fd(dup as i32) })
 }

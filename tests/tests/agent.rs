@@ -1006,10 +1006,11 @@ fn status_and_ready_say_when_interception_is_not_as_configured() {
     std::fs::remove_file(&pod_link).unwrap();
     let (ready, body) = http_get(&addr, "/ready");
     assert!(ready.contains(" 503 "), "{ready}");
-    assert!(body.contains("its sk_lookup link is not pinned"), "{body}");
+    let missing = format!("its sk_lookup link: {}: no link pinned", pod_link.display());
+    assert!(body.contains(&missing), "{body}");
     let text = status();
     assert!(
-        text.contains("DEGRADED") && text.contains("problem: its sk_lookup link is not pinned"),
+        text.contains("DEGRADED") && text.contains(&format!("problem: {missing}")),
         "{text}"
     );
     // Registering it again repairs it, steering all along.

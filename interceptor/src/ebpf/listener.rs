@@ -6,13 +6,7 @@
 //! registration userspace looks for it: a process in the pod's namespace with a TCP socket in
 //! LISTEN state on the inbound port (from /proc/PID/net/tcp{,6} and /proc/PID/fd), and takes a
 //! duplicate of it with pidfd_getfd(2) (Linux 5.6) to insert into the map. No change to the proxy.
-use std::{
-    collections::HashSet,
-    fs,
-    os::fd::{FromRawFd as _, OwnedFd},
-    os::unix::fs::MetadataExt as _,
-    path::Path,
-};
+use std::{collections::HashSet, fs, os::fd::OwnedFd, os::unix::fs::MetadataExt as _, path::Path};
 
 use crate::netns::PodNetns;
 
@@ -114,7 +108,7 @@ fn steal_socket(proc_dir: &Path, pid: i32, inodes: &HashSet<u64>) -> Option<Owne
         });
         if inode.is_some_and(|i| inodes.contains(&i))
             && let Some(fd_num) = fd.file_name().to_str().and_then(|n| n.parse().ok())
-            && let Some(dup) = steal_fd(pid, fd_num)
+            && let Ok(dup) = interceptor_sys::duplicate_fd_of(pid, fd_num)
         {
             return Some(dup);
         }
@@ -148,23 +142,4 @@ fn listening_inodes(proc_dir: &Path, port: u16, ipv6: bool) -> HashSet<u64> {
         }
     }
     inodes
-}
-
-/// A duplicate of another process's file descriptor (pidfd_open + pidfd_getfd).
-fn steal_fd(pid: i32, fd: i32) -> Option<OwnedFd> {
-    // SAFETY: raw syscalls with plain integer arguments; each returned fd is owned at once.
-    unsafe {
-        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid, 0);
-        if pidfd < 0 {
-            return None;
-        }
-        let pidfd = OwnedFd::from_raw_fd(pidfd as i32);
-        let dup = libc::syscall(
-            libc::SYS_pidfd_getfd,
-            std::os::fd::AsRawFd::as_raw_fd(&pidfd),
-            fd,
-            0,
-        );
-        (dup >= 0).then(|| OwnedFd::from_raw_fd(dup as i32))
-    }
 }

@@ -237,6 +237,21 @@ pub(super) fn probe(pin_dir: &Path) -> Result<(), EbpfError> {
 pub(super) struct Inbound {
     _link: PinnedLink,
     pub(super) program: super::ProgramState,
+    /// The pod's namespace, as the kernel names a link's target.
+    netns: links::TargetId,
+}
+
+impl Inbound {
+    /// What is wrong with the link pinned at `path` for this program: missing, defunct,
+    /// attached to another namespace, or running another program. Changes nothing.
+    pub(super) fn pin_problem(&self, path: &Path) -> Option<LinkProblem> {
+        links::check(
+            path,
+            bpf_attach_type::BPF_SK_LOOKUP,
+            self.netns,
+            self.program.id,
+        )
+    }
 }
 
 /// Where a pod's sk_lookup link is pinned.
@@ -267,8 +282,9 @@ pub(super) fn load_inbound(
     };
     let path = inbound_link_path(links_dir, netns_cookie);
     let attach_type = bpf_attach_type::BPF_SK_LOOKUP;
+    let target = Target::netns(netns.file().as_fd(), netns.path()).map_err(attach_error)?;
+    let target_id = target.id;
     let link = if persistent {
-        let target = Target::netns(netns.file().as_fd(), netns.path()).map_err(attach_error)?;
         PinnedLink::attach_or_update(program.as_fd(), target, attach_type, &path)?
     } else {
         PinnedLink::attach(program.as_fd(), netns.file().as_fd(), attach_type, &path)
@@ -277,6 +293,7 @@ pub(super) fn load_inbound(
     Ok(Inbound {
         _link: link,
         program: program_state,
+        netns: target_id,
     })
 }
 

@@ -567,11 +567,13 @@ impl PodRegistry {
             Ok(_) => return Some("its configuration entry differs from the one written".into()),
             Err(_) => return Some("its configuration entry is missing from the pod map".into()),
         }
-        if self.persistent && !inbound_link_path(&self.links_dir, cookie).exists() {
-            return Some("its sk_lookup link is not pinned".into());
-        }
-        if registered.inbound.is_none() {
+        let Some(inbound) = &registered.inbound else {
             return Some("its sk_lookup program is not attached by this agent".into());
+        };
+        if self.persistent
+            && let Some(problem) = inbound.pin_problem(&inbound_link_path(&self.links_dir, cookie))
+        {
+            return Some(format!("its sk_lookup link: {problem}"));
         }
         None
     }
