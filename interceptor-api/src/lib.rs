@@ -2,10 +2,10 @@
 //! (default `/run/interceptor/agent.sock`, root only), one JSON response. This crate has no eBPF
 //! or aya dependency, so clients such as the CNI plugin build without the eBPF toolchain.
 //!
-//! A pod's configuration travels as proxy-init's flags (`["--incoming-proxy-port", "4143",
-//! ...]`): the agent validates them with the very parser `interceptor run` uses, so a bad value
-//! gets the same message whichever way it arrives (CLI, `pod add`, the CNI plugin's keys, which
-//! are those flags' names).
+//! A pod's configuration travels as plain data ([`InterceptionConfig`], from the
+//! `interceptor-config` crate), validated by that crate on the way in, so a bad value gets the
+//! same message whichever way it arrives (CLI, `pod add`, the CNI plugin's `linkerd` block). A
+//! client older than that may still send proxy-init's flags (`args`).
 use std::{
     collections::BTreeMap,
     io::{BufRead as _, BufReader, Write as _},
@@ -14,6 +14,7 @@ use std::{
     time::Duration,
 };
 
+pub use interceptor_config::{ConfigError, InterceptionConfig};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -43,7 +44,11 @@ pub struct PodAdd {
     pub netns: PathBuf,
     #[serde(default)]
     pub meta: PodMeta,
-    /// proxy-init's flags, as `interceptor run` takes them.
+    /// How the pod is intercepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<InterceptionConfig>,
+    /// The configuration as proxy-init's flags, from clients that predate `config`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
     #[serde(default)]
     pub update: bool,
@@ -52,6 +57,16 @@ pub struct PodAdd {
     /// a restart and without a gap (both are in force for a moment, which is harmless).
     #[serde(default)]
     pub takeover_iptables: bool,
+}
+
+impl PodAdd {
+    /// The pod's configuration: `config`, or else `args` read as proxy-init's flags.
+    pub fn config(&self) -> Result<InterceptionConfig, ConfigError> {
+        match &self.config {
+            Some(config) => Ok(config.clone()),
+            None => InterceptionConfig::from_proxy_init_args(&self.args),
+        }
+    }
 }
 
 /// What a pod is called, for display and metrics.
@@ -72,8 +87,9 @@ pub struct PodInfo {
     pub netns_cookie: u64,
     pub meta: PodMeta,
     pub slot: u32,
+    /// The configuration as proxy-init's flags, for display.
     pub args: Vec<String>,
-    pub config: ConfigSummary,
+    pub config: InterceptionConfig,
     pub addresses: Vec<String>,
     pub inbound_listener: bool,
     pub counters: BTreeMap<String, u64>,
@@ -185,23 +201,6 @@ fn exchange(socket: &Path, request: &Request) -> Result<Response, ClientError> {
     }
 }
 
-/// The configuration as `status` shows it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ConfigSummary {
-    pub incoming_proxy_port: u16,
-    pub outgoing_proxy_port: u16,
-    pub proxy_uid: Option<u32>,
-    pub proxy_gid: Option<u32>,
-    pub inbound_ports_to_ignore: String,
-    pub outbound_ports_to_ignore: String,
-    pub ports_to_redirect: Vec<u16>,
-    pub subnets_to_ignore: Vec<String>,
-    pub outbound_subnets_to_ignore: Vec<String>,
-    /// Whether native IPv6 is intercepted (IPv4 on IPv6 sockets always is).
-    #[serde(default)]
-    pub ipv6: bool,
-}
-
 /// Whether an agent answers on `socket`.
 pub fn agent_running(socket: &Path) -> bool {
     call(socket, &Request::List).is_ok()
@@ -223,9 +222,54 @@ mod tests {
                 assert_eq!(add.netns, Path::new("/run/netns/p"));
                 assert_eq!(add.meta, PodMeta::default());
                 assert!(!add.update && !add.takeover_iptables);
+                let config = add.config().expect("flags from an older client are read");
+                assert_eq!(
+                    (config.incoming_proxy_port, config.outgoing_proxy_port),
+                    (4143, 4140)
+                );
             }
             other => panic!("{other:?}"),
         }
+        let add = Request::Add(PodAdd {
+            netns: "/run/netns/p".into(),
+            meta: PodMeta::default(),
+            config: Some(InterceptionConfig::linkerd()),
+            args: Vec::new(),
+            update: false,
+            takeover_iptables: false,
+        });
+        assert_eq!(
+            serde_json::to_value(&add).unwrap(),
+            serde_json::json!({
+                "op": "add",
+                "netns": "/run/netns/p",
+                "meta": {},
+                "config": {
+                    "incoming_proxy_port": 4143,
+                    "outgoing_proxy_port": 4140,
+                    "proxy_uid": 2102,
+                    "proxy_gid": null,
+                    "inbound_ports_to_ignore": "4190,4191",
+                    "outbound_ports_to_ignore": "",
+                    "ports_to_redirect": [],
+                    "subnets_to_ignore": [],
+                    "outbound_subnets_to_ignore": [],
+                    "ipv6": true
+                },
+                "update": false,
+                "takeover_iptables": false
+            })
+        );
+        // A bad value is refused as the request is read, naming it.
+        let bad = serde_json::from_str::<Request>(
+            r#"{"op":"add","netns":"/p","config":{"incoming_proxy_port":4143,"outgoing_proxy_port":4140,"outbound_ports_to_ignore":"25,smtp"}}"#,
+        )
+        .unwrap_err();
+        assert!(
+            bad.to_string()
+                .contains("invalid value '25,smtp' for 'outbound-ports-to-ignore'"),
+            "{bad}"
+        );
         assert_eq!(
             serde_json::to_string(&Request::Remove {
                 netns: "/run/netns/p".into()

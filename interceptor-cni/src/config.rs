@@ -1,8 +1,10 @@
 //! The network configuration a runtime hands the plugin on stdin, and the pod's interception
-//! flags derived from its `linkerd` block (Linkerd's CNI keys, which are proxy-init's flag
-//! names) with per-pod overrides from `runtimeConfig` and `CNI_ARGS`.
+//! configuration derived from its `linkerd` block (Linkerd's CNI keys, which are proxy-init's
+//! flag names) with per-pod overrides from `runtimeConfig` and `CNI_ARGS`, validated here, before
+//! the agent is asked, by the configuration crate the agent and the CLI use.
 use std::{collections::BTreeMap, path::PathBuf};
 
+use interceptor_config::InterceptionConfig;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -58,6 +60,7 @@ pub struct Attachment {
 }
 
 /// The keys of Linkerd's CNI `linkerd` block, and what becomes of each.
+#[derive(Clone, Copy)]
 enum Key {
     /// A proxy-init flag of the same name: a number or a string.
     Value,
@@ -86,26 +89,21 @@ fn key(name: &str) -> Option<Key> {
     })
 }
 
-/// Linkerd's defaults for the keys a configuration leaves out.
-const DEFAULTS: [(&str, &str); 4] = [
-    ("incoming-proxy-port", "4143"),
-    ("outgoing-proxy-port", "4140"),
-    ("proxy-uid", "2102"),
-    ("inbound-ports-to-ignore", "4190,4191"),
-];
-
-/// A pod's interception settings: the flags for the agent, and whether to only simulate.
+/// A pod's interception settings: its configuration, and whether to only simulate.
 #[derive(Debug, PartialEq, Eq)]
-pub struct PodFlags {
-    pub args: Vec<String>,
+pub struct PodSettings {
+    pub config: InterceptionConfig,
     pub simulate: bool,
 }
 
-/// Builds the pod's flags from the `linkerd` block, `runtimeConfig.linkerd` and `CNI_ARGS`
-/// entries `linkerd.<key>=<value>`, later ones overriding earlier ones. Unknown keys and values
-/// of the wrong type are errors naming them; the values themselves are checked by the agent,
-/// with the CLI's parser.
-pub fn pod_flags(conf: &NetConf, cni_args: &BTreeMap<String, String>) -> Result<PodFlags, String> {
+/// Builds the pod's configuration from Linkerd's defaults, the `linkerd` block,
+/// `runtimeConfig.linkerd` and `CNI_ARGS` entries `linkerd.<key>=<value>`, later ones overriding
+/// earlier ones. Unknown keys, values of the wrong type and values that are not valid are errors
+/// naming them.
+pub fn pod_settings(
+    conf: &NetConf,
+    cni_args: &BTreeMap<String, String>,
+) -> Result<PodSettings, String> {
     let mut merged: BTreeMap<String, Value> = conf.linkerd.clone();
     if let Some(runtime) = &conf.runtime_config {
         merged.extend(runtime.linkerd.clone());
@@ -115,10 +113,7 @@ pub fn pod_flags(conf: &NetConf, cni_args: &BTreeMap<String, String>) -> Result<
             merged.insert(name.to_owned(), Value::String(v.clone()));
         }
     }
-    let mut values: BTreeMap<&str, String> = DEFAULTS
-        .iter()
-        .map(|(k, v)| (*k, (*v).to_owned()))
-        .collect();
+    let mut config = InterceptionConfig::linkerd();
     let mut simulate = false;
     for (name, value) in &merged {
         let kind = key(name).ok_or_else(|| {
@@ -145,7 +140,7 @@ pub fn pod_flags(conf: &NetConf, cni_args: &BTreeMap<String, String>) -> Result<
         };
         let allowed: &[&str] = match name.as_str() {
             "iptables-mode" => &["legacy", "nft", "plain"],
-            "ipv6" | "simulate" | "use-wait-flag" => &["true", "false"],
+            "simulate" | "use-wait-flag" => &["true", "false"],
             _ => &[],
         };
         if !allowed.is_empty() && !allowed.contains(&text.as_str()) {
@@ -154,24 +149,15 @@ pub fn pod_flags(conf: &NetConf, cni_args: &BTreeMap<String, String>) -> Result<
                 allowed.join(", ")
             ));
         }
-        match key(name) {
-            Some(Key::Simulate) => simulate = text == "true",
-            Some(Key::IptablesOnly) => {}
-            _ => {
-                values.insert(name.as_str(), text);
-            }
+        match kind {
+            Key::Simulate => simulate = text == "true",
+            Key::IptablesOnly => {}
+            Key::Value | Key::List | Key::Bool => config
+                .set(name, &text)
+                .map_err(|e| format!("linkerd: {e}"))?,
         }
     }
-    let mut args = Vec::new();
-    for (name, value) in values {
-        if name == "ipv6" {
-            args.push(format!("--ipv6={value}"));
-        } else if !value.is_empty() {
-            args.push(format!("--{name}"));
-            args.push(value);
-        }
-    }
-    Ok(PodFlags { args, simulate })
+    Ok(PodSettings { config, simulate })
 }
 
 /// `CNI_ARGS`: `K1=V1;K2=V2`.

@@ -5,31 +5,21 @@ fn conf(json: &str) -> NetConf {
 }
 
 #[test]
-fn linkerd_keys_become_proxy_init_flags_with_linkerds_defaults() {
+fn linkerd_keys_set_the_configuration_over_linkerds_defaults() {
     let c = conf(
         r#"{"cniVersion":"1.0.0","name":"k8s-pod-network","type":"interceptor-cni",
             "log_level":"info","kubernetes":{"kubeconfig":"/etc/kubeconfig"},
             "linkerd":{"outbound-ports-to-ignore":["443","6443"],"ipv6":false,
                        "iptables-mode":"nft","use-wait-flag":true}}"#,
     );
-    let flags = pod_flags(&c, &BTreeMap::new()).unwrap();
-    assert!(!flags.simulate);
-    assert_eq!(
-        flags.args,
-        [
-            "--inbound-ports-to-ignore",
-            "4190,4191",
-            "--incoming-proxy-port",
-            "4143",
-            "--ipv6=false",
-            "--outbound-ports-to-ignore",
-            "443,6443",
-            "--outgoing-proxy-port",
-            "4140",
-            "--proxy-uid",
-            "2102",
-        ]
-    );
+    let settings = pod_settings(&c, &BTreeMap::new()).unwrap();
+    assert!(!settings.simulate);
+    let mut expected = InterceptionConfig::linkerd();
+    expected
+        .set("outbound-ports-to-ignore", "443,6443")
+        .unwrap();
+    expected.ipv6 = false;
+    assert_eq!(settings.config, expected);
 }
 
 #[test]
@@ -40,14 +30,13 @@ fn runtime_config_and_cni_args_override_per_pod() {
             "runtimeConfig":{"linkerd":{"proxy-uid":"3000"}}}"#,
     );
     let args = parse_cni_args("K8S_POD_NAME=web;linkerd.simulate=true").unwrap();
-    let flags = pod_flags(&c, &args).unwrap();
-    assert!(flags.simulate);
-    let uid = flags.args.iter().position(|a| a == "--proxy-uid").unwrap();
-    assert_eq!(flags.args[uid + 1], "3000");
+    let settings = pod_settings(&c, &args).unwrap();
+    assert!(settings.simulate);
+    assert_eq!(settings.config.proxy_uid, Some(3000));
 }
 
 #[test]
-fn unknown_keys_and_wrong_types_are_errors_naming_them() {
+fn unknown_keys_wrong_types_and_bad_values_are_errors_naming_them() {
     for (linkerd, names) in [
         (r#"{"incoming-proxy-prot":4143}"#, "incoming-proxy-prot"),
         (r#"{"ipv6":"maybe"}"#, "ipv6"),
@@ -57,11 +46,20 @@ fn unknown_keys_and_wrong_types_are_errors_naming_them() {
             "inbound-ports-to-ignore",
         ),
         (r#"{"incoming-proxy-port":[1]}"#, "incoming-proxy-port"),
+        // Values are checked here, before the agent is asked, in the configuration's words.
+        (
+            r#"{"outbound-ports-to-ignore":["99999"]}"#,
+            "invalid value '99999' for 'outbound-ports-to-ignore': port 99999 is out of range",
+        ),
+        (
+            r#"{"subnets-to-ignore":"10.0.0.0/33"}"#,
+            "invalid value '10.0.0.0/33' for 'subnets-to-ignore'",
+        ),
     ] {
         let c = conf(&format!(
             r#"{{"cniVersion":"1.0.0","name":"n","type":"t","linkerd":{linkerd}}}"#
         ));
-        let err = pod_flags(&c, &BTreeMap::new()).unwrap_err();
+        let err = pod_settings(&c, &BTreeMap::new()).unwrap_err();
         assert!(err.contains(names), "{linkerd}: {err}");
     }
     assert!(parse_cni_args("K8S_POD_NAME").is_err());

@@ -25,7 +25,7 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-pub use config::{NetConf, SUPPORTED_VERSIONS, parse_cni_args, pod_flags};
+pub use config::{NetConf, PodSettings, SUPPORTED_VERSIONS, parse_cni_args, pod_settings};
 use interceptor_api::{ClientError, ErrorKind, PodAdd, PodInfo, PodMeta, Request};
 use serde_json::{Value, json};
 
@@ -165,8 +165,10 @@ fn require_netns(inv: &Invocation) -> Result<&Path, CniError> {
         .ok_or_else(|| error(code::INVALID_ENV, "CNI_NETNS is not set", ""))
 }
 
-fn flags(inv: &Invocation) -> Result<config::PodFlags, CniError> {
-    pod_flags(&inv.conf, &inv.cni_args)
+/// The pod's configuration, checked before the agent is asked: a bad value fails with the
+/// invalid-configuration code and the same words the agent and the CLI use.
+fn settings(inv: &Invocation) -> Result<PodSettings, CniError> {
+    pod_settings(&inv.conf, &inv.cni_args)
         .map_err(|e| error(code::INVALID_CONFIG, "invalid linkerd configuration", e))
 }
 
@@ -201,12 +203,12 @@ fn agent_error(e: ClientError) -> CniError {
 
 fn add(inv: &Invocation, log: &Log) -> Result<Option<String>, CniError> {
     let netns = require_netns(inv)?;
-    let flags = flags(inv)?;
-    if flags.simulate {
+    let settings = settings(inv)?;
+    if settings.simulate {
         log.write(&format!(
             "ADD: simulate: would register {} with {}",
             netns.display(),
-            flags.args.join(" ")
+            settings.config.to_args().join(" ")
         ));
     } else {
         let request = Request::Add(PodAdd {
@@ -216,7 +218,8 @@ fn add(inv: &Invocation, log: &Log) -> Result<Option<String>, CniError> {
                 namespace: inv.cni_args.get("K8S_POD_NAMESPACE").cloned(),
                 container_id: Some(inv.container_id.clone()).filter(|c| !c.is_empty()),
             },
-            args: flags.args,
+            config: Some(settings.config),
+            args: Vec::new(),
             // A runtime may repeat ADD with a changed configuration: the latest one applies.
             update: true,
             takeover_iptables: false,
@@ -276,8 +279,8 @@ fn del(inv: &Invocation, log: &Log) -> Result<(), CniError> {
 
 fn check(inv: &Invocation) -> Result<(), CniError> {
     let netns = require_netns(inv)?;
-    let flags = flags(inv)?;
-    if flags.simulate {
+    let settings = settings(inv)?;
+    if settings.simulate {
         return Ok(());
     }
     let pods = interceptor_api::call(
@@ -298,14 +301,15 @@ fn check(inv: &Invocation) -> Result<(), CniError> {
         e => agent_error(e),
     })?;
     match pods.first() {
-        Some(pod) if pod.args == flags.args => Ok(()),
+        // Compared as configurations: an equivalent one spelled differently is the same.
+        Some(pod) if pod.config == settings.config => Ok(()),
         Some(pod) => Err(error(
             code::NOT_REGISTERED,
             "the pod is registered with another configuration",
             format!(
                 "registered: {}; configured: {}",
-                pod.args.join(" "),
-                flags.args.join(" ")
+                pod.config.to_args().join(" "),
+                settings.config.to_args().join(" ")
             ),
         )),
         None => Err(error(

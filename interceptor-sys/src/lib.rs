@@ -477,3 +477,12 @@ pub fn duplicate_fd_of(pid: i32, fd: i32) -> io::Result<OwnedFd> {
     // SAFETY: as above.
     Ok(unsafe { OwnedFd::from_raw_fd(dup as i32) })
 }
+
+/// Caps glibc's malloc arenas at `arenas` (mallopt M_ARENA_MAX). glibc gives threads arenas of
+/// their own, up to eight per CPU, each keeping the memory it once held: a daemon that hands
+/// short requests to a few threads in turn would otherwise hold several idle arenas' worth.
+/// Returns whether the allocator took the setting.
+pub fn limit_malloc_arenas(arenas: i32) -> bool {
+    // SAFETY: mallopt takes plain integers and only changes the allocator's tuning.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) == 1 }
+}

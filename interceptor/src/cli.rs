@@ -5,7 +5,9 @@ use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use ipnet::IpNet;
 
 use crate::config::{
-    InterceptionConfig, PortRange, PortSet, ports::parse_port, subnets::parse_cidr,
+    InterceptionConfig, PortSet, parse_id,
+    ports::{parse_port, parse_port_list},
+    subnets::parse_cidr_list,
 };
 use crate::iptables::IptablesMode;
 
@@ -24,8 +26,11 @@ pub fn main() -> std::process::ExitCode {
             .and_then(|rt| rt.block_on(crate::commands::run::run(args))),
         Command::Status(args) => crate::commands::status::status(args),
         Command::IptablesCleanup(args) => crate::commands::iptables_cleanup(args),
+        // API requests are handled on blocking threads (see `agent::server`); a few suffice, as
+        // the map changes are serialized anyway, and each thread costs an allocator arena.
         Command::Daemon(args) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
+            .max_blocking_threads(4)
             .build()
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(crate::commands::agent::daemon(args))),
@@ -376,15 +381,15 @@ pub struct InterceptionArgs {
     pub proxy_gid: Option<u32>,
 
     /// Inbound ports and ranges never steered to the proxy (e.g. 4190,4191,25-30).
-    #[arg(long, value_parser = parse_port_list, action = ArgAction::Append)]
+    #[arg(long, value_parser = str::parse::<PortSet>, action = ArgAction::Append)]
     pub inbound_ports_to_ignore: Vec<PortSet>,
 
     /// Outbound ports and ranges never redirected to the proxy.
-    #[arg(long, value_parser = parse_port_list, action = ArgAction::Append)]
+    #[arg(long, value_parser = str::parse::<PortSet>, action = ArgAction::Append)]
     pub outbound_ports_to_ignore: Vec<PortSet>,
 
     /// If set, only these inbound ports are steered to the proxy.
-    #[arg(short = 'r', long, value_parser = parse_port_only_list, action = ArgAction::Append)]
+    #[arg(short = 'r', long, value_parser = parse_port_list, action = ArgAction::Append)]
     pub ports_to_redirect: Vec<Vec<u16>>,
 
     /// Inbound connections from these CIDRs are not steered.
@@ -443,32 +448,6 @@ pub fn parse_pod_config(args: &[String]) -> Result<InterceptionConfig, String> {
     PodConfigArgs::try_parse_from(args)
         .map(|a| a.interception.config())
         .map_err(|e| e.render().to_string().trim_end().to_owned())
-}
-
-fn parse_id(s: &str) -> Result<u32, String> {
-    s.trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a numeric id (0-4294967295)"))
-}
-
-/// Empty entries are skipped (`--inbound-ports-to-ignore ""` is how charts pass "none").
-fn entries(s: &str) -> impl Iterator<Item = &str> {
-    s.split(',').map(str::trim).filter(|e| !e.is_empty())
-}
-
-fn parse_port_list(s: &str) -> Result<PortSet, String> {
-    entries(s)
-        .map(str::parse::<PortRange>)
-        .collect::<Result<_, _>>()
-        .map(PortSet)
-}
-
-fn parse_port_only_list(s: &str) -> Result<Vec<u16>, String> {
-    entries(s).map(parse_port).collect()
-}
-
-fn parse_cidr_list(s: &str) -> Result<Vec<IpNet>, String> {
-    entries(s).map(parse_cidr).collect()
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! interceptor: eBPF traffic interception for service-mesh proxies, a drop-in replacement for
 //! the nat-table rules Linkerd's proxy-init writes.
 //!
-//! - [`config`]: the validated interception contract (proxy-init's flags).
+//! - [`config`]: how a pod is intercepted, as plain data (the `interceptor-config` crate).
 //! - [`ebpf`]: the eBPF backend (loader, pod registry); the programs live in `interceptor-ebpf`.
 //! - [`netns`], [`cgroup`]: where pods live and where programs attach.
 //! - [`state`]: what a running instance leaves for `status`.
@@ -11,7 +11,7 @@ pub mod agent;
 pub mod cgroup;
 pub mod cli;
 pub mod commands;
-pub mod config;
+pub use interceptor_config as config;
 pub mod crash_points;
 pub mod ebpf;
 pub mod iptables;

@@ -15,7 +15,7 @@ use std::{
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
-use crate::{config::ConfigSummary, ebpf::ProgramState};
+use crate::{config::InterceptionConfig, ebpf::ProgramState};
 
 pub const RUN_ROOT: &str = "/run/interceptor";
 pub const BPFFS_ROOT: &str = "/sys/fs/bpf";
@@ -53,7 +53,7 @@ pub struct PodState {
     pub netns_cookie: u64,
     pub slot: u32,
     pub addresses: Vec<String>,
-    pub config: ConfigSummary,
+    pub config: InterceptionConfig,
     /// The pod's own sk_lookup program (which tail-calls the shared one), attached to its network
     /// namespace.
     pub sk_lookup: Option<ProgramState>,

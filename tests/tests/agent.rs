@@ -273,6 +273,27 @@ fn bad_requests_get_a_clear_error_and_change_nothing() {
         assert!(message.contains(names), "{args:?}: {message}");
     }
 
+    // A configuration sent as data is checked as it is read, in the same words.
+    let request = serde_json::json!({
+        "op": "add",
+        "netns": pod,
+        "config": {"incoming_proxy_port": 4143, "outgoing_proxy_port": 4140,
+                   "outbound_ports_to_ignore": "25,smtp"},
+    });
+    let mut raw = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    std::io::Write::write_all(&mut raw, format!("{request}\n").as_bytes()).unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut raw, &mut answer).unwrap();
+    let answer: Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(answer["kind"], "invalid_config", "{answer}");
+    assert!(
+        answer["message"]
+            .as_str()
+            .unwrap()
+            .contains("invalid value '25,smtp' for 'outbound-ports-to-ignore'"),
+        "{answer}"
+    );
+
     // Not JSON of the API.
     let mut raw = std::os::unix::net::UnixStream::connect(&socket).unwrap();
     std::io::Write::write_all(&mut raw, b"{\"op\":\"explode\"}\n").unwrap();
@@ -779,6 +800,7 @@ fn hundreds_of_pods_come_and_go_without_leaving_anything_behind() {
     let namespaces: Vec<Netns> = (0..PODS).map(|_| Netns::new("many")).collect();
     let socket = home.state_dir.join("agent.sock");
     let args: Vec<String> = LINKERD_FLAGS.iter().map(|s| s.to_string()).collect();
+    let config = interceptor::config::InterceptionConfig::from_proxy_init_args(&args).unwrap();
     let mut rss = Vec::new();
     for round in 0..3 {
         let mut times = Vec::new();
@@ -786,7 +808,8 @@ fn hundreds_of_pods_come_and_go_without_leaving_anything_behind() {
             let request = interceptor::agent::api::Request::Add(interceptor::agent::api::PodAdd {
                 netns: netns.path(),
                 meta: Default::default(),
-                args: args.clone(),
+                config: Some(config.clone()),
+                args: Vec::new(),
                 update: false,
                 takeover_iptables: false,
             });

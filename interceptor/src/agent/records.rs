@@ -1,7 +1,8 @@
 //! What the agent keeps on disk about each pod, beside the kernel's maps: the pod's network
-//! namespace path, its display names and its flags. Written (atomically: temp file, rename)
-//! before the pod's map entries, so a restarted agent finds every pod whose registration may
-//! have reached the kernel, and checks it against the maps.
+//! namespace path, its display names and its configuration (JSON). Written atomically (temp
+//! file, rename) once the pod's map entries are in force, so a restarted agent restores exactly
+//! what the maps took. Records of agents that kept proxy-init's flags instead are read once
+//! and rewritten.
 use std::{
     fs, io,
     path::{Path, PathBuf},
@@ -10,13 +11,27 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use super::api::PodMeta;
+use crate::config::InterceptionConfig;
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PodRecord {
     pub netns: PathBuf,
     pub netns_cookie: u64,
     pub meta: PodMeta,
-    pub args: Vec<String>,
+    pub config: InterceptionConfig,
+}
+
+/// A record as read: `config`, or proxy-init's flags (`args`) from an older agent.
+#[derive(Deserialize)]
+struct Stored {
+    netns: PathBuf,
+    netns_cookie: u64,
+    #[serde(default)]
+    meta: PodMeta,
+    #[serde(default)]
+    config: Option<InterceptionConfig>,
+    #[serde(default)]
+    args: Vec<String>,
 }
 
 pub struct Records {
@@ -52,7 +67,7 @@ impl Records {
         }
     }
 
-    /// Every record; unreadable ones are reported and skipped.
+    /// Every record; unreadable ones are reported and skipped, older ones rewritten.
     pub fn load_all(&self) -> Vec<PodRecord> {
         let Ok(entries) = fs::read_dir(&self.dir) else {
             return Vec::new();
@@ -61,12 +76,8 @@ impl Records {
             .filter_map(Result::ok)
             .map(|e| e.path())
             .filter(|p| p.extension().is_some_and(|e| e == "json"))
-            .filter_map(|p| match fs::read(&p).map(|b| serde_json::from_slice(&b)) {
-                Ok(Ok(record)) => Some(record),
-                Ok(Err(e)) => {
-                    tracing::warn!(path = %p.display(), error = %e, "skipping an unreadable pod record");
-                    None
-                }
+            .filter_map(|p| match self.read(&p) {
+                Ok(record) => Some(record),
                 Err(e) => {
                     tracing::warn!(path = %p.display(), error = %e, "skipping an unreadable pod record");
                     None
@@ -75,5 +86,66 @@ impl Records {
             .collect();
         records.sort_by_key(|r| r.netns_cookie);
         records
+    }
+
+    fn read(&self, path: &Path) -> io::Result<PodRecord> {
+        let stored: Stored = serde_json::from_slice(&fs::read(path)?).map_err(io::Error::other)?;
+        let (config, older) = match stored.config {
+            Some(config) => (config, false),
+            None => (
+                InterceptionConfig::from_proxy_init_args(&stored.args).map_err(io::Error::other)?,
+                true,
+            ),
+        };
+        let record = PodRecord {
+            netns: stored.netns,
+            netns_cookie: stored.netns_cookie,
+            meta: stored.meta,
+            config,
+        };
+        if older {
+            self.save(&record)?;
+            tracing::info!(path = %path.display(), "rewrote a pod record of an older agent (flags) as JSON configuration");
+        }
+        Ok(record)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_of_flags_is_read_once_and_rewritten_as_configuration() {
+        let dir = std::env::temp_dir().join(format!("icpt-records-{}", std::process::id()));
+        let records = Records::open(&dir).unwrap();
+        fs::write(
+            dir.join("42.json"),
+            r#"{"netns":"/run/netns/p","netns_cookie":42,"meta":{"name":"web"},
+               "args":["-p","4143","-o","4140","-u","2102","--outbound-ports-to-ignore","25"]}"#,
+        )
+        .unwrap();
+        let loaded = records.load_all();
+        assert_eq!(loaded.len(), 1);
+        assert_eq!(loaded[0].meta.name.as_deref(), Some("web"));
+        assert_eq!(loaded[0].config.outbound_ports_to_ignore.to_string(), "25");
+        assert_eq!(loaded[0].config.proxy_uid, Some(2102));
+        let rewritten: serde_json::Value =
+            serde_json::from_slice(&fs::read(dir.join("42.json")).unwrap()).unwrap();
+        assert!(rewritten.get("args").is_none(), "{rewritten}");
+        assert_eq!(rewritten["config"]["outbound_ports_to_ignore"], "25");
+        assert_eq!(records.load_all(), loaded, "read back the same");
+
+        fs::write(
+            dir.join("43.json"),
+            r#"{"netns":"/p","netns_cookie":43,"args":["-p","0"]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            records.load_all().len(),
+            1,
+            "an unreadable record is skipped"
+        );
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

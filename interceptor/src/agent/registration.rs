@@ -16,7 +16,6 @@ use super::{
     records::PodRecord,
 };
 use crate::{
-    cli::parse_pod_config,
     crash_points::crash_point,
     ebpf::{EbpfError, PodSpec, listener::find_listeners},
     netns::PodNetns,
@@ -34,8 +33,9 @@ enum Applied {
 /// pod's interception is in force.
 pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Refusal> {
     let started = Instant::now();
-    let config =
-        parse_pod_config(&add.args).map_err(|message| (ErrorKind::InvalidConfig, message))?;
+    let config = add
+        .config()
+        .map_err(|e| (ErrorKind::InvalidConfig, e.to_string()))?;
     let unknown = |e: crate::netns::NetnsError| (ErrorKind::UnknownNetns, e.to_string());
     let netns = PodNetns::open(&add.netns).map_err(unknown)?;
     let (cookie, addresses) = netns.cookie_and_addresses().map_err(unknown)?;
@@ -43,13 +43,13 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
         netns_path: add.netns.clone(),
         netns_cookie: cookie,
         addresses,
-        config,
+        config: config.clone(),
     };
     let record = PodRecord {
         netns: add.netns.clone(),
         netns_cookie: cookie,
         meta: add.meta.clone(),
-        args: add.args.clone(),
+        config,
     };
     let applied = lock(agent).apply(&spec, &record, add.update)?;
     if applied != Applied::Nothing {
@@ -88,11 +88,9 @@ impl Agent {
     ) -> Result<Applied, Refusal> {
         let cookie = spec.netns_cookie;
         let existing = self.pods.get(&cookie).cloned();
-        let existing_config = existing
-            .as_ref()
-            .and_then(|r| parse_pod_config(&r.args).ok());
+        let existing_config = existing.as_ref().map(|r| r.config.clone());
         if let Some(existing) = &existing {
-            let same = existing_config.as_ref() == Some(&spec.config);
+            let same = existing.config == spec.config;
             // A pod whose entries are not what its record says is written again.
             let settled = same && self.node.pods_ref().problem(cookie).is_none();
             if settled && existing.meta == record.meta {
@@ -104,7 +102,7 @@ impl Agent {
                     format!(
                         "pod {} is already registered with another configuration ({}); pass --update to apply the new one in place",
                         record.netns.display(),
-                        existing.args.join(" ")
+                        existing.config.to_args().join(" ")
                     ),
                 ));
             }
@@ -232,7 +230,6 @@ impl Agent {
 
     fn info_with(&self, cookie: u64, listening: &BTreeSet<u64>) -> Option<PodInfo> {
         let record = self.pods.get(&cookie)?;
-        let config = parse_pod_config(&record.args).ok()?;
         let pods = self.node.pods_ref();
         let counters = pods
             .counters(cookie)
@@ -245,8 +242,8 @@ impl Agent {
             netns_cookie: cookie,
             meta: record.meta.clone(),
             slot: pods.slot(cookie)?,
-            args: record.args.clone(),
-            config: config.summary(),
+            args: record.config.to_args(),
+            config: record.config.clone(),
             addresses: pods
                 .addresses(cookie)
                 .iter()

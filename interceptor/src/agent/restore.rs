@@ -11,7 +11,6 @@ use tracing::{info, warn};
 
 use super::{Agent, records::PodRecord};
 use crate::{
-    cli::parse_pod_config,
     crash_points::crash_point,
     ebpf::{InMaps, PodSpec},
     netns::PodNetns,
@@ -63,8 +62,6 @@ impl Agent {
         in_maps: &mut InMaps,
         migrating: bool,
     ) -> Result<(), NotRestored> {
-        let config = parse_pod_config(&record.args)
-            .map_err(|e| NotRestored::Gone(format!("its configuration no longer parses: {e}")))?;
         let gone = |e: crate::netns::NetnsError| NotRestored::Gone(e.to_string());
         let netns = PodNetns::open(&record.netns).map_err(gone)?;
         let (cookie, addresses) = netns.cookie_and_addresses().map_err(gone)?;
@@ -77,7 +74,7 @@ impl Agent {
             netns_path: record.netns.clone(),
             netns_cookie: cookie,
             addresses,
-            config,
+            config: record.config.clone(),
         };
         let repaired = self
             .node

@@ -52,7 +52,7 @@ pub(super) async fn serve(agent: Arc<Mutex<Agent>>, stream: UnixStream) {
                     .unwrap_or_else(|e| {
                         refuse((ErrorKind::Internal, format!("handling the request: {e}")))
                     }),
-                Err(e) => refuse((ErrorKind::BadRequest, format!("not a request: {e}"))),
+                Err(e) => refuse(not_a_request(&line, e)),
             },
             Ok(_) => refuse((ErrorKind::BadRequest, "no request read".into())),
             Err(_) => refuse((
@@ -82,6 +82,21 @@ fn handle(agent: &Mutex<Agent>, request: Request) -> Response {
     match result {
         Ok(pods) => Response::Ok { pods },
         Err(refusal) => refuse(refusal),
+    }
+}
+
+/// Why a line is not a request: a pod configuration that is not valid is `invalid_config`, with
+/// the configuration's own words; anything else is `bad_request`.
+fn not_a_request(line: &str, e: serde_json::Error) -> Refusal {
+    let invalid_config = serde_json::from_str::<serde_json::Value>(line)
+        .ok()
+        .and_then(|request| {
+            let config = request.get("config")?.clone();
+            serde_json::from_value::<crate::config::InterceptionConfig>(config).err()
+        });
+    match invalid_config {
+        Some(e) => (ErrorKind::InvalidConfig, e.to_string()),
+        None => (ErrorKind::BadRequest, format!("not a request: {e}")),
     }
 }
 

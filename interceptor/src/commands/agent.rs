@@ -14,6 +14,8 @@ use crate::{
 
 pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
     crate::crash_points::arm();
+    // Requests run on a few blocking threads: keep them from holding an arena each.
+    interceptor_sys::limit_malloc_arenas(2);
     let cgroup = match args.cgroup {
         Some(path) => path,
         None => cgroup::cgroup2_root()?,
@@ -43,10 +45,13 @@ pub fn pod(args: PodArgs) -> anyhow::Result<()> {
             config,
         } => {
             // Refused here with the CLI's message, before the agent is asked.
-            if let Err(message) = parse_pod_config(&config) {
-                eprintln!("{message}");
-                std::process::exit(2);
-            }
+            let config = match parse_pod_config(&config) {
+                Ok(config) => config,
+                Err(message) => {
+                    eprintln!("{message}");
+                    std::process::exit(2);
+                }
+            };
             let request = Request::Add(PodAdd {
                 netns,
                 meta: PodMeta {
@@ -54,7 +59,8 @@ pub fn pod(args: PodArgs) -> anyhow::Result<()> {
                     namespace,
                     container_id,
                 },
-                args: config,
+                config: Some(config),
+                args: Vec::new(),
                 update,
                 takeover_iptables,
             });

@@ -31,7 +31,7 @@ pub fn cni(args: CniArgs) -> anyhow::Result<()> {
                 "cniVersion": "1.0.0", "name": "check", "type": PLUGIN_TYPE, "linkerd": entry["linkerd"],
             }))
             .context("--linkerd must be a JSON object")?;
-            if let Err(e) = interceptor_cni::pod_flags(&conf, &Default::default()) {
+            if let Err(e) = interceptor_cni::pod_settings(&conf, &Default::default()) {
                 bail!("{e}");
             }
             let installer = Installer {

@@ -189,7 +189,8 @@ async fn run_with_agent(config: InterceptionConfig, args: RunArgs) -> anyhow::Re
     let request = Request::Add(PodAdd {
         netns: netns.clone(),
         meta: PodMeta::default(),
-        args: config.to_args(),
+        config: Some(config.clone()),
+        args: Vec::new(),
         update: true,
         takeover_iptables: false,
     });
@@ -228,7 +229,7 @@ fn pod_state(spec: &PodSpec, slot: u32, sk_lookup: Option<ebpf::ProgramState>) -
         netns_cookie: spec.netns_cookie,
         slot,
         addresses: spec.addresses.iter().map(IpAddr::to_string).collect(),
-        config: spec.config.summary(),
+        config: spec.config.clone(),
     }
 }
 

@@ -3,8 +3,8 @@
 use std::{collections::BTreeSet, net::IpAddr};
 
 use interceptor_common::{
-    IP4_MAPPED_PREFIX_BITS, Ip6Addr, ListenerKey, LocalAddrKey, PodConfig, SUBNET_KEY_FIXED_BITS,
-    SubnetKey,
+    IP4_MAPPED_PREFIX_BITS, Ip6Addr, ListenerKey, LocalAddrKey, PodConfig, PortBitmap,
+    SUBNET_KEY_FIXED_BITS, SubnetKey,
     addr::family,
     pod::{direction, flags},
 };
@@ -106,8 +106,39 @@ pub(super) fn pod_config(slot: u32, config: &InterceptionConfig) -> PodConfig {
         outbound_port: config.outgoing_proxy_port,
         inbound_port: config.incoming_proxy_port,
         _pad: 0,
-        outbound_ignore_ports: config.outbound_ports_to_ignore.bitmap(),
-        inbound_ignore_ports: config.inbound_ports_to_ignore.bitmap(),
+        outbound_ignore_ports: port_bitmap(&config.outbound_ports_to_ignore),
+        inbound_ignore_ports: port_bitmap(&config.inbound_ports_to_ignore),
         redirect_ports,
+    }
+}
+
+/// A port set as the programs test it: one bit per port.
+pub(super) fn port_bitmap(ports: &crate::config::PortSet) -> PortBitmap {
+    let mut bitmap = PortBitmap::EMPTY;
+    for port in ports.ports() {
+        bitmap.insert(port);
+    }
+    bitmap
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{PortRange, PortSet};
+
+    #[test]
+    fn a_port_bitmap_matches_membership() {
+        let set = PortSet(vec![
+            PortRange::single(443),
+            PortRange {
+                low: 6000,
+                high: 6010,
+            },
+            PortRange::single(65535),
+        ]);
+        let bitmap = super::port_bitmap(&set);
+        for port in 1..=65535u16 {
+            assert_eq!(bitmap.contains(port), set.contains(port), "port {port}");
+        }
+        assert!(super::port_bitmap(&PortSet::default()).is_empty());
     }
 }

@@ -109,7 +109,13 @@ impl BenchAgent {
         let request = Request::Add(PodAdd {
             netns: netns.to_owned(),
             meta: PodMeta::default(),
-            args: PROXY_ARGS.iter().map(|&a| a.to_owned()).collect(),
+            config: Some(
+                interceptor_api::InterceptionConfig::from_proxy_init_args(
+                    &PROXY_ARGS.iter().map(|&a| a.to_owned()).collect::<Vec<_>>(),
+                )
+                .context("the bench's proxy flags")?,
+            ),
+            args: Vec::new(),
             update: false,
             takeover_iptables: false,
         });

@@ -17,6 +17,11 @@ pub fn parse_cidr(s: &str) -> Result<IpNet, String> {
     Ok(net.trunc())
 }
 
+/// A comma-separated list of CIDRs; empty entries are skipped.
+pub fn parse_cidr_list(s: &str) -> Result<Vec<IpNet>, String> {
+    crate::entries(s).map(parse_cidr).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,8 +1,6 @@
 //! Ports and port ranges as proxy-init takes them: `4190,4191,25-30`.
 use std::{fmt, str::FromStr};
 
-use interceptor_common::PortBitmap;
-
 /// An inclusive range of TCP ports; a single port is a range of one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct PortRange {
@@ -80,13 +78,28 @@ impl PortSet {
         self.0.iter().any(|r| (r.low..=r.high).contains(&port))
     }
 
-    pub fn bitmap(&self) -> PortBitmap {
-        let mut bitmap = PortBitmap::EMPTY;
-        for port in self.0.iter().flat_map(PortRange::ports) {
-            bitmap.insert(port);
-        }
-        bitmap
+    /// Every port of every range.
+    pub fn ports(&self) -> impl Iterator<Item = u16> + '_ {
+        self.0.iter().flat_map(PortRange::ports)
     }
+}
+
+/// A comma-separated list of ports and ranges (`4190,4191,25-30`); empty entries are skipped
+/// (`""` is how charts pass "none").
+impl FromStr for PortSet {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        crate::entries(s)
+            .map(str::parse::<PortRange>)
+            .collect::<Result<_, _>>()
+            .map(Self)
+    }
+}
+
+/// A comma-separated list of single ports (`--ports-to-redirect` takes no ranges).
+pub fn parse_port_list(s: &str) -> Result<Vec<u16>, String> {
+    crate::entries(s).map(parse_port).collect()
 }
 
 impl fmt::Display for PortSet {

@@ -32,19 +32,18 @@ fn rejects_bad_ports_naming_the_value() {
 }
 
 #[test]
-fn bitmap_matches_membership() {
-    let set = PortSet(vec![
-        PortRange::single(443),
-        PortRange {
-            low: 6000,
-            high: 6010,
-        },
-        PortRange::single(65535),
-    ]);
-    let bitmap = set.bitmap();
-    for port in 1..=65535u16 {
-        assert_eq!(bitmap.contains(port), set.contains(port), "port {port}");
-    }
+fn sets_parse_lists_and_print_back() {
+    let set: PortSet = " 443, 6000-6010 ,,65535".parse().unwrap();
     assert_eq!(set.to_string(), "443,6000-6010,65535");
-    assert!(PortSet::default().bitmap().is_empty());
+    assert!(set.contains(6005) && !set.contains(6011));
+    assert_eq!(set.ports().count(), 13);
+    assert_eq!("".parse::<PortSet>(), Ok(PortSet::default()));
+    assert!(
+        "443,http"
+            .parse::<PortSet>()
+            .unwrap_err()
+            .contains("\"http\"")
+    );
+    assert_eq!(parse_port_list("80, 443"), Ok(vec![80, 443]));
+    assert!(parse_port_list("80-90").is_err());
 }

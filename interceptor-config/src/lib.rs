@@ -1,0 +1,422 @@
+//! How one pod is intercepted, as plain data: [`InterceptionConfig`] and its values (ports and
+//! ranges, CIDRs of both families, UID/GID), each parsed and validated here and nowhere else,
+//! with a [`ConfigError`] that names the setting and the value. Linkerd's defaults live in
+//! [`linkerd`].
+//!
+//! Every way a configuration arrives goes through this crate, so a bad value gets the same
+//! message everywhere: `interceptor run`'s flags (clap's value parsers call the `FromStr`s
+//! here), `pod add`, the agent's API and records (JSON, see [`InterceptionConfig`]'s serde
+//! form), the CNI plugin's `linkerd` block ([`InterceptionConfig::set`], keyed by proxy-init's
+//! flag names) and records written by older agents as proxy-init's flags
+//! ([`InterceptionConfig::from_proxy_init_args`]). No clap, no aya: the CNI plugin builds with it
+//! alone.
+#![forbid(unsafe_code)]
+
+pub mod ports;
+pub mod subnets;
+
+use std::fmt;
+
+use ipnet::IpNet;
+pub use ports::{PortRange, PortSet};
+use serde::{Deserialize, Serialize};
+
+/// Linkerd's values, where a configuration leaves one out (its proxy injector's defaults).
+pub mod linkerd {
+    /// The proxy's inbound listener.
+    pub const INBOUND_PORT: u16 = 4143;
+    /// The proxy's outbound listener (on loopback).
+    pub const OUTBOUND_PORT: u16 = 4140;
+    /// The proxy's UID: its own connections are never redirected.
+    pub const PROXY_UID: u32 = 2102;
+    /// The proxy's admin and tap ports, which reach it directly.
+    pub const INBOUND_PORTS_TO_IGNORE: &str = "4190,4191";
+}
+
+/// A setting that is missing, unknown or not valid.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// Worded as the command line words a bad flag, so a value reads the same wherever it
+    /// came from.
+    #[error("invalid value '{value}' for '{setting}': {reason}")]
+    Invalid {
+        setting: String,
+        value: String,
+        reason: String,
+    },
+    #[error("unknown setting {setting:?} (known: {})", SETTINGS.join(", "))]
+    Unknown { setting: String },
+    #[error("{setting} is required")]
+    Missing { setting: &'static str },
+}
+
+/// The settings, by proxy-init's flag names (which Linkerd's CNI configuration uses too).
+pub const SETTINGS: [&str; 10] = [
+    "incoming-proxy-port",
+    "outgoing-proxy-port",
+    "proxy-uid",
+    "proxy-gid",
+    "inbound-ports-to-ignore",
+    "outbound-ports-to-ignore",
+    "ports-to-redirect",
+    "subnets-to-ignore",
+    "outbound-subnets-to-ignore",
+    "ipv6",
+];
+
+/// How one pod is intercepted. Every value is already validated.
+///
+/// Its JSON form (the agent's API and records) writes port lists as proxy-init takes them
+/// (`"4190,4191,25-30"`) and CIDRs as strings; reading it validates every value as the flags are
+/// validated.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "Wire", into = "Wire")]
+pub struct InterceptionConfig {
+    pub incoming_proxy_port: u16,
+    pub outgoing_proxy_port: u16,
+    /// `None` when unset or 0: proxy-init only exempts a UID > 0.
+    pub proxy_uid: Option<u32>,
+    pub proxy_gid: Option<u32>,
+    pub inbound_ports_to_ignore: PortSet,
+    pub outbound_ports_to_ignore: PortSet,
+    /// When not empty, only these inbound ports are steered.
+    pub ports_to_redirect: Vec<u16>,
+    /// Inbound: connections from these sources are not steered.
+    pub subnets_to_ignore: Vec<IpNet>,
+    /// Outbound (extension): connections to these destinations are not redirected.
+    pub outbound_subnets_to_ignore: Vec<IpNet>,
+    pub ipv6: bool,
+}
+
+impl InterceptionConfig {
+    /// Linkerd's configuration: the proxy's ports and UID, its admin ports not steered, IPv6 on.
+    pub fn linkerd() -> Self {
+        Self {
+            incoming_proxy_port: linkerd::INBOUND_PORT,
+            outgoing_proxy_port: linkerd::OUTBOUND_PORT,
+            proxy_uid: Some(linkerd::PROXY_UID),
+            proxy_gid: None,
+            inbound_ports_to_ignore: linkerd::INBOUND_PORTS_TO_IGNORE
+                .parse()
+                .expect("Linkerd's admin ports parse"),
+            outbound_ports_to_ignore: PortSet::default(),
+            ports_to_redirect: Vec::new(),
+            subnets_to_ignore: Vec::new(),
+            outbound_subnets_to_ignore: Vec::new(),
+            ipv6: true,
+        }
+    }
+
+    /// Sets one setting, by proxy-init's flag name, from its text form; a list replaces the
+    /// list there was.
+    pub fn set(&mut self, setting: &str, value: &str) -> Result<(), ConfigError> {
+        let invalid = |reason: String| ConfigError::Invalid {
+            setting: setting.to_owned(),
+            value: value.to_owned(),
+            reason,
+        };
+        match setting {
+            "incoming-proxy-port" => {
+                self.incoming_proxy_port = ports::parse_port(value).map_err(invalid)?;
+            }
+            "outgoing-proxy-port" => {
+                self.outgoing_proxy_port = ports::parse_port(value).map_err(invalid)?;
+            }
+            "proxy-uid" => self.proxy_uid = positive(parse_id(value).map_err(invalid)?),
+            "proxy-gid" => self.proxy_gid = positive(parse_id(value).map_err(invalid)?),
+            "inbound-ports-to-ignore" => {
+                self.inbound_ports_to_ignore = value.parse().map_err(invalid)?;
+            }
+            "outbound-ports-to-ignore" => {
+                self.outbound_ports_to_ignore = value.parse().map_err(invalid)?;
+            }
+            "ports-to-redirect" => {
+                self.ports_to_redirect = ports::parse_port_list(value).map_err(invalid)?;
+            }
+            "subnets-to-ignore" => {
+                self.subnets_to_ignore = subnets::parse_cidr_list(value).map_err(invalid)?;
+            }
+            "outbound-subnets-to-ignore" => {
+                self.outbound_subnets_to_ignore =
+                    subnets::parse_cidr_list(value).map_err(invalid)?;
+            }
+            "ipv6" => self.ipv6 = parse_bool(value).map_err(invalid)?,
+            _ => {
+                return Err(ConfigError::Unknown {
+                    setting: setting.to_owned(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads proxy-init's flags (`-p 4143 -o 4140 -u 2102 --inbound-ports-to-ignore 4190,4191
+    /// --ipv6=false`), as the pod records of agents before configuration was JSON hold them.
+    /// List flags may be repeated; the two proxy ports are required.
+    pub fn from_proxy_init_args(args: &[String]) -> Result<Self, ConfigError> {
+        let mut config = Self::linkerd();
+        config.proxy_uid = None;
+        config.inbound_ports_to_ignore = PortSet::default();
+        let mut lists: Vec<(&'static str, Vec<&str>)> = Vec::new();
+        let mut seen = Vec::new();
+        let mut args = args.iter().map(String::as_str).peekable();
+        while let Some(arg) = args.next() {
+            let (flag, inline) = match arg.split_once('=') {
+                Some((flag, value)) => (flag, Some(value)),
+                None => (arg, None),
+            };
+            let setting = long_name(flag).ok_or_else(|| ConfigError::Unknown {
+                setting: arg.to_owned(),
+            })?;
+            let value = match (inline, setting) {
+                (Some(value), _) => value,
+                // `--ipv6` alone means true; a following true or false is its value.
+                (None, "ipv6") => match args.peek() {
+                    Some(next) if parse_bool(next).is_ok() => args.next().unwrap_or("true"),
+                    _ => "true",
+                },
+                (None, _) => args.next().ok_or(ConfigError::Invalid {
+                    setting: format!("--{setting}"),
+                    value: String::new(),
+                    reason: "the flag has no value".into(),
+                })?,
+            };
+            if is_list(setting) {
+                match lists.iter_mut().find(|(name, _)| *name == setting) {
+                    Some((_, values)) => values.push(value),
+                    None => lists.push((setting, vec![value])),
+                }
+            } else {
+                config.set(setting, value).map_err(as_flag)?;
+            }
+            seen.push(setting);
+        }
+        for (setting, values) in lists {
+            config.set(setting, &values.join(",")).map_err(as_flag)?;
+        }
+        for required in ["incoming-proxy-port", "outgoing-proxy-port"] {
+            if !seen.contains(&required) {
+                return Err(ConfigError::Missing { setting: required });
+            }
+        }
+        Ok(config)
+    }
+
+    /// The configuration as proxy-init's flags; [`Self::from_proxy_init_args`] (and `interceptor
+    /// run`) gives this configuration back.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut args = vec![
+            "--incoming-proxy-port".to_owned(),
+            self.incoming_proxy_port.to_string(),
+            "--outgoing-proxy-port".to_owned(),
+            self.outgoing_proxy_port.to_string(),
+        ];
+        let mut flag = |name: &str, value: String| {
+            args.push(format!("--{name}"));
+            args.push(value);
+        };
+        if let Some(uid) = self.proxy_uid {
+            flag("proxy-uid", uid.to_string());
+        }
+        if let Some(gid) = self.proxy_gid {
+            flag("proxy-gid", gid.to_string());
+        }
+        if !self.inbound_ports_to_ignore.is_empty() {
+            flag(
+                "inbound-ports-to-ignore",
+                self.inbound_ports_to_ignore.to_string(),
+            );
+        }
+        if !self.outbound_ports_to_ignore.is_empty() {
+            flag(
+                "outbound-ports-to-ignore",
+                self.outbound_ports_to_ignore.to_string(),
+            );
+        }
+        if !self.ports_to_redirect.is_empty() {
+            flag("ports-to-redirect", join(&self.ports_to_redirect));
+        }
+        if !self.subnets_to_ignore.is_empty() {
+            flag("subnets-to-ignore", join(&self.subnets_to_ignore));
+        }
+        if !self.outbound_subnets_to_ignore.is_empty() {
+            flag(
+                "outbound-subnets-to-ignore",
+                join(&self.outbound_subnets_to_ignore),
+            );
+        }
+        args.push(format!("--ipv6={}", self.ipv6));
+        args
+    }
+}
+
+impl fmt::Display for InterceptionConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "inbound->{} outbound->{}",
+            self.incoming_proxy_port, self.outgoing_proxy_port
+        )?;
+        if let Some(uid) = self.proxy_uid {
+            write!(f, " proxy-uid={uid}")?;
+        }
+        if let Some(gid) = self.proxy_gid {
+            write!(f, " proxy-gid={gid}")?;
+        }
+        if !self.outbound_ports_to_ignore.is_empty() {
+            write!(
+                f,
+                " outbound-ports-to-ignore={}",
+                self.outbound_ports_to_ignore
+            )?;
+        }
+        if !self.inbound_ports_to_ignore.is_empty() {
+            write!(
+                f,
+                " inbound-ports-to-ignore={}",
+                self.inbound_ports_to_ignore
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The JSON form of [`InterceptionConfig`]: lists as text, checked on the way in.
+#[derive(Serialize, Deserialize)]
+struct Wire {
+    incoming_proxy_port: u16,
+    outgoing_proxy_port: u16,
+    #[serde(default)]
+    proxy_uid: Option<u32>,
+    #[serde(default)]
+    proxy_gid: Option<u32>,
+    #[serde(default)]
+    inbound_ports_to_ignore: String,
+    #[serde(default)]
+    outbound_ports_to_ignore: String,
+    #[serde(default)]
+    ports_to_redirect: Vec<u16>,
+    #[serde(default)]
+    subnets_to_ignore: Vec<String>,
+    #[serde(default)]
+    outbound_subnets_to_ignore: Vec<String>,
+    #[serde(default = "yes")]
+    ipv6: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl TryFrom<Wire> for InterceptionConfig {
+    type Error = ConfigError;
+
+    fn try_from(wire: Wire) -> Result<Self, ConfigError> {
+        let mut config = Self::linkerd();
+        config.set("incoming-proxy-port", &wire.incoming_proxy_port.to_string())?;
+        config.set("outgoing-proxy-port", &wire.outgoing_proxy_port.to_string())?;
+        config.proxy_uid = wire.proxy_uid.and_then(positive);
+        config.proxy_gid = wire.proxy_gid.and_then(positive);
+        config.set("inbound-ports-to-ignore", &wire.inbound_ports_to_ignore)?;
+        config.set("outbound-ports-to-ignore", &wire.outbound_ports_to_ignore)?;
+        config.set("ports-to-redirect", &join(&wire.ports_to_redirect))?;
+        config.set("subnets-to-ignore", &wire.subnets_to_ignore.join(","))?;
+        config.set(
+            "outbound-subnets-to-ignore",
+            &wire.outbound_subnets_to_ignore.join(","),
+        )?;
+        config.ipv6 = wire.ipv6;
+        Ok(config)
+    }
+}
+
+impl From<InterceptionConfig> for Wire {
+    fn from(config: InterceptionConfig) -> Self {
+        let strings = |nets: &[IpNet]| nets.iter().map(ToString::to_string).collect();
+        Self {
+            incoming_proxy_port: config.incoming_proxy_port,
+            outgoing_proxy_port: config.outgoing_proxy_port,
+            proxy_uid: config.proxy_uid,
+            proxy_gid: config.proxy_gid,
+            inbound_ports_to_ignore: config.inbound_ports_to_ignore.to_string(),
+            outbound_ports_to_ignore: config.outbound_ports_to_ignore.to_string(),
+            ports_to_redirect: config.ports_to_redirect.clone(),
+            subnets_to_ignore: strings(&config.subnets_to_ignore),
+            outbound_subnets_to_ignore: strings(&config.outbound_subnets_to_ignore),
+            ipv6: config.ipv6,
+        }
+    }
+}
+
+/// A UID or GID: a decimal number in `u32`.
+pub fn parse_id(s: &str) -> Result<u32, String> {
+    s.trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a numeric id (0-4294967295)"))
+}
+
+/// `true` or `false`.
+pub fn parse_bool(s: &str) -> Result<bool, String> {
+    match s.trim() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        other => Err(format!("{other:?} is not true or false")),
+    }
+}
+
+/// An error of a setting given as a flag names the flag.
+fn as_flag(e: ConfigError) -> ConfigError {
+    match e {
+        ConfigError::Invalid {
+            setting,
+            value,
+            reason,
+        } => ConfigError::Invalid {
+            setting: format!("--{setting}"),
+            value,
+            reason,
+        },
+        e => e,
+    }
+}
+
+/// proxy-init only exempts a UID or GID above 0.
+fn positive(id: u32) -> Option<u32> {
+    (id > 0).then_some(id)
+}
+
+fn is_list(setting: &str) -> bool {
+    setting.ends_with("-to-ignore") || setting == "ports-to-redirect"
+}
+
+/// The setting a proxy-init flag (`--incoming-proxy-port`, `-p`) sets.
+fn long_name(flag: &str) -> Option<&'static str> {
+    let short = match flag {
+        "-p" => Some("incoming-proxy-port"),
+        "-o" => Some("outgoing-proxy-port"),
+        "-u" => Some("proxy-uid"),
+        "-g" => Some("proxy-gid"),
+        "-r" => Some("ports-to-redirect"),
+        _ => None,
+    };
+    short.or_else(|| {
+        let name = flag.strip_prefix("--")?;
+        SETTINGS.iter().copied().find(|s| *s == name)
+    })
+}
+
+/// Empty entries of a comma-separated list are skipped.
+fn entries(s: &str) -> impl Iterator<Item = &str> {
+    s.split(',').map(str::trim).filter(|e| !e.is_empty())
+}
+
+fn join(items: &[impl ToString]) -> String {
+    items
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests;
