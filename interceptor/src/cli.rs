@@ -1,4 +1,5 @@
-//! Command-line shape (SPEC "Command-line shape"); flags compatible with proxy-init.
+//! The command line's shape: its commands and flags (proxy-init's, for the pod's configuration,
+//! whose values the `interceptor-config` crate parses). Running them is `commands`' job.
 use std::path::PathBuf;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
@@ -9,44 +10,7 @@ use crate::config::{
     ports::{parse_port, parse_port_list},
     subnets::parse_cidr_list,
 };
-use crate::iptables::IptablesMode;
-
-/// The `interceptor` binary: parse, set up logging, run the command.
-pub fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    if let Err(e) = crate::logging::init(cli.log_format, &cli.log_level) {
-        eprintln!("error: {e:#}");
-        return std::process::ExitCode::from(2);
-    }
-    let result = match cli.command {
-        Command::Run(args) => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(crate::commands::run::run(args))),
-        Command::Status(args) => crate::commands::status::status(args),
-        Command::IptablesCleanup(args) => crate::commands::iptables_cleanup(args),
-        // API requests are handled on blocking threads (see `agent::server`); a few suffice, as
-        // the map changes are serialized anyway, and each thread costs an allocator arena.
-        Command::Daemon(args) => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .max_blocking_threads(4)
-            .build()
-            .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(crate::commands::agent::daemon(args))),
-        Command::Pod(args) => crate::commands::agent::pod(args),
-        Command::Uninstall(args) => crate::commands::agent::uninstall(args),
-        Command::Validate(args) => crate::commands::validate::validate(args),
-        Command::Cni(args) => crate::commands::cni::cni(args),
-    };
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
-}
+use crate::{iptables::IptablesMode, logging::LogFormat};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -65,12 +29,6 @@ pub struct Cli {
     /// Log level or tracing filter (e.g. `debug`, `interceptor=trace`).
     #[arg(long, global = true, default_value = "info")]
     pub log_level: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Plain,
-    Json,
 }
 
 #[derive(Debug, Subcommand)]

@@ -8,6 +8,7 @@
 //! - [`agent`]: the node agent (`interceptor daemon`) and its API.
 //! - [`cli`], [`commands`]: the command line.
 pub mod agent;
+pub mod bpffs;
 pub mod cgroup;
 pub mod cli;
 pub mod commands;

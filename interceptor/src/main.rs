@@ -1,3 +1,3 @@
 fn main() -> std::process::ExitCode {
-    interceptor::cli::main()
+    interceptor::commands::main()
 }

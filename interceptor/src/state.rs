@@ -8,7 +8,6 @@
 use std::{
     fs::{self, File, OpenOptions},
     io,
-    os::fd::AsFd as _,
     path::{Path, PathBuf},
 };
 
@@ -18,8 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::{config::InterceptionConfig, ebpf::ProgramState};
 
 pub const RUN_ROOT: &str = "/run/interceptor";
-pub const BPFFS_ROOT: &str = "/sys/fs/bpf";
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+pub use crate::bpffs::{BPFFS_ROOT, ensure_bpffs};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -35,8 +33,8 @@ pub enum StateError {
     },
     #[error("instance name {0:?} is not valid: use letters, digits, '-' and '_'")]
     BadName(String),
-    #[error("mounting a bpffs on {path}: {source} (mount one: mount -t bpf bpf {path})")]
-    MountBpffs { path: PathBuf, source: nix::Error },
+    #[error(transparent)]
+    Bpffs(#[from] crate::bpffs::BpffsError),
 }
 
 fn io_error<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StateError + 'a {
@@ -223,29 +221,4 @@ fn remove_pins(pin_dir: &Path) {
         }
     }
     let _ = fs::remove_dir(pin_dir);
-}
-
-/// Mounts a bpffs on `path` unless one is there already.
-pub fn ensure_bpffs(path: &Path) -> Result<(), StateError> {
-    let is_bpffs = |p: &Path| {
-        File::open(p)
-            .ok()
-            .and_then(|f| nix::sys::statfs::fstatfs(f.as_fd()).ok())
-            .is_some_and(|fs| fs.filesystem_type().0 == BPF_FS_MAGIC)
-    };
-    if is_bpffs(path) {
-        return Ok(());
-    }
-    fs::create_dir_all(path).map_err(io_error("creating", path))?;
-    nix::mount::mount(
-        Some("bpf"),
-        path,
-        Some("bpf"),
-        nix::mount::MsFlags::empty(),
-        None::<&str>,
-    )
-    .map_err(|source| StateError::MountBpffs {
-        path: path.to_owned(),
-        source,
-    })
 }

@@ -144,7 +144,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         }
     };
     let bpffs_root = paths.bpffs.parent().unwrap_or(Path::new("/"));
-    crate::state::ensure_bpffs(bpffs_root)?;
+    crate::bpffs::ensure_bpffs(bpffs_root)?;
     let maps_dir = paths.maps_dir(options.map_layout);
     // Maps of another layout: the previous agent's programs run on them until ours replace
     // them in the links, so ours must find every pod in the new maps before that. (Ours may

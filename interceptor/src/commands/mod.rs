@@ -1,12 +1,51 @@
+//! Running the command line's commands (their flags are in `cli`).
 pub mod agent;
 pub mod cni;
 pub mod run;
 pub mod status;
 pub mod validate;
 
+use clap::Parser as _;
 use tracing::info;
 
 use crate::{cli::IptablesCleanupArgs, iptables};
+
+/// The `interceptor` binary: parse, set up logging, run the command.
+pub fn main() -> std::process::ExitCode {
+    let cli = crate::cli::Cli::parse();
+    if let Err(e) = crate::logging::init(cli.log_format, &cli.log_level) {
+        eprintln!("error: {e:#}");
+        return std::process::ExitCode::from(2);
+    }
+    let result = match cli.command {
+        crate::cli::Command::Run(args) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(run::run(args))),
+        crate::cli::Command::Status(args) => status::status(args),
+        crate::cli::Command::IptablesCleanup(args) => iptables_cleanup(args),
+        // API requests are handled on blocking threads (see `agent::server`); a few suffice, as
+        // the map changes are serialized anyway, and each thread costs an allocator arena.
+        crate::cli::Command::Daemon(args) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .max_blocking_threads(4)
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(agent::daemon(args))),
+        crate::cli::Command::Pod(args) => agent::pod(args),
+        crate::cli::Command::Uninstall(args) => agent::uninstall(args),
+        crate::cli::Command::Validate(args) => validate::validate(args),
+        crate::cli::Command::Cni(args) => cni::cni(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
 
 /// `interceptor iptables-cleanup`.
 pub fn iptables_cleanup(args: IptablesCleanupArgs) -> anyhow::Result<()> {

@@ -2,9 +2,11 @@
 //! by their network namespace cookie. Meshing one pod (`interceptor run`) and many (the node
 //! agent) both go through [`EbpfNode`].
 mod encode;
+mod inbound;
 mod links;
 pub mod listener;
 mod loader;
+mod maps;
 mod pod_lookup;
 mod pods;
 
@@ -173,8 +175,8 @@ impl LoadOptions {
 /// Whether the eBPF backend can work here: every program loads and verifies, the shared maps can
 /// be created and pinned, and namespace cookies can be read (Linux 5.14). Nothing is attached.
 pub fn probe() -> Result<(), String> {
-    let bpffs = Path::new(crate::state::BPFFS_ROOT);
-    crate::state::ensure_bpffs(bpffs).map_err(|e| e.to_string())?;
+    let bpffs = Path::new(crate::bpffs::BPFFS_ROOT);
+    crate::bpffs::ensure_bpffs(bpffs).map_err(|e| e.to_string())?;
     let pin_dir = bpffs
         .join("interceptor-probe")
         .join(std::process::id().to_string());

@@ -12,77 +12,24 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use aya::{
-    Ebpf,
-    maps::{
-        HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues, SockHash,
-        lpm_trie::{Key, LpmTrie},
-    },
-};
+use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues, lpm_trie::Key};
 use interceptor_common::{
-    ListenerKey, LocalAddrKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS, MAX_SUBNET_RULES, OrigDst,
-    PendingKey, PendingOrigDst, PodConfig, PodCounters, SubnetKey, names,
+    ListenerKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS, MAX_SUBNET_RULES, OrigDst, PendingKey,
+    PendingOrigDst, PodConfig, PodCounters, names,
 };
 
 use super::{
     Counters, EbpfError, LoadOptions, PodSpec,
     encode::{SubnetEntry, listener_key, local_key, pod_config, subnet_keys},
+    inbound::{Inbound, inbound_link_path, load_inbound},
     links::PinnedLink,
     listener::{Listening, find_listeners},
-    loader::{Inbound, inbound_link_path, load_inbound},
+    maps::{PodMaps, map_error},
     pod_lookup::PodLookupLoader,
 };
 use crate::{config::InterceptionConfig, crash_points::crash_point, netns::PodNetns};
 
 const BPF_NOEXIST: u64 = 1;
-
-/// The maps userspace writes, taken out of the loaded object.
-pub(super) struct PodMaps {
-    pods: HashMap<MapData, u64, PodConfig>,
-    local_addrs: HashMap<MapData, LocalAddrKey, u8>,
-    subnets: LpmTrie<MapData, SubnetKey, u8>,
-    counters: PerCpuArray<MapData, PodCounters>,
-    pending: HashMap<MapData, PendingKey, PendingOrigDst>,
-    connecting: HashMap<MapData, u64, OrigDst>,
-    listeners: SockHash<MapData, ListenerKey>,
-}
-
-fn map_error(map: &'static str) -> impl Fn(MapError) -> EbpfError {
-    move |source| EbpfError::Map { map, source }
-}
-
-fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, EbpfError> {
-    ebpf.take_map(name)
-        .ok_or(EbpfError::Missing { kind: "map", name })
-}
-
-impl PodMaps {
-    pub(super) fn take(ebpf: &mut Ebpf) -> Result<Self, EbpfError> {
-        Ok(Self {
-            pods: take(ebpf, names::MAP_PODS)?
-                .try_into()
-                .map_err(map_error(names::MAP_PODS))?,
-            local_addrs: take(ebpf, names::MAP_LOCAL_ADDRS)?
-                .try_into()
-                .map_err(map_error(names::MAP_LOCAL_ADDRS))?,
-            subnets: take(ebpf, names::MAP_SUBNETS)?
-                .try_into()
-                .map_err(map_error(names::MAP_SUBNETS))?,
-            counters: take(ebpf, names::MAP_COUNTERS)?
-                .try_into()
-                .map_err(map_error(names::MAP_COUNTERS))?,
-            pending: take(ebpf, names::MAP_PENDING)?
-                .try_into()
-                .map_err(map_error(names::MAP_PENDING))?,
-            connecting: take(ebpf, names::MAP_CONNECTING)?
-                .try_into()
-                .map_err(map_error(names::MAP_CONNECTING))?,
-            listeners: take(ebpf, names::MAP_LISTENERS)?
-                .try_into()
-                .map_err(map_error(names::MAP_LISTENERS))?,
-        })
-    }
-}
 
 /// The address and subnet entries the maps hold, by netns cookie (see [`PodRegistry::in_maps`]).
 #[derive(Default)]

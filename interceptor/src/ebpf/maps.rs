@@ -1,0 +1,59 @@
+//! The maps userspace reads and writes, taken out of the loaded object once.
+use aya::{
+    Ebpf,
+    maps::{HashMap, Map, MapData, MapError, PerCpuArray, SockHash, lpm_trie::LpmTrie},
+};
+use interceptor_common::{
+    ListenerKey, LocalAddrKey, OrigDst, PendingKey, PendingOrigDst, PodConfig, PodCounters,
+    SubnetKey, names,
+};
+
+use super::EbpfError;
+
+/// The maps userspace writes, taken out of the loaded object.
+pub(super) struct PodMaps {
+    pub(super) pods: HashMap<MapData, u64, PodConfig>,
+    pub(super) local_addrs: HashMap<MapData, LocalAddrKey, u8>,
+    pub(super) subnets: LpmTrie<MapData, SubnetKey, u8>,
+    pub(super) counters: PerCpuArray<MapData, PodCounters>,
+    pub(super) pending: HashMap<MapData, PendingKey, PendingOrigDst>,
+    pub(super) connecting: HashMap<MapData, u64, OrigDst>,
+    pub(super) listeners: SockHash<MapData, ListenerKey>,
+}
+
+pub(super) fn map_error(map: &'static str) -> impl Fn(MapError) -> EbpfError {
+    move |source| EbpfError::Map { map, source }
+}
+
+fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, EbpfError> {
+    ebpf.take_map(name)
+        .ok_or(EbpfError::Missing { kind: "map", name })
+}
+
+impl PodMaps {
+    pub(super) fn take(ebpf: &mut Ebpf) -> Result<Self, EbpfError> {
+        Ok(Self {
+            pods: take(ebpf, names::MAP_PODS)?
+                .try_into()
+                .map_err(map_error(names::MAP_PODS))?,
+            local_addrs: take(ebpf, names::MAP_LOCAL_ADDRS)?
+                .try_into()
+                .map_err(map_error(names::MAP_LOCAL_ADDRS))?,
+            subnets: take(ebpf, names::MAP_SUBNETS)?
+                .try_into()
+                .map_err(map_error(names::MAP_SUBNETS))?,
+            counters: take(ebpf, names::MAP_COUNTERS)?
+                .try_into()
+                .map_err(map_error(names::MAP_COUNTERS))?,
+            pending: take(ebpf, names::MAP_PENDING)?
+                .try_into()
+                .map_err(map_error(names::MAP_PENDING))?,
+            connecting: take(ebpf, names::MAP_CONNECTING)?
+                .try_into()
+                .map_err(map_error(names::MAP_CONNECTING))?,
+            listeners: take(ebpf, names::MAP_LISTENERS)?
+                .try_into()
+                .map_err(map_error(names::MAP_LISTENERS))?,
+        })
+    }
+}
