@@ -14,6 +14,7 @@ use std::{
     time::Duration,
 };
 
+pub use interceptor_common::{NetnsCookie, PodSlot};
 pub use interceptor_config::{ConfigError, InterceptionConfig};
 use serde::{Deserialize, Serialize};
 
@@ -84,9 +85,9 @@ pub struct PodMeta {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PodInfo {
     pub netns: PathBuf,
-    pub netns_cookie: u64,
+    pub netns_cookie: NetnsCookie,
     pub meta: PodMeta,
-    pub slot: u32,
+    pub slot: PodSlot,
     /// The configuration as proxy-init's flags, for display.
     pub args: Vec<String>,
     pub config: InterceptionConfig,

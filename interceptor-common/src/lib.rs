@@ -7,12 +7,14 @@
 
 pub mod addr;
 pub mod counters;
+pub mod ids;
 pub mod names;
 pub mod pod;
 pub mod socket;
 
 pub use addr::Ip6Addr;
 pub use counters::{Decision, PodCounters};
+pub use ids::{NetnsCookie, PodSlot, SocketCookie};
 pub use pod::{
     IP4_MAPPED_PREFIX_BITS, LocalAddrKey, PodConfig, PortBitmap, SUBNET_KEY_FIXED_BITS, SubnetKey,
 };
@@ -60,4 +62,6 @@ mod user {
     unsafe impl aya::Pod for PendingOrigDst {}
     unsafe impl aya::Pod for ListenerKey {}
     unsafe impl aya::Pod for OrigDst {}
+    unsafe impl aya::Pod for NetnsCookie {}
+    unsafe impl aya::Pod for SocketCookie {}
 }

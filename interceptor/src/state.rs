@@ -5,6 +5,7 @@
 //!   taken means the instance is gone (even after a crash).
 //! - `/run/interceptor/<instance>/state.json`: [`InstanceState`].
 //! - `/sys/fs/bpf/interceptor/<instance>/`: pinned maps (on a bpffs, mounted if needed).
+use interceptor_common::{NetnsCookie, PodSlot};
 use std::{
     fs::{self, File, OpenOptions},
     io,
@@ -48,8 +49,8 @@ fn io_error<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PodState {
     pub netns: PathBuf,
-    pub netns_cookie: u64,
-    pub slot: u32,
+    pub netns_cookie: NetnsCookie,
+    pub slot: PodSlot,
     pub addresses: Vec<String>,
     pub config: InterceptionConfig,
     /// The pod's own sk_lookup program (which tail-calls the shared one), attached to its network

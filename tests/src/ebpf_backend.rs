@@ -48,7 +48,11 @@ pub fn pod_spec(netns: &Netns, config: &InterceptionConfig) -> PodSpec {
 }
 
 /// Registers the pod; returns its netns cookie.
-pub fn register(node: &mut EbpfNode, netns: &Netns, config: &InterceptionConfig) -> u64 {
+pub fn register(
+    node: &mut EbpfNode,
+    netns: &Netns,
+    config: &InterceptionConfig,
+) -> interceptor_common::NetnsCookie {
     let spec = pod_spec(netns, config);
     node.pods()
         .add(&spec)

@@ -7,6 +7,7 @@
 //! without a program on a hook) and takes its pods back from the maps and the pod records
 //! (`records`), keeping their slots and counters. Only `interceptor uninstall` detaches.
 pub use interceptor_api as api;
+use interceptor_common::NetnsCookie;
 mod metrics;
 mod reconcile;
 mod records;
@@ -110,7 +111,7 @@ impl AgentPaths {
 struct Agent {
     node: EbpfNode,
     records: Records,
-    pods: BTreeMap<u64, PodRecord>,
+    pods: BTreeMap<NetnsCookie, PodRecord>,
     registration_seconds: prometheus_client::metrics::histogram::Histogram,
     netns_watch: watch::NetnsWatch,
     /// Where the node's programs are attached (`--cgroup`).

@@ -12,6 +12,7 @@ use std::{
     },
 };
 
+use interceptor_common::NetnsCookie;
 use tracing::warn;
 
 use super::{Agent, lock};
@@ -30,7 +31,7 @@ pub(super) fn start(agent: &Arc<Mutex<Agent>>, running: &Arc<AtomicBool>) {
 }
 
 fn reconcile(agent: &Mutex<Agent>) {
-    let pods: Vec<(u64, PathBuf)> = lock(agent)
+    let pods: Vec<(NetnsCookie, PathBuf)> = lock(agent)
         .pods
         .iter()
         .map(|(cookie, record)| (*cookie, record.netns.clone()))

@@ -3,6 +3,7 @@
 //! file, rename) once the pod's map entries are in force, so a restarted agent restores exactly
 //! what the maps took. Records of agents that kept proxy-init's flags instead are read once
 //! and rewritten.
+use interceptor_common::NetnsCookie;
 use std::{
     fs, io,
     path::{Path, PathBuf},
@@ -16,7 +17,7 @@ use crate::config::InterceptionConfig;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PodRecord {
     pub netns: PathBuf,
-    pub netns_cookie: u64,
+    pub netns_cookie: NetnsCookie,
     pub meta: PodMeta,
     pub config: InterceptionConfig,
 }
@@ -25,7 +26,7 @@ pub struct PodRecord {
 #[derive(Deserialize)]
 struct Stored {
     netns: PathBuf,
-    netns_cookie: u64,
+    netns_cookie: NetnsCookie,
     #[serde(default)]
     meta: PodMeta,
     #[serde(default)]
@@ -46,7 +47,7 @@ impl Records {
         })
     }
 
-    fn path(&self, cookie: u64) -> PathBuf {
+    fn path(&self, cookie: NetnsCookie) -> PathBuf {
         self.dir.join(format!("{cookie}.json"))
     }
 
@@ -60,7 +61,7 @@ impl Records {
         fs::rename(&tmp, &path)
     }
 
-    pub fn remove(&self, cookie: u64) -> io::Result<()> {
+    pub fn remove(&self, cookie: NetnsCookie) -> io::Result<()> {
         match fs::remove_file(self.path(cookie)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),

@@ -5,6 +5,7 @@
 //! so a restarted agent never restores a configuration the maps did not take. Work that can be
 //! slow (opening the pod's namespace, looking through `/proc` for its proxy's listener, running
 //! iptables) is done without holding the agent's lock.
+use interceptor_common::NetnsCookie;
 use std::{collections::BTreeSet, path::Path, sync::Mutex, time::Instant};
 
 use tracing::{info, warn};
@@ -63,7 +64,7 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
             .observe(started.elapsed().as_secs_f64());
         info!(
             netns = %add.netns.display(),
-            netns_cookie = cookie,
+            netns_cookie = %cookie,
             name = add.meta.name.as_deref().unwrap_or("-"),
             namespace = add.meta.namespace.as_deref().unwrap_or("-"),
             config = %spec.config,
@@ -159,7 +160,7 @@ impl Agent {
     /// map. A new pod that cannot have them is removed again: it would drop inbound connections.
     fn adopt_listeners(
         &mut self,
-        cookie: u64,
+        cookie: NetnsCookie,
         found: Vec<crate::ebpf::listener::Listening>,
         is_new: bool,
     ) -> Result<(), Refusal> {
@@ -175,7 +176,7 @@ impl Agent {
         ))
     }
 
-    pub(super) fn find(&self, netns: &Path) -> Result<u64, Refusal> {
+    pub(super) fn find(&self, netns: &Path) -> Result<NetnsCookie, Refusal> {
         self.pods
             .values()
             .find(|r| r.netns == netns)
@@ -200,18 +201,18 @@ impl Agent {
         crash_point!("agent-before-record-removal");
         let _ = self.records.remove(cookie);
         self.pods.remove(&cookie);
-        info!(netns = %netns.display(), netns_cookie = cookie, "pod removed");
+        info!(netns = %netns.display(), netns_cookie = %cookie, "pod removed");
         Ok(info.into_iter().collect())
     }
 
     /// Removes a pod whose namespace is gone, whatever state it is in.
-    pub(super) fn forget(&mut self, cookie: u64, why: &str) {
+    pub(super) fn forget(&mut self, cookie: NetnsCookie, why: &str) {
         if let Err(e) = self.node.pods().remove(cookie) {
-            warn!(netns_cookie = cookie, error = %e, "removing a pod's map entries");
+            warn!(netns_cookie = %cookie, error = %e, "removing a pod's map entries");
         }
         let _ = self.records.remove(cookie);
         if let Some(record) = self.pods.remove(&cookie) {
-            warn!(netns = %record.netns.display(), netns_cookie = cookie, "pod removed: {why}");
+            warn!(netns = %record.netns.display(), netns_cookie = %cookie, "pod removed: {why}");
         }
     }
 
@@ -224,11 +225,11 @@ impl Agent {
             .collect()
     }
 
-    pub(super) fn info(&self, cookie: u64) -> Option<PodInfo> {
+    pub(super) fn info(&self, cookie: NetnsCookie) -> Option<PodInfo> {
         self.info_with(cookie, &self.node.pods_ref().listening_cookies())
     }
 
-    fn info_with(&self, cookie: u64, listening: &BTreeSet<u64>) -> Option<PodInfo> {
+    fn info_with(&self, cookie: NetnsCookie, listening: &BTreeSet<NetnsCookie>) -> Option<PodInfo> {
         let record = self.pods.get(&cookie)?;
         let pods = self.node.pods_ref();
         let counters = pods
@@ -286,13 +287,13 @@ impl Agent {
                 "the maps or pins hold entries for netns cookie {cookie}, which is not a registered pod"
             ));
         }
-        let recorded: BTreeSet<u64> = self
+        let recorded: BTreeSet<NetnsCookie> = self
             .records
             .load_all()
             .iter()
             .map(|r| r.netns_cookie)
             .collect();
-        let registered: BTreeSet<u64> = self.pods.keys().copied().collect();
+        let registered: BTreeSet<NetnsCookie> = self.pods.keys().copied().collect();
         for cookie in recorded.symmetric_difference(&registered) {
             problems.push(format!(
                 "netns cookie {cookie} has a pod record but is not registered, or the other way round"

@@ -4,6 +4,7 @@
 //! whose namespace is still there is restored in full (its record's configuration, or, if that
 //! cannot be applied, the one in force); everything the maps and pins hold for a pod without a
 //! record (a registration or removal cut short) is removed.
+use interceptor_common::NetnsCookie;
 use std::collections::BTreeSet;
 
 use anyhow::bail;
@@ -44,7 +45,7 @@ impl Agent {
                     record.netns.display()
                 ),
                 Err(NotRestored::Gone(why) | NotRestored::Refused(why)) => {
-                    warn!(netns = %record.netns.display(), netns_cookie = cookie, "not restoring pod: {why}");
+                    warn!(netns = %record.netns.display(), netns_cookie = %cookie, "not restoring pod: {why}");
                     let _ = self.node.pods().purge(cookie);
                     let _ = self.records.remove(cookie);
                 }
@@ -82,7 +83,7 @@ impl Agent {
             .restore(&spec, in_maps)
             .map_err(|e| NotRestored::Refused(e.to_string()))?;
         if let Some(what) = repaired.filter(|_| !migrating) {
-            warn!(netns = %record.netns.display(), netns_cookie = cookie, "pod restored, repaired: {what}");
+            warn!(netns = %record.netns.display(), netns_cookie = %cookie, "pod restored, repaired: {what}");
         }
         Ok(())
     }
@@ -92,18 +93,18 @@ impl Agent {
     fn remove_leftovers(&mut self, in_maps: &InMaps) {
         for cookie in self.unregistered(in_maps) {
             warn!(
-                netns_cookie = cookie,
+                netns_cookie = %cookie,
                 "removing what the maps and pins hold for a pod without a record"
             );
             if let Err(e) = self.node.pods().purge(cookie) {
-                warn!(netns_cookie = cookie, error = %e, "removing a pod's leftovers");
+                warn!(netns_cookie = %cookie, error = %e, "removing a pod's leftovers");
             }
         }
     }
 
     /// The pods the maps (`in_maps`: the address and subnet entries, read once) or the pins hold
     /// something of, and that are not registered.
-    pub(super) fn unregistered(&self, in_maps: &InMaps) -> BTreeSet<u64> {
+    pub(super) fn unregistered(&self, in_maps: &InMaps) -> BTreeSet<NetnsCookie> {
         let pods = self.node.pods_ref();
         pods.cookies_in_maps()
             .into_iter()

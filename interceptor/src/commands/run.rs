@@ -1,4 +1,5 @@
 //! `interceptor run`: mesh one pod until SIGINT/SIGTERM.
+use interceptor_common::PodSlot;
 use std::{
     io::Read as _,
     net::IpAddr,
@@ -133,7 +134,7 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
     }
     info!(
         netns = %spec.netns_path.display(),
-        netns_cookie = spec.netns_cookie,
+        netns_cookie = %spec.netns_cookie,
         cgroup = %cgroup.display(),
         instance = %lock.paths().name,
         config = %spec.config,
@@ -222,7 +223,7 @@ fn watch(fd: std::os::fd::OwnedFd) -> mpsc::UnboundedReceiver<()> {
     rx
 }
 
-fn pod_state(spec: &PodSpec, slot: u32, sk_lookup: Option<ebpf::ProgramState>) -> PodState {
+fn pod_state(spec: &PodSpec, slot: PodSlot, sk_lookup: Option<ebpf::ProgramState>) -> PodState {
     PodState {
         sk_lookup,
         netns: spec.netns_path.clone(),

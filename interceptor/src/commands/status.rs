@@ -1,6 +1,7 @@
 //! `interceptor status`: what is attached, which pods, their counters. Reads the state files and
 //! the pinned maps, so it works from any process.
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, SockHash};
+use interceptor_common::NetnsCookie;
 use interceptor_common::{
     ListenerKey, PendingKey, PendingOrigDst, PodCounters, addr::family, counters::Decision, names,
 };
@@ -24,7 +25,7 @@ struct InstanceReport {
 
 #[derive(Serialize)]
 struct PodCountersReport {
-    netns_cookie: u64,
+    netns_cookie: NetnsCookie,
     /// Whether the proxy's inbound listener is known to steering (else inbound is dropped).
     inbound_listener: bool,
     /// Which of its sockets: "IPv4", "IPv6" (a dual-stack `[::]` one also takes IPv4).
@@ -117,7 +118,9 @@ fn report(paths: &InstancePaths) -> InstanceReport {
             if let Ok(c) = read_counters(&array, pod.slot) {
                 counters.push(PodCountersReport {
                     netns_cookie: pod.netns_cookie,
-                    inbound_listener: listeners.iter().any(|k| k.netns_cookie == pod.netns_cookie),
+                    inbound_listener: listeners
+                        .iter()
+                        .any(|k| k.netns_cookie == pod.netns_cookie.0),
                     inbound_listener_families: listener_families(&listeners, pod.netns_cookie),
                     counters: c.named().collect(),
                 });
@@ -138,13 +141,13 @@ fn report(paths: &InstancePaths) -> InstanceReport {
 
 /// The families the pod's proxy is known to listen with: "IPv4" (an `AF_INET` socket), "IPv6"
 /// (an `AF_INET6` one, which also takes IPv4 when it is dual-stack).
-fn listener_families(listeners: &[ListenerKey], netns_cookie: u64) -> Vec<String> {
+fn listener_families(listeners: &[ListenerKey], netns_cookie: NetnsCookie) -> Vec<String> {
     [(family::IPV4, "IPv4"), (family::IPV6, "IPv6")]
         .into_iter()
         .filter(|(f, _)| {
             listeners
                 .iter()
-                .any(|k| k.netns_cookie == netns_cookie && k.family == *f)
+                .any(|k| k.netns_cookie == netns_cookie.0 && k.family == *f)
         })
         .map(|(_, name)| name.to_owned())
         .collect()

@@ -1,5 +1,6 @@
 //! How a pod's configuration and identity are encoded as the maps' keys and values (the types
 //! shared with the programs in `interceptor-common`).
+use interceptor_common::{NetnsCookie, PodSlot};
 use std::{collections::BTreeSet, net::IpAddr};
 
 use interceptor_common::{
@@ -16,7 +17,10 @@ use crate::config::InterceptionConfig;
 pub(super) type SubnetEntry = (u32, SubnetKey);
 
 /// The subnet trie entries of a pod's configuration: (prefix length, key).
-pub(super) fn subnet_keys(cookie: u64, config: &InterceptionConfig) -> BTreeSet<SubnetEntry> {
+pub(super) fn subnet_keys(
+    cookie: NetnsCookie,
+    config: &InterceptionConfig,
+) -> BTreeSet<SubnetEntry> {
     let outbound = config
         .outbound_subnets_to_ignore
         .iter()
@@ -36,7 +40,7 @@ pub(super) fn subnet_keys(cookie: u64, config: &InterceptionConfig) -> BTreeSet<
                 IpNet::V6(v6) => (family::IPV6, u32::from(v6.prefix_len())),
             };
             let key = SubnetKey {
-                netns_cookie: cookie,
+                netns_cookie: cookie.0,
                 direction,
                 family,
                 addr: Ip6Addr::from(net.network()),
@@ -46,22 +50,22 @@ pub(super) fn subnet_keys(cookie: u64, config: &InterceptionConfig) -> BTreeSet<
         .collect()
 }
 
-pub(super) fn local_key(netns_cookie: u64, ip: IpAddr) -> LocalAddrKey {
+pub(super) fn local_key(netns_cookie: NetnsCookie, ip: IpAddr) -> LocalAddrKey {
     LocalAddrKey {
-        netns_cookie,
+        netns_cookie: netns_cookie.0,
         addr: Ip6Addr::from(ip),
     }
 }
 
-pub(super) fn listener_key(netns_cookie: u64, ipv6: bool) -> ListenerKey {
+pub(super) fn listener_key(netns_cookie: NetnsCookie, ipv6: bool) -> ListenerKey {
     ListenerKey {
-        netns_cookie,
+        netns_cookie: netns_cookie.0,
         family: if ipv6 { family::IPV6 } else { family::IPV4 },
         _pad: 0,
     }
 }
 
-pub(super) fn pod_config(slot: u32, config: &InterceptionConfig) -> PodConfig {
+pub(super) fn pod_config(slot: PodSlot, config: &InterceptionConfig) -> PodConfig {
     let mut pod_flags = 0;
     if config.proxy_uid.is_some() {
         pod_flags |= flags::HAS_PROXY_UID;
@@ -99,7 +103,7 @@ pub(super) fn pod_config(slot: u32, config: &InterceptionConfig) -> PodConfig {
         pod_flags |= flags::HAS_PORTS_TO_REDIRECT;
     }
     PodConfig {
-        slot,
+        slot: slot.0,
         flags: pod_flags,
         proxy_uid: config.proxy_uid.unwrap_or(0),
         proxy_gid: config.proxy_gid.unwrap_or(0),

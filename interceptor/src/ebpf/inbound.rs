@@ -1,5 +1,6 @@
 //! Each pod's sk_lookup link: its own small program (`pod_lookup`) attached to the pod's network
 //! namespace with a pinned link, checked before use as every pin is (`links`).
+use interceptor_common::NetnsCookie;
 use std::{
     os::fd::AsFd as _,
     path::{Path, PathBuf},
@@ -38,7 +39,7 @@ impl Inbound {
 }
 
 /// Where a pod's sk_lookup link is pinned.
-pub(super) fn inbound_link_path(links_dir: &Path, netns_cookie: u64) -> PathBuf {
+pub(super) fn inbound_link_path(links_dir: &Path, netns_cookie: NetnsCookie) -> PathBuf {
     links_dir.join(format!("link_{}_{netns_cookie}", names::PROG_SK_LOOKUP))
 }
 
@@ -49,7 +50,7 @@ pub(super) fn load_inbound(
     loader: &PodLookupLoader,
     links_dir: &Path,
     persistent: bool,
-    netns_cookie: u64,
+    netns_cookie: NetnsCookie,
     netns: &crate::netns::PodNetns,
 ) -> Result<Inbound, EbpfError> {
     let program = loader.load(netns_cookie).map_err(EbpfError::PodLookup)?;

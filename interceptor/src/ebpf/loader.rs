@@ -9,7 +9,7 @@ use aya::{
     maps::ProgramArray,
     programs::{CgroupSockAddr, CgroupSockopt, ProgramError, SkLookup, SockOps},
 };
-use interceptor_common::names;
+use interceptor_common::{NetnsCookie, names};
 use serde::{Deserialize, Serialize};
 
 use interceptor_sys::bpf_attach_type;
@@ -226,7 +226,7 @@ pub(super) fn probe(pin_dir: &Path) -> Result<(), EbpfError> {
         max_pods: interceptor_common::MAX_PODS,
     })?;
     let pod_lookup = PodLookupLoader::new(pin_dir)
-        .and_then(|loader| loader.load(0))
+        .and_then(|loader| loader.load(NetnsCookie(0)))
         .map_err(EbpfError::PodLookup)?;
     drop((pod_lookup, maps, attached));
     Ok(())

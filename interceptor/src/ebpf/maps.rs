@@ -7,17 +7,18 @@ use interceptor_common::{
     ListenerKey, LocalAddrKey, OrigDst, PendingKey, PendingOrigDst, PodConfig, PodCounters,
     SubnetKey, names,
 };
+use interceptor_common::{NetnsCookie, SocketCookie};
 
 use super::EbpfError;
 
 /// The maps userspace writes, taken out of the loaded object.
 pub(super) struct PodMaps {
-    pub(super) pods: HashMap<MapData, u64, PodConfig>,
+    pub(super) pods: HashMap<MapData, NetnsCookie, PodConfig>,
     pub(super) local_addrs: HashMap<MapData, LocalAddrKey, u8>,
     pub(super) subnets: LpmTrie<MapData, SubnetKey, u8>,
     pub(super) counters: PerCpuArray<MapData, PodCounters>,
     pub(super) pending: HashMap<MapData, PendingKey, PendingOrigDst>,
-    pub(super) connecting: HashMap<MapData, u64, OrigDst>,
+    pub(super) connecting: HashMap<MapData, SocketCookie, OrigDst>,
     pub(super) listeners: SockHash<MapData, ListenerKey>,
 }
 

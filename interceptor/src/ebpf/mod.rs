@@ -1,6 +1,7 @@
 //! The eBPF backend: one attachment per node (a cgroup v2 directory), pods as map entries keyed
 //! by their network namespace cookie. Meshing one pod (`interceptor run`) and many (the node
 //! agent) both go through [`EbpfNode`].
+use interceptor_common::NetnsCookie;
 mod encode;
 mod inbound;
 mod links;
@@ -72,7 +73,7 @@ pub enum EbpfError {
     #[error("a pod's sk_lookup program: {0}")]
     PodLookup(std::io::Error),
     #[error("pod with netns cookie {0} is already registered")]
-    AlreadyRegistered(u64),
+    AlreadyRegistered(NetnsCookie),
     #[error(
         "{table} table full: {capacity} {unit}, {free} free, and this change needs {needed} more (while a change is made, the old and new entries are both in force)",
         capacity = thousands(*capacity),
@@ -118,7 +119,7 @@ fn thousands(n: usize) -> String {
 #[derive(Clone, Debug)]
 pub struct PodSpec {
     pub netns_path: PathBuf,
-    pub netns_cookie: u64,
+    pub netns_cookie: NetnsCookie,
     /// The pod's own addresses, both families (see [`crate::netns::PodNetns::addresses`]).
     pub addresses: Vec<IpAddr>,
     pub config: InterceptionConfig,

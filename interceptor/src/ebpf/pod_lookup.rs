@@ -6,6 +6,7 @@
 //! pod needs a program of its own. Loading a copy of the whole sk_lookup program per pod meant
 //! parsing the object and verifying it again for every registration (about 2 ms here, most of a
 //! registration); this program verifies in microseconds, and the shared one is verified once.
+use interceptor_common::NetnsCookie;
 use std::{
     io,
     os::fd::{AsRawFd as _, BorrowedFd, OwnedFd},
@@ -50,7 +51,7 @@ fn ld_imm64(dst: u8, src: u8, imm: u64) -> [Insn; 2] {
 /// 16: r0 = SK_DROP                 ; it is not: refuse rather than let the app be reached
 /// 17: exit                         ;   around the proxy
 /// ```
-fn instructions(lookup_pod_map: i32, programs_map: i32, netns_cookie: u64) -> Vec<Insn> {
+fn instructions(lookup_pod_map: i32, programs_map: i32, netns_cookie: NetnsCookie) -> Vec<Insn> {
     let mut prog = vec![
         insn(0xbf, 6, 1, 0, 0),
         insn(0x62, 10, 0, -4, 0),
@@ -62,7 +63,7 @@ fn instructions(lookup_pod_map: i32, programs_map: i32, netns_cookie: u64) -> Ve
         insn(0x85, 0, 0, 0, BPF_FUNC_MAP_LOOKUP_ELEM),
         insn(0x15, 0, 0, 8, 0),
     ]);
-    prog.extend(ld_imm64(1, 0, netns_cookie));
+    prog.extend(ld_imm64(1, 0, netns_cookie.0));
     prog.extend([insn(0x7b, 0, 1, 0, 0), insn(0xbf, 1, 6, 0, 0)]);
     prog.extend(ld_imm64(2, PSEUDO_MAP_FD, programs_map as u32 as u64));
     prog.extend([
@@ -99,7 +100,7 @@ impl PodLookupLoader {
     }
 
     /// Loads (and so verifies) the lookup program of the pod with `netns_cookie`. Kernel >= 5.9.
-    pub(super) fn load(&self, netns_cookie: u64) -> io::Result<OwnedFd> {
+    pub(super) fn load(&self, netns_cookie: NetnsCookie) -> io::Result<OwnedFd> {
         let insns = instructions(
             self.lookup_pod.as_raw_fd(),
             self.programs.as_raw_fd(),
@@ -126,7 +127,7 @@ mod tests {
 
     #[test]
     fn the_null_check_jumps_to_the_refusal() {
-        let prog = instructions(3, 4, 0x1122_3344_5566_7788);
+        let prog = instructions(3, 4, NetnsCookie(0x1122_3344_5566_7788));
         assert_eq!(prog.len(), 18);
         let jump = 7;
         assert_eq!(prog[jump].code, 0x15);
@@ -138,7 +139,7 @@ mod tests {
 
     #[test]
     fn the_cookie_is_split_low_word_first() {
-        let prog = instructions(3, 4, 0x1122_3344_5566_7788);
+        let prog = instructions(3, 4, NetnsCookie(0x1122_3344_5566_7788));
         assert_eq!(prog[8].imm as u32, 0x5566_7788);
         assert_eq!(prog[9].imm as u32, 0x1122_3344);
         assert_eq!(

@@ -5,6 +5,7 @@
 //! first, then the pod's configuration (one map update: the switch), then the entries only the
 //! old state needed are removed. A change that fails before the switch leaves the maps exactly as
 //! they were, so a refused change never leaves a pod less intercepted than before.
+use interceptor_common::{NetnsCookie, PodSlot, SocketCookie};
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -34,13 +35,13 @@ const BPF_NOEXIST: u64 = 1;
 /// The address and subnet entries the maps hold, by netns cookie (see [`PodRegistry::in_maps`]).
 #[derive(Default)]
 pub struct InMaps {
-    addresses: BTreeMap<u64, BTreeSet<IpAddr>>,
-    subnets: BTreeMap<u64, BTreeSet<SubnetEntry>>,
+    addresses: BTreeMap<NetnsCookie, BTreeSet<IpAddr>>,
+    subnets: BTreeMap<NetnsCookie, BTreeSet<SubnetEntry>>,
 }
 
 impl InMaps {
     /// The pods these entries belong to.
-    pub fn cookies(&self) -> impl Iterator<Item = u64> + '_ {
+    pub fn cookies(&self) -> impl Iterator<Item = NetnsCookie> + '_ {
         self.addresses.keys().chain(self.subnets.keys()).copied()
     }
 }
@@ -74,7 +75,7 @@ struct Written {
 
 /// What was written for one pod, so it can be changed or removed exactly.
 struct Registered {
-    slot: u32,
+    slot: PodSlot,
     /// The configuration asked for (the pod's record).
     config: InterceptionConfig,
     /// Its encoding as the pod map holds it: `config`'s, unless `problem` says otherwise.
@@ -93,7 +94,7 @@ struct Registered {
 /// The pods one node attachment serves.
 pub struct PodRegistry {
     maps: PodMaps,
-    pods: BTreeMap<u64, Registered>,
+    pods: BTreeMap<NetnsCookie, Registered>,
     pin_dir: PathBuf,
     links_dir: PathBuf,
     /// The agent's: links and maps stay pinned when the registry goes.
@@ -122,7 +123,7 @@ impl PodRegistry {
 
     /// Registers a pod and adopts its proxy's inbound listener if it already listens (see
     /// [`Self::register`] and [`Self::adopt_listeners`]): all of it, or nothing.
-    pub fn add(&mut self, spec: &PodSpec) -> Result<u32, EbpfError> {
+    pub fn add(&mut self, spec: &PodSpec) -> Result<PodSlot, EbpfError> {
         let is_new = !self.pods.contains_key(&spec.netns_cookie);
         let slot = self.register(spec)?;
         let netns = PodNetns::open(&spec.netns_path)?;
@@ -140,7 +141,7 @@ impl PodRegistry {
     /// changes nothing; with another configuration it is an error (see [`Self::update`]). Its
     /// proxy's existing listener is left to [`Self::adopt_listeners`], which walks `/proc` and
     /// so is better done without holding whatever guards the registry.
-    pub fn register(&mut self, spec: &PodSpec) -> Result<u32, EbpfError> {
+    pub fn register(&mut self, spec: &PodSpec) -> Result<PodSlot, EbpfError> {
         let cookie = spec.netns_cookie;
         if let Some(registered) = self.pods.get(&cookie) {
             if registered.config == spec.config && registered.problem.is_none() {
@@ -158,9 +159,10 @@ impl PodRegistry {
         Ok(slot)
     }
 
-    fn free_slot(&self) -> Result<u32, EbpfError> {
-        let used: BTreeSet<u32> = self.pods.values().map(|p| p.slot).collect();
+    fn free_slot(&self) -> Result<PodSlot, EbpfError> {
+        let used: BTreeSet<PodSlot> = self.pods.values().map(|p| p.slot).collect();
         (0..self.max_pods)
+            .map(PodSlot)
             .find(|slot| !used.contains(slot))
             .ok_or(EbpfError::NoFreeSlot(self.max_pods))
     }
@@ -168,7 +170,7 @@ impl PodRegistry {
     /// Applies a new configuration to a registered pod in place (registers it if it is not),
     /// make before break: at every moment the programs apply the old or the new configuration,
     /// and if the new one cannot be applied the old one stays in force.
-    pub fn update(&mut self, spec: &PodSpec) -> Result<u32, EbpfError> {
+    pub fn update(&mut self, spec: &PodSpec) -> Result<PodSlot, EbpfError> {
         let cookie = spec.netns_cookie;
         let Some(mut registered) = self.pods.remove(&cookie) else {
             return self.register(spec);
@@ -224,7 +226,7 @@ impl PodRegistry {
         };
         let netns = PodNetns::open(&spec.netns_path)?;
         let slot = match before.config {
-            Some(in_force) => in_force.slot,
+            Some(in_force) => PodSlot(in_force.slot),
             None => {
                 let slot = self.free_slot()?;
                 self.zero_counters(slot)?;
@@ -282,7 +284,7 @@ impl PodRegistry {
         for key in self.maps.local_addrs.keys().filter_map(Result::ok) {
             in_maps
                 .addresses
-                .entry(key.netns_cookie)
+                .entry(NetnsCookie(key.netns_cookie))
                 .or_default()
                 .insert(IpAddr::from(key.addr));
         }
@@ -290,7 +292,7 @@ impl PodRegistry {
             let data = key.data();
             in_maps
                 .subnets
-                .entry(data.netns_cookie)
+                .entry(NetnsCookie(data.netns_cookie))
                 .or_default()
                 .insert((key.prefix_len(), data));
         }
@@ -306,7 +308,7 @@ impl PodRegistry {
         &mut self,
         spec: &PodSpec,
         netns: &PodNetns,
-        slot: u32,
+        slot: PodSlot,
         before: &InForce,
         inbound: Option<Inbound>,
     ) -> Result<Registered, (EbpfError, Option<Inbound>)> {
@@ -401,7 +403,7 @@ impl PodRegistry {
 
     fn write_new_entries(
         &mut self,
-        cookie: u64,
+        cookie: NetnsCookie,
         before: &InForce,
         addresses: &BTreeSet<IpAddr>,
         subnets: &BTreeSet<SubnetEntry>,
@@ -422,11 +424,11 @@ impl PodRegistry {
     }
 
     /// Undoes [`Self::write_new_entries`] for a change that could not be completed.
-    fn remove_written(&mut self, cookie: u64, written: Written) {
+    fn remove_written(&mut self, cookie: NetnsCookie, written: Written) {
         let addresses = written.addresses.into_iter().collect();
         let subnets = written.subnets.into_iter().collect();
         if let Err(e) = self.remove_address_and_subnet_entries(cookie, &addresses, &subnets) {
-            tracing::warn!(netns_cookie = cookie, error = %e, "removing the entries of a change that could not be completed");
+            tracing::warn!(netns_cookie = %cookie, error = %e, "removing the entries of a change that could not be completed");
         }
     }
 
@@ -435,7 +437,7 @@ impl PodRegistry {
     /// with the pod).
     fn remove_old_entries(
         &mut self,
-        cookie: u64,
+        cookie: NetnsCookie,
         before: &InForce,
         mut addresses: BTreeSet<IpAddr>,
         mut subnets: BTreeSet<SubnetEntry>,
@@ -491,19 +493,19 @@ impl PodRegistry {
     }
 
     /// The registered pods' netns cookies.
-    pub fn cookies(&self) -> Vec<u64> {
+    pub fn cookies(&self) -> Vec<NetnsCookie> {
         self.pods.keys().copied().collect()
     }
 
     /// A registered pod's counter slot.
-    pub fn slot(&self, cookie: u64) -> Option<u32> {
+    pub fn slot(&self, cookie: NetnsCookie) -> Option<PodSlot> {
         self.pods.get(&cookie).map(|p| p.slot)
     }
 
     /// Why a registered pod's entries are not exactly what its configuration asks for, if they
     /// are not: what the kernel holds is checked (its configuration entry, its pinned sk_lookup
     /// link), and what an earlier change could not complete is reported.
-    pub fn problem(&self, cookie: u64) -> Option<String> {
+    pub fn problem(&self, cookie: NetnsCookie) -> Option<String> {
         let registered = self.pods.get(&cookie)?;
         if let Some(problem) = &registered.problem {
             return Some(problem.clone());
@@ -527,7 +529,7 @@ impl PodRegistry {
 
     /// How the address and subnet entries the maps hold for a registered pod (`in_maps`, read
     /// once for all pods) differ from what was written for it, if they do.
-    pub fn entries_differ(&self, cookie: u64, in_maps: &InMaps) -> Option<String> {
+    pub fn entries_differ(&self, cookie: NetnsCookie, in_maps: &InMaps) -> Option<String> {
         let registered = self.pods.get(&cookie)?;
         let empty_addresses = BTreeSet::new();
         let empty_subnets = BTreeSet::new();
@@ -550,8 +552,8 @@ impl PodRegistry {
     }
 
     /// The pods whose sk_lookup link is pinned (the agent's), registered or not.
-    pub fn pinned_inbound_cookies(&self) -> Vec<u64> {
-        let prefix = inbound_link_path(Path::new(""), 0)
+    pub fn pinned_inbound_cookies(&self) -> Vec<NetnsCookie> {
+        let prefix = inbound_link_path(Path::new(""), NetnsCookie(0))
             .to_string_lossy()
             .trim_end_matches('0')
             .to_owned();
@@ -566,12 +568,12 @@ impl PodRegistry {
     }
 
     /// The pods in the kernel's pod map, registered by this process or an earlier one.
-    pub fn cookies_in_maps(&self) -> Vec<u64> {
+    pub fn cookies_in_maps(&self) -> Vec<NetnsCookie> {
         self.maps.pods.keys().filter_map(Result::ok).collect()
     }
 
     /// A registered pod's own addresses, sorted.
-    pub fn addresses(&self, cookie: u64) -> Vec<IpAddr> {
+    pub fn addresses(&self, cookie: NetnsCookie) -> Vec<IpAddr> {
         self.pods
             .get(&cookie)
             .map(|p| p.addresses.iter().copied().collect())
@@ -581,11 +583,11 @@ impl PodRegistry {
     /// Removes everything the maps and pins hold for a pod this registry does not manage (left
     /// by an earlier agent whose pod is gone): its configuration first, so it stops being
     /// intercepted at once, then its addresses, subnets, listeners, counters and sk_lookup link.
-    pub fn purge(&mut self, cookie: u64) -> Result<(), EbpfError> {
+    pub fn purge(&mut self, cookie: NetnsCookie) -> Result<(), EbpfError> {
         if self.pods.contains_key(&cookie) {
             return self.remove(cookie);
         }
-        let slot = self.maps.pods.get(&cookie, 0).ok().map(|c| c.slot);
+        let slot = self.maps.pods.get(&cookie, 0).ok().map(|c| PodSlot(c.slot));
         self.remove_config(cookie)?;
         let mut in_maps = self.in_maps();
         let addresses = in_maps.addresses.remove(&cookie).unwrap_or_default();
@@ -598,13 +600,17 @@ impl PodRegistry {
     /// [`find_listeners`]) into the listener map, one per family (new ones are caught by
     /// sock_ops; see `listener.rs`). A listener already in the map is newer: keep it. A pod
     /// that is no longer registered is left alone.
-    pub fn adopt_listeners(&mut self, cookie: u64, found: Vec<Listening>) -> Result<(), EbpfError> {
+    pub fn adopt_listeners(
+        &mut self,
+        cookie: NetnsCookie,
+        found: Vec<Listening>,
+    ) -> Result<(), EbpfError> {
         if !self.pods.contains_key(&cookie) {
             return Ok(());
         }
         for Listening { socket, ipv6 } in found {
             tracing::info!(
-                netns_cookie = cookie,
+                netns_cookie = %cookie,
                 ipv6,
                 "adopting the proxy's existing inbound listener"
             );
@@ -636,29 +642,29 @@ impl PodRegistry {
     }
 
     /// The pod's own sk_lookup program instance, as `status` reports it.
-    pub fn inbound_program(&self, cookie: u64) -> Option<super::ProgramState> {
+    pub fn inbound_program(&self, cookie: NetnsCookie) -> Option<super::ProgramState> {
         Some(self.pods.get(&cookie)?.inbound.as_ref()?.program.clone())
     }
 
     /// The pods whose proxy is listening, in either family (one walk of the listener map: a
     /// sock hash lookup from userspace needs 8-byte values, socket cookies, and aya-ebpf
     /// declares 4-byte ones).
-    pub fn listening_cookies(&self) -> BTreeSet<u64> {
+    pub fn listening_cookies(&self) -> BTreeSet<NetnsCookie> {
         self.maps
             .listeners
             .keys()
             .filter_map(Result::ok)
-            .map(|k| k.netns_cookie)
+            .map(|k| NetnsCookie(k.netns_cookie))
             .collect()
     }
 
     /// Whether the pod's proxy is listening, in either family (as far as steering knows).
-    pub fn has_listener(&self, cookie: u64) -> bool {
+    pub fn has_listener(&self, cookie: NetnsCookie) -> bool {
         self.listening_cookies().contains(&cookie)
     }
 
     /// Unregisters a pod: its connections are no longer intercepted from this call on.
-    pub fn remove(&mut self, cookie: u64) -> Result<(), EbpfError> {
+    pub fn remove(&mut self, cookie: NetnsCookie) -> Result<(), EbpfError> {
         let Some(registered) = self.pods.remove(&cookie) else {
             return Ok(());
         };
@@ -674,13 +680,13 @@ impl PodRegistry {
         )
     }
 
-    fn remove_config(&mut self, cookie: u64) -> Result<(), EbpfError> {
+    fn remove_config(&mut self, cookie: NetnsCookie) -> Result<(), EbpfError> {
         ignore_absent(self.maps.pods.remove(&cookie)).map_err(map_error(names::MAP_PODS))
     }
 
     /// Detaches a pod's sk_lookup program: drops this process's link and, for the agent, the
     /// pin that keeps it attached.
-    fn detach_inbound(&mut self, cookie: u64, inbound: Option<Inbound>) {
+    fn detach_inbound(&mut self, cookie: NetnsCookie, inbound: Option<Inbound>) {
         drop(inbound);
         if self.persistent {
             let path = inbound_link_path(&self.links_dir, cookie);
@@ -694,8 +700,8 @@ impl PodRegistry {
     /// addresses, subnets and counters.
     fn remove_entries(
         &mut self,
-        cookie: u64,
-        slot: Option<u32>,
+        cookie: NetnsCookie,
+        slot: Option<PodSlot>,
         addresses: &BTreeSet<IpAddr>,
         subnets: &BTreeSet<SubnetEntry>,
     ) -> Result<(), EbpfError> {
@@ -712,7 +718,7 @@ impl PodRegistry {
 
     fn remove_address_and_subnet_entries(
         &mut self,
-        cookie: u64,
+        cookie: NetnsCookie,
         addresses: &BTreeSet<IpAddr>,
         subnets: &BTreeSet<SubnetEntry>,
     ) -> Result<(), EbpfError> {
@@ -729,7 +735,11 @@ impl PodRegistry {
     /// Replaces the pod's set of own addresses (after an address change in its namespace), make
     /// before break: the new ones are added, then the old ones removed; if one cannot be added,
     /// the old set stays as it was.
-    pub fn set_addresses(&mut self, cookie: u64, addresses: &[IpAddr]) -> Result<(), EbpfError> {
+    pub fn set_addresses(
+        &mut self,
+        cookie: NetnsCookie,
+        addresses: &[IpAddr],
+    ) -> Result<(), EbpfError> {
         let Some(registered) = self.pods.get(&cookie) else {
             return Ok(());
         };
@@ -765,7 +775,7 @@ impl PodRegistry {
         Ok(())
     }
 
-    pub fn counters(&self, cookie: u64) -> Result<Option<Counters>, EbpfError> {
+    pub fn counters(&self, cookie: NetnsCookie) -> Result<Option<Counters>, EbpfError> {
         let Some(registered) = self.pods.get(&cookie) else {
             return Ok(None);
         };
@@ -789,7 +799,7 @@ impl PodRegistry {
         };
         let mut copied = 0;
         if let Some(old) = open(names::MAP_CONNECTING)
-            .and_then(|m| HashMap::<MapData, u64, OrigDst>::try_from(m).ok())
+            .and_then(|m| HashMap::<MapData, SocketCookie, OrigDst>::try_from(m).ok())
         {
             for (key, value) in old.iter().filter_map(Result::ok) {
                 copied += usize::from(self.maps.connecting.insert(key, value, 0).is_ok());
@@ -817,14 +827,14 @@ impl PodRegistry {
         }
     }
 
-    fn zero_counters(&mut self, slot: u32) -> Result<(), EbpfError> {
+    fn zero_counters(&mut self, slot: PodSlot) -> Result<(), EbpfError> {
         let cpus = aya::util::nr_cpus()
             .map_err(|(_, e)| map_error(names::MAP_COUNTERS)(MapError::IoError(e)))?;
         let zero = PerCpuValues::try_from(vec![PodCounters::ZERO; cpus])
             .map_err(|e| map_error(names::MAP_COUNTERS)(MapError::IoError(e)))?;
         self.maps
             .counters
-            .set(slot, zero, 0)
+            .set(slot.0, zero, 0)
             .map_err(map_error(names::MAP_COUNTERS))
     }
 }
@@ -849,10 +859,10 @@ fn is_absent(e: &MapError) -> bool {
 /// Sums one slot of the per-CPU counter array.
 pub fn read_counters<T: std::borrow::Borrow<MapData>>(
     counters: &PerCpuArray<T, PodCounters>,
-    slot: u32,
+    slot: PodSlot,
 ) -> Result<Counters, EbpfError> {
     let per_cpu = counters
-        .get(&slot, 0)
+        .get(&slot.0, 0)
         .map_err(map_error(names::MAP_COUNTERS))?;
     let mut sum = [0u64; interceptor_common::counters::COUNTERS_PER_POD];
     for cpu in per_cpu.iter() {

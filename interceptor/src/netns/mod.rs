@@ -1,5 +1,6 @@
 //! A pod's network namespace: its identity (the netns cookie) and its addresses. Work inside the
 //! namespace runs on the calling thread, which `setns`es in and back out.
+use interceptor_common::NetnsCookie;
 mod addresses;
 
 use std::{
@@ -118,18 +119,18 @@ impl PodNetns {
 
     /// The namespace's cookie and addresses with one switch into it (see [`Self::cookie`] and
     /// [`Self::addresses`]): the agent reads both for every pod at every periodic check.
-    pub fn cookie_and_addresses(&self) -> Result<(u64, Vec<IpAddr>), NetnsError> {
+    pub fn cookie_and_addresses(&self) -> Result<(NetnsCookie, Vec<IpAddr>), NetnsError> {
         self.run_inside(|| Ok((self.cookie_here()?, self.addresses_here()?)))
     }
 
     /// The kernel's 64-bit identity of the namespace, the same value `bpf_get_netns_cookie`
     /// returns in the eBPF programs. Needs Linux 5.14 (`SO_NETNS_COOKIE`).
-    pub fn cookie(&self) -> Result<u64, NetnsError> {
+    pub fn cookie(&self) -> Result<NetnsCookie, NetnsError> {
         self.run_inside(|| self.cookie_here())
     }
 
     /// [`Self::cookie`], from a thread already inside the namespace.
-    fn cookie_here(&self) -> Result<u64, NetnsError> {
+    fn cookie_here(&self) -> Result<NetnsCookie, NetnsError> {
         let path = self.path.clone();
         {
             let sock = socket(
@@ -162,7 +163,7 @@ impl PodNetns {
                     source: nix::Error::last(),
                 });
             }
-            Ok(cookie)
+            Ok(NetnsCookie(cookie))
         }
     }
 
