@@ -6,6 +6,7 @@
 //! `interceptor-config` crate), validated by that crate on the way in, so a bad value gets the
 //! same message whichever way it arrives (CLI, `pod add`, the CNI plugin's `linkerd` block). A
 //! client older than that may still send proxy-init's flags (`args`).
+#![forbid(unsafe_code)]
 use std::{
     collections::BTreeMap,
     io::{BufRead as _, BufReader, Write as _},
@@ -20,6 +21,8 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
+// A request is built once per call and sent: boxing the large `Add` would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Request {
     /// Registers a pod and answers once its interception is in force. Idempotent: the same pod
     /// with the same configuration changes nothing; another configuration is a conflict unless

@@ -14,6 +14,7 @@
 //!
 //! Errors are the spec's JSON on stdout; the plugin logs to `log_file`
 //! (default `/var/log/interceptor-cni.log`), as stdout belongs to the runtime.
+#![forbid(unsafe_code)]
 mod config;
 pub mod install;
 

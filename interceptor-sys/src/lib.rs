@@ -440,24 +440,6 @@ pub fn object_kind(fd: BorrowedFd<'_>) -> io::Result<ObjectKind> {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn registers_pack_dst_low_src_high() {
-        let i = insn(0xbf, 6, 1, -4, 7);
-        assert_eq!((i.dst_reg(), i.src_reg(), i.off, i.imm), (6, 1, -4, 7));
-        assert_eq!(size_of::<bpf_insn>(), 8);
-    }
-
-    #[test]
-    fn names_are_cut_to_fifteen_bytes() {
-        let name = object_name("a_name_longer_than_fifteen");
-        assert_eq!(name_string(&name), "a_name_longer_t");
-    }
-}
-
 /// A duplicate of file descriptor `fd` of process `pid` (pidfd_open, then pidfd_getfd): how the
 /// agent takes a proxy's listening socket that predates registration. Needs ptrace access to
 /// the process (root has it). Kernel >= 5.6.
@@ -485,4 +467,22 @@ pub fn duplicate_fd_of(pid: i32, fd: i32) -> io::Result<OwnedFd> {
 pub fn limit_malloc_arenas(arenas: i32) -> bool {
     // SAFETY: mallopt takes plain integers and only changes the allocator's tuning.
     unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) == 1 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registers_pack_dst_low_src_high() {
+        let i = insn(0xbf, 6, 1, -4, 7);
+        assert_eq!((i.dst_reg(), i.src_reg(), i.off, i.imm), (6, 1, -4, 7));
+        assert_eq!(size_of::<bpf_insn>(), 8);
+    }
+
+    #[test]
+    fn names_are_cut_to_fifteen_bytes() {
+        let name = object_name("a_name_longer_than_fifteen");
+        assert_eq!(name_string(&name), "a_name_longer_t");
+    }
 }

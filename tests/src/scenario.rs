@@ -1,5 +1,5 @@
-//! The behaviour contract (SPEC "Outbound" and "Inbound") as one table of scenarios, run the same
-//! way against every backend and for every address family an app can use: who connects, from
+//! The behaviour contract (the outbound and inbound rules of proxy-init's chains) as one table of
+//! scenarios, run the same way against every backend and for every address family an app can use: who connects, from
 //! where, to what, under which configuration, and where it must land.
 //!
 //! Rows are written with IPv4 addresses; [`Family`] turns them into the connection a test makes:
@@ -27,7 +27,7 @@ pub const APP_UID: u32 = 1000;
 /// A group the app can be put in for the proxy-GID rules.
 pub const PROXY_GID: u32 = 2103;
 
-/// Linkerd's defaults for a meshed pod (SPEC "Default Linkerd values").
+/// Linkerd's defaults for a meshed pod (its proxy injector's values).
 pub fn linkerd_config() -> InterceptionConfig {
     InterceptionConfig {
         incoming_proxy_port: INBOUND_PORT,
@@ -171,7 +171,8 @@ const fn client(name: &'static str, target: &'static str, expect: Expect) -> Sce
     }
 }
 
-/// SPEC "Outbound", rule by rule, each with the side that is intercepted and the side that is not.
+/// The outbound rules (proxy-init's PROXY_INIT_OUTPUT chain), rule by rule, each with the side
+/// that is intercepted and the side that is not.
 pub const OUTBOUND: &[Scenario] = &[
     app(
         "redirects_to_a_remote_address",
@@ -311,7 +312,7 @@ pub const OUTBOUND: &[Scenario] = &[
     },
 ];
 
-/// SPEC "Inbound", rule by rule. The pod is 10.77.0.1; its app serves 80, 4190 and 9090 on all
+/// The inbound rules (proxy-init's PROXY_INIT_REDIRECT chain), rule by rule. The pod is 10.77.0.1; its app serves 80, 4190 and 9090 on all
 /// addresses; clients connect from the remote host 10.77.0.2 unless the row says otherwise.
 pub const INBOUND: &[Scenario] = &[
     client(
@@ -502,7 +503,7 @@ pub trait Backend {
     fn attach(&self, fixture: &PodFixture, config: &InterceptionConfig) -> Box<dyn std::any::Any>;
 
     /// sk_lookup keeps the original address on the proxy's inbound socket; iptables REDIRECT
-    /// rewrites it to the proxy port (SPEC: both are acceptable, SO_ORIGINAL_DST is the contract).
+    /// rewrites it to the proxy port. Both are acceptable: the proxy relies on SO_ORIGINAL_DST.
     fn inbound_keeps_local_address(&self) -> bool;
 }
 

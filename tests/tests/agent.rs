@@ -369,7 +369,7 @@ fn uninstall_removes_everything_the_agent_pinned() {
 
     let out = home.cli(&["uninstall"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    // A forked child of another test may hold link fds for a moment (TOOLCHAIN.md).
+    // A forked child of another test holds copies of link fds until it execs.
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
         match app.connect(UNREACHABLE) {

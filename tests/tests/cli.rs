@@ -152,7 +152,7 @@ fn run_meshes_a_pod_reports_status_and_detaches_on_sigterm() {
         "192.0.2.2:1404"
     );
     assert_eq!(app.connect("10.77.0.2:443").server_name(), "remote-443");
-    // The bypass of issue 7: run with --ipv6=false, an AF_INET6 socket connecting to the
+    // The dual-stack bypass: run with --ipv6=false, an AF_INET6 socket connecting to the
     // IPv4-mapped address is still an IPv4 connection, and is intercepted.
     assert_eq!(
         app.connect("[::ffff:192.0.2.2]:1404")

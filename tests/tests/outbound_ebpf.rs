@@ -334,7 +334,7 @@ fn detaching_restores_direct_connections() {
     register(&mut node, &fixture.pod, &linkerd_config());
     assert_eq!(app.connect(&remote.to_string()).proxy_orig(), remote);
     drop(node);
-    // A child forked by another test may briefly hold copies of the link fds (TOOLCHAIN.md).
+    // A child forked by another test holds copies of the link fds until it execs.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         match app.connect(&remote.to_string()) {

@@ -1,7 +1,8 @@
 //! Attachments that outlive the process: links created with BPF_LINK_CREATE and pinned on the
 //! bpffs. If `interceptor run` is killed, its programs stay attached and keep intercepting
-//! (SPEC "Failure semantics": fail closed, no window around the proxy); the next run of the
-//! same instance attaches its own programs first, then unpins these. aya 0.14 cannot pin every
+//! (failing closed: never a moment in which the app reaches its destination around the proxy);
+//! the next run of the same instance attaches its own programs first, then unpins these. aya 0.14
+//! cannot pin every
 //! link type we use (no `FdLink` for cgroup sockopt links), so this module makes them itself.
 //!
 //! A pin is never trusted: before the agent uses what is pinned at one of its link paths it reads

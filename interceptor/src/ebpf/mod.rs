@@ -107,7 +107,7 @@ fn thousands(n: usize) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -202,17 +202,6 @@ pub struct EbpfNode {
     pods: PodRegistry,
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn thousands_are_separated() {
-        assert_eq!(super::thousands(0), "0");
-        assert_eq!(super::thousands(120), "120");
-        assert_eq!(super::thousands(16384), "16,384");
-        assert_eq!(super::thousands(1234567), "1,234,567");
-    }
-}
-
 impl EbpfNode {
     /// Loads the programs (verifying them) and creates the shared maps, pinned under
     /// `options.pin_dir`, without attaching anything.
@@ -250,5 +239,16 @@ impl EbpfNode {
 
     pub fn pods_ref(&self) -> &PodRegistry {
         &self.pods
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn thousands_are_separated() {
+        assert_eq!(super::thousands(0), "0");
+        assert_eq!(super::thousands(120), "120");
+        assert_eq!(super::thousands(16384), "16,384");
+        assert_eq!(super::thousands(1234567), "1,234,567");
     }
 }

@@ -17,7 +17,7 @@ pub use rules::{
 
 use crate::config::InterceptionConfig;
 
-/// Which iptables binaries to run (SPEC: legacy, nft or plain).
+/// Which iptables binaries to run: legacy, nft or plain `iptables`, as proxy-init offers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum IptablesMode {
     #[default]

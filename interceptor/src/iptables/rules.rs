@@ -1,4 +1,4 @@
-//! The commands proxy-init runs, argument for argument (SPEC "The iptables backend"): the nat
+//! The commands proxy-init runs, argument for argument, as linkerd2-proxy-init writes them: the nat
 //! table only, the inbound chain first, then the outbound one, each filled before its jump.
 use std::fmt;
 

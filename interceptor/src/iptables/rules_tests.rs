@@ -25,7 +25,7 @@ fn text(rules: &[Rule]) -> String {
     rules.iter().map(|r| format!("{r}\n")).collect()
 }
 
-/// The listing in SPEC "The iptables backend", verbatim.
+/// What proxy-init writes for Linkerd's defaults, verbatim (`iptables-save` of a meshed pod).
 #[test]
 fn default_linkerd_configuration_is_the_spec_listing() {
     let expected = "\
