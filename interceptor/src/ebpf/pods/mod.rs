@@ -5,7 +5,6 @@
 //! first, then the pod's configuration (one map update: the switch), then the entries only the
 //! old state needed are removed. A change that fails before the switch leaves the maps exactly as
 //! they were, so a refused change never leaves a pod less intercepted than before.
-use interceptor_common::{NetnsCookie, PodSlot, SocketCookie};
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -13,15 +12,15 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues, lpm_trie::Key};
+use aya::maps::{HashMap, Map, MapData, MapError, PerCpuValues};
 use interceptor_common::{
-    ListenerKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS, MAX_SUBNET_RULES, OrigDst, PendingKey,
-    PendingOrigDst, PodConfig, PodCounters, names,
+    ListenerKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS, MAX_SUBNET_RULES, NetnsCookie, OrigDst,
+    PendingKey, PendingOrigDst, PodConfig, PodCounters, PodSlot, SocketCookie, names,
 };
 
 use super::{
-    Counters, EbpfError, LoadOptions, PodSpec,
-    encode::{SubnetEntry, listener_key, local_key, pod_config, subnet_keys},
+    EbpfError, LoadOptions, PodSpec,
+    encode::{SubnetEntry, listener_key, pod_config, subnet_keys},
     inbound::{Inbound, inbound_link_path, load_inbound},
     links::PinnedLink,
     listener::{Listening, find_listeners},
@@ -29,6 +28,12 @@ use super::{
     pod_lookup::PodLookupLoader,
 };
 use crate::{config::InterceptionConfig, crash_points::crash_point, netns::PodNetns};
+
+mod entries;
+mod inspect;
+
+use entries::ignore_absent;
+pub use inspect::read_counters;
 
 const BPF_NOEXIST: u64 = 1;
 
@@ -277,28 +282,6 @@ impl PodRegistry {
         }
     }
 
-    /// What the address and subnet maps hold, by pod: read once to restore many pods (a walk
-    /// per pod would cost pods × entries system calls).
-    pub fn in_maps(&self) -> InMaps {
-        let mut in_maps = InMaps::default();
-        for key in self.maps.local_addrs.keys().filter_map(Result::ok) {
-            in_maps
-                .addresses
-                .entry(NetnsCookie(key.netns_cookie))
-                .or_default()
-                .insert(IpAddr::from(key.addr));
-        }
-        for key in self.maps.subnets.keys().filter_map(Result::ok) {
-            let data = key.data();
-            in_maps
-                .subnets
-                .entry(NetnsCookie(data.netns_cookie))
-                .or_default()
-                .insert((key.prefix_len(), data));
-        }
-        in_maps
-    }
-
     /// Makes `spec` the pod's state, from `before`: its sk_lookup link (`inbound`, or attached
     /// now), the entries the new state needs, its configuration (the switch), then the entries
     /// only `before` needed are removed. Nothing is written unless everything fits; a failure
@@ -403,185 +386,6 @@ impl PodRegistry {
         Ok(())
     }
 
-    fn write_new_entries(
-        &mut self,
-        cookie: NetnsCookie,
-        before: &InForce,
-        addresses: &BTreeSet<IpAddr>,
-        subnets: &BTreeSet<SubnetEntry>,
-        written: &mut Written,
-    ) -> Result<(), EbpfError> {
-        for ip in addresses.difference(&before.addresses) {
-            self.maps
-                .local_addrs
-                .insert(local_key(cookie, *ip), 1, 0)
-                .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
-            written.addresses.push(*ip);
-        }
-        for entry in subnets.difference(&before.subnets) {
-            self.insert_subnet(entry)?;
-            written.subnets.push(*entry);
-        }
-        Ok(())
-    }
-
-    /// Undoes [`Self::write_new_entries`] for a change that could not be completed.
-    fn remove_written(&mut self, cookie: NetnsCookie, written: Written) {
-        let addresses = written.addresses.into_iter().collect();
-        let subnets = written.subnets.into_iter().collect();
-        if let Err(e) = self.remove_address_and_subnet_entries(cookie, &addresses, &subnets) {
-            tracing::warn!(netns_cookie = %cookie, error = %e, "removing the entries of a change that could not be completed");
-        }
-    }
-
-    /// After the switch: removes the entries only the old state needed. Returns the entries the
-    /// maps now hold, and a problem if an old one could not be removed (kept, to be removed
-    /// with the pod).
-    fn remove_old_entries(
-        &mut self,
-        cookie: NetnsCookie,
-        before: &InForce,
-        mut addresses: BTreeSet<IpAddr>,
-        mut subnets: BTreeSet<SubnetEntry>,
-    ) -> (BTreeSet<IpAddr>, BTreeSet<SubnetEntry>, Option<String>) {
-        let mut problem = None;
-        for ip in before.addresses.difference(&addresses.clone()) {
-            if let Err(e) = ignore_absent(self.maps.local_addrs.remove(&local_key(cookie, *ip))) {
-                problem = Some(format!("an old address entry ({ip}) is left: {e}"));
-                addresses.insert(*ip);
-            }
-        }
-        for entry in before.subnets.difference(&subnets.clone()) {
-            if let Err(e) = self.remove_subnet(entry) {
-                problem = Some(format!("an old subnet entry is left: {e}"));
-                subnets.insert(*entry);
-            }
-        }
-        (addresses, subnets, problem)
-    }
-
-    fn insert_subnet(&mut self, (prefix_len, key): &SubnetEntry) -> Result<(), EbpfError> {
-        self.maps
-            .subnets
-            .insert(&Key::new(*prefix_len, *key), 1, 0)
-            .map_err(|e| match e {
-                // Another writer of the trie (an older agent still running) filled it.
-                MapError::SyscallError(ref s)
-                    if s.io_error.raw_os_error() == Some(libc::ENOSPC) =>
-                {
-                    EbpfError::TableFull {
-                        table: "subnet",
-                        unit: "rules",
-                        capacity: MAX_SUBNET_RULES as usize,
-                        free: 0,
-                        needed: 1,
-                    }
-                }
-                e => map_error(names::MAP_SUBNETS)(e),
-            })?;
-        self.subnet_entries += 1;
-        Ok(())
-    }
-
-    fn remove_subnet(&mut self, (prefix_len, key): &SubnetEntry) -> Result<(), EbpfError> {
-        match self.maps.subnets.remove(&Key::new(*prefix_len, *key)) {
-            Ok(()) => {
-                self.subnet_entries = self.subnet_entries.saturating_sub(1);
-                Ok(())
-            }
-            Err(e) if is_absent(&e) => Ok(()),
-            Err(e) => Err(map_error(names::MAP_SUBNETS)(e)),
-        }
-    }
-
-    /// The registered pods' netns cookies.
-    pub fn cookies(&self) -> Vec<NetnsCookie> {
-        self.pods.keys().copied().collect()
-    }
-
-    /// A registered pod's counter slot.
-    pub fn slot(&self, cookie: NetnsCookie) -> Option<PodSlot> {
-        self.pods.get(&cookie).map(|p| p.slot)
-    }
-
-    /// Why a registered pod's entries are not exactly what its configuration asks for, if they
-    /// are not: what the kernel holds is checked (its configuration entry, its pinned sk_lookup
-    /// link), and what an earlier change could not complete is reported.
-    pub fn problem(&self, cookie: NetnsCookie) -> Option<String> {
-        let registered = self.pods.get(&cookie)?;
-        if let Some(problem) = &registered.problem {
-            return Some(problem.clone());
-        }
-        match self.maps.pods.get(&cookie, 0) {
-            Ok(in_maps)
-                if bytemuck::bytes_of(&in_maps) == bytemuck::bytes_of(&registered.in_force) => {}
-            Ok(_) => return Some("its configuration entry differs from the one written".into()),
-            Err(_) => return Some("its configuration entry is missing from the pod map".into()),
-        }
-        let Some(inbound) = &registered.inbound else {
-            return Some("its sk_lookup program is not attached by this agent".into());
-        };
-        if self.persistent
-            && let Some(problem) = inbound.pin_problem(&inbound_link_path(&self.links_dir, cookie))
-        {
-            return Some(format!("its sk_lookup link: {problem}"));
-        }
-        None
-    }
-
-    /// How the address and subnet entries the maps hold for a registered pod (`in_maps`, read
-    /// once for all pods) differ from what was written for it, if they do.
-    pub fn entries_differ(&self, cookie: NetnsCookie, in_maps: &InMaps) -> Option<String> {
-        let registered = self.pods.get(&cookie)?;
-        let empty_addresses = BTreeSet::new();
-        let empty_subnets = BTreeSet::new();
-        let addresses = in_maps.addresses.get(&cookie).unwrap_or(&empty_addresses);
-        let subnets = in_maps.subnets.get(&cookie).unwrap_or(&empty_subnets);
-        if *addresses != registered.addresses {
-            return Some(format!(
-                "the address map holds {addresses:?}, not the pod's {:?}",
-                registered.addresses
-            ));
-        }
-        if *subnets != registered.subnets {
-            return Some(format!(
-                "the subnet map holds {} entries for it, not the {} written",
-                subnets.len(),
-                registered.subnets.len()
-            ));
-        }
-        None
-    }
-
-    /// The pods whose sk_lookup link is pinned (the agent's), registered or not.
-    pub fn pinned_inbound_cookies(&self) -> Vec<NetnsCookie> {
-        let prefix = inbound_link_path(Path::new(""), NetnsCookie(0))
-            .to_string_lossy()
-            .trim_end_matches('0')
-            .to_owned();
-        std::fs::read_dir(&self.links_dir)
-            .into_iter()
-            .flatten()
-            .filter_map(|entry| {
-                let name = entry.ok()?.file_name().into_string().ok()?;
-                name.strip_prefix(&prefix)?.parse().ok()
-            })
-            .collect()
-    }
-
-    /// The pods in the kernel's pod map, registered by this process or an earlier one.
-    pub fn cookies_in_maps(&self) -> Vec<NetnsCookie> {
-        self.maps.pods.keys().filter_map(Result::ok).collect()
-    }
-
-    /// A registered pod's own addresses, sorted.
-    pub fn addresses(&self, cookie: NetnsCookie) -> Vec<IpAddr> {
-        self.pods
-            .get(&cookie)
-            .map(|p| p.addresses.iter().copied().collect())
-            .unwrap_or_default()
-    }
-
     /// Removes everything the maps and pins hold for a pod this registry does not manage (left
     /// by an earlier agent whose pod is gone): its configuration first, so it stops being
     /// intercepted at once, then its addresses, subnets, listeners, counters and sk_lookup link.
@@ -643,28 +447,6 @@ impl PodRegistry {
             .map_err(map_error(names::MAP_LISTENERS))
     }
 
-    /// The pod's own sk_lookup program instance, as `status` reports it.
-    pub fn inbound_program(&self, cookie: NetnsCookie) -> Option<super::ProgramState> {
-        Some(self.pods.get(&cookie)?.inbound.as_ref()?.program.clone())
-    }
-
-    /// The pods whose proxy is listening, in either family (one walk of the listener map: a
-    /// sock hash lookup from userspace needs 8-byte values, socket cookies, and aya-ebpf
-    /// declares 4-byte ones).
-    pub fn listening_cookies(&self) -> BTreeSet<NetnsCookie> {
-        self.maps
-            .listeners
-            .keys()
-            .filter_map(Result::ok)
-            .map(|k| NetnsCookie(k.netns_cookie))
-            .collect()
-    }
-
-    /// Whether the pod's proxy is listening, in either family (as far as steering knows).
-    pub fn has_listener(&self, cookie: NetnsCookie) -> bool {
-        self.listening_cookies().contains(&cookie)
-    }
-
     /// Unregisters a pod: its connections are no longer intercepted from this call on.
     pub fn remove(&mut self, cookie: NetnsCookie) -> Result<(), EbpfError> {
         let Some(registered) = self.pods.remove(&cookie) else {
@@ -696,42 +478,6 @@ impl PodRegistry {
                 tracing::warn!(path = %path.display(), error = %e, "unpinning a pod's sk_lookup link");
             }
         }
-    }
-
-    /// What remains of a pod once its configuration and sk_lookup link are gone: its listeners,
-    /// addresses, subnets and counters.
-    fn remove_entries(
-        &mut self,
-        cookie: NetnsCookie,
-        slot: Option<PodSlot>,
-        addresses: &BTreeSet<IpAddr>,
-        subnets: &BTreeSet<SubnetEntry>,
-    ) -> Result<(), EbpfError> {
-        for ipv6 in [false, true] {
-            ignore_absent(self.maps.listeners.remove(&listener_key(cookie, ipv6)))
-                .map_err(map_error(names::MAP_LISTENERS))?;
-        }
-        self.remove_address_and_subnet_entries(cookie, addresses, subnets)?;
-        match slot {
-            Some(slot) => self.zero_counters(slot),
-            None => Ok(()),
-        }
-    }
-
-    fn remove_address_and_subnet_entries(
-        &mut self,
-        cookie: NetnsCookie,
-        addresses: &BTreeSet<IpAddr>,
-        subnets: &BTreeSet<SubnetEntry>,
-    ) -> Result<(), EbpfError> {
-        for ip in addresses {
-            ignore_absent(self.maps.local_addrs.remove(&local_key(cookie, *ip)))
-                .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
-        }
-        for entry in subnets {
-            self.remove_subnet(entry)?;
-        }
-        Ok(())
     }
 
     /// Replaces the pod's set of own addresses (after an address change in its namespace), make
@@ -777,18 +523,6 @@ impl PodRegistry {
         Ok(())
     }
 
-    pub fn counters(&self, cookie: NetnsCookie) -> Result<Option<Counters>, EbpfError> {
-        let Some(registered) = self.pods.get(&cookie) else {
-            return Ok(None);
-        };
-        read_counters(&self.maps.counters, registered.slot).map(Some)
-    }
-
-    /// Number of original destinations recorded and not yet read by a proxy.
-    pub fn pending_orig_dst_entries(&self) -> usize {
-        self.maps.pending.keys().filter(Result::is_ok).count()
-    }
-
     /// Copies the original destinations that an older set of maps (pinned in `dir`, of the same
     /// key and value layout) holds for connections in flight: the programs being replaced
     /// recorded them there. Returns how many were copied; maps of another layout are skipped
@@ -817,18 +551,6 @@ impl PodRegistry {
         copied
     }
 
-    /// How full the maps are (walks their keys: for metrics and tests, not a hot path).
-    pub fn fill_levels(&self) -> FillLevels {
-        FillLevels {
-            pending: self.pending_orig_dst_entries(),
-            connecting: self.maps.connecting.keys().filter(Result::is_ok).count(),
-            listeners: self.maps.listeners.keys().filter(Result::is_ok).count(),
-            local_addrs: self.maps.local_addrs.keys().filter(Result::is_ok).count(),
-            subnets: self.maps.subnets.keys().filter(Result::is_ok).count(),
-            pods: self.maps.pods.keys().filter(Result::is_ok).count(),
-        }
-    }
-
     fn zero_counters(&mut self, slot: PodSlot) -> Result<(), EbpfError> {
         let cpus = aya::util::nr_cpus()
             .map_err(|(_, e)| map_error(names::MAP_COUNTERS)(MapError::IoError(e)))?;
@@ -839,40 +561,6 @@ impl PodRegistry {
             .set(slot.0, zero, 0)
             .map_err(map_error(names::MAP_COUNTERS))
     }
-}
-
-/// A delete that found nothing to delete is not an error.
-fn ignore_absent(result: Result<(), MapError>) -> Result<(), MapError> {
-    match result {
-        Err(e) if is_absent(&e) => Ok(()),
-        r => r,
-    }
-}
-
-/// A delete of a key that is not there (hash maps say KeyNotFound, sock hashes ENOENT).
-fn is_absent(e: &MapError) -> bool {
-    match e {
-        MapError::KeyNotFound => true,
-        MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),
-        _ => false,
-    }
-}
-
-/// Sums one slot of the per-CPU counter array.
-pub fn read_counters<T: std::borrow::Borrow<MapData>>(
-    counters: &PerCpuArray<T, PodCounters>,
-    slot: PodSlot,
-) -> Result<Counters, EbpfError> {
-    let per_cpu = counters
-        .get(&slot.0, 0)
-        .map_err(map_error(names::MAP_COUNTERS))?;
-    let mut sum = [0u64; interceptor_common::counters::COUNTERS_PER_POD];
-    for cpu in per_cpu.iter() {
-        for (total, value) in sum.iter_mut().zip(cpu.values) {
-            *total += value;
-        }
-    }
-    Ok(Counters(sum))
 }
 
 impl Drop for PodRegistry {

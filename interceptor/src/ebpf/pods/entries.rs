@@ -1,0 +1,165 @@
+//! A pod's address and subnet entries: written before a change's switch, removed after it, and
+//! removed again when a change cannot be completed; the subnet count kept up to date.
+use std::{collections::BTreeSet, net::IpAddr};
+
+use aya::maps::{MapError, lpm_trie::Key};
+use interceptor_common::{MAX_SUBNET_RULES, NetnsCookie, PodSlot, names};
+
+use super::{InForce, PodRegistry, Written};
+use crate::ebpf::{
+    EbpfError,
+    encode::{SubnetEntry, listener_key, local_key},
+    maps::map_error,
+};
+
+impl PodRegistry {
+    pub(super) fn write_new_entries(
+        &mut self,
+        cookie: NetnsCookie,
+        before: &InForce,
+        addresses: &BTreeSet<IpAddr>,
+        subnets: &BTreeSet<SubnetEntry>,
+        written: &mut Written,
+    ) -> Result<(), EbpfError> {
+        for ip in addresses.difference(&before.addresses) {
+            self.maps
+                .local_addrs
+                .insert(local_key(cookie, *ip), 1, 0)
+                .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
+            written.addresses.push(*ip);
+        }
+        for entry in subnets.difference(&before.subnets) {
+            self.insert_subnet(entry)?;
+            written.subnets.push(*entry);
+        }
+        Ok(())
+    }
+
+    /// Undoes [`Self::write_new_entries`] for a change that could not be completed.
+    pub(super) fn remove_written(&mut self, cookie: NetnsCookie, written: Written) {
+        let addresses = written.addresses.into_iter().collect();
+        let subnets = written.subnets.into_iter().collect();
+        if let Err(e) = self.remove_address_and_subnet_entries(cookie, &addresses, &subnets) {
+            tracing::warn!(netns_cookie = %cookie, error = %e, "removing the entries of a change that could not be completed");
+        }
+    }
+
+    /// After the switch: removes the entries only the old state needed. Returns the entries the
+    /// maps now hold, and a problem if an old one could not be removed (kept, to be removed
+    /// with the pod).
+    pub(super) fn remove_old_entries(
+        &mut self,
+        cookie: NetnsCookie,
+        before: &InForce,
+        mut addresses: BTreeSet<IpAddr>,
+        mut subnets: BTreeSet<SubnetEntry>,
+    ) -> (BTreeSet<IpAddr>, BTreeSet<SubnetEntry>, Option<String>) {
+        let mut problem = None;
+        for ip in before.addresses.difference(&addresses.clone()) {
+            if let Err(e) = ignore_absent(self.maps.local_addrs.remove(&local_key(cookie, *ip))) {
+                problem = Some(format!("an old address entry ({ip}) is left: {e}"));
+                addresses.insert(*ip);
+            }
+        }
+        for entry in before.subnets.difference(&subnets.clone()) {
+            if let Err(e) = self.remove_subnet(entry) {
+                problem = Some(format!("an old subnet entry is left: {e}"));
+                subnets.insert(*entry);
+            }
+        }
+        (addresses, subnets, problem)
+    }
+
+    pub(super) fn insert_subnet(
+        &mut self,
+        (prefix_len, key): &SubnetEntry,
+    ) -> Result<(), EbpfError> {
+        self.maps
+            .subnets
+            .insert(&Key::new(*prefix_len, *key), 1, 0)
+            .map_err(|e| match e {
+                // Another writer of the trie (an older agent still running) filled it.
+                MapError::SyscallError(ref s)
+                    if s.io_error.raw_os_error() == Some(libc::ENOSPC) =>
+                {
+                    EbpfError::TableFull {
+                        table: "subnet",
+                        unit: "rules",
+                        capacity: MAX_SUBNET_RULES as usize,
+                        free: 0,
+                        needed: 1,
+                    }
+                }
+                e => map_error(names::MAP_SUBNETS)(e),
+            })?;
+        self.subnet_entries += 1;
+        Ok(())
+    }
+
+    pub(super) fn remove_subnet(
+        &mut self,
+        (prefix_len, key): &SubnetEntry,
+    ) -> Result<(), EbpfError> {
+        match self.maps.subnets.remove(&Key::new(*prefix_len, *key)) {
+            Ok(()) => {
+                self.subnet_entries = self.subnet_entries.saturating_sub(1);
+                Ok(())
+            }
+            Err(e) if is_absent(&e) => Ok(()),
+            Err(e) => Err(map_error(names::MAP_SUBNETS)(e)),
+        }
+    }
+
+    /// What remains of a pod once its configuration and sk_lookup link are gone: its listeners,
+    /// addresses, subnets and counters.
+    pub(super) fn remove_entries(
+        &mut self,
+        cookie: NetnsCookie,
+        slot: Option<PodSlot>,
+        addresses: &BTreeSet<IpAddr>,
+        subnets: &BTreeSet<SubnetEntry>,
+    ) -> Result<(), EbpfError> {
+        for ipv6 in [false, true] {
+            ignore_absent(self.maps.listeners.remove(&listener_key(cookie, ipv6)))
+                .map_err(map_error(names::MAP_LISTENERS))?;
+        }
+        self.remove_address_and_subnet_entries(cookie, addresses, subnets)?;
+        match slot {
+            Some(slot) => self.zero_counters(slot),
+            None => Ok(()),
+        }
+    }
+
+    pub(super) fn remove_address_and_subnet_entries(
+        &mut self,
+        cookie: NetnsCookie,
+        addresses: &BTreeSet<IpAddr>,
+        subnets: &BTreeSet<SubnetEntry>,
+    ) -> Result<(), EbpfError> {
+        for ip in addresses {
+            ignore_absent(self.maps.local_addrs.remove(&local_key(cookie, *ip)))
+                .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
+        }
+        for entry in subnets {
+            self.remove_subnet(entry)?;
+        }
+        Ok(())
+    }
+}
+
+/// A delete that found nothing to delete is not an error.
+pub(super) fn ignore_absent(result: Result<(), MapError>) -> Result<(), MapError> {
+    match result {
+        Err(e) if is_absent(&e) => Ok(()),
+        r => r,
+    }
+}
+
+/// A delete of a key that is not there (hash maps say KeyNotFound, sock hashes ENOENT).
+pub(super) fn is_absent(e: &MapError) -> bool {
+    match e {
+        MapError::KeyNotFound => true,
+        MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),
+        _ => false,
+    }
+}

@@ -1,0 +1,183 @@
+//! What the registry and the maps say about the pods: for restore, health, `pod list`, metrics.
+use std::{collections::BTreeSet, net::IpAddr, path::Path};
+
+use aya::maps::{MapData, PerCpuArray};
+use interceptor_common::{NetnsCookie, PodCounters, PodSlot, names};
+
+use super::{FillLevels, InMaps, PodRegistry};
+use crate::ebpf::{Counters, EbpfError, ProgramState, inbound::inbound_link_path, maps::map_error};
+
+impl PodRegistry {
+    /// What the address and subnet maps hold, by pod: read once to restore many pods (a walk
+    /// per pod would cost pods × entries system calls).
+    pub fn in_maps(&self) -> InMaps {
+        let mut in_maps = InMaps::default();
+        for key in self.maps.local_addrs.keys().filter_map(Result::ok) {
+            in_maps
+                .addresses
+                .entry(NetnsCookie(key.netns_cookie))
+                .or_default()
+                .insert(IpAddr::from(key.addr));
+        }
+        for key in self.maps.subnets.keys().filter_map(Result::ok) {
+            let data = key.data();
+            in_maps
+                .subnets
+                .entry(NetnsCookie(data.netns_cookie))
+                .or_default()
+                .insert((key.prefix_len(), data));
+        }
+        in_maps
+    }
+
+    /// The registered pods' netns cookies.
+    pub fn cookies(&self) -> Vec<NetnsCookie> {
+        self.pods.keys().copied().collect()
+    }
+
+    /// A registered pod's counter slot.
+    pub fn slot(&self, cookie: NetnsCookie) -> Option<PodSlot> {
+        self.pods.get(&cookie).map(|p| p.slot)
+    }
+
+    /// Why a registered pod's entries are not exactly what its configuration asks for, if they
+    /// are not: what the kernel holds is checked (its configuration entry, its pinned sk_lookup
+    /// link), and what an earlier change could not complete is reported.
+    pub fn problem(&self, cookie: NetnsCookie) -> Option<String> {
+        let registered = self.pods.get(&cookie)?;
+        if let Some(problem) = &registered.problem {
+            return Some(problem.clone());
+        }
+        match self.maps.pods.get(&cookie, 0) {
+            Ok(in_maps)
+                if bytemuck::bytes_of(&in_maps) == bytemuck::bytes_of(&registered.in_force) => {}
+            Ok(_) => return Some("its configuration entry differs from the one written".into()),
+            Err(_) => return Some("its configuration entry is missing from the pod map".into()),
+        }
+        let Some(inbound) = &registered.inbound else {
+            return Some("its sk_lookup program is not attached by this agent".into());
+        };
+        if self.persistent
+            && let Some(problem) = inbound.pin_problem(&inbound_link_path(&self.links_dir, cookie))
+        {
+            return Some(format!("its sk_lookup link: {problem}"));
+        }
+        None
+    }
+
+    /// How the address and subnet entries the maps hold for a registered pod (`in_maps`, read
+    /// once for all pods) differ from what was written for it, if they do.
+    pub fn entries_differ(&self, cookie: NetnsCookie, in_maps: &InMaps) -> Option<String> {
+        let registered = self.pods.get(&cookie)?;
+        let empty_addresses = BTreeSet::new();
+        let empty_subnets = BTreeSet::new();
+        let addresses = in_maps.addresses.get(&cookie).unwrap_or(&empty_addresses);
+        let subnets = in_maps.subnets.get(&cookie).unwrap_or(&empty_subnets);
+        if *addresses != registered.addresses {
+            return Some(format!(
+                "the address map holds {addresses:?}, not the pod's {:?}",
+                registered.addresses
+            ));
+        }
+        if *subnets != registered.subnets {
+            return Some(format!(
+                "the subnet map holds {} entries for it, not the {} written",
+                subnets.len(),
+                registered.subnets.len()
+            ));
+        }
+        None
+    }
+
+    /// The pods whose sk_lookup link is pinned (the agent's), registered or not.
+    pub fn pinned_inbound_cookies(&self) -> Vec<NetnsCookie> {
+        let prefix = inbound_link_path(Path::new(""), NetnsCookie(0))
+            .to_string_lossy()
+            .trim_end_matches('0')
+            .to_owned();
+        std::fs::read_dir(&self.links_dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|entry| {
+                let name = entry.ok()?.file_name().into_string().ok()?;
+                name.strip_prefix(&prefix)?.parse().ok()
+            })
+            .collect()
+    }
+
+    /// The pods in the kernel's pod map, registered by this process or an earlier one.
+    pub fn cookies_in_maps(&self) -> Vec<NetnsCookie> {
+        self.maps.pods.keys().filter_map(Result::ok).collect()
+    }
+
+    /// A registered pod's own addresses, sorted.
+    pub fn addresses(&self, cookie: NetnsCookie) -> Vec<IpAddr> {
+        self.pods
+            .get(&cookie)
+            .map(|p| p.addresses.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// The pod's own sk_lookup program instance, as `status` reports it.
+    pub fn inbound_program(&self, cookie: NetnsCookie) -> Option<ProgramState> {
+        Some(self.pods.get(&cookie)?.inbound.as_ref()?.program.clone())
+    }
+
+    /// The pods whose proxy is listening, in either family (one walk of the listener map: a
+    /// sock hash lookup from userspace needs 8-byte values, socket cookies, and aya-ebpf
+    /// declares 4-byte ones).
+    pub fn listening_cookies(&self) -> BTreeSet<NetnsCookie> {
+        self.maps
+            .listeners
+            .keys()
+            .filter_map(Result::ok)
+            .map(|k| NetnsCookie(k.netns_cookie))
+            .collect()
+    }
+
+    /// Whether the pod's proxy is listening, in either family (as far as steering knows).
+    pub fn has_listener(&self, cookie: NetnsCookie) -> bool {
+        self.listening_cookies().contains(&cookie)
+    }
+
+    pub fn counters(&self, cookie: NetnsCookie) -> Result<Option<Counters>, EbpfError> {
+        let Some(registered) = self.pods.get(&cookie) else {
+            return Ok(None);
+        };
+        read_counters(&self.maps.counters, registered.slot).map(Some)
+    }
+
+    /// Number of original destinations recorded and not yet read by a proxy.
+    pub fn pending_orig_dst_entries(&self) -> usize {
+        self.maps.pending.keys().filter(Result::is_ok).count()
+    }
+
+    /// How full the maps are (walks their keys: for metrics and tests, not a hot path).
+    pub fn fill_levels(&self) -> FillLevels {
+        FillLevels {
+            pending: self.pending_orig_dst_entries(),
+            connecting: self.maps.connecting.keys().filter(Result::is_ok).count(),
+            listeners: self.maps.listeners.keys().filter(Result::is_ok).count(),
+            local_addrs: self.maps.local_addrs.keys().filter(Result::is_ok).count(),
+            subnets: self.maps.subnets.keys().filter(Result::is_ok).count(),
+            pods: self.maps.pods.keys().filter(Result::is_ok).count(),
+        }
+    }
+}
+
+/// Sums one slot of the per-CPU counter array.
+pub fn read_counters<T: std::borrow::Borrow<MapData>>(
+    counters: &PerCpuArray<T, PodCounters>,
+    slot: PodSlot,
+) -> Result<Counters, EbpfError> {
+    let per_cpu = counters
+        .get(&slot.0, 0)
+        .map_err(map_error(names::MAP_COUNTERS))?;
+    let mut sum = [0u64; interceptor_common::counters::COUNTERS_PER_POD];
+    for cpu in per_cpu.iter() {
+        for (total, value) in sum.iter_mut().zip(cpu.values) {
+            *total += value;
+        }
+    }
+    Ok(Counters(sum))
+}
