@@ -128,10 +128,12 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
             node.pods().inbound_program(spec.netns_cookie),
         )],
     };
-    lock.write_state(&state)?;
+    // Our programs are attached: detach a dead run's before the state file says we run, so
+    // whoever sees this run as running never also sees the dead run's programs in force.
     for stale in lock.take_over() {
         warn!(generation = %stale.display(), "took over from an earlier run of this instance that did not detach; its programs are detached now");
     }
+    lock.write_state(&state)?;
     info!(
         netns = %spec.netns_path.display(),
         netns_cookie = %spec.netns_cookie,
