@@ -16,7 +16,8 @@ use interceptor_tests::{
     Netns, PodFixture,
     agent_home::{Agent, AgentHome, LINKERD_FLAGS, UNREACHABLE, stderr},
     privileged,
-    scenario::{APP_UID, Servers},
+    probe::Landing,
+    scenario::{APP_UID, PROXY_UID, Servers},
 };
 
 /// Connections of a `netprobe connect` load that did not land on the proxy's outbound listener:
@@ -196,6 +197,52 @@ fn an_address_change_that_cannot_be_applied_keeps_the_pod_intercepted() {
         assert!(Instant::now() < deadline, "the new address is applied");
         std::thread::sleep(Duration::from_millis(50));
     }
+    assert_consistent(&home);
+    agent.stop();
+}
+
+#[test]
+fn an_update_of_the_inbound_port_steers_to_the_proxys_listener_on_the_new_port() {
+    if !privileged("an_update_of_the_inbound_port_steers_to_the_proxys_listener_on_the_new_port") {
+        return;
+    }
+    let fixture = PodFixture::new("agentinport");
+    let _servers = Servers::start(&fixture);
+    // Another listener on the port the update names (the old one keeps listening: the socket
+    // on the old port is no longer the proxy's inbound listener once the update is applied).
+    let _new_port = fixture.in_pod().uid(PROXY_UID).listen(&[
+        "proxy",
+        "0.0.0.0:4145",
+        "[::]:4145",
+        "--v6only",
+        "--name",
+        "inbound-4145",
+    ]);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home.start();
+    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    let remote = fixture.on_remote();
+    let landed_on = |landing: Landing| match landing {
+        Landing::Proxy {
+            name,
+            orig: Ok(orig),
+            ..
+        } => (name, orig.to_string()),
+        other => panic!("not steered to a proxy: {other:?}"),
+    };
+    assert_eq!(
+        landed_on(remote.connect("10.77.0.1:80")),
+        ("inbound".to_owned(), "10.77.0.1:80".to_owned())
+    );
+
+    let mut flags = LINKERD_FLAGS.to_vec();
+    flags[1] = "4145";
+    home.add_ok(&fixture.pod.path(), &["--update"], &flags);
+    assert_eq!(
+        landed_on(remote.connect("10.77.0.1:80")),
+        ("inbound-4145".to_owned(), "10.77.0.1:80".to_owned())
+    );
+    assert_eq!(home.pods()[0]["inbound_listener"], true);
     assert_consistent(&home);
     agent.stop();
 }

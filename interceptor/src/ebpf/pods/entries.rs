@@ -53,8 +53,25 @@ impl PodRegistry {
         before: &InForce,
         mut addresses: BTreeSet<IpAddr>,
         mut subnets: BTreeSet<SubnetEntry>,
+        inbound_port: u16,
     ) -> (BTreeSet<IpAddr>, BTreeSet<SubnetEntry>, Option<String>) {
         let mut problem = None;
+        // The listeners are the sockets on the old inbound port: steering to them now would
+        // hand connections to whatever listens there, which need not be the proxy any more.
+        // Until the proxy's listener on the new port is adopted (or its listen() is seen),
+        // inbound connections are refused, as a REDIRECT to a closed port would be.
+        if before
+            .config
+            .is_some_and(|c| c.inbound_port != inbound_port)
+        {
+            for ipv6 in [false, true] {
+                if let Err(e) =
+                    ignore_absent(self.maps.listeners.remove(&listener_key(cookie, ipv6)))
+                {
+                    problem = Some(format!("the listener on the old inbound port is left: {e}"));
+                }
+            }
+        }
         for ip in before.addresses.difference(&addresses.clone()) {
             if let Err(e) = ignore_absent(self.maps.local_addrs.remove(&local_key(cookie, *ip))) {
                 problem = Some(format!("an old address entry ({ip}) is left: {e}"));

@@ -344,7 +344,7 @@ impl PodRegistry {
         }
         crash_point!("pod-switched");
         let (addresses, subnets, problem) =
-            self.remove_old_entries(cookie, before, addresses, subnets);
+            self.remove_old_entries(cookie, before, addresses, subnets, config.inbound_port);
         Ok(Registered {
             slot,
             config: spec.config.clone(),
@@ -512,8 +512,14 @@ impl PodRegistry {
             return Err(e);
         }
         crash_point!("addresses-written");
-        let (addresses, _, problem) =
-            self.remove_old_entries(cookie, &before, wanted, before.subnets.clone());
+        // The same inbound port: only the addresses change.
+        let (addresses, _, problem) = self.remove_old_entries(
+            cookie,
+            &before,
+            wanted,
+            before.subnets.clone(),
+            before.config.map_or(0, |c| c.inbound_port),
+        );
         if let Some(registered) = self.pods.get_mut(&cookie) {
             registered.addresses = addresses;
             if problem.is_some() {
