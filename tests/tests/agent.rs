@@ -1007,7 +1007,8 @@ fn status_and_ready_say_when_interception_is_not_as_configured() {
         .unwrap()
         .port();
     let addr = format!("127.0.0.1:{port}");
-    let agent = home.start_with(&["--metrics-addr", &addr]);
+    // Rarely: the periodic check would pin a removed pin again (tested in agent_pins.rs).
+    let agent = home.start_with(&["--metrics-addr", &addr, "--reconcile-ms", "600000"]);
     home.add_ok(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
     let state_dir = home.state_dir.display().to_string();
     let status = || {

@@ -406,3 +406,48 @@ fn link_problems_names_links_missing_or_attached_elsewhere() {
     }
     std::fs::remove_dir(&dir).unwrap();
 }
+
+fn link_id(path: &Path) -> u32 {
+    interceptor_sys::link_info(pinned(path).as_fd()).unwrap().id
+}
+
+/// Pins removed while the agent runs (by hand, by a cleanup script) leave the attachments held by
+/// the agent process alone: its periodic check pins the same links again, so interception still
+/// outlives the process, as a SIGKILL right after shows.
+#[test]
+fn pins_removed_while_the_agent_runs_are_pinned_again() {
+    if !privileged("pins_removed_while_the_agent_runs_are_pinned_again") {
+        return;
+    }
+    let fixture = PodFixture::new("pinsgone");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home.start_with(&["--reconcile-ms", "100"]);
+    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    let cookie = home.pods()[0]["netns_cookie"].as_u64().unwrap();
+    let mut links: Vec<PathBuf> = NODE_LINKS.iter().map(|l| home.bpffs.join(l)).collect();
+    links.push(home.bpffs.join(format!("link_icpt_sk_lookup_{cookie}")));
+    let ids: Vec<u32> = links.iter().map(|l| link_id(l)).collect();
+
+    for link in &links {
+        std::fs::remove_file(link).unwrap();
+    }
+    eventually("the links are pinned again", || {
+        links.iter().all(|l| l.exists())
+    });
+    assert_eq!(
+        links.iter().map(|l| link_id(l)).collect::<Vec<_>>(),
+        ids,
+        "the same links, not new attachments"
+    );
+    assert_eq!(home.problems(), Vec::<String>::new());
+
+    agent.kill();
+    let app = fixture.in_pod().uid(APP_UID);
+    assert!(intercepted(&app));
+    let landing = fixture.on_remote().connect("10.77.0.1:80");
+    assert!(
+        matches!(&landing, Landing::Proxy { name, .. } if name == "inbound"),
+        "{landing:?}"
+    );
+}

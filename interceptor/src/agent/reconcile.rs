@@ -1,6 +1,7 @@
 //! Keeping the pods in step with their namespaces: a pod whose namespace disappeared (or was
 //! replaced: another cookie at the same path) is removed, and address changes are applied.
-//! Runs periodically, and at once when a watched namespace directory loses an entry.
+//! Runs periodically, and at once when a watched namespace directory loses an entry. Each run
+//! also pins again any of the agent's links whose pin went missing.
 //!
 //! Each namespace is visited without the agent's lock (a switch into it per pod, which adds up
 //! on a node with many pods); the lock is taken only to apply what changed.
@@ -31,6 +32,7 @@ pub(super) fn start(agent: &Arc<Mutex<Agent>>, running: &Arc<AtomicBool>) {
 }
 
 fn reconcile(agent: &Mutex<Agent>) {
+    restore_missing_pins(&lock(agent));
     let pods: Vec<(NetnsCookie, PathBuf)> = lock(agent)
         .pods
         .iter()
@@ -61,5 +63,17 @@ fn reconcile(agent: &Mutex<Agent>) {
             Ok(_) => agent.forget(cookie, "its network namespace was replaced"),
             Err(_) => agent.forget(cookie, "its network namespace is gone"),
         }
+    }
+}
+
+/// A pin removed by hand (or by a cleanup script) while the agent runs leaves the attachment
+/// held by this process only: pinned again here, the next restart or crash does not end it.
+fn restore_missing_pins(agent: &Agent) {
+    let (pinned, failed) = agent.node.restore_missing_pins();
+    for path in pinned {
+        warn!(path = %path.display(), "a link's pin was removed while the agent held the link; pinned it again");
+    }
+    for (path, error) in failed {
+        warn!(path = %path.display(), %error, "a link's pin was removed and pinning it again failed: its interception ends with this process");
     }
 }

@@ -26,6 +26,10 @@ pub(super) struct Inbound {
 }
 
 impl Inbound {
+    pub(super) fn link(&self) -> &PinnedLink {
+        &self._link
+    }
+
     /// What is wrong with the link pinned at `path` for this program: missing, defunct,
     /// attached to another namespace, or running another program. Changes nothing.
     pub(super) fn pin_problem(&self, path: &Path) -> Option<LinkProblem> {

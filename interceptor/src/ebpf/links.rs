@@ -316,6 +316,22 @@ impl PinnedLink {
         })
     }
 
+    /// Pins this persistent link again if its pin was removed while this process held it:
+    /// without the pin, the attachment would end with this process. Something else pinned at
+    /// the path meanwhile is left alone (the health check reports it). Returns whether it
+    /// pinned.
+    pub fn restore_pin(&self) -> io::Result<bool> {
+        if !self.persistent || self.path.symlink_metadata().is_ok() {
+            return Ok(false);
+        }
+        interceptor_sys::obj_pin(self._fd.as_fd(), &self.path)?;
+        Ok(true)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Unpins and detaches the link pinned at `path`, if any and if it is ours (a removed pod,
     /// `interceptor uninstall`). The program stops running once no process holds the link
     /// either.

@@ -190,6 +190,11 @@ impl Attached {
             .collect()
     }
 
+    /// The node's links whose pins were removed while this process held them.
+    pub(super) fn links(&self) -> &[PinnedLink] {
+        &self.links
+    }
+
     pub(super) fn programs(&self) -> Vec<ProgramState> {
         PROGRAMS
             .iter()

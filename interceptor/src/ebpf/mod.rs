@@ -229,6 +229,26 @@ impl EbpfNode {
         self.attached.link_problems(cgroup)
     }
 
+    /// Pins again the links (the node's and each pod's sk_lookup link) whose pins were removed
+    /// while this process held them, so the attachments outlive it as they should. Returns the
+    /// paths pinned again, and those that could not be.
+    pub fn restore_missing_pins(&self) -> (Vec<PathBuf>, Vec<(PathBuf, std::io::Error)>) {
+        let (mut pinned, mut failed) = (Vec::new(), Vec::new());
+        for link in self
+            .attached
+            .links()
+            .iter()
+            .chain(self.pods.inbound_links())
+        {
+            match link.restore_pin() {
+                Ok(true) => pinned.push(link.path().to_owned()),
+                Ok(false) => {}
+                Err(e) => failed.push((link.path().to_owned(), e)),
+            }
+        }
+        (pinned, failed)
+    }
+
     pub fn programs(&self) -> Vec<ProgramState> {
         self.attached.programs()
     }

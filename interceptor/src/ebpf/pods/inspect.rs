@@ -5,7 +5,10 @@ use aya::maps::{MapData, PerCpuArray};
 use interceptor_common::{NetnsCookie, PodCounters, PodSlot, names};
 
 use super::{FillLevels, InMaps, PodRegistry};
-use crate::ebpf::{Counters, EbpfError, ProgramState, inbound::inbound_link_path, maps::map_error};
+use crate::ebpf::{
+    Counters, EbpfError, ProgramState, inbound::inbound_link_path, links::PinnedLink,
+    maps::map_error,
+};
 
 impl PodRegistry {
     /// What the address and subnet maps hold, by pod: read once to restore many pods (a walk
@@ -63,6 +66,13 @@ impl PodRegistry {
             return Some(format!("its sk_lookup link: {problem}"));
         }
         None
+    }
+
+    /// The sk_lookup links this registry holds for its pods.
+    pub(in crate::ebpf) fn inbound_links(&self) -> impl Iterator<Item = &PinnedLink> {
+        self.pods
+            .values()
+            .filter_map(|p| Some(p.inbound.as_ref()?.link()))
     }
 
     /// How the address and subnet entries the maps hold for a registered pod (`in_maps`, read
