@@ -55,8 +55,7 @@ fn an_update_the_maps_cannot_hold_is_refused_and_the_pod_stays_intercepted() {
     let fixture = PodFixture::new("agentrefuse");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start();
-    home.add_ok(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
+    let agent = home.start_meshing(&fixture.pod.path(), &["--name", "web"]);
     let before = home.pods();
     let record = std::fs::read_dir(home.state_dir.join("agent-pods"))
         .unwrap()
@@ -143,8 +142,7 @@ fn an_address_change_that_cannot_be_applied_keeps_the_pod_intercepted() {
     let fixture = PodFixture::new("agentaddr");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start();
-    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    let agent = home.start_meshing(&fixture.pod.path(), &[]);
 
     let app = fixture.in_pod().uid(APP_UID);
     let lines = std::thread::scope(|s| {
@@ -217,7 +215,7 @@ fn a_client_that_says_nothing_does_not_delay_another_clients_pod_add() {
     half.write_all(br#"{"op":"ad"#).unwrap();
 
     let started = Instant::now();
-    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    home.mesh(&fixture.pod.path(), &[]);
     let took = started.elapsed();
     assert!(
         took < Duration::from_secs(2),
@@ -322,7 +320,7 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
     };
     let log_len = || std::fs::metadata(&log_path).map_or(0, |m| m.len() as usize);
     let mut agent = home.wait_ready(home.spawn(&[], log()));
-    home.add_ok(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
+    home.mesh(&fixture.pod.path(), &["--name", "web"]);
 
     let app = fixture.in_pod().uid(APP_UID);
     let stop = AtomicBool::new(false);
