@@ -8,6 +8,7 @@ use std::{
 
 use interceptor_tests::{
     Landing, PodFixture,
+    agent_home::PROXY_FLAGS,
     meshed::{self, Meshed},
     privileged,
     scenario::{APP_UID, Servers},
@@ -21,17 +22,10 @@ const BIN: &str = env!("CARGO_BIN_EXE_interceptor-under-test");
 fn run_args(fixture: &PodFixture, instance: &str) -> Vec<String> {
     let mut args = meshed::run_args(fixture, instance);
     args.extend(
-        [
-            "-p",
-            "4143",
-            "-o",
-            "4140",
-            "-u",
-            "2102",
-            "--outbound-ports-to-ignore",
-            "443",
-        ]
-        .map(String::from),
+        PROXY_FLAGS
+            .iter()
+            .chain(&["--outbound-ports-to-ignore", "443"])
+            .map(|a| a.to_string()),
     );
     args
 }
