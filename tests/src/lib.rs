@@ -4,7 +4,7 @@
 //! and can be rerun after a crash.
 //!
 //! Failures panic with a message that says what failed: the tests need that, and the programs
-//! turn it into an error line.
+//! turn it into an error line (see [`program`]).
 //!
 //! Network safety: every address used here lives inside namespaces these fixtures create. A pod
 //! namespace has no route out of them, so a connect to anything else (192.0.2.0/24) can only
@@ -15,6 +15,7 @@ pub mod fixture;
 pub mod iptables_backend;
 pub mod meshed;
 pub mod probe;
+pub mod program;
 pub mod scenario;
 pub mod sockets;
 
