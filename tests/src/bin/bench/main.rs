@@ -240,7 +240,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
     let out_dir = match &args.out {
         Some(dir) => dir.clone(),
         None => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../target/bench")
+            .parent()
+            .expect("tests/ sits inside the workspace root")
+            .join("target/bench")
             .join(utc_stamp("%Y%m%d-%H%M%S")?),
     };
     fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
