@@ -1,16 +1,24 @@
-//! The node agent as tests run it: its real binary on a state directory, bpffs directory and
-//! cgroup of the test's own, uninstalled when dropped.
+//! The node agent as the tests and the bench run it: its real binary on a state directory,
+//! bpffs directory and cgroup of its own, uninstalled when dropped, and its pods.
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
     time::{Duration, Instant},
 };
 
+use interceptor::{
+    agent::api::{self, PodAdd, PodMeta, Request},
+    config::InterceptionConfig,
+};
 use serde_json::Value;
 
-use crate::unique_name;
+use crate::{Probe, unique_name};
 
-/// The flags Linkerd's injector gives proxy-init, as the agent tests register their pods.
+/// The proxy's ports and UID, as proxy-init takes them (the bench's pods).
+pub const PROXY_FLAGS: [&str; 6] = ["-p", "4143", "-o", "4140", "-u", "2102"];
+
+/// The flags Linkerd's injector gives proxy-init ([`PROXY_FLAGS`] and the proxy's admin ports
+/// ignored inbound), as the agent tests register their pods.
 pub const LINKERD_FLAGS: [&str; 8] = [
     "-p",
     "4143",
@@ -24,6 +32,29 @@ pub const LINKERD_FLAGS: [&str; 8] = [
 
 /// Refused by the fixture's remote host unless intercepted.
 pub const UNREACHABLE: &str = "192.0.2.2:1404";
+
+/// `netprobe check` from `app` for `seconds` (two threads, to [`UNREACHABLE`], its IPv4-mapped
+/// form and its IPv6 counterpart): the load the agent tests keep up while they restart, move or
+/// upgrade the agent. Its lines go to [`all_reached_the_proxy`].
+pub fn check_load(app: &Probe, seconds: &str) -> Vec<String> {
+    app.run(&[
+        "check",
+        UNREACHABLE,
+        "[::ffff:192.0.2.2]:1404",
+        "[2001:db8::2]:1404",
+        "--seconds",
+        seconds,
+        "--threads",
+        "2",
+    ])
+}
+
+/// A loopback address whose port was free a moment ago, for an agent's `--metrics-addr`.
+pub fn free_loopback_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    let addr = listener.local_addr().expect("its address");
+    addr.to_string()
+}
 
 /// `netprobe check`'s summary: every connection reached the proxy with its original
 /// destination; returns how many there were.
@@ -45,11 +76,14 @@ pub fn interceptor_bin() -> PathBuf {
     crate::probe::sibling_binary("interceptor-under-test")
 }
 
-/// An agent's places; dropping it stops any agent on them and uninstalls.
+/// An agent's places; dropping it uninstalls what an agent left there (stop the agent first).
 pub struct AgentHome {
     pub state_dir: PathBuf,
     pub bpffs: PathBuf,
     pub cgroup: PathBuf,
+    /// The `interceptor` binary it runs: the tests' build ([`interceptor_bin`]) unless
+    /// [`Self::with_binary`] says otherwise.
+    pub binary: PathBuf,
 }
 
 impl AgentHome {
@@ -61,7 +95,19 @@ impl AgentHome {
             state_dir: std::env::temp_dir().join(&name),
             bpffs: bpffs_root.join("interceptor-tests").join(&name),
             cgroup: cgroup.to_owned(),
+            binary: interceptor_bin(),
         }
+    }
+
+    /// Runs `binary` (e.g. the release `interceptor` the bench measures) instead.
+    pub fn with_binary(mut self, binary: PathBuf) -> Self {
+        self.binary = binary;
+        self
+    }
+
+    /// The agent's API socket.
+    pub fn socket(&self) -> PathBuf {
+        self.state_dir.join("agent.sock")
     }
 
     pub fn location(&self) -> Vec<String> {
@@ -82,15 +128,24 @@ impl AgentHome {
         self.wait_ready(self.spawn(extra, Stdio::null()))
     }
 
+    /// Starts an agent and registers the pod in `netns` with Linkerd's flags and `extra` (see
+    /// [`Self::mesh`]).
+    pub fn start_meshing(&self, netns: &Path, extra: &[&str]) -> Agent {
+        let agent = self.start();
+        self.mesh(netns, extra);
+        agent
+    }
+
     /// Where a test keeps this agent's log: beside its state directory, removed with it.
     pub fn log_path(&self) -> PathBuf {
         self.state_dir.with_extension("log")
     }
 
-    /// Starts an agent whose log (level info) goes to `log`.
-    pub fn start_logged(&self, log: &Path) -> Agent {
-        let file = std::fs::File::create(log).expect("create the agent's log");
-        self.wait_ready(self.launch(&[], "info", file.into(), ""))
+    /// Starts an agent with `extra` whose log (level info) goes to `log`.
+    pub fn start_logged(&self, log: &Path, extra: &[&str]) -> Agent {
+        let file = std::fs::File::create(log)
+            .unwrap_or_else(|e| panic!("create the agent's log {}: {e}", log.display()));
+        self.wait_ready(self.launch(extra, "info", file.into(), ""))
     }
 
     /// Starts an agent without waiting for it; its log (warnings and errors) goes to `log`.
@@ -110,7 +165,7 @@ impl AgentHome {
         } else {
             &["--reconcile-ms", "100"][..]
         };
-        let child = Command::new(interceptor_bin())
+        let child = Command::new(&self.binary)
             .arg("daemon")
             .args(self.location())
             .args(["--cgroup", &self.cgroup.display().to_string()])
@@ -120,7 +175,7 @@ impl AgentHome {
             .env("FAILPOINTS", failpoints)
             .stderr(stderr)
             .spawn()
-            .expect("start the agent");
+            .unwrap_or_else(|e| panic!("start {}: {e}", self.binary.display()));
         Agent { child }
     }
 
@@ -140,7 +195,7 @@ impl AgentHome {
 
     pub fn cli(&self, args: &[&str]) -> Output {
         let (command, rest) = args.split_first().expect("a command");
-        let mut cmd = Command::new(interceptor_bin());
+        let mut cmd = Command::new(&self.binary);
         cmd.arg(command);
         if let Some((sub, rest)) = rest.split_first().filter(|_| *command == "pod") {
             cmd.arg(sub).args(self.location()).args(rest);
@@ -159,10 +214,28 @@ impl AgentHome {
         self.cli(&args)
     }
 
-    /// `pod add`, which must succeed.
-    pub fn add_ok(&self, netns: &Path, extra: &[&str], config: &[&str]) {
-        let out = self.add(netns, extra, config);
+    /// `pod add` of the pod in `netns` with `extra` (e.g. `--name web`) and Linkerd's flags,
+    /// which must succeed.
+    pub fn mesh(&self, netns: &Path, extra: &[&str]) {
+        let out = self.add(netns, extra, &LINKERD_FLAGS);
         assert!(out.status.success(), "pod add: {}", stderr(&out));
+    }
+
+    /// Registers the pod in `netns` through the API, as the CNI plugin does; returns the round
+    /// trip (request to interception in force).
+    pub fn register(&self, netns: &Path, config: &InterceptionConfig) -> Duration {
+        let request = Request::Add(PodAdd {
+            netns: netns.to_owned(),
+            meta: PodMeta::default(),
+            config: Some(config.clone()),
+            args: Vec::new(),
+            update: false,
+            takeover_iptables: false,
+        });
+        let started = Instant::now();
+        api::call(&self.socket(), &request)
+            .unwrap_or_else(|e| panic!("registering {}: {e}", netns.display()));
+        started.elapsed()
     }
 
     /// How many pods' sk_lookup links are pinned.
@@ -180,7 +253,7 @@ impl AgentHome {
     /// What the agent reports as not in force as configured (its thorough check: links, every
     /// pod's entries, and anything in the maps, pins or records that belongs to no pod).
     pub fn problems(&self) -> Vec<String> {
-        interceptor::agent::api::health(&self.socket())
+        api::health(&self.socket())
             .expect("the agent answers a health request")
             .problems
     }
@@ -210,7 +283,7 @@ impl AgentHome {
 
 impl Drop for AgentHome {
     fn drop(&mut self) {
-        let _ = Command::new(interceptor_bin())
+        let _ = Command::new(&self.binary)
             .arg("uninstall")
             .args(self.location())
             .output();
@@ -228,6 +301,17 @@ impl Agent {
     pub fn kill(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// The agent's resident memory, KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let pid = self.child.id();
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_else(|e| panic!("the agent's /proc/{pid}/status: {e}"))
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/PID/status")
     }
 
     /// SIGTERM: the agent exits, interception stays.
@@ -248,11 +332,4 @@ impl Drop for Agent {
 
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// The API socket of the agent at `home`.
-impl AgentHome {
-    pub fn socket(&self) -> PathBuf {
-        self.state_dir.join("agent.sock")
-    }
 }

@@ -1,7 +1,7 @@
 //! Namespaces, cgroups and the standard test pod.
 use std::{
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -36,7 +36,7 @@ impl Netns {
     }
 
     pub fn path(&self) -> PathBuf {
-        Path::new("/run/netns").join(&self.name)
+        netns_path(&self.name)
     }
 
     /// `ip -n NAME ...`
@@ -48,22 +48,7 @@ impl Netns {
 
     /// `ip -n NAME -batch -` with `commands`, one per line: many changes in one go.
     pub fn ip_batch(&self, commands: &str) {
-        use std::io::Write as _;
-        let mut child = Command::new("ip")
-            .args(["-n", &self.name, "-batch", "-"])
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .expect("ip -batch");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(commands.as_bytes())
-            .expect("write to ip -batch");
-        assert!(
-            child.wait().expect("ip -batch").success(),
-            "ip -batch {commands}"
-        );
+        ip_batch_ok(&["-n", &self.name], commands);
     }
 
     /// Connects two namespaces with a veth pair and gives each end its addresses (IPv6 ones
@@ -101,6 +86,91 @@ impl Drop for Netns {
             .args(["netns", "del", &self.name])
             .status();
     }
+}
+
+/// `ip GLOBAL -batch -` with `commands`, one per line: many changes in one process.
+fn ip_batch(global: &[&str], commands: &str) -> std::io::Result<std::process::ExitStatus> {
+    use std::io::Write as _;
+    let mut child = Command::new("ip")
+        .args(global)
+        .args(["-batch", "-"])
+        .stdin(Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(commands.as_bytes())?;
+    child.wait()
+}
+
+/// [`ip_batch`], which must succeed.
+fn ip_batch_ok(global: &[&str], commands: &str) {
+    match ip_batch(global, commands) {
+        Ok(status) if status.success() => {}
+        other => panic!("ip {} -batch: {other:?} on\n{commands}", global.join(" ")),
+    }
+}
+
+/// Empty network namespaces, made and deleted many at a time with one `ip -batch` (a node's
+/// pods, for an agent to register); deleted on drop.
+pub struct Namespaces {
+    tag: String,
+    names: Vec<String>,
+}
+
+impl Namespaces {
+    pub fn new(tag: &str, count: usize) -> Self {
+        let mut namespaces = Self {
+            tag: tag.to_owned(),
+            names: Vec::new(),
+        };
+        namespaces.add(count);
+        namespaces
+    }
+
+    /// Makes `count` more; returns their paths.
+    pub fn add(&mut self, count: usize) -> Vec<PathBuf> {
+        let names: Vec<String> = (0..count).map(|_| unique_name(&self.tag)).collect();
+        // Kept before they are made: a batch that fails half-way leaves some to delete.
+        self.names.extend(names.iter().cloned());
+        if !names.is_empty() {
+            ip_batch_ok(&[], &batch("add", &names));
+        }
+        names.iter().map(|name| netns_path(name)).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    pub fn paths(&self) -> impl Iterator<Item = PathBuf> + '_ {
+        self.names.iter().map(|name| netns_path(name))
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        if !self.names.is_empty() {
+            let _ = ip_batch(&["-force"], &batch("del", &self.names));
+        }
+    }
+}
+
+/// `netns VERB NAME` for each name, one per line.
+fn batch(verb: &str, names: &[String]) -> String {
+    names
+        .iter()
+        .map(|n| format!("netns {verb} {n}\n"))
+        .collect()
+}
+
+fn netns_path(name: &str) -> PathBuf {
+    Path::new("/run/netns").join(name)
 }
 
 /// A child cgroup of the cgroup2 root (never the root itself); its processes are killed and the

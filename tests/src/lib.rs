@@ -1,15 +1,21 @@
-//! Fixtures for tests against the real kernel: uniquely named network namespaces, cgroups and
-//! pod processes, each removed when dropped, so tests run in parallel and can be rerun after a
-//! crash.
+//! The test kit, used by the integration tests in `tests/`, the demo and the bench
+//! (`src/bin/`): uniquely named network namespaces, cgroups and pod processes, an agent of its
+//! own, `interceptor run` in the background, each removed when dropped, so tests run in parallel
+//! and can be rerun after a crash.
+//!
+//! Failures panic with a message that says what failed: the tests need that, and the programs
+//! turn it into an error line (see [`program`]).
 //!
 //! Network safety: every address used here lives inside namespaces these fixtures create. A pod
-//! namespace has no default route, so a connect to anything else (192.0.2.0/24) can only
+//! namespace has no route out of them, so a connect to anything else (192.0.2.0/24) can only
 //! succeed by being intercepted.
 pub mod agent_home;
 pub mod ebpf_backend;
 pub mod fixture;
 pub mod iptables_backend;
+pub mod meshed;
 pub mod probe;
+pub mod program;
 pub mod scenario;
 pub mod sockets;
 

@@ -6,15 +6,22 @@ use std::{
     process::{Child, Command, Stdio},
 };
 
-/// Where the `netprobe` binary of this package is: next to the test binary's `deps/` folder.
+/// Where the `netprobe` binary of this package is (see [`sibling_binary`]).
 pub fn netprobe_path() -> PathBuf {
     sibling_binary("netprobe")
 }
 
-/// A binary of this package, next to the test binary's `deps/` folder.
+/// A binary built with this package (its own, or `interceptor`): beside the running program,
+/// which is a test binary in the profile's `deps/` folder or one of the package's binaries (the
+/// demo, the bench) in the profile's folder itself.
 pub fn sibling_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let exe = std::env::current_exe().expect("the running program's path");
+    let dir = exe.parent().expect("the program's folder");
+    let dir = if dir.ends_with("deps") {
+        dir.parent().expect("the profile's folder")
+    } else {
+        dir
+    };
     dir.join(name)
 }
 

@@ -10,7 +10,11 @@ use std::{
 
 use interceptor_tests::{
     Landing, Netns, PodFixture,
-    agent_home::{Agent, AgentHome, LINKERD_FLAGS, UNREACHABLE, all_reached_the_proxy, stderr},
+    agent_home::{
+        AgentHome, LINKERD_FLAGS, UNREACHABLE, all_reached_the_proxy, check_load,
+        free_loopback_addr, stderr,
+    },
+    fixture::Namespaces,
     privileged,
     scenario::{APP_UID, Servers},
 };
@@ -41,10 +45,9 @@ fn pods_registered_through_the_api_are_intercepted_until_removed() {
         Landing::Failed("connect:ECONNREFUSED".into())
     );
 
-    home.add_ok(
+    home.mesh(
         &fixture.pod.path(),
         &["--name", "web", "--namespace", "shop"],
-        &LINKERD_FLAGS,
     );
     assert_eq!(
         app.connect(UNREACHABLE).proxy_orig().to_string(),
@@ -118,24 +121,12 @@ fn a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back() {
     let fixture = PodFixture::new("agentkill");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start();
-    home.add_ok(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
+    let agent = home.start_meshing(&fixture.pod.path(), &["--name", "web"]);
     let before = home.pods();
 
     let app = fixture.in_pod().uid(APP_UID);
     let check = std::thread::scope(|s| {
-        let load = s.spawn(|| {
-            app.run(&[
-                "check",
-                UNREACHABLE,
-                "[::ffff:192.0.2.2]:1404",
-                "[2001:db8::2]:1404",
-                "--seconds",
-                LOAD_SECONDS,
-                "--threads",
-                "2",
-            ])
-        });
+        let load = s.spawn(|| check_load(&app, LOAD_SECONDS));
         std::thread::sleep(Duration::from_millis(200));
         agent.kill();
         std::thread::sleep(Duration::from_millis(200));
@@ -180,8 +171,8 @@ fn a_pod_whose_network_namespace_disappears_is_removed() {
     // The periodic check is a minute away: the watch on /run/netns must notice.
     let _agent = home.start_with(&["--reconcile-ms", "60000"]);
     let doomed = Netns::new("doomed");
-    home.add_ok(&doomed.path(), &[], &LINKERD_FLAGS);
-    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    home.mesh(&doomed.path(), &[]);
+    home.mesh(&fixture.pod.path(), &[]);
     assert_eq!(home.pods().len(), 2);
     let doomed_path = doomed.path();
     drop(doomed);
@@ -214,10 +205,9 @@ fn bad_requests_get_a_clear_error_and_change_nothing() {
     }
     let fixture = PodFixture::new("agentbad");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start();
-    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    let _agent = home.start_meshing(&fixture.pod.path(), &[]);
     let before = home.pods();
-    let socket = home.state_dir.join("agent.sock");
+    let socket = home.socket();
     let refused = |request: Value| -> (String, String) {
         let request: interceptor::agent::api::Request =
             serde_json::from_value(request).expect("a request");
@@ -351,8 +341,7 @@ fn uninstall_removes_everything_the_agent_pinned() {
     let fixture = PodFixture::new("agentuninst");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start();
-    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    let agent = home.start_meshing(&fixture.pod.path(), &[]);
     let app = fixture.in_pod().uid(APP_UID);
 
     let refused = home.cli(&["uninstall"]);
@@ -398,8 +387,7 @@ fn programs_other_software_attached_to_the_same_hooks_keep_running() {
     let cgroup = std::fs::File::open(&fixture.cgroup.path).unwrap();
     let before = foreign::deny_port(&cgroup, 9999, foreign::Attach::AllowMulti);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start();
-    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    let agent = home.start_meshing(&fixture.pod.path(), &[]);
     let after = foreign::deny_port(&cgroup, 9998, foreign::Attach::Link);
 
     let app = fixture.in_pod().uid(APP_UID);
@@ -525,7 +513,7 @@ fn run_registers_its_pod_with_a_running_agent() {
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
     let agent = home.start();
-    let socket = home.state_dir.join("agent.sock");
+    let socket = home.socket();
     let mut run = Command::new(BIN)
         .args(["run", "--netns", &fixture.pod.path().display().to_string()])
         .args(["--agent-socket", &socket.display().to_string()])
@@ -582,20 +570,14 @@ fn metrics_count_decisions_per_pod_and_ready_answers() {
     let fixture = PodFixture::new("agentmetrics");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = free_loopback_addr();
     let _agent = home.start_with(&["--metrics-addr", &addr]);
     let (status, _) = http_get(&addr, "/ready");
     assert!(status.contains(" 200 "), "{status}");
 
-    home.add_ok(
+    home.mesh(
         &fixture.pod.path(),
         &["--name", "web", "--namespace", "shop"],
-        &LINKERD_FLAGS,
     );
     let app = fixture.in_pod().uid(APP_UID);
     assert_eq!(
@@ -641,8 +623,7 @@ fn a_new_agent_takes_over_from_the_running_one_under_load() {
     let fixture = PodFixture::new("agentupgrade");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let old = home.start();
-    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    let old = home.start_meshing(&fixture.pod.path(), &[]);
     let cookie = home.pods()[0]["netns_cookie"].as_u64().unwrap();
     let pins = [
         home.bpffs.join("link_icpt_connect4"),
@@ -653,28 +634,14 @@ fn a_new_agent_takes_over_from_the_running_one_under_load() {
 
     let app = fixture.in_pod().uid(APP_UID);
     let (lines, new) = std::thread::scope(|s| {
-        let load = s.spawn(|| {
-            app.run(&[
-                "check",
-                UNREACHABLE,
-                "[2001:db8::2]:1404",
-                "--seconds",
-                LOAD_SECONDS,
-                "--threads",
-                "2",
-            ])
-        });
+        let load = s.spawn(|| check_load(&app, LOAD_SECONDS));
         // The new agent waits for the old one's lock.
-        let mut new = Command::new(BIN)
-            .arg("daemon")
-            .args(home.location())
-            .args(["--cgroup", &home.cgroup.display().to_string()])
-            .args(["--log-level", "warn"])
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut new = home.spawn(&[], Stdio::null());
         std::thread::sleep(Duration::from_millis(200));
-        assert!(new.try_wait().unwrap().is_none(), "the new agent waits");
+        assert!(
+            new.child.try_wait().unwrap().is_none(),
+            "the new agent waits"
+        );
         old.stop();
         let deadline = Instant::now() + Duration::from_secs(20);
         while !home.cli(&["pod", "list"]).status.success() {
@@ -682,7 +649,7 @@ fn a_new_agent_takes_over_from_the_running_one_under_load() {
             std::thread::sleep(Duration::from_millis(20));
         }
         assert!(!load.is_finished(), "the load outlasts the takeover");
-        (load.join().expect("load"), Agent { child: new })
+        (load.join().expect("load"), new)
     });
     all_reached_the_proxy(&lines);
     let after: Vec<u32> = pins.iter().map(|p| linked_program(p)).collect();
@@ -723,23 +690,9 @@ fn a_pod_meshed_with_iptables_is_taken_over_without_a_gap() {
     );
 
     let lines = std::thread::scope(|s| {
-        let load = s.spawn(|| {
-            app.run(&[
-                "check",
-                UNREACHABLE,
-                "[2001:db8::2]:1404",
-                "--seconds",
-                LOAD_SECONDS,
-                "--threads",
-                "2",
-            ])
-        });
+        let load = s.spawn(|| check_load(&app, LOAD_SECONDS));
         std::thread::sleep(Duration::from_millis(100));
-        home.add_ok(
-            &fixture.pod.path(),
-            &["--takeover-iptables"],
-            &LINKERD_FLAGS,
-        );
+        home.mesh(&fixture.pod.path(), &["--takeover-iptables"]);
         assert!(!load.is_finished(), "the load outlasts the takeover");
         load.join().expect("load")
     });
@@ -766,15 +719,6 @@ fn a_pod_meshed_with_iptables_is_taken_over_without_a_gap() {
     drop(installed);
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
@@ -790,38 +734,21 @@ fn hundreds_of_pods_come_and_go_without_leaving_anything_behind() {
     const PODS: usize = 300;
     let fixture = PodFixture::new("agentmany");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = free_loopback_addr();
     let agent = home.start_with(&["--metrics-addr", &addr]);
-    let namespaces: Vec<Netns> = (0..PODS).map(|_| Netns::new("many")).collect();
-    let socket = home.state_dir.join("agent.sock");
+    let namespaces = Namespaces::new("many", PODS);
+    let socket = home.socket();
     let args: Vec<String> = LINKERD_FLAGS.iter().map(|s| s.to_string()).collect();
     let config = interceptor::config::InterceptionConfig::from_proxy_init_args(&args).unwrap();
     let mut rss = Vec::new();
     for round in 0..3 {
-        let mut times = Vec::new();
-        for netns in &namespaces {
-            let request = interceptor::agent::api::Request::Add(interceptor::agent::api::PodAdd {
-                netns: netns.path(),
-                meta: Default::default(),
-                config: Some(config.clone()),
-                args: Vec::new(),
-                update: false,
-                takeover_iptables: false,
-            });
-            let started = Instant::now();
-            interceptor::agent::api::call(&socket, &request).expect("add");
-            times.push(started.elapsed());
-        }
+        let mut times: Vec<Duration> = namespaces
+            .paths()
+            .map(|netns| home.register(&netns, &config))
+            .collect();
         assert_eq!(home.pods().len(), PODS);
-        for netns in &namespaces {
-            let request = interceptor::agent::api::Request::Remove {
-                netns: netns.path(),
-            };
+        for netns in namespaces.paths() {
+            let request = interceptor::agent::api::Request::Remove { netns };
             interceptor::agent::api::call(&socket, &request).expect("remove");
         }
         times.sort();
@@ -830,9 +757,9 @@ fn hundreds_of_pods_come_and_go_without_leaving_anything_behind() {
             percentile(&times, 0.5),
             percentile(&times, 0.99),
             times[times.len() - 1],
-            rss_kib(agent.child.id())
+            agent.rss_kib()
         );
-        rss.push(rss_kib(agent.child.id()));
+        rss.push(agent.rss_kib());
 
         let (_, metrics) = http_get(&addr, "/metrics");
         for line in [
@@ -862,8 +789,7 @@ fn status_shows_the_agents_pods() {
     }
     let fixture = PodFixture::new("agentstatus");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start();
-    home.add_ok(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
+    let _agent = home.start_meshing(&fixture.pod.path(), &["--name", "web"]);
     let state_dir = home.state_dir.display().to_string();
     let out = Command::new(BIN)
         .args(["status", "--json", "--agent-state-dir", &state_dir])
@@ -897,7 +823,7 @@ fn a_new_map_layout_is_migrated_to_without_a_gap() {
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
     let old = home.start_with(&["--map-layout-version", "1"]);
-    home.add_ok(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
+    home.mesh(&fixture.pod.path(), &["--name", "web"]);
     assert!(home.bpffs.join("maps-v1").is_dir());
 
     let app = fixture.in_pod().uid(APP_UID);
@@ -969,7 +895,7 @@ fn a_full_pod_table_refuses_clearly_and_changes_nothing() {
     let fixture = PodFixture::new("agentfull");
     let home = AgentHome::new(&fixture.cgroup.path);
     let _agent = home.start_with(&["--max-pods", "1"]);
-    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    home.mesh(&fixture.pod.path(), &[]);
     let second = Netns::new("full2");
     let out = home.add(&second.path(), &[], &LINKERD_FLAGS);
     assert!(!out.status.success());
@@ -1001,15 +927,10 @@ fn status_and_ready_say_when_interception_is_not_as_configured() {
     let fixture = PodFixture::new("agenthealth");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = free_loopback_addr();
     // Rarely: the periodic check would pin a removed pin again (tested in agent_pins.rs).
     let agent = home.start_with(&["--metrics-addr", &addr, "--reconcile-ms", "600000"]);
-    home.add_ok(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
+    home.mesh(&fixture.pod.path(), &["--name", "web"]);
     let state_dir = home.state_dir.display().to_string();
     let status = || {
         let out = Command::new(BIN)
@@ -1038,7 +959,7 @@ fn status_and_ready_say_when_interception_is_not_as_configured() {
         "{text}"
     );
     // Registering it again repairs it, steering all along.
-    home.add_ok(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
+    home.mesh(&fixture.pod.path(), &["--name", "web"]);
     assert!(pod_link.exists());
     assert!(http_get(&addr, "/ready").0.contains(" 200 "));
     let landing = fixture.on_remote().connect("10.77.0.1:80");

@@ -56,8 +56,7 @@ fn an_update_the_maps_cannot_hold_is_refused_and_the_pod_stays_intercepted() {
     let fixture = PodFixture::new("agentrefuse");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start();
-    home.add_ok(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
+    let agent = home.start_meshing(&fixture.pod.path(), &["--name", "web"]);
     let before = home.pods();
     let record = std::fs::read_dir(home.state_dir.join("agent-pods"))
         .unwrap()
@@ -144,8 +143,7 @@ fn an_address_change_that_cannot_be_applied_keeps_the_pod_intercepted() {
     let fixture = PodFixture::new("agentaddr");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start();
-    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    let agent = home.start_meshing(&fixture.pod.path(), &[]);
 
     let app = fixture.in_pod().uid(APP_UID);
     let lines = std::thread::scope(|s| {
@@ -220,7 +218,7 @@ fn an_update_of_the_inbound_port_steers_to_the_proxys_listener_on_the_new_port()
     ]);
     let home = AgentHome::new(&fixture.cgroup.path);
     let agent = home.start();
-    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    home.mesh(&fixture.pod.path(), &[]);
     let remote = fixture.on_remote();
     let landed_on = |landing: Landing| match landing {
         Landing::Proxy {
@@ -237,7 +235,8 @@ fn an_update_of_the_inbound_port_steers_to_the_proxys_listener_on_the_new_port()
 
     let mut flags = LINKERD_FLAGS.to_vec();
     flags[1] = "4145";
-    home.add_ok(&fixture.pod.path(), &["--update"], &flags);
+    let updated = home.add(&fixture.pod.path(), &["--update"], &flags);
+    assert!(updated.status.success(), "{}", stderr(&updated));
     assert_eq!(
         landed_on(remote.connect("10.77.0.1:80")),
         ("inbound-4145".to_owned(), "10.77.0.1:80".to_owned())
@@ -264,7 +263,7 @@ fn a_client_that_says_nothing_does_not_delay_another_clients_pod_add() {
     half.write_all(br#"{"op":"ad"#).unwrap();
 
     let started = Instant::now();
-    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    home.mesh(&fixture.pod.path(), &[]);
     let took = started.elapsed();
     assert!(
         took < Duration::from_secs(2),
@@ -369,7 +368,7 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
     };
     let log_len = || std::fs::metadata(&log_path).map_or(0, |m| m.len() as usize);
     let mut agent = home.wait_ready(home.spawn(&[], log()));
-    home.add_ok(&fixture.pod.path(), &["--name", "web"], &LINKERD_FLAGS);
+    home.mesh(&fixture.pod.path(), &["--name", "web"]);
 
     let app = fixture.in_pod().uid(APP_UID);
     let stop = AtomicBool::new(false);

@@ -10,14 +10,14 @@ use std::{
         unix::fs::MetadataExt as _,
     },
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Stdio,
     time::{Duration, Instant},
 };
 
 use interceptor_sys::{LinkTarget, ProgLoad, bpf_attach_type, bpf_map_type, bpf_prog_type};
 use interceptor_tests::{
     Cgroup, Landing, Netns, PodFixture, Probe,
-    agent_home::{AgentHome, LINKERD_FLAGS, UNREACHABLE, all_reached_the_proxy, interceptor_bin},
+    agent_home::{AgentHome, UNREACHABLE, all_reached_the_proxy, check_load},
     privileged,
     scenario::{APP_UID, Servers},
 };
@@ -29,18 +29,6 @@ const NODE_LINKS: [&str; 4] = [
     "link_icpt_sockops",
     "link_icpt_getsockopt",
 ];
-
-fn check_for(app: &Probe, seconds: &str) -> Vec<String> {
-    app.run(&[
-        "check",
-        UNREACHABLE,
-        "[2001:db8::2]:1404",
-        "--seconds",
-        seconds,
-        "--threads",
-        "2",
-    ])
-}
 
 fn pinned(path: &Path) -> OwnedFd {
     interceptor_sys::obj_get(path)
@@ -97,8 +85,7 @@ fn a_restart_with_another_cgroup_moves_the_links_there_first() {
     fixture.set_processes_cgroup(&new.path);
     let _servers = Servers::start(&fixture);
     let mut home = AgentHome::new(&old.path);
-    let agent = home.start();
-    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    let agent = home.start_meshing(&fixture.pod.path(), &[]);
     let (in_old, in_new) = (app_in(&fixture, &old.path), app_in(&fixture, &new.path));
     for app in [&in_old, &in_new] {
         assert_eq!(
@@ -112,9 +99,9 @@ fn a_restart_with_another_cgroup_moves_the_links_there_first() {
     home.cgroup = new.path.clone();
     let log = home.log_path();
     let (lines, agent) = std::thread::scope(|s| {
-        let load = s.spawn(|| check_for(&in_new, "3"));
+        let load = s.spawn(|| check_load(&in_new, "3"));
         std::thread::sleep(Duration::from_millis(300));
-        let agent = home.start_logged(&log);
+        let agent = home.start_logged(&log, &[]);
         assert!(!load.is_finished(), "the load outlasts the switch");
         (load.join().expect("load"), agent)
     });
@@ -170,8 +157,7 @@ fn a_restart_after_the_old_cgroup_was_removed_replaces_the_defunct_links() {
     fixture.set_processes_cgroup(&new.path);
     let _servers = Servers::start(&fixture);
     let mut home = AgentHome::new(&old.path);
-    let agent = home.start();
-    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    let agent = home.start_meshing(&fixture.pod.path(), &[]);
     agent.kill();
     let connect4 = home.bpffs.join("link_icpt_connect4");
     let leftover = home.bpffs.join("link_icpt_connect4_new");
@@ -184,7 +170,7 @@ fn a_restart_after_the_old_cgroup_was_removed_replaces_the_defunct_links() {
     home.cgroup = new.path.clone();
     let _agent = home.start();
     let app = app_in(&fixture, &new.path);
-    all_reached_the_proxy(&check_for(&app, "1"));
+    all_reached_the_proxy(&check_load(&app, "1"));
     for name in NODE_LINKS {
         assert_eq!(
             link_target(&home.bpffs.join(name)),
@@ -215,25 +201,20 @@ fn foreign_program() -> OwnedFd {
 
 /// `interceptor daemon` on `home`, which must fail: its stderr.
 fn daemon_fails(home: &AgentHome) -> String {
-    let mut child = Command::new(interceptor_bin())
-        .arg("daemon")
-        .args(home.location())
-        .args(["--cgroup", &home.cgroup.display().to_string()])
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    // Killed on drop if it started after all.
+    let mut agent = home.spawn(&[], Stdio::piped());
     let deadline = Instant::now() + Duration::from_secs(20);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the agent started");
+    let status = loop {
+        if let Some(status) = agent.child.try_wait().unwrap() {
+            break status;
         }
+        assert!(Instant::now() < deadline, "the agent started");
         std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(!out.status.success(), "the agent exits non-zero");
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(!status.success(), "the agent exits non-zero");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut agent.child.stderr.take().unwrap(), &mut stderr).unwrap();
+    stderr
 }
 
 /// Something that is not ours where the agent pins a link or a map: the agent refuses to start,
@@ -306,8 +287,7 @@ fn a_pods_sk_lookup_link_attached_elsewhere_or_defunct_is_replaced_on_restore() 
     let fixture = PodFixture::new("pinspod");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start();
-    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    let agent = home.start_meshing(&fixture.pod.path(), &[]);
     let cookie = home.pods()[0]["netns_cookie"].as_u64().unwrap();
     let path: PathBuf = home.bpffs.join(format!("link_icpt_sk_lookup_{cookie}"));
     let pod_netns = LinkTarget::Netns {
@@ -322,7 +302,7 @@ fn a_pods_sk_lookup_link_attached_elsewhere_or_defunct_is_replaced_on_restore() 
             matches!(&landing, Landing::Proxy { name, .. } if name == "inbound"),
             "{when}: {landing:?}"
         );
-        all_reached_the_proxy(&check_for(&app, "1"));
+        all_reached_the_proxy(&check_load(&app, "1"));
     };
 
     agent.kill();
@@ -423,7 +403,7 @@ fn pins_removed_while_the_agent_runs_are_pinned_again() {
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
     let agent = home.start_with(&["--reconcile-ms", "100"]);
-    home.add_ok(&fixture.pod.path(), &[], &LINKERD_FLAGS);
+    home.mesh(&fixture.pod.path(), &[]);
     let cookie = home.pods()[0]["netns_cookie"].as_u64().unwrap();
     let mut links: Vec<PathBuf> = NODE_LINKS.iter().map(|l| home.bpffs.join(l)).collect();
     links.push(home.bpffs.join(format!("link_icpt_sk_lookup_{cookie}")));

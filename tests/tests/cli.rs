@@ -1,14 +1,16 @@
 //! The `interceptor` command line end to end: `run` meshes a pod until SIGTERM, `status` reports
 //! from another process, bad flags change nothing.
 use std::{
-    io::{BufRead as _, BufReader},
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use interceptor_tests::{
-    Landing, PodFixture, privileged,
+    Landing, PodFixture,
+    agent_home::PROXY_FLAGS,
+    meshed::{self, Meshed},
+    privileged,
     scenario::{APP_UID, Servers},
     unique_name,
 };
@@ -16,26 +18,16 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_interceptor-under-test");
 
+/// `interceptor run` for the fixture's pod, with the proxy's flags.
 fn run_args(fixture: &PodFixture, instance: &str) -> Vec<String> {
-    [
-        "run",
-        "--instance",
-        instance,
-        "--netns",
-        &fixture.pod.path().display().to_string(),
-        "--cgroup",
-        &fixture.cgroup.path.display().to_string(),
-        "-p",
-        "4143",
-        "-o",
-        "4140",
-        "-u",
-        "2102",
-        "--outbound-ports-to-ignore",
-        "443",
-    ]
-    .map(String::from)
-    .to_vec()
+    let mut args = meshed::run_args(fixture, instance);
+    args.extend(
+        PROXY_FLAGS
+            .iter()
+            .chain(&["--outbound-ports-to-ignore", "443"])
+            .map(|a| a.to_string()),
+    );
+    args
 }
 
 /// Sets `flag` to `value`, replacing the value `run_args` gave it (by long or short name).
@@ -54,86 +46,18 @@ fn with_flag(mut args: Vec<String>, flag: &str, value: &str) -> Vec<String> {
 }
 
 fn status(instance: &str) -> Value {
-    let out = Command::new(BIN)
-        .args(["status", "--json", "--instance", instance])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "status: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json: Value = serde_json::from_slice(&out.stdout).expect("status --json is JSON");
-    json["instances"][0].clone()
+    meshed::status(Path::new(BIN), instance)
 }
 
-/// `interceptor run` in the background, killed on drop if still running.
-struct Running {
-    child: Child,
-    instance: String,
+/// `interceptor run` in the background with `extra` flags, its log piped.
+fn run(fixture: &PodFixture, extra: &[&str]) -> Meshed {
+    run_named(fixture, &unique_name("cli"), extra)
 }
 
-impl Running {
-    fn start(fixture: &PodFixture, extra: &[&str]) -> Self {
-        Self::start_named(fixture, &unique_name("cli"), extra)
-    }
-
-    fn start_named(fixture: &PodFixture, instance: &str, extra: &[&str]) -> Self {
-        let instance = instance.to_owned();
-        let mut args = run_args(fixture, &instance);
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let child = Command::new(BIN)
-            .args(&args)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut running = Self { child, instance };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while status(&running.instance)["running"] != true
-            || status(&running.instance)["pods"]
-                .as_array()
-                .is_none_or(Vec::is_empty)
-        {
-            if let Some(exit) = running.child.try_wait().unwrap() {
-                let mut err = String::new();
-                std::io::Read::read_to_string(running.child.stderr.as_mut().unwrap(), &mut err)
-                    .ok();
-                panic!("interceptor run exited early ({exit}): {err}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "interceptor run did not become ready"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        running
-    }
-
-    /// SIGTERM, then the exit status and the log lines.
-    fn stop(mut self) -> (std::process::ExitStatus, Vec<String>) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let status = self.child.wait().unwrap();
-        let logs = BufReader::new(self.child.stderr.take().unwrap())
-            .lines()
-            .map_while(Result::ok)
-            .collect();
-        (status, logs)
-    }
-}
-
-impl Drop for Running {
-    /// SIGTERM first, so the instance removes its state; SIGKILL only if it does not exit.
-    fn drop(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn run_named(fixture: &PodFixture, instance: &str, extra: &[&str]) -> Meshed {
+    let mut args = run_args(fixture, instance);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Meshed::start(Path::new(BIN), instance, &args, Stdio::piped())
 }
 
 #[test]
@@ -144,7 +68,7 @@ fn run_meshes_a_pod_reports_status_and_detaches_on_sigterm() {
     let fixture = PodFixture::new("cli-run");
     let _servers = Servers::start(&fixture);
     let app = fixture.in_pod().uid(APP_UID);
-    let running = Running::start(&fixture, &["--log-format", "json", "--ipv6=false"]);
+    let running = run(&fixture, &["--log-format", "json", "--ipv6=false"]);
     let instance = running.instance.clone();
 
     assert_eq!(
@@ -254,7 +178,7 @@ fn a_second_run_of_the_same_instance_is_refused() {
         return;
     }
     let fixture = PodFixture::new("cli-twice");
-    let running = Running::start(&fixture, &[]);
+    let running = run(&fixture, &[]);
     let out = Command::new(BIN)
         .args(run_args(&fixture, &running.instance))
         .output()
@@ -357,7 +281,7 @@ fn addresses_added_to_the_pod_later_are_its_own() {
     let fixture = PodFixture::new("cli-addr");
     let _servers = Servers::start(&fixture);
     // --ipv6 is on by default: IPv6 addresses are followed as IPv4 ones are.
-    let _running = Running::start(&fixture, &[]);
+    let _running = run(&fixture, &[]);
     let app = fixture.in_pod().uid(APP_UID);
     for (cidr, target) in [
         ("10.88.0.1/32", "10.88.0.1:8082"),
@@ -402,7 +326,7 @@ fn a_killed_run_keeps_intercepting_and_the_next_run_takes_over() {
         );
     };
 
-    let mut first = Running::start_named(&fixture, &instance, &[]);
+    let mut first = run_named(&fixture, &instance, &[]);
     let first_generation = Path::new("/sys/fs/bpf/interceptor")
         .join(&instance)
         .join(first.child.id().to_string());
@@ -424,7 +348,7 @@ fn a_killed_run_keeps_intercepting_and_the_next_run_takes_over() {
     assert!(first_generation.exists());
 
     // The next run attaches its own programs, then detaches the dead run's.
-    let second = Running::start_named(&fixture, &instance, &[]);
+    let second = run_named(&fixture, &instance, &[]);
     assert!(
         !first_generation.exists(),
         "the dead run's programs are still pinned"
@@ -475,7 +399,7 @@ fn validate_exits_0_when_intercepted_and_95_when_not() {
         "{line}"
     );
 
-    let running = Running::start(&fixture, &[]);
+    let running = run(&fixture, &[]);
     let (code, line) = validate(&fixture);
     assert_eq!(code, Some(0), "{line}");
     assert!(line.starts_with("interception works"), "{line}");

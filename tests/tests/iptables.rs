@@ -1,17 +1,24 @@
 //! The iptables backend on the real kernel: the exact chains proxy-init leaves, idempotence,
 //! cleanup that removes only ours, failures that leave nothing behind, and the auto mode.
-use std::{os::unix::fs::PermissionsExt as _, process::Command};
+use std::{
+    os::unix::fs::PermissionsExt as _,
+    path::Path,
+    process::{Command, Stdio},
+};
 
 use interceptor::iptables::{self, Family, IptablesError, IptablesMode, IptablesOptions};
 use interceptor_tests::{
-    Netns, PodFixture, privileged,
+    Netns, PodFixture,
+    agent_home::PROXY_FLAGS,
+    meshed::{self, Meshed},
+    privileged,
     scenario::{APP_UID, Servers, linkerd_config},
     unique_name,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_interceptor-under-test");
 
-/// Default Linkerd arguments (the seed's `linkerd-init` args).
+/// Linkerd's default arguments to proxy-init, as its `linkerd-init` container runs it.
 fn linkerd_args(netns: &Netns) -> Vec<String> {
     [
         "run",
@@ -300,40 +307,20 @@ fn auto_mode_uses_ebpf_when_the_kernel_allows_it() {
     let fixture = PodFixture::new("auto-ebpf");
     let _servers = Servers::start(&fixture);
     let instance = unique_name("auto");
-    let mut child = Command::new(BIN)
-        .args([
-            "run",
-            "--mode",
-            "auto",
-            "--instance",
-            &instance,
-            "--ipv6=false",
-            "-p",
-            "4143",
-            "-o",
-            "4140",
-            "-u",
-            "2102",
-            "--netns",
-        ])
-        .arg(fixture.pod.path())
-        .arg("--cgroup")
-        .arg(&fixture.cgroup.path)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut lines = Vec::new();
-    loop {
-        let mut line = String::new();
-        if std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() == 0
-            || line.contains("interception active")
-        {
-            lines.push(line);
-            break;
-        }
-        lines.push(line);
-    }
+    let mut args = meshed::run_args(&fixture, &instance);
+    args.extend(
+        ["--mode", "auto", "--ipv6=false"]
+            .iter()
+            .chain(&PROXY_FLAGS)
+            .map(|a| a.to_string()),
+    );
+    let running = Meshed::start(Path::new(BIN), &instance, &args, Stdio::piped());
+    let landing = fixture.in_pod().uid(APP_UID).connect("192.0.2.2:1404");
+    assert_eq!(landing.proxy_orig().to_string(), "192.0.2.2:1404");
+    // eBPF, not iptables: no chains in the pod.
+    assert!(!nat_rules(&fixture.pod, IptablesMode::Legacy, Family::V4).contains("PROXY_INIT"));
+    let (exit, lines) = running.stop();
+    assert!(exit.success(), "{lines:#?}");
     let chosen: Vec<&String> = lines.iter().filter(|l| l.contains("auto mode")).collect();
     assert_eq!(
         chosen.len(),
@@ -344,13 +331,6 @@ fn auto_mode_uses_ebpf_when_the_kernel_allows_it() {
         chosen[0].contains("backend") && chosen[0].contains("ebpf"),
         "{lines:#?}"
     );
-    let landing = fixture.in_pod().uid(APP_UID).connect("192.0.2.2:1404");
-    assert_eq!(landing.proxy_orig().to_string(), "192.0.2.2:1404");
-    // eBPF, not iptables: no chains in the pod.
-    assert!(!nat_rules(&fixture.pod, IptablesMode::Legacy, Family::V4).contains("PROXY_INIT"));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    assert!(child.wait().unwrap().success());
 }
 
 #[test]
@@ -370,19 +350,8 @@ fn auto_mode_falls_back_to_iptables_without_bpf_privileges() {
             "--inh-caps=-bpf,-sys_admin,-perfmon",
             BIN,
         ])
-        .args([
-            "run",
-            "--mode",
-            "auto",
-            "--ipv6=false",
-            "-w",
-            "-p",
-            "4143",
-            "-o",
-            "4140",
-            "-u",
-            "2102",
-        ])
+        .args(["run", "--mode", "auto", "--ipv6=false", "-w"])
+        .args(PROXY_FLAGS)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

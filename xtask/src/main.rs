@@ -1,9 +1,7 @@
 //! Project tasks, run as `cargo xtask <task>` (an alias in .cargo/config.toml).
 
-mod bench;
 mod cmd;
-mod demo;
-mod sandbox;
+mod kit;
 mod setup;
 mod test;
 
@@ -32,11 +30,18 @@ enum Task {
         #[arg(last = true)]
         test_args: Vec<OsString>,
     },
-    /// Run setup, then build the demo's binaries.
+    /// Run setup, build, then a self-contained demo of interception on this machine
+    /// (`tests/src/bin/demo.rs`). Needs root.
     Demo,
-    /// Run setup, then measure what interception costs per connection, eBPF next to iptables
-    /// (results in target/bench/, see docs/BENCHMARKS.md). Needs root.
-    Bench(bench::Args),
+    /// Run setup, build, then measure what interception costs per connection, eBPF next to
+    /// iptables (`tests/src/bin/bench/`; results in target/bench/, see docs/BENCHMARKS.md).
+    /// Needs root. Its options: `cargo xtask bench --help`.
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// Passed to the bench, e.g. `--quick`.
+        #[arg(allow_hyphen_values = true, trailing_var_arg = true)]
+        args: Vec<OsString>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -58,8 +63,8 @@ fn run(task: Task) -> anyhow::Result<()> {
             cargo_args,
             test_args,
         } => test::run(&cargo_args, &test_args),
-        Task::Demo => demo::run(),
-        Task::Bench(args) => bench::run(&args),
+        Task::Demo => kit::run("demo", &[]),
+        Task::Bench { args } => kit::run("bench", &args),
     }
 }
 

@@ -1,14 +1,15 @@
 //! `cargo xtask bench`: what interception costs per connection on this machine, eBPF and
 //! iptables side by side in one run.
 //!
-//! Every mode has a throwaway pod of its own (see `sandbox`), set up once: nothing attached (the
-//! limit: the client connects to the proxy itself), eBPF (`interceptor run`), iptables-legacy
-//! and iptables-nft (`interceptor run --mode iptables`). Pods never switch modes, so no mode
-//! inherits another's state (iptables leaves conntrack behind in a namespace). `connload`, a
-//! lean load generator and proxy, connects, accepts, asks SO_ORIGINAL_DST and checks it on every
-//! connection. The modes of a case run at once, one connload process each, taking turns in 20 ms
-//! slices (`load::measure_interleaved`); the slices are grouped into repetitions, and the report
-//! gives medians of the per-repetition ratios to the limit with their range.
+//! Every mode has a throwaway pod of its own (the kit's `PodFixture`), set up once: nothing
+//! attached (the limit: the client connects to the proxy itself), eBPF (`interceptor run`),
+//! iptables-legacy and iptables-nft (the chains proxy-init writes, installed as
+//! `interceptor run --mode iptables` does). Pods never switch modes, so no mode inherits
+//! another's state (iptables leaves conntrack behind in a namespace). `connload`, a lean load
+//! generator and proxy, connects, accepts, asks SO_ORIGINAL_DST and checks it on every
+//! connection. The modes of a case run at once, one connload process each, taking turns in
+//! 20 ms slices (`load::measure_interleaved`); the slices are grouped into repetitions, and the
+//! report gives medians of the per-repetition ratios to the limit with their range.
 //!
 //! Timings never fail the bench: these machines are shared and noisy, compare the ratios of one
 //! run. A connection that fails or reaches the proxy with a wrong original destination does.
@@ -18,27 +19,43 @@ mod progstats;
 mod report;
 
 use std::{
+    any::Any,
     collections::BTreeMap,
     env,
     fmt::Write as _,
     fs,
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, ExitCode, Stdio},
 };
 
-use anyhow::Context as _;
+use anyhow::{Context as _, ensure};
+use clap::Parser as _;
+use interceptor::{config::InterceptionConfig, iptables::IptablesMode};
+use interceptor_tests::{
+    Cgroup, PodFixture,
+    agent_home::PROXY_FLAGS,
+    iptables_backend::Iptables,
+    meshed::{self, Meshed},
+    probe::sibling_binary,
+    program,
+    scenario::Backend as _,
+};
 
 use self::{
     load::{Case, Close, Direction, Family, MODES, Mode},
     report::{CaseResult, Spread},
 };
-use crate::{
-    sandbox::{self, Binaries, PROXY_ARGS, Pod},
-    workspace_root,
-};
 
-#[derive(clap::Args)]
-pub struct Args {
+fn main() -> ExitCode {
+    program::main(|| run(&Args::parse()))
+}
+
+#[derive(clap::Parser)]
+#[command(
+    name = "cargo xtask bench",
+    about = "Measure what interception costs per connection, eBPF next to iptables (results in target/bench/, see docs/BENCHMARKS.md). Needs root."
+)]
+struct Args {
     /// About a minute: outbound and inbound with one pinned worker, plus 3,000 ignored ports;
     /// no worker/pinning/close matrix, no pod sweep.
     #[arg(long)]
@@ -57,31 +74,46 @@ pub struct Args {
     /// The app's sockets and destinations.
     #[arg(long, value_enum, default_value = "ipv4")]
     family: Family,
-    /// Where results.md, results.json and the charts go [default: target/bench/<UTC time>].
+    /// Where results.md and the charts go [default: target/bench/<UTC time>].
     #[arg(long)]
     out: Option<PathBuf>,
+}
+
+/// A mode's pod and what intercepts its connections.
+struct ModePod {
+    /// Detached before the pod is removed.
+    interception: Interception,
+    pod: PodFixture,
+}
+
+enum Interception {
+    None,
+    Ebpf(Meshed),
+    Iptables {
+        /// Only held: the chains are removed when it is dropped.
+        _chains: Box<dyn Any>,
+    },
 }
 
 /// The pods of one run, one per (mode, ignored ports), created when first needed and removed
 /// when the run ends.
 struct Lab {
-    binaries: Binaries,
+    /// The release `interceptor` binary.
+    interceptor: PathBuf,
+    connload: PathBuf,
     /// Where inbound clients' sockets are made: a cgroup nothing is attached to.
-    client_cgroup: PathBuf,
-    pods: BTreeMap<(usize, usize), Pod>,
+    client_cgroup: Cgroup,
+    pods: BTreeMap<(usize, usize), ModePod>,
 }
 
 impl Lab {
-    fn new(binaries: Binaries) -> anyhow::Result<Self> {
-        let client_cgroup = sandbox::cgroup2_root()?
-            .join(format!("interceptor-bench-clients-{}", std::process::id()));
-        fs::create_dir(&client_cgroup)
-            .with_context(|| format!("creating cgroup {}", client_cgroup.display()))?;
-        Ok(Self {
-            binaries,
-            client_cgroup,
+    fn new() -> Self {
+        Self {
+            interceptor: sibling_binary("interceptor"),
+            connload: sibling_binary("connload"),
+            client_cgroup: Cgroup::new("bench-clients"),
             pods: BTreeMap::new(),
-        })
+        }
     }
 
     /// The key of a mode's pod: the limit ignores nothing whatever the case, one pod serves
@@ -99,11 +131,11 @@ impl Lab {
     }
 
     /// A pod [`Self::pod`] already created.
-    fn existing_pod(&self, mode: Mode, ignored_ports: usize) -> &Pod {
+    fn existing_pod(&self, mode: Mode, ignored_ports: usize) -> &ModePod {
         &self.pods[&Self::key(mode, ignored_ports)]
     }
 
-    fn pod(&mut self, mode: Mode, ignored_ports: usize) -> anyhow::Result<&Pod> {
+    fn pod(&mut self, mode: Mode, ignored_ports: usize) -> anyhow::Result<&ModePod> {
         let key = Self::key(mode, ignored_ports);
         if !self.pods.contains_key(&key) {
             let pod = self.create_pod(mode, key.1)?;
@@ -112,48 +144,54 @@ impl Lab {
         Ok(&self.pods[&key])
     }
 
-    fn create_pod(&self, mode: Mode, ignored_ports: usize) -> anyhow::Result<Pod> {
+    fn create_pod(&self, mode: Mode, ignored_ports: usize) -> anyhow::Result<ModePod> {
         let slug = match mode {
             Mode::Limit => "limit",
             Mode::Ebpf => "ebpf",
             Mode::IptablesLegacy => "legacy",
             Mode::IptablesNft => "nft",
         };
-        let mut pod = Pod::with_binaries(
-            &self.binaries,
-            &format!("bench-{slug}-{ignored_ports}"),
-            None,
-        )?;
-        let ignore = ignore_flags(ignored_ports);
-        let ignore: Vec<&str> = ignore.iter().map(String::as_str).collect();
-        match mode {
-            Mode::Limit => {}
+        let pod = PodFixture::new(&format!("bench-{slug}-{ignored_ports}"));
+        let mut flags: Vec<String> = PROXY_FLAGS.map(String::from).to_vec();
+        flags.extend(ignore_flags(ignored_ports));
+        let iptables = |mode| -> anyhow::Result<Interception> {
+            let config = InterceptionConfig::from_proxy_init_args(&flags)
+                .context("the bench's proxy flags")?;
+            Ok(Interception::Iptables {
+                _chains: Iptables(mode).attach(&pod, &config),
+            })
+        };
+        let interception = match mode {
+            Mode::Limit => Interception::None,
             Mode::Ebpf => {
-                let args: Vec<&str> = PROXY_ARGS
-                    .into_iter()
-                    .chain(["--log-level", "warn"])
-                    .chain(ignore)
-                    .collect();
-                pod.mesh_ebpf(&args)?;
+                let instance = pod.pod.name.clone();
+                let mut args = meshed::run_args(&pod, &instance);
+                args.extend(["--mode", "ebpf", "--log-level", "warn"].map(String::from));
+                args.extend(flags.iter().cloned());
+                Interception::Ebpf(Meshed::start(
+                    &self.interceptor,
+                    &instance,
+                    &args,
+                    Stdio::inherit(),
+                ))
             }
-            Mode::IptablesLegacy => pod.iptables("legacy", true, &ignore)?,
-            Mode::IptablesNft => pod.iptables("nft", true, &ignore)?,
-        }
-        Ok(pod)
+            Mode::IptablesLegacy => iptables(IptablesMode::Legacy)?,
+            Mode::IptablesNft => iptables(IptablesMode::Nft)?,
+        };
+        Ok(ModePod { interception, pod })
     }
 
     fn measure(&mut self, case: &Case, mode: Mode, seconds: f64) -> anyhow::Result<load::Sample> {
-        let connload = self.binaries.connload.clone();
-        let client_cgroup = self.client_cgroup.clone();
-        let pod = self.pod(mode, case.ignored_ports)?;
-        load::measure(&connload, pod, &client_cgroup, case, mode, seconds)
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        self.pods.clear();
-        let _ = fs::remove_dir(&self.client_cgroup);
+        self.pod(mode, case.ignored_ports)?;
+        let pod = &self.existing_pod(mode, case.ignored_ports).pod;
+        load::measure(
+            &self.connload,
+            pod,
+            &self.client_cgroup.path,
+            case,
+            mode,
+            seconds,
+        )
     }
 }
 
@@ -190,7 +228,7 @@ const DIRECTIONS: [Direction; 2] = [Direction::Outbound, Direction::Inbound];
 const IGNORED_PORTS: [usize; 4] = [1, 15, 200, 3000];
 const POD_COUNTS: [usize; 3] = [1, 100, 1000];
 
-pub fn run(args: &Args) -> anyhow::Result<()> {
+fn run(args: &Args) -> anyhow::Result<()> {
     // Ctrl-C reaches the children too (same process group); surviving it turns their deaths into
     // an error, so the pods are removed by Drop instead of being left behind.
     extern "C" fn ignore(_: libc::c_int) {}
@@ -201,13 +239,15 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let repetitions = args.repetitions.unwrap_or(if args.quick { 5 } else { 7 }) as usize;
     let out_dir = match &args.out {
         Some(dir) => dir.clone(),
-        None => workspace_root()
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("tests/ sits inside the workspace root")
             .join("target/bench")
             .join(utc_stamp("%Y%m%d-%H%M%S")?),
     };
     fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
 
-    let mut lab = Lab::new(sandbox::build()?)?;
+    let mut lab = Lab::new();
     let mut md = header(args, repetitions, seconds)?;
     println!("{md}");
 
@@ -286,10 +326,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         costs_md.push_str("\n## Where the eBPF time goes\n\nA separate run with the kernel's per-program statistics on (`kernel.bpf_stats_enabled`; they slow every program run, so these runs are not in the tables).\n\n| case | program | ns/run | runs/conn | µs/conn |\n|---|---|---:|---:|---:|\n");
         for direction in DIRECTIONS {
             let case = base_case(direction, args.family);
-            let pid = lab
-                .pod(Mode::Ebpf, 0)?
-                .meshed_pid()
-                .context("the eBPF pod is not meshed")?;
+            let Interception::Ebpf(meshed) = &lab.pod(Mode::Ebpf, 0)?.interception else {
+                unreachable!("the eBPF pod is meshed by interceptor run");
+            };
+            let pid = meshed.child.id();
             let costs = progstats::program_costs(pid, || {
                 Ok(lab.measure(&case, Mode::Ebpf, seconds.max(1.0))?.conns)
             })?;
@@ -317,9 +357,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         let cases = DIRECTIONS.map(|d| base_case(d, args.family));
         lab.pod(Mode::Limit, 0)?;
         Some(agent_sweep::run(
-            &lab.binaries,
-            &lab.pods[&(0, 0)],
-            &lab.client_cgroup,
+            &lab.interceptor,
+            &lab.connload,
+            &lab.existing_pod(Mode::Limit, 0).pod,
+            &lab.client_cgroup.path,
             &cases,
             &POD_COUNTS,
             repetitions,
@@ -404,14 +445,14 @@ fn run_case(
     for mode in MODES {
         lab.pod(mode, case.ignored_ports)?;
     }
-    let pods: Vec<(Mode, &Pod)> = MODES
+    let pods: Vec<(Mode, &PodFixture)> = MODES
         .iter()
-        .map(|&mode| (mode, lab.existing_pod(mode, case.ignored_ports)))
+        .map(|&mode| (mode, &lab.existing_pod(mode, case.ignored_ports).pod))
         .collect();
     let samples = load::measure_interleaved(
-        &lab.binaries.connload,
+        &lab.connload,
         &pods,
-        &lab.client_cgroup,
+        &lab.client_cgroup.path,
         case,
         repetitions as f64 * seconds * MODES.len() as f64,
         repetitions,
@@ -469,7 +510,7 @@ fn pods_section(sweep: &agent_sweep::PodsSweep, out_dir: &Path) -> anyhow::Resul
     let (inside, inside_p99) = agent_sweep::percentiles(&sweep.agent_registration_ms);
     let _ = write!(
         md,
-        "\nPod registration, {} pods one after another, request to interception in force: inside the agent (its log) p50 {:.2} ms, p99 {inside_p99:.2} ms, max {:.2} ms; round trip through the API from the bench (a debug build, its JSON work included) p50 {:.2} ms, p99 {round_trip_p99:.2} ms, max {:.2} ms.\n\n![pods](pods.svg)\n",
+        "\nPod registration, {} pods one after another, request to interception in force: inside the agent (its log) p50 {:.2} ms, p99 {inside_p99:.2} ms, max {:.2} ms; round trip through the API from the bench (its JSON work included) p50 {:.2} ms, p99 {round_trip_p99:.2} ms, max {:.2} ms.\n\n![pods](pods.svg)\n",
         sweep.registration_ms.len(),
         inside.median,
         inside.max,
@@ -489,7 +530,9 @@ fn pods_section(sweep: &agent_sweep::PodsSweep, out_dir: &Path) -> anyhow::Resul
     Ok(md)
 }
 
-/// The targets of issue 10, each with what this run measured.
+/// The performance targets set for interception (rate and p99 against the limit, iptables
+/// beaten, no conntrack, flat in ignored ports and registered pods, registration time, agent
+/// memory), each with what this run measured.
 fn targets_section(
     matrix: &[CaseResult],
     sweep: &[CaseResult],
@@ -594,7 +637,7 @@ fn targets_section(
         let (_, inside_p99) = agent_sweep::percentiles(&pods.agent_registration_ms);
         let (_, round_trip_p99) = agent_sweep::percentiles(&pods.registration_ms);
         row(
-            "pod registration p99 < 1 ms (inside the agent; round trip from the debug-built bench)",
+            "pod registration p99 < 1 ms (inside the agent; round trip from the bench)",
             format!("{inside_p99:.2} ms ({round_trip_p99:.2} ms)"),
             inside_p99 < 1.0,
         );
@@ -622,7 +665,10 @@ fn header(args: &Args, repetitions: usize, seconds: f64) -> anyhow::Result<Strin
     let mut md = format!(
         "# interceptor bench, {}\n\n- command: `cargo xtask {}`\n- machine: {} CPUs ({model}), Linux {}\n- settings: {} repetitions of {seconds} s per mode and case, {:?} sockets; `connload` connects, accepts, asks SO_ORIGINAL_DST (checked on every connection), echoes one byte and closes; pinned = load generator and proxy on CPU 0\n",
         utc_stamp("%Y-%m-%d %H:%M UTC")?,
-        env::args().skip(1).collect::<Vec<_>>().join(" "),
+        std::iter::once("bench".to_owned())
+            .chain(env::args().skip(1))
+            .collect::<Vec<_>>()
+            .join(" "),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         fs::read_to_string("/proc/sys/kernel/osrelease")?.trim(),
         repetitions,
@@ -636,7 +682,13 @@ fn header(args: &Args, repetitions: usize, seconds: f64) -> anyhow::Result<Strin
     Ok(md)
 }
 
+/// The time now in UTC, as `date -u +FORMAT` writes it.
 fn utc_stamp(format: &str) -> anyhow::Result<String> {
-    let out = crate::cmd::output(Command::new("date").arg("-u").arg(format!("+{format}")))?;
-    Ok(out.trim().to_owned())
+    let date = Command::new("date")
+        .arg("-u")
+        .arg(format!("+{format}"))
+        .output()
+        .context("could not start `date`")?;
+    ensure!(date.status.success(), "`date -u +{format}` failed");
+    Ok(String::from_utf8_lossy(&date.stdout).trim().to_owned())
 }

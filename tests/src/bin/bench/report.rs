@@ -315,14 +315,7 @@ mod tests {
     fn ratios_are_taken_within_each_repetition() {
         // The limit halves in the second repetition; eBPF is 0.9 of it in both.
         let result = CaseResult {
-            case: Case {
-                direction: super::super::load::Direction::Outbound,
-                family: super::super::load::Family::Ipv4,
-                workers: 1,
-                pinned: true,
-                close: super::super::load::Close::Rst,
-                ignored_ports: 0,
-            },
+            case: crate::base_case(crate::load::Direction::Outbound, crate::load::Family::Ipv4),
             modes: vec![Mode::Limit, Mode::Ebpf],
             samples: vec![
                 vec![sample(1000.0, 10.0), sample(500.0, 20.0)],

@@ -3,12 +3,12 @@
 use std::{fmt, path::Path, process::Command};
 
 use anyhow::{Context as _, ensure};
-use serde_json::Value;
-
-use crate::{
-    cmd,
-    sandbox::{APP_UID, POD_ADDR, POD_ADDR6, Pod},
+use interceptor_tests::{
+    PodFixture,
+    fixture::{POD_ADDR, POD_ADDR6},
+    scenario::APP_UID,
 };
+use serde_json::Value;
 
 /// Which way the connections go.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
@@ -134,7 +134,7 @@ struct Addresses {
 
 fn addresses(case: &Case, mode: Mode) -> Addresses {
     let limit = mode == Mode::Limit;
-    // Outbound, the app connects to a documentation address (the pod's peer refuses it, so a
+    // Outbound, the app connects to a documentation address (the pod's remote refuses it, so a
     // connection that is not intercepted fails); inbound, to the pod's port 80, where nothing
     // listens.
     let (listen, v6only, direct, redirected) = match (case.direction, case.family) {
@@ -192,7 +192,7 @@ fn addresses(case: &Case, mode: Mode) -> Addresses {
 /// caller's to add).
 fn connload_command(
     connload: &Path,
-    pod: &Pod,
+    pod: &PodFixture,
     client_cgroup: &Path,
     case: &Case,
     mode: Mode,
@@ -200,10 +200,10 @@ fn connload_command(
     let addrs = addresses(case, mode);
     let mut cmd = Command::new(connload);
     cmd.arg("--listen-netns")
-        .arg(&pod.netns)
+        .arg(pod.pod.path())
         .args(["--listen", &addrs.listen])
         .arg("--cgroup")
-        .arg(&pod.cgroup)
+        .arg(&pod.cgroup.path)
         .args(["--connect", &addrs.connect])
         .args(["--expect", addrs.expect.as_deref().unwrap_or("none")])
         .args(["--workers", &case.workers.to_string()])
@@ -224,14 +224,14 @@ fn connload_command(
     match case.direction {
         Direction::Outbound => {
             cmd.arg("--connect-netns")
-                .arg(&pod.netns)
-                .args(["--uid", APP_UID]);
+                .arg(pod.pod.path())
+                .args(["--uid", &APP_UID.to_string()]);
         }
         Direction::Inbound => {
             // The client is no process of the pod: its sockets are in a cgroup nothing is
             // attached to.
             cmd.arg("--connect-netns")
-                .arg(pod.peer_netns())
+                .arg(pod.remote.path())
                 .arg("--client-cgroup")
                 .arg(client_cgroup);
         }
@@ -264,16 +264,19 @@ fn num(json: &Value, key: &str) -> anyhow::Result<f64> {
 /// Runs connload once for `case` in `pod`, set up for `mode`, for `seconds`.
 pub fn measure(
     connload: &Path,
-    pod: &Pod,
+    pod: &PodFixture,
     client_cgroup: &Path,
     case: &Case,
     mode: Mode,
     seconds: f64,
 ) -> anyhow::Result<Sample> {
-    let mut cmd = connload_command(connload, pod, client_cgroup, case, mode);
-    cmd.args(["--seconds", &seconds.to_string()]);
-    let out = cmd::output(&mut cmd)?;
-    let json = checked_report(&out, case, mode)?;
+    let out = connload_command(connload, pod, client_cgroup, case, mode)
+        .args(["--seconds", &seconds.to_string()])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("could not start connload")?;
+    ensure!(out.status.success(), "connload failed ({})", out.status);
+    let json = checked_report(&String::from_utf8_lossy(&out.stdout), case, mode)?;
     Ok(Sample {
         conns: num(&json, "conns")?,
         rate: num(&json, "rate")?,
@@ -281,8 +284,21 @@ pub fn measure(
         p50: num(&json, "p50_us")?,
         p99: num(&json, "p99_us")?,
         p999: num(&json, "p999_us")?,
-        conntrack: pod.conntrack_entries().parse().unwrap_or(0),
+        conntrack: conntrack_entries(pod),
     })
+}
+
+/// The connections the pod's conntrack holds (0 when conntrack is not loaded): the state
+/// iptables' NAT leaves behind, which eBPF interception does not create.
+fn conntrack_entries(pod: &PodFixture) -> u64 {
+    Command::new("nsenter")
+        .arg(format!("--net={}", pod.pod.path().display()))
+        .args(["cat", "/proc/sys/net/netfilter/nf_conntrack_count"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Slices of time given to each mode's process in turn.
@@ -295,13 +311,13 @@ const SLICE_MS: f64 = 20.0;
 /// `repetitions` samples per mode, in order.
 pub fn measure_interleaved(
     connload: &Path,
-    pods: &[(Mode, &Pod)],
+    pods: &[(Mode, &PodFixture)],
     client_cgroup: &Path,
     case: &Case,
     seconds: f64,
     repetitions: usize,
 ) -> anyhow::Result<Vec<Vec<Sample>>> {
-    let dir = std::env::temp_dir().join(format!("interceptor-bench-ring-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(interceptor_tests::unique_name("bench-ring"));
     std::fs::create_dir_all(&dir)?;
     let fifo = |i: usize| dir.join(format!("turn-{i}"));
     for i in 0..=pods.len() {
@@ -330,7 +346,7 @@ pub fn measure_interleaved(
 
 fn run_ring(
     connload: &Path,
-    pods: &[(Mode, &Pod)],
+    pods: &[(Mode, &PodFixture)],
     client_cgroup: &Path,
     case: &Case,
     seconds: f64,
@@ -403,7 +419,7 @@ fn run_ring(
         let json = checked_report(&out, case, *mode)?;
         let rounds: Vec<[f64; 3]> =
             serde_json::from_value(json["rounds"].clone()).context("connload's rounds")?;
-        let conntrack = pod.conntrack_entries().parse().unwrap_or(0);
+        let conntrack = conntrack_entries(pod);
         let per_sample = rounds.len().div_ceil(repetitions).max(1);
         let mode_samples = rounds
             .chunks(per_sample)
@@ -431,17 +447,7 @@ fn run_ring(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn case(direction: Direction, family: Family) -> Case {
-        Case {
-            direction,
-            family,
-            workers: 1,
-            pinned: true,
-            close: Close::Rst,
-            ignored_ports: 0,
-        }
-    }
+    use crate::base_case as case;
 
     #[test]
     fn the_proxy_is_told_the_address_the_app_connected_to() {
