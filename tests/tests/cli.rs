@@ -125,6 +125,15 @@ fn run_meshes_a_pod_reports_status_and_detaches_on_sigterm() {
     assert_eq!(counters["outbound_exempt_ignored_port"], 1, "{counters}");
     assert_eq!(report["pending_orig_dst"], 0);
     assert_eq!(report["counters"][0]["inbound_listener"], true);
+    let text = Command::new(BIN)
+        .args(["status", "--instance", &instance])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("inbound->4143 outbound->4140 proxy-uid=2102 outbound-ports-to-ignore=443"),
+        "{text}"
+    );
     let landing = fixture.on_remote().connect("10.77.0.1:80");
     assert!(
         matches!(&landing, Landing::Proxy { name, .. } if name == "inbound"),

@@ -181,18 +181,13 @@ fn print_report(r: &InstanceReport) {
         println!("  original destinations waiting for the proxy: {pending}");
     }
     for pod in &state.pods {
-        let c = &pod.config;
+        // The configuration as the agent's log lines spell it (only what is set).
         println!(
-            "  pod {} (netns cookie {}, addresses {}): inbound->{} outbound->{} proxy-uid={} proxy-gid={} inbound-ports-to-ignore={:?} outbound-ports-to-ignore={:?}",
+            "  pod {} (netns cookie {}, addresses {}): {}",
             pod.netns.display(),
             pod.netns_cookie,
             pod.addresses.join(","),
-            c.incoming_proxy_port,
-            c.outgoing_proxy_port,
-            c.proxy_uid.map_or("-".into(), |u| u.to_string()),
-            c.proxy_gid.map_or("-".into(), |g| g.to_string()),
-            c.inbound_ports_to_ignore,
-            c.outbound_ports_to_ignore,
+            pod.config,
         );
         if let Some(counters) = r
             .counters
