@@ -15,7 +15,7 @@ use interceptor_common::{
 pub static PODS: HashMap<u64, PodConfig> =
     HashMap::with_max_entries(MAX_PODS, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
 
-#[map(name = "ICPT_LOCAL_ADDRS")]
+#[map(name = "ICPT_LOCAL_IPS")]
 pub static LOCAL_ADDRS: HashMap<LocalAddrKey, u8> =
     HashMap::with_max_entries(MAX_PODS * MAX_LOCAL_ADDRS_PER_POD, 0);
 
