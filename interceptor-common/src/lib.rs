@@ -5,6 +5,8 @@
 //! `bytemuck::Pod` refuses a type with padding) and uses `u32` flags rather than `bool`. Fields
 //! in network byte order end in `_be`.
 #![no_std]
+// The one unsafe item is `aya_pod!`'s `aya::Pod` impl, justified there.
+#![deny(unsafe_code)]
 
 pub mod addr;
 pub mod counters;
@@ -62,6 +64,7 @@ macro_rules! aya_pod {
         // SAFETY: the type is `bytemuck::Pod` (checked just above): `Copy`, `#[repr(C)]` or
         // `#[repr(transparent)]`, without padding, and valid for every bit pattern, which is
         // all `aya::Pod` requires.
+        #[allow(unsafe_code)]
         unsafe impl aya::Pod for $ty {}
     )+};
 }
