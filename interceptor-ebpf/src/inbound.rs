@@ -16,6 +16,7 @@ use interceptor_common::{
     Ip6Addr, ListenerKey, PodConfig,
     addr::family,
     counters::Decision,
+    names,
     pod::{direction, flags},
 };
 
@@ -37,7 +38,10 @@ pub fn icpt_sk_lookup(ctx: SkLookupContext) -> u32 {
         Ok(()) => SK_PASS,
         // The proxy is not listening: the connection is refused, as with iptables REDIRECT to a
         // closed port, instead of reaching the app around the proxy.
-        Err(_) => SK_DROP,
+        Err(e) => {
+            e.log(&ctx, names::PROG_SK_LOOKUP);
+            SK_DROP
+        }
     }
 }
 
@@ -91,7 +95,11 @@ fn try_sk_lookup(ctx: &SkLookupContext) -> Result<(), Error> {
         Ok(())
     } else {
         count(pod.slot, Decision::InboundNoListener);
-        Err(Error::NoListener)
+        Err(Error::NoListener {
+            netns_cookie,
+            // SAFETY: a field read of this run's context, checked by the verifier.
+            port: unsafe { (*lookup).local_port },
+        })
     }
 }
 

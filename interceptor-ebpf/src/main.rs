@@ -2,7 +2,8 @@
 //! acting only on sockets whose network namespace is registered in `ICPT_PODS`.
 //!
 //! Each program's entry calls its `try_` function and maps the result to the kernel's return
-//! code. Nothing here logs per connection: decisions are counted in a per-CPU array instead.
+//! code. Nothing here logs per connection: decisions are counted in a per-CPU array instead, and
+//! only the rare failures in `error` are logged, when userspace turns the log on.
 #![no_std]
 #![no_main]
 #![warn(clippy::undocumented_unsafe_blocks)]

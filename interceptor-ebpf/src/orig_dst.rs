@@ -14,7 +14,7 @@ use aya_ebpf::{
 };
 use interceptor_common::{
     IP6T_SO_ORIGINAL_DST, Ip6Addr, ListenerKey, PendingKey, PendingOrigDst, SO_ORIGINAL_DST,
-    SOL_IP, SOL_IPV6, addr::family, counters::Decision, pod::flags,
+    SOL_IP, SOL_IPV6, addr::family, counters::Decision, names, pod::flags,
 };
 
 use crate::{
@@ -36,7 +36,10 @@ pub fn icpt_sockops(ctx: SockOpsContext) -> u32 {
     match try_sockops(&ctx) {
         Ok(()) => 1,
         // What failed is only logged: the connection goes on either way.
-        Err(_) => 1,
+        Err(e) => {
+            e.log(&ctx, names::PROG_SOCKOPS);
+            1
+        }
     }
 }
 
@@ -84,7 +87,10 @@ fn remember_inbound_listener(ctx: &SockOpsContext) -> Result<(), Error> {
     let ops = unsafe { &mut *ctx.ops };
     LISTENERS
         .update(&mut key, ops, BPF_ANY.into())
-        .map_err(|_| Error::ListenerNotRemembered)
+        .map_err(|errno| Error::ListenerNotRemembered {
+            netns_cookie,
+            errno,
+        })
 }
 
 /// A socket's local or remote address in the maps' form: an `AF_INET6` socket already shows an
@@ -136,7 +142,10 @@ fn index_redirected_connection(ctx: &SockOpsContext) -> Result<(), Error> {
     // On failure the proxy's SO_ORIGINAL_DST fails and it refuses the connection (fails closed).
     PENDING
         .insert(key, pending, 0)
-        .map_err(|_| Error::OrigDstNotIndexed)
+        .map_err(|errno| Error::OrigDstNotIndexed {
+            netns_cookie: orig.netns_cookie,
+            errno,
+        })
 }
 
 /// The key of a connection as its proxy-side socket sees it.
@@ -182,7 +191,10 @@ fn watch_proxy_side(ctx: &SockOpsContext) -> Result<(), Error> {
         return Ok(());
     }
     ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
-        .map_err(|_| Error::CloseNotWatched)
+        .map_err(|errno| Error::CloseNotWatched {
+            netns_cookie: key.netns_cookie,
+            errno,
+        })
 }
 
 /// The proxy's socket of a redirected connection closed: nobody can ask about it any more.
@@ -199,7 +211,10 @@ pub fn icpt_getsockopt(ctx: SockoptContext) -> i32 {
     match try_getsockopt(&ctx) {
         Ok(()) => 1,
         // The kernel's own answer stays.
-        Err(_) => 1,
+        Err(e) => {
+            e.log(&ctx, names::PROG_GETSOCKOPT);
+            1
+        }
     }
 }
 
@@ -291,7 +306,7 @@ fn serve_orig_dst(ctx: &SockoptContext, ipv6: bool) -> Result<(), Error> {
     // null when it is not a full TCP socket.
     let tcp = unsafe { bpf_tcp_sock(sk) };
     if tcp.is_null() {
-        return Err(Error::NoTcpSock);
+        return Err(Error::NoTcpSock { netns_cookie });
     }
     // snd_una - bytes_acked is this socket's initial sequence number + 1 for its whole life. An
     // entry that does not match is from an earlier connection that reused the 4-tuple.

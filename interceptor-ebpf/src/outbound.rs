@@ -18,6 +18,7 @@ use aya_ebpf::{
 use interceptor_common::{
     Ip6Addr, OrigDst, PodConfig,
     counters::Decision,
+    names,
     pod::{direction, flags},
 };
 
@@ -37,7 +38,10 @@ pub fn icpt_connect4(ctx: SockAddrContext) -> i32 {
         // Never refuse a connect: a decision either leaves it alone or rewrites it, and a
         // rewritten connect whose original destination could not be recorded still goes to the
         // proxy, which refuses it (letting it through would bypass the proxy).
-        Err(_) => ALLOW,
+        Err(e) => {
+            e.log(&ctx, names::PROG_CONNECT4);
+            ALLOW
+        }
     }
 }
 
@@ -45,7 +49,10 @@ pub fn icpt_connect4(ctx: SockAddrContext) -> i32 {
 pub fn icpt_connect6(ctx: SockAddrContext) -> i32 {
     match try_connect6(&ctx) {
         Ok(()) => ALLOW,
-        Err(_) => ALLOW,
+        Err(e) => {
+            e.log(&ctx, names::PROG_CONNECT6);
+            ALLOW
+        }
     }
 }
 
@@ -153,9 +160,12 @@ fn record_orig_dst(ctx: &SockAddrContext, pod: &PodConfig, orig: &OrigDst) -> Re
     // SAFETY: the helper only reads this run's socket, from its context; the verifier checks
     // that connect4/6 may call it and that the argument is the context.
     let socket_cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    CONNECTING.insert(socket_cookie, orig, 0).map_err(|_| {
+    CONNECTING.insert(socket_cookie, orig, 0).map_err(|errno| {
         count(pod.slot, Decision::OrigDstNotRecorded);
-        Error::OrigDstNotRecorded
+        Error::OrigDstNotRecorded {
+            netns_cookie: orig.netns_cookie,
+            errno,
+        }
     })
 }
 
