@@ -4,11 +4,12 @@
 //! kernel shows an IPv4 connection on an `AF_INET6` socket, so an app's `AF_INET6` socket that
 //! connects to `::ffff:192.0.2.2` and an `AF_INET` socket that connects to `192.0.2.2` produce
 //! the same keys, and a proxy listening on `[::]` finds the entry of either.
+use bytemuck::{Pod, Zeroable};
 
 /// An IPv6 address, or an IPv4 address in its IPv4-mapped form; four 32-bit words in network
 /// byte order, as the kernel's `__u32 ip6[4]` context fields hold them.
 #[repr(C)]
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, Default, Pod, Zeroable)]
 pub struct Ip6Addr {
     pub words_be: [u32; 4],
 }

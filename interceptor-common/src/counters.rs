@@ -1,5 +1,6 @@
 //! Per-pod decision counters: one slot per pod in a per-CPU array, so counting costs one
 //! increment in a CPU-local cache line on the connection path.
+use bytemuck::{Pod, Zeroable};
 
 /// Why a connection was (or was not) intercepted. The discriminant is the counter index.
 #[repr(u32)]
@@ -96,7 +97,7 @@ impl Decision {
 pub const COUNTERS_PER_POD: usize = 18;
 
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Pod, Zeroable)]
 pub struct PodCounters {
     pub values: [u64; COUNTERS_PER_POD],
 }

@@ -1,12 +1,13 @@
 //! Identifiers that must not be swapped for one another: both cookies are `u64` map keys, and a
 //! slot is a bare `u32` index. Userspace passes these types; the map key structs keep the raw
 //! integers the programs read.
+use bytemuck::{Pod, Zeroable};
 use core::fmt;
 
 /// A network namespace's cookie: the kernel's 64-bit id of the namespace, unique for the life
 /// of the system. A pod is keyed by it, never by an address.
 #[repr(transparent)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Pod, Zeroable)]
 #[cfg_attr(
     feature = "serde",
     derive(serde::Serialize, serde::Deserialize),
@@ -16,7 +17,7 @@ pub struct NetnsCookie(pub u64);
 
 /// A socket's cookie (`bpf_get_socket_cookie`): the key of a connection in progress.
 #[repr(transparent)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Pod, Zeroable)]
 #[cfg_attr(
     feature = "serde",
     derive(serde::Serialize, serde::Deserialize),

@@ -1,9 +1,12 @@
 //! The contract between the eBPF programs and the userspace loader: map and program names, and
 //! the `#[repr(C)]` types stored in the maps. `no_std` so both sides compile the same bytes.
 //!
-//! Layout rules: every type is `Copy`, has no implicit padding (explicit `_pad` fields) and uses
-//! `u32` flags rather than `bool`. Fields in network byte order end in `_be`.
+//! Layout rules: every type is `Copy`, has no implicit padding (explicit `_pad` fields; deriving
+//! `bytemuck::Pod` refuses a type with padding) and uses `u32` flags rather than `bool`. Fields
+//! in network byte order end in `_be`.
 #![no_std]
+// The one unsafe item is `aya_pod!`'s `aya::Pod` impl, justified there.
+#![deny(unsafe_code)]
 
 pub mod addr;
 pub mod counters;
@@ -20,10 +23,11 @@ pub use pod::{
 };
 pub use socket::{ListenerKey, OrigDst, PendingKey, PendingOrigDst};
 
-/// The version of the maps' layout (their key and value types). Bump it with any change to a
-/// type stored in a map: the node agent keeps its maps in a directory per layout, and an agent
-/// that finds only an older one builds new maps from its pod records and switches over.
-pub const MAP_LAYOUT_VERSION: u32 = 2;
+/// The version of the maps' layout (their names, key and value types). Bump it with any change to
+/// a map's name (list the old name in `names::RETIRED_MAPS`) or to a type stored in a map: the
+/// node agent keeps its maps in a directory per layout, and an agent that finds only an older one
+/// builds new maps from its pod records and switches over.
+pub const MAP_LAYOUT_VERSION: u32 = 3;
 
 /// The most pods one node attachment serves. Bounds the per-CPU counter array (one slot per pod)
 /// and the pod configuration map.
@@ -48,20 +52,33 @@ pub const SOL_IP: i32 = 0;
 pub const IP6T_SO_ORIGINAL_DST: i32 = 80;
 pub const SOL_IPV6: i32 = 41;
 
+/// Implements `aya::Pod` (what aya's userspace maps ask of their keys and values) for types
+/// that are `bytemuck::Pod`, which the compiler checks for each of them first.
 #[cfg(feature = "user")]
-mod user {
-    use super::*;
-
-    // SAFETY: all of these are `#[repr(C)]`, `Copy`, and have no padding (asserted in their
-    // modules), so any byte pattern is a valid value.
-    unsafe impl aya::Pod for PodConfig {}
-    unsafe impl aya::Pod for LocalAddrKey {}
-    unsafe impl aya::Pod for SubnetKey {}
-    unsafe impl aya::Pod for PodCounters {}
-    unsafe impl aya::Pod for PendingKey {}
-    unsafe impl aya::Pod for PendingOrigDst {}
-    unsafe impl aya::Pod for ListenerKey {}
-    unsafe impl aya::Pod for OrigDst {}
-    unsafe impl aya::Pod for NetnsCookie {}
-    unsafe impl aya::Pod for SocketCookie {}
+macro_rules! aya_pod {
+    ($($ty:ty),+ $(,)?) => {$(
+        const _: fn() = || {
+            fn is_pod<T: bytemuck::Pod>() {}
+            is_pod::<$ty>();
+        };
+        // SAFETY: the type is `bytemuck::Pod` (checked just above): `Copy`, `#[repr(C)]` or
+        // `#[repr(transparent)]`, without padding, and valid for every bit pattern, which is
+        // all `aya::Pod` requires.
+        #[allow(unsafe_code)]
+        unsafe impl aya::Pod for $ty {}
+    )+};
 }
+
+#[cfg(feature = "user")]
+aya_pod!(
+    PodConfig,
+    LocalAddrKey,
+    SubnetKey,
+    PodCounters,
+    PendingKey,
+    PendingOrigDst,
+    ListenerKey,
+    OrigDst,
+    NetnsCookie,
+    SocketCookie,
+);

@@ -1,5 +1,6 @@
-//! Program and map names, shared so the loader and the object cannot drift apart. Each fits the
-//! kernel's 15-character object name limit.
+//! Program and map names, shared so the loader and the object cannot drift apart. Each fits in
+//! the kernel's object name (`BPF_OBJ_NAME_LEN`, 16 bytes with the terminating NUL), which
+//! silently cuts longer names: a pin's file name and its map's name then differ.
 
 /// Every program of ours starts with it: a pinned link running a program without it is not ours.
 pub const PREFIX: &str = "icpt_";
@@ -18,7 +19,7 @@ pub const PROG_POD_LOOKUP: &str = "icpt_pod_lookup";
 /// netns cookie -> [`crate::PodConfig`]: which pods are meshed, and how.
 pub const MAP_PODS: &str = "ICPT_PODS";
 /// [`crate::LocalAddrKey`] -> 1: the addresses of each pod's own interfaces.
-pub const MAP_LOCAL_ADDRS: &str = "ICPT_LOCAL_ADDRS";
+pub const MAP_LOCAL_ADDRS: &str = "ICPT_LOCAL_IPS";
 /// LPM trie of [`crate::SubnetKey`] -> 1: subnets exempted per pod and direction.
 pub const MAP_SUBNETS: &str = "ICPT_SUBNETS";
 /// Per-CPU array indexed by pod slot -> [`crate::PodCounters`].
@@ -48,3 +49,47 @@ pub const SHARED_MAPS: [&str; 9] = [
     MAP_SK_LOOKUP_PROG,
     MAP_LOOKUP_POD,
 ];
+
+/// Maps that earlier map layouts pinned and this one no longer has: removed with an older
+/// layout's maps once the links are switched over, and by `interceptor uninstall`.
+pub const RETIRED_MAPS: [&str; 1] = [
+    // Up to layout 2, as `MAP_LOCAL_ADDRS`; the kernel cut its name to "ICPT_LOCAL_ADDR".
+    "ICPT_LOCAL_ADDRS",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The longest name the kernel keeps whole (`BPF_OBJ_NAME_LEN` - 1).
+    const OBJ_NAME_MAX: usize = 15;
+
+    #[test]
+    fn every_program_and_map_name_fits_the_kernel() {
+        let programs = [
+            PROG_CONNECT4,
+            PROG_CONNECT6,
+            PROG_SOCKOPS,
+            PROG_GETSOCKOPT,
+            PROG_SK_LOOKUP,
+            PROG_POD_LOOKUP,
+        ];
+        for name in programs.iter().chain(&SHARED_MAPS) {
+            assert!(
+                name.len() <= OBJ_NAME_MAX,
+                "{name} is {} bytes; the kernel keeps {OBJ_NAME_MAX}",
+                name.len()
+            );
+        }
+        for name in programs {
+            assert!(name.starts_with(PREFIX), "{name}");
+        }
+    }
+
+    #[test]
+    fn retired_map_names_are_not_reused() {
+        for retired in RETIRED_MAPS {
+            assert!(!SHARED_MAPS.contains(&retired), "{retired}");
+        }
+    }
+}

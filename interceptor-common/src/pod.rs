@@ -1,11 +1,11 @@
 //! Per-pod configuration, keyed by the pod's network namespace cookie.
 use crate::Ip6Addr;
+use bytemuck::{Pod, Zeroable};
 
 /// One bit per TCP port: membership is a single load whatever the number of ports or ranges, so
 /// the per-connection cost does not grow with the ignore lists.
 #[repr(C)]
-#[derive(Clone, Copy)]
-#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+#[derive(Clone, Copy, Pod, Zeroable)]
 pub struct PortBitmap {
     pub bits: [u8; 8192],
 }
@@ -51,8 +51,7 @@ pub mod flags {
 
 /// How one pod is intercepted. Written by userspace, read on every connect in the pod.
 #[repr(C)]
-#[derive(Clone, Copy)]
-#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+#[derive(Clone, Copy, Pod, Zeroable)]
 pub struct PodConfig {
     /// Index of this pod's counters in the per-CPU counter array.
     pub slot: u32,
@@ -73,7 +72,7 @@ pub struct PodConfig {
 
 /// Key of the pod-local address set: (pod, address of either family).
 #[repr(C)]
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Pod, Zeroable)]
 pub struct LocalAddrKey {
     pub netns_cookie: u64,
     pub addr: Ip6Addr,
@@ -91,7 +90,7 @@ pub mod direction {
 /// the family keeps an IPv6 rule such as `::/0` from matching IPv4 connections, as ip6tables
 /// rules never see IPv4 packets.
 #[repr(C)]
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, Pod, Zeroable)]
 pub struct SubnetKey {
     pub netns_cookie: u64,
     pub direction: u32,

@@ -13,11 +13,12 @@
 //!
 //! Entries whose proxy side never gets established are evicted least-recently-used.
 use crate::Ip6Addr;
+use bytemuck::{Pod, Zeroable};
 
 /// An original destination, recorded at connect time. IPv4 destinations (from `AF_INET` sockets
 /// and `::ffff:a.b.c.d` on `AF_INET6` ones) are in mapped form, see [`crate::addr`].
 #[repr(C)]
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Pod, Zeroable)]
 pub struct OrigDst {
     /// The pod the socket lives in (netns cookie), recorded by connect4/6 so sock_ops need not
     /// look it up again.
@@ -32,7 +33,7 @@ pub struct OrigDst {
 /// is in mapped form for IPv4, so an `AF_INET6` proxy socket (`[::]` listener) accepting an IPv4
 /// connection finds the same key as an `AF_INET` one.
 #[repr(C)]
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Pod, Zeroable)]
 pub struct PendingKey {
     pub netns_cookie: u64,
     /// The app socket's local address, i.e. the proxy socket's peer address.
@@ -43,7 +44,7 @@ pub struct PendingKey {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Pod, Zeroable)]
 pub struct PendingOrigDst {
     /// IPv4 (mapped form) exactly when the connection is IPv4: `SO_ORIGINAL_DST` answers it,
     /// `IP6T_SO_ORIGINAL_DST` answers the others.
@@ -62,7 +63,7 @@ pub struct PendingOrigDst {
 /// `IPV6_V6ONLY`) or one dual-stack socket (`[::]:4143`); IPv4 connections use the IPv4 socket
 /// when there is one, else the IPv6 one.
 #[repr(C)]
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Pod, Zeroable)]
 pub struct ListenerKey {
     pub netns_cookie: u64,
     /// `crate::addr::family::*` of the listening socket.

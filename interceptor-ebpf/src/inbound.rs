@@ -1,5 +1,5 @@
-//! `sk_lookup`: steers inbound TCP to the proxy's inbound listener (SPEC "Inbound", first match
-//! wins).
+//! `sk_lookup`: steers inbound TCP to the proxy's inbound listener (`decide`, the first rule that
+//! matches wins).
 //!
 //! sk_lookup attaches to a network namespace and cannot ask which one it runs in (the verifier
 //! rejects `bpf_get_netns_cookie` there), so each pod's namespace gets a program of its own: a
@@ -16,10 +16,14 @@ use interceptor_common::{
     Ip6Addr, ListenerKey, PodConfig,
     addr::family,
     counters::Decision,
+    names,
     pod::{direction, flags},
 };
 
-use crate::maps::{LISTENERS, LOOKUP_POD, PODS, count, in_subnets, is_pod_address, read_ip6};
+use crate::{
+    error::Error,
+    maps::{LISTENERS, LOOKUP_POD, count, in_subnets, is_pod_address, pod_config, read_ip6},
+};
 
 const SK_PASS: u32 = 1;
 const SK_DROP: u32 = 0;
@@ -30,48 +34,72 @@ const LOOPBACK_IFINDEX: u32 = 1;
 
 #[sk_lookup]
 pub fn icpt_sk_lookup(ctx: SkLookupContext) -> u32 {
-    let lookup: *mut bpf_sk_lookup = ctx.lookup;
-    if unsafe { (*lookup).protocol } != IPPROTO_TCP {
-        return SK_PASS;
+    match try_sk_lookup(&ctx) {
+        Ok(()) => SK_PASS,
+        // The proxy is not listening: the connection is refused, as with iptables REDIRECT to a
+        // closed port, instead of reaching the app around the proxy.
+        Err(e) => {
+            e.log(&ctx, names::PROG_SK_LOOKUP);
+            SK_DROP
+        }
     }
+}
+
+/// Steers the connection, or leaves it to the kernel's own lookup. An error means it was to be
+/// steered and cannot be.
+#[inline(always)]
+fn try_sk_lookup(ctx: &SkLookupContext) -> Result<(), Error> {
+    let lookup: *mut bpf_sk_lookup = ctx.lookup;
+    // SAFETY: `lookup` is the context the kernel passed to this run, valid throughout it; the
+    // verifier checks the field read.
+    if unsafe { (*lookup).protocol } != IPPROTO_TCP {
+        return Ok(());
+    }
+    // SAFETY: a field read of this run's context, checked by the verifier.
     let is_ip4 = match unsafe { (*lookup).family } {
         AF_INET => true,
         AF_INET6 => false,
-        _ => return SK_PASS,
+        _ => return Ok(()),
     };
     // Another sk_lookup program (e.g. a second instance during an upgrade) already chose a
     // socket: leave its choice, assigning again would fail.
+    // SAFETY: a field read of this run's context, checked by the verifier; the union holds
+    // the pointer of the socket already chosen, null if none.
     if !unsafe { (*lookup).__bindgen_anon_1.__bindgen_anon_1.sk }.is_null() {
-        return SK_PASS;
+        return Ok(());
     }
     let Some(&netns_cookie) = LOOKUP_POD.get(0) else {
-        return SK_PASS;
+        return Ok(());
     };
-    let Some(pod) = (unsafe { PODS.get(&netns_cookie) }) else {
-        return SK_PASS;
+    let Some(pod) = pod_config(netns_cookie) else {
+        return Ok(());
     };
     if !is_ip4 && pod.flags & flags::INTERCEPT_IPV6 == 0 {
         count(pod.slot, Decision::InboundIpv6NotIntercepted);
-        return SK_PASS;
+        return Ok(());
     }
     let remote = if is_ip4 {
+        // SAFETY: a field read of this run's context, checked by the verifier.
         Ip6Addr::from_ip4_be(unsafe { (*lookup).remote_ip4 })
     } else {
-        read_ip6(unsafe { &raw const (*lookup).remote_ip6 })
+        // SAFETY: `remote_ip6` is a four-word field of this run's context.
+        unsafe { read_ip6(&raw const (*lookup).remote_ip6) }
     };
-    let decision = decide(lookup, pod, netns_cookie, remote);
+    let decision = decide(ctx, pod, netns_cookie, remote);
     if decision != Decision::Steered {
         count(pod.slot, decision);
-        return SK_PASS;
+        return Ok(());
     }
-    // SK_DROP when the proxy is not listening: the connection is refused, as with iptables
-    // REDIRECT to a closed port, instead of reaching the app around the proxy.
-    if steer(&ctx, netns_cookie, is_ip4) {
+    if steer(ctx, netns_cookie, is_ip4) {
         count(pod.slot, Decision::Steered);
-        SK_PASS
+        Ok(())
     } else {
         count(pod.slot, Decision::InboundNoListener);
-        SK_DROP
+        Err(Error::NoListener {
+            netns_cookie,
+            // SAFETY: a field read of this run's context, checked by the verifier.
+            port: unsafe { (*lookup).local_port },
+        })
     }
 }
 
@@ -99,15 +127,13 @@ fn steer(ctx: &SkLookupContext, netns_cookie: u64, is_ip4: bool) -> bool {
 }
 
 #[inline(always)]
-fn decide(
-    lookup: *mut bpf_sk_lookup,
-    pod: &PodConfig,
-    netns_cookie: u64,
-    remote: Ip6Addr,
-) -> Decision {
+fn decide(ctx: &SkLookupContext, pod: &PodConfig, netns_cookie: u64, remote: Ip6Addr) -> Decision {
+    let lookup: *mut bpf_sk_lookup = ctx.lookup;
+    // SAFETY: `lookup` is this run's context; the verifier checks the field read.
     let local_port = unsafe { (*lookup).local_port } as u16;
     // From the pod itself: over lo, or from one of its own addresses (a connection to its own
     // veth address arrives with the veth's ifindex). iptables' PREROUTING never sees these.
+    // SAFETY: a field read of this run's context, checked by the verifier.
     if unsafe { (*lookup).ingress_ifindex } == LOOPBACK_IFINDEX
         || is_pod_address(netns_cookie, remote)
     {

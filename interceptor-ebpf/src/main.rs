@@ -1,10 +1,14 @@
 //! The kernel side of interception: programs attached once per node to a cgroup v2 directory,
 //! acting only on sockets whose network namespace is registered in `ICPT_PODS`.
 //!
-//! Nothing here logs per connection: decisions are counted in a per-CPU array instead.
+//! Each program's entry calls its `try_` function and maps the result to the kernel's return
+//! code. Nothing here logs per connection: decisions are counted in a per-CPU array instead, and
+//! only the rare failures in `error` are logged, when userspace turns the log on.
 #![no_std]
 #![no_main]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
+mod error;
 mod inbound;
 mod maps;
 mod orig_dst;

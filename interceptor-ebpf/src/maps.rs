@@ -15,7 +15,7 @@ use interceptor_common::{
 pub static PODS: HashMap<u64, PodConfig> =
     HashMap::with_max_entries(MAX_PODS, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
 
-#[map(name = "ICPT_LOCAL_ADDRS")]
+#[map(name = "ICPT_LOCAL_IPS")]
 pub static LOCAL_ADDRS: HashMap<LocalAddrKey, u8> =
     HashMap::with_max_entries(MAX_PODS * MAX_LOCAL_ADDRS_PER_POD, 0);
 
@@ -53,6 +53,17 @@ pub static SK_LOOKUP_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
 #[map(name = "ICPT_LOOKUP_POD")]
 pub static LOOKUP_POD: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
+/// The configuration of the pod whose network namespace has this cookie, if it is meshed.
+#[inline(always)]
+pub fn pod_config(netns_cookie: u64) -> Option<&'static PodConfig> {
+    // SAFETY: the element stays memory of this map for the whole program run, which is as long
+    // as the reference is used (the kernel frees map elements only after the programs that may
+    // hold them have returned). A concurrent update of the same pod may let another version of
+    // its configuration be read, even a mix of two; `PodConfig` is valid for every bit pattern,
+    // so that is a decision made on a configuration being replaced, never an invalid value.
+    unsafe { PODS.get(netns_cookie) }
+}
+
 /// Whether `addr` is in one of the pod's subnets for `direction`, among the subnets of the
 /// address's own family.
 #[inline(always)]
@@ -71,20 +82,29 @@ pub fn in_subnets(netns_cookie: u64, direction: u32, addr: Ip6Addr) -> bool {
             addr,
         },
     );
-    SUBNETS.get(&key).is_some()
+    SUBNETS.get(key).is_some()
 }
 
 /// Whether `addr` is one of the pod's own addresses.
 #[inline(always)]
 pub fn is_pod_address(netns_cookie: u64, addr: Ip6Addr) -> bool {
-    unsafe { LOCAL_ADDRS.get(&LocalAddrKey { netns_cookie, addr }) }.is_some()
+    // Only whether there is an entry: its value is never read.
+    LOCAL_ADDRS
+        .get_ptr(LocalAddrKey { netns_cookie, addr })
+        .is_some()
 }
 
 /// Reads a `__u32 ip6[4]` context field one word at a time: the verifier rejects the 8-byte
 /// loads LLVM would merge a plain array copy into ("invalid bpf_context access").
+///
+/// # Safety
+///
+/// `field` points at such a field of the context the kernel passed to the running program.
 #[inline(always)]
-pub fn read_ip6(field: *const [u32; 4]) -> Ip6Addr {
+pub unsafe fn read_ip6(field: *const [u32; 4]) -> Ip6Addr {
     let words = field.cast::<u32>();
+    // SAFETY: the caller passes a context field of four words; the verifier checks each 4-byte
+    // read against the program type's context.
     unsafe {
         Ip6Addr::from_words_be([
             core::ptr::read_volatile(words),
@@ -98,7 +118,9 @@ pub fn read_ip6(field: *const [u32; 4]) -> Ip6Addr {
 #[inline(always)]
 pub fn count(slot: u32, decision: Decision) {
     if let Some(counters) = COUNTERS.get_ptr_mut(slot) {
-        // Per-CPU value: no other CPU writes it, so a plain increment is exact.
+        // SAFETY: the pointer is this CPU's value of a per-CPU array slot, valid while the
+        // program runs, and no other CPU writes it. Only a program that interrupts this one on
+        // the same CPU could write it meanwhile, and at worst a count would be lost.
         unsafe { (*counters).values[decision as usize] += 1 };
     }
 }

@@ -7,7 +7,6 @@ use aya_ebpf::{
     bindings::{
         BPF_ANY, BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
         BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_TCP_LISTEN_CB, bpf_sock,
-        bpf_sockopt,
     },
     helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_tcp_sock},
     macros::{cgroup_sockopt, sock_ops},
@@ -15,10 +14,13 @@ use aya_ebpf::{
 };
 use interceptor_common::{
     IP6T_SO_ORIGINAL_DST, Ip6Addr, ListenerKey, PendingKey, PendingOrigDst, SO_ORIGINAL_DST,
-    SOL_IP, SOL_IPV6, addr::family, counters::Decision, pod::flags,
+    SOL_IP, SOL_IPV6, addr::family, counters::Decision, names, pod::flags,
 };
 
-use crate::maps::{CONNECTING, LISTENERS, PENDING, PODS, count, read_ip6};
+use crate::{
+    error::Error,
+    maps::{CONNECTING, LISTENERS, PENDING, count, pod_config, read_ip6},
+};
 
 const AF_INET: u16 = 2;
 const AF_INET6: u16 = 10;
@@ -31,14 +33,28 @@ const TCP_CLOSE: u32 = 7;
 /// both ends): all but four callbacks return after the first compares.
 #[sock_ops]
 pub fn icpt_sockops(ctx: SockOpsContext) -> u32 {
-    match ctx.op() {
-        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => index_redirected_connection(&ctx),
-        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => watch_proxy_side(&ctx),
-        BPF_SOCK_OPS_STATE_CB if ctx.arg(1) == TCP_CLOSE => forget_closed_connection(&ctx),
-        BPF_SOCK_OPS_TCP_LISTEN_CB => remember_inbound_listener(&ctx),
-        _ => {}
+    match try_sockops(&ctx) {
+        Ok(()) => 1,
+        // What failed is only logged: the connection goes on either way.
+        Err(e) => {
+            e.log(&ctx, names::PROG_SOCKOPS);
+            1
+        }
     }
-    1
+}
+
+#[inline(always)]
+fn try_sockops(ctx: &SockOpsContext) -> Result<(), Error> {
+    match ctx.op() {
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => index_redirected_connection(ctx),
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => watch_proxy_side(ctx),
+        BPF_SOCK_OPS_STATE_CB if ctx.arg(1) == TCP_CLOSE => {
+            forget_closed_connection(ctx);
+            Ok(())
+        }
+        BPF_SOCK_OPS_TCP_LISTEN_CB => remember_inbound_listener(ctx),
+        _ => Ok(()),
+    }
 }
 
 /// Whoever listens on a meshed pod's inbound port is its proxy's inbound listener, as with
@@ -46,13 +62,15 @@ pub fn icpt_sockops(ctx: SockOpsContext) -> u32 {
 /// one (the kernel already dropped the old one when it closed). Kept per family: a proxy may
 /// listen with one socket per family or with one dual-stack socket.
 #[inline(always)]
-fn remember_inbound_listener(ctx: &SockOpsContext) {
+fn remember_inbound_listener(ctx: &SockOpsContext) -> Result<(), Error> {
+    // SAFETY: the helper only reads this run's socket, from its context; the verifier checks
+    // that sock_ops may call it and that the argument is the context.
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
-    let Some(pod) = (unsafe { PODS.get(&netns_cookie) }) else {
-        return;
+    let Some(pod) = pod_config(netns_cookie) else {
+        return Ok(());
     };
     if ctx.local_port() != u32::from(pod.inbound_port) {
-        return;
+        return Ok(());
     }
     let family = if ctx.family() == u32::from(AF_INET6) {
         family::IPV6
@@ -64,15 +82,28 @@ fn remember_inbound_listener(ctx: &SockOpsContext) {
         family,
         _pad: 0,
     };
-    let _ = LISTENERS.update(&mut key, unsafe { &mut *ctx.ops }, BPF_ANY.into());
+    // SAFETY: `ops` is the context the kernel passed to this run, valid throughout it; the
+    // helper takes it as the socket to insert and keeps no reference to the context.
+    let ops = unsafe { &mut *ctx.ops };
+    LISTENERS
+        .update(&mut key, ops, BPF_ANY.into())
+        .map_err(|errno| Error::ListenerNotRemembered {
+            netns_cookie,
+            errno,
+        })
 }
 
 /// A socket's local or remote address in the maps' form: an `AF_INET6` socket already shows an
 /// IPv4 connection as `::ffff:a.b.c.d`, an `AF_INET` one is mapped here.
+///
+/// # Safety
+///
+/// `ip6` points at a four-word field of `ctx`'s context.
 #[inline(always)]
-fn sock_ops_addr(ctx: &SockOpsContext, ip6: *const [u32; 4], ip4_be: u32) -> Ip6Addr {
+unsafe fn sock_ops_addr(ctx: &SockOpsContext, ip6: *const [u32; 4], ip4_be: u32) -> Ip6Addr {
     if ctx.family() == u32::from(AF_INET6) {
-        read_ip6(ip6)
+        // SAFETY: the caller passes a four-word field of this run's context.
+        unsafe { read_ip6(ip6) }
     } else {
         Ip6Addr::from_ip4_be(ip4_be)
     }
@@ -81,21 +112,23 @@ fn sock_ops_addr(ctx: &SockOpsContext, ip6: *const [u32; 4], ip4_be: u32) -> Ip6
 /// The app side of a redirected connection is established: its source port is known now, so
 /// index the original destination under the tuple the proxy's socket will see as its peer.
 #[inline(always)]
-fn index_redirected_connection(ctx: &SockOpsContext) {
+fn index_redirected_connection(ctx: &SockOpsContext) -> Result<(), Error> {
     // Present only for sockets connect4/connect6 redirected.
+    // SAFETY: the helper only reads this run's socket, from its context; the verifier checks
+    // that sock_ops may call it and that the argument is the context.
     let socket_cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let Some(orig) = (unsafe { CONNECTING.get(&socket_cookie) }) else {
-        return;
+    // SAFETY: `CONNECTING` is preallocated: the element stays memory of the map, and the value
+    // is copied at once. Only if the map is full and another CPU evicts and reuses this very
+    // element during the copy can it mix two entries (`OrigDst` is valid for every bit
+    // pattern, so the value is still a valid one).
+    let Some(orig) = (unsafe { CONNECTING.get(socket_cookie) }).copied() else {
+        return Ok(());
     };
-    let orig = *orig;
-    let _ = CONNECTING.remove(&socket_cookie);
+    let _ = CONNECTING.remove(socket_cookie);
     let key = PendingKey {
         netns_cookie: orig.netns_cookie,
-        client: sock_ops_addr(
-            ctx,
-            unsafe { &raw const (*ctx.ops).local_ip6 },
-            ctx.local_ip4(),
-        ),
+        // SAFETY: `local_ip6` is a four-word field of this run's context.
+        client: unsafe { sock_ops_addr(ctx, &raw const (*ctx.ops).local_ip6, ctx.local_ip4()) },
         client_port: ctx.local_port(),
         _pad: 0,
     };
@@ -103,22 +136,27 @@ fn index_redirected_connection(ctx: &SockOpsContext) {
         addr: orig.addr,
         port_be: orig.port_be,
         _pad: 0,
+        // SAFETY: `ops` is this run's context; the verifier checks the field read.
         server_isn_next: unsafe { (*ctx.ops).rcv_nxt },
     };
     // On failure the proxy's SO_ORIGINAL_DST fails and it refuses the connection (fails closed).
-    let _ = PENDING.insert(&key, &pending, 0);
+    PENDING
+        .insert(key, pending, 0)
+        .map_err(|errno| Error::OrigDstNotIndexed {
+            netns_cookie: orig.netns_cookie,
+            errno,
+        })
 }
 
 /// The key of a connection as its proxy-side socket sees it.
 #[inline(always)]
 fn proxy_side_key(ctx: &SockOpsContext) -> PendingKey {
     PendingKey {
+        // SAFETY: the helper only reads this run's socket, from its context; the verifier
+        // checks that sock_ops may call it and that the argument is the context.
         netns_cookie: unsafe { bpf_get_netns_cookie(ctx.as_ptr()) },
-        client: sock_ops_addr(
-            ctx,
-            unsafe { &raw const (*ctx.ops).remote_ip6 },
-            ctx.remote_ip4(),
-        ),
+        // SAFETY: `remote_ip6` is a four-word field of this run's context.
+        client: unsafe { sock_ops_addr(ctx, &raw const (*ctx.ops).remote_ip6, ctx.remote_ip4()) },
         // sock_ops keeps the network-order port in the upper 16 bits of remote_port.
         client_port: u32::from(u16::from_be((ctx.remote_port() >> 16) as u16)),
         _pad: 0,
@@ -128,51 +166,75 @@ fn proxy_side_key(ctx: &SockOpsContext) -> PendingKey {
 /// The proxy side of a connection is established (the app side always is first). If it is a
 /// redirected connection, ask for this socket's state changes, so its entry goes when it closes.
 #[inline(always)]
-fn watch_proxy_side(ctx: &SockOpsContext) {
+fn watch_proxy_side(ctx: &SockOpsContext) -> Result<(), Error> {
     // A redirected connection reaches the proxy on loopback (connect4/6 rewrite to 127.0.0.1,
     // ::ffff:127.0.0.1 or ::1): any other connection (every inbound one) needs no lookup.
-    let local = sock_ops_addr(
-        ctx,
-        unsafe { &raw const (*ctx.ops).local_ip6 },
-        ctx.local_ip4(),
-    );
+    // SAFETY: `local_ip6` is a four-word field of this run's context.
+    let local = unsafe { sock_ops_addr(ctx, &raw const (*ctx.ops).local_ip6, ctx.local_ip4()) };
     if !local.is_loopback_or_unspecified() {
-        return;
+        return Ok(());
     }
-    let Some(pending) = (unsafe { PENDING.get(&proxy_side_key(ctx)) }) else {
-        return;
+    let key = proxy_side_key(ctx);
+    // SAFETY: `PENDING` is preallocated: the element stays memory of the map, and only its
+    // `server_isn_next` is read. An element evicted and reused by another CPU meanwhile holds
+    // another connection's number, which does not match below.
+    let Some(server_isn_next) = (unsafe { PENDING.get(key) }).map(|p| p.server_isn_next) else {
+        return Ok(());
     };
+    // SAFETY: `ops` is this run's context; the verifier checks the field reads.
     let isn_next = unsafe {
         (*ctx.ops)
             .snd_una
             .wrapping_sub((*ctx.ops).bytes_acked as u32)
     };
-    if isn_next == pending.server_isn_next {
-        let _ = ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32);
+    if isn_next != server_isn_next {
+        return Ok(());
     }
+    ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
+        .map_err(|errno| Error::CloseNotWatched {
+            netns_cookie: key.netns_cookie,
+            errno,
+        })
 }
 
 /// The proxy's socket of a redirected connection closed: nobody can ask about it any more.
 #[inline(always)]
 fn forget_closed_connection(ctx: &SockOpsContext) {
-    let _ = PENDING.remove(&proxy_side_key(ctx));
+    // Absent if it was evicted already: nothing to do then.
+    let _ = PENDING.remove(proxy_side_key(ctx));
 }
 
 /// Runs for every getsockopt under the cgroup: anything but the two original-destination options
 /// returns after a few compares with the kernel's own answer untouched.
 #[cgroup_sockopt(getsockopt)]
 pub fn icpt_getsockopt(ctx: SockoptContext) -> i32 {
-    let so = ctx.sockopt;
-    let level = unsafe { (*so).level };
-    // SO_ORIGINAL_DST and IP6T_SO_ORIGINAL_DST are both 80.
-    if unsafe { (*so).optname } == SO_ORIGINAL_DST {
-        if level == SOL_IP {
-            serve_orig_dst(&ctx, so, false);
-        } else if level == SOL_IPV6 {
-            serve_orig_dst(&ctx, so, true);
+    match try_getsockopt(&ctx) {
+        Ok(()) => 1,
+        // The kernel's own answer stays.
+        Err(e) => {
+            e.log(&ctx, names::PROG_GETSOCKOPT);
+            1
         }
     }
-    1
+}
+
+#[inline(always)]
+fn try_getsockopt(ctx: &SockoptContext) -> Result<(), Error> {
+    let so = ctx.sockopt;
+    // SAFETY: `so` is the context the kernel passed to this run, valid throughout it; the
+    // verifier checks the field reads.
+    let (level, optname) = unsafe { ((*so).level, (*so).optname) };
+    // SO_ORIGINAL_DST and IP6T_SO_ORIGINAL_DST are both 80.
+    if optname != SO_ORIGINAL_DST {
+        return Ok(());
+    }
+    if level == SOL_IP {
+        serve_orig_dst(ctx, false)
+    } else if level == SOL_IPV6 {
+        serve_orig_dst(ctx, true)
+    } else {
+        Ok(())
+    }
 }
 
 const _: () = assert!(SO_ORIGINAL_DST == IP6T_SO_ORIGINAL_DST);
@@ -181,65 +243,83 @@ const _: () = assert!(SO_ORIGINAL_DST == IP6T_SO_ORIGINAL_DST);
 /// IPv6 ones, like conntrack: `SOL_IP` works on an `AF_INET6` socket whose connection is IPv4
 /// (a dual-stack `[::]` proxy listener), `SOL_IPV6` only for native IPv6 connections.
 #[inline(always)]
-fn serve_orig_dst(ctx: &SockoptContext, so: *mut bpf_sockopt, ipv6: bool) {
-    let sk: *mut bpf_sock = unsafe { (*so).__bindgen_anon_1.sk };
+fn serve_orig_dst(ctx: &SockoptContext, ipv6: bool) -> Result<(), Error> {
+    // SAFETY: `sockopt` is this run's context; the verifier checks the field read, and that
+    // the socket pointer it holds is only used as `bpf_sock` fields below.
+    let sk: *mut bpf_sock = unsafe { (*ctx.sockopt).__bindgen_anon_1.sk };
+    // SAFETY: `sk` is the context's socket; the verifier checks each `bpf_sock` field read.
     if unsafe { (*sk).protocol } != IPPROTO_TCP {
-        return;
+        return Ok(());
     }
+    // SAFETY: a `bpf_sock` field read, checked by the verifier.
     let (peer, local) = match unsafe { (*sk).family } as u16 {
         AF_INET => (
+            // SAFETY: a `bpf_sock` field read, checked by the verifier.
             Ip6Addr::from_ip4_be(unsafe { (*sk).dst_ip4 }),
+            // SAFETY: a `bpf_sock` field read, checked by the verifier.
             Ip6Addr::from_ip4_be(unsafe { (*sk).src_ip4 }),
         ),
         AF_INET6 => (
-            read_ip6(unsafe { &raw const (*sk).dst_ip6 }),
-            read_ip6(unsafe { &raw const (*sk).src_ip6 }),
+            // SAFETY: `dst_ip6` is a four-word `bpf_sock` field.
+            unsafe { read_ip6(&raw const (*sk).dst_ip6) },
+            // SAFETY: `src_ip6` is a four-word `bpf_sock` field.
+            unsafe { read_ip6(&raw const (*sk).src_ip6) },
         ),
-        _ => return,
+        _ => return Ok(()),
     };
     if peer.is_ip4() == ipv6 {
-        return;
+        return Ok(());
     }
+    // SAFETY: the helper only reads this run's socket, from its context; the verifier checks
+    // that getsockopt may call it and that the argument is the context.
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
-    let Some(pod) = (unsafe { PODS.get(&netns_cookie) }) else {
-        return;
+    let Some(pod) = pod_config(netns_cookie) else {
+        return Ok(());
     };
     if ipv6 && pod.flags & flags::INTERCEPT_IPV6 == 0 {
-        return;
+        return Ok(());
     }
+    // SAFETY: a `bpf_sock` field read, checked by the verifier.
     let local_port = unsafe { (*sk).src_port } as u16;
     let local_port_be = local_port.to_be();
     // Redirected outbound connections all land on the proxy's outbound port: any other socket
     // (an inbound one above all) needs no lookup.
     if local_port != pod.outbound_port {
-        answer_local_address(so, local, local_port_be);
-        return;
+        answer_local_address(ctx, local, local_port_be);
+        return Ok(());
     }
     let key = PendingKey {
         netns_cookie,
         client: peer,
+        // SAFETY: a `bpf_sock` field read, checked by the verifier.
         client_port: u32::from(u16::from_be(unsafe { (*sk).dst_port })),
         _pad: 0,
     };
-    let Some(pending) = (unsafe { PENDING.get(&key) }) else {
-        answer_local_address(so, local, local_port_be);
-        return;
+    // SAFETY: `PENDING` is preallocated: the element stays memory of the map, and the value is
+    // copied at once. An element evicted and reused by another CPU during the copy holds
+    // another connection's `server_isn_next`, which the check below refuses.
+    let Some(pending) = (unsafe { PENDING.get(key) }).copied() else {
+        answer_local_address(ctx, local, local_port_be);
+        return Ok(());
     };
-    let pending = *pending;
+    // SAFETY: the helper takes the context's socket, checked by the verifier, and returns
+    // null when it is not a full TCP socket.
     let tcp = unsafe { bpf_tcp_sock(sk) };
     if tcp.is_null() {
-        return;
+        return Err(Error::NoTcpSock { netns_cookie });
     }
     // snd_una - bytes_acked is this socket's initial sequence number + 1 for its whole life. An
     // entry that does not match is from an earlier connection that reused the 4-tuple.
+    // SAFETY: `tcp` is not null; the verifier checks each `bpf_tcp_sock` field read.
     let isn_next = unsafe { (*tcp).snd_una.wrapping_sub((*tcp).bytes_acked as u32) };
     if isn_next != pending.server_isn_next {
-        answer_local_address(so, local, local_port_be);
-        return;
+        answer_local_address(ctx, local, local_port_be);
+        return Ok(());
     }
     // The entry stays until the socket closes: a proxy may ask more than once.
-    write_sockaddr(so, pending.addr, pending.port_be);
+    write_sockaddr(ctx, pending.addr, pending.port_be);
     count(pod.slot, Decision::OrigDstServed);
+    Ok(())
 }
 
 /// Not an outbound-redirected connection: the original destination is the socket's own local
@@ -247,18 +327,25 @@ fn serve_orig_dst(ctx: &SockoptContext, so: *mut bpf_sockopt, ipv6: bool) {
 /// conntrack answers for any connection that was not NATed. An answer that is already there
 /// (conntrack's, or another instance's during an upgrade) is kept.
 #[inline(always)]
-fn answer_local_address(so: *mut bpf_sockopt, local: Ip6Addr, port_be: u16) {
-    if unsafe { (*so).retval } == 0 {
+fn answer_local_address(ctx: &SockoptContext, local: Ip6Addr, port_be: u16) {
+    // SAFETY: `sockopt` is this run's context; the verifier checks the field read.
+    if unsafe { (*ctx.sockopt).retval } == 0 {
         return;
     }
-    write_sockaddr(so, local, port_be);
+    write_sockaddr(ctx, local, port_be);
 }
 
 /// Writes `sockaddr_in` for an IPv4 address, `sockaddr_in6` for an IPv6 one, as conntrack does.
 #[inline(always)]
-fn write_sockaddr(so: *mut bpf_sockopt, addr: Ip6Addr, port_be: u16) {
-    let optval = unsafe { (*so).__bindgen_anon_2.optval } as usize;
-    let optval_end = unsafe { (*so).__bindgen_anon_3.optval_end } as usize;
+fn write_sockaddr(ctx: &SockoptContext, addr: Ip6Addr, port_be: u16) {
+    let so = ctx.sockopt;
+    // SAFETY: `so` is this run's context; the verifier checks the field reads.
+    let (optval, optval_end) = unsafe {
+        (
+            (*so).__bindgen_anon_2.optval as usize,
+            (*so).__bindgen_anon_3.optval_end as usize,
+        )
+    };
     let len = if addr.is_ip4() {
         SOCKADDR_IN_LEN
     } else {
@@ -269,6 +356,9 @@ fn write_sockaddr(so: *mut bpf_sockopt, addr: Ip6Addr, port_be: u16) {
         return;
     }
     let out = optval as *mut u8;
+    // SAFETY: `out..out + len` lies within the kernel's copy of the caller's option buffer
+    // (checked just above, as the verifier requires before any store to it); the stores are
+    // unaligned ones. `optlen` and `retval` are context fields getsockopt may write.
     unsafe {
         if addr.is_ip4() {
             // sockaddr_in: family, port, address, 8 bytes of zero.

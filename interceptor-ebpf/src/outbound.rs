@@ -1,5 +1,5 @@
-//! `cgroup/connect4` and `cgroup/connect6`: the outbound decision (SPEC "Outbound", first match
-//! wins) and the rewrite to the proxy's outbound port.
+//! `cgroup/connect4` and `cgroup/connect6`: the outbound decision (`decide`, the first rule that
+//! matches wins) and the rewrite to the proxy's outbound port.
 //!
 //! An `AF_INET6` socket connecting to `::ffff:a.b.c.d` makes an IPv4 connection that only
 //! connect6 sees: it gets the IPv4 rules and is rewritten to `::ffff:127.0.0.1`, which keeps
@@ -18,10 +18,14 @@ use aya_ebpf::{
 use interceptor_common::{
     Ip6Addr, OrigDst, PodConfig,
     counters::Decision,
+    names,
     pod::{direction, flags},
 };
 
-use crate::maps::{CONNECTING, PODS, count, in_subnets, is_pod_address, read_ip6};
+use crate::{
+    error::Error,
+    maps::{CONNECTING, count, in_subnets, is_pod_address, pod_config, read_ip6},
+};
 
 const ALLOW: i32 = 1;
 const IPPROTO_TCP: u32 = 6;
@@ -29,63 +33,87 @@ const LOCALHOST_BE: u32 = u32::from_be_bytes([127, 0, 0, 1]).to_be();
 
 #[cgroup_sock_addr(connect4)]
 pub fn icpt_connect4(ctx: SockAddrContext) -> i32 {
-    try_connect4(&ctx);
-    // Never refuse a connect: a decision either leaves it alone or rewrites it.
-    ALLOW
+    match try_connect4(&ctx) {
+        Ok(()) => ALLOW,
+        // Never refuse a connect: a decision either leaves it alone or rewrites it, and a
+        // rewritten connect whose original destination could not be recorded still goes to the
+        // proxy, which refuses it (letting it through would bypass the proxy).
+        Err(e) => {
+            e.log(&ctx, names::PROG_CONNECT4);
+            ALLOW
+        }
+    }
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn icpt_connect6(ctx: SockAddrContext) -> i32 {
-    try_connect6(&ctx);
-    ALLOW
+    match try_connect6(&ctx) {
+        Ok(()) => ALLOW,
+        Err(e) => {
+            e.log(&ctx, names::PROG_CONNECT6);
+            ALLOW
+        }
+    }
 }
 
 /// The pod a TCP connect belongs to, if its network namespace is meshed. Sockets outside meshed
 /// pods cost one failed hash lookup, nothing else.
 #[inline(always)]
 fn meshed_pod(ctx: &SockAddrContext) -> Option<(u64, &'static PodConfig)> {
+    // SAFETY: `sock_addr` is the context the kernel passed to this run, valid throughout it;
+    // the verifier checks the field read.
     if unsafe { (*ctx.sock_addr).protocol } != IPPROTO_TCP {
         return None;
     }
+    // SAFETY: the helper only reads this run's socket, from its context; the verifier checks
+    // that connect4/6 may call it and that the argument is the context.
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
-    let pod = unsafe { PODS.get(&netns_cookie) }?;
+    let pod = pod_config(netns_cookie)?;
     Some((netns_cookie, pod))
 }
 
 #[inline(always)]
-fn try_connect4(ctx: &SockAddrContext) {
+fn try_connect4(ctx: &SockAddrContext) -> Result<(), Error> {
     let Some((netns_cookie, pod)) = meshed_pod(ctx) else {
-        return;
+        return Ok(());
     };
     let sa: *mut bpf_sock_addr = ctx.sock_addr;
+    // SAFETY: `sa` is this run's context; the verifier checks the field read.
     let dst = Ip6Addr::from_ip4_be(unsafe { (*sa).user_ip4 });
-    if redirect(ctx, pod, netns_cookie, dst) {
-        unsafe {
-            (*sa).user_ip4 = LOCALHOST_BE;
-            (*sa).user_port = u32::from(pod.outbound_port.to_be());
-        }
+    let Some(orig) = intercept(ctx, pod, netns_cookie, dst) else {
+        return Ok(());
+    };
+    // SAFETY: `sa` is this run's context, whose destination connect4 may rewrite; the
+    // verifier checks both 4-byte stores.
+    unsafe {
+        (*sa).user_ip4 = LOCALHOST_BE;
+        (*sa).user_port = u32::from(pod.outbound_port.to_be());
     }
+    record_orig_dst(ctx, pod, &orig)
 }
 
 #[inline(always)]
-fn try_connect6(ctx: &SockAddrContext) {
+fn try_connect6(ctx: &SockAddrContext) -> Result<(), Error> {
     let Some((netns_cookie, pod)) = meshed_pod(ctx) else {
-        return;
+        return Ok(());
     };
     let sa: *mut bpf_sock_addr = ctx.sock_addr;
-    let dst = read_ip6(unsafe { &raw const (*sa).user_ip6 });
+    // SAFETY: `user_ip6` is a four-word field of this run's context.
+    let dst = unsafe { read_ip6(&raw const (*sa).user_ip6) };
     if !dst.is_ip4() && pod.flags & flags::INTERCEPT_IPV6 == 0 {
         count(pod.slot, Decision::Ipv6NotIntercepted);
-        return;
+        return Ok(());
     }
-    if !redirect(ctx, pod, netns_cookie, dst) {
-        return;
-    }
+    let Some(orig) = intercept(ctx, pod, netns_cookie, dst) else {
+        return Ok(());
+    };
     let proxy = if dst.is_ip4() {
         Ip6Addr::from_ip4_be(LOCALHOST_BE)
     } else {
         Ip6Addr::LOOPBACK
     };
+    // SAFETY: `sa` is this run's context, whose destination connect6 may rewrite; the
+    // verifier checks each 4-byte store.
     unsafe {
         // One 4-byte store per word: the verifier rejects wider stores to user_ip6.
         let words = (&raw mut (*sa).user_ip6).cast::<u32>();
@@ -95,36 +123,50 @@ fn try_connect6(ctx: &SockAddrContext) {
         core::ptr::write_volatile(words.add(3), proxy.words_be[3]);
         (*sa).user_port = u32::from(pod.outbound_port.to_be());
     }
+    record_orig_dst(ctx, pod, &orig)
 }
 
-/// Decides, counts, and when the connect is to be redirected records its original destination.
-/// Returns whether the caller must rewrite the destination to the proxy.
+/// Decides and counts. Returns the original destination when the connect is to be redirected
+/// (the caller then rewrites it to the proxy).
 #[inline(always)]
-fn redirect(ctx: &SockAddrContext, pod: &PodConfig, netns_cookie: u64, dst: Ip6Addr) -> bool {
+fn intercept(
+    ctx: &SockAddrContext,
+    pod: &PodConfig,
+    netns_cookie: u64,
+    dst: Ip6Addr,
+) -> Option<OrigDst> {
     // user_port holds the port in network order in its low 16 bits.
+    // SAFETY: `sock_addr` is this run's context; the verifier checks the field read.
     let dst_port_be = unsafe { (*ctx.sock_addr).user_port } as u16;
     let decision = decide(pod, netns_cookie, dst, u16::from_be(dst_port_be));
+    count(pod.slot, decision);
     if decision != Decision::Redirected {
-        count(pod.slot, decision);
-        return false;
+        return None;
     }
-    let orig = OrigDst {
+    Some(OrigDst {
         netns_cookie,
         addr: dst,
         port_be: dst_port_be,
         _pad: 0,
         _pad2: 0,
-    };
+    })
+}
+
+/// Records a redirected connect's original destination, for the proxy's `SO_ORIGINAL_DST`.
+#[inline(always)]
+fn record_orig_dst(ctx: &SockAddrContext, pod: &PodConfig, orig: &OrigDst) -> Result<(), Error> {
     // Keyed by the socket cookie, unique for the machine's uptime: a plain LRU insert, about
     // 1 µs cheaper per connection than creating socket storage here (measured with bpf_stats).
+    // SAFETY: the helper only reads this run's socket, from its context; the verifier checks
+    // that connect4/6 may call it and that the argument is the context.
     let socket_cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    if CONNECTING.insert(&socket_cookie, &orig, 0).is_err() {
-        // Still redirect: the proxy's SO_ORIGINAL_DST will not find it and the proxy refuses
-        // the connection, which fails closed; letting it through would bypass the proxy.
+    CONNECTING.insert(socket_cookie, orig, 0).map_err(|errno| {
         count(pod.slot, Decision::OrigDstNotRecorded);
-    }
-    count(pod.slot, Decision::Redirected);
-    true
+        Error::OrigDstNotRecorded {
+            netns_cookie: orig.netns_cookie,
+            errno,
+        }
+    })
 }
 
 #[inline(always)]

@@ -26,7 +26,9 @@ pub struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
 
-    /// Log level or tracing filter (e.g. `debug`, `interceptor=trace`).
+    /// Log level or tracing filter (e.g. `debug`, `interceptor=trace`). The eBPF programs' own
+    /// log lines, for rare failures, are written only when it enables `interceptor::ebpf` at
+    /// `debug` (e.g. `info,interceptor::ebpf=debug`).
     #[arg(long, global = true, default_value = "info")]
     pub log_level: String,
 }

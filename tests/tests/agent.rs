@@ -20,6 +20,21 @@ use interceptor_tests::{
 };
 use serde_json::Value;
 
+/// Pins, at `dir`/`name` (a map layout's directory), a map named as an agent of an earlier
+/// layout named it: what an upgrade or an uninstall finds of a map that was renamed since.
+fn pin_retired_map(dir: &Path, name: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    let map = interceptor_sys::map_create(
+        interceptor_sys::bpf_map_type::BPF_MAP_TYPE_HASH,
+        24,
+        1,
+        1,
+        name,
+    )
+    .unwrap();
+    interceptor_sys::obj_pin(std::os::fd::AsFd::as_fd(&map), &dir.join(name)).unwrap();
+}
+
 const BIN: &str = env!("CARGO_BIN_EXE_interceptor-under-test");
 
 /// How long a load runs that must outlast an agent's restart, takeover or migration: a time,
@@ -343,6 +358,11 @@ fn uninstall_removes_everything_the_agent_pinned() {
     let home = AgentHome::new(&fixture.cgroup.path);
     let agent = home.start_meshing(&fixture.pod.path(), &[]);
     let app = fixture.in_pod().uid(APP_UID);
+
+    // An older layout's directory left behind, holding a map of a name no longer used.
+    for retired in interceptor_common::names::RETIRED_MAPS {
+        pin_retired_map(&home.bpffs.join("maps-v1"), retired);
+    }
 
     let refused = home.cli(&["uninstall"]);
     assert!(
@@ -813,7 +833,7 @@ fn status_shows_the_agents_pods() {
 /// An upgrade whose maps have another layout: the new agent builds new maps from its pod
 /// records, copies the original destinations of connections in flight, switches the links over,
 /// and unpins the old maps, under load with no bypass. (The old agent here pins under layout 1
-/// with the same code: the switch is what is tested.)
+/// with the same code, plus a map of a name earlier layouts used: the switch is what is tested.)
 #[test]
 fn a_new_map_layout_is_migrated_to_without_a_gap() {
     if !privileged("a_new_map_layout_is_migrated_to_without_a_gap") {
@@ -825,6 +845,9 @@ fn a_new_map_layout_is_migrated_to_without_a_gap() {
     let old = home.start_with(&["--map-layout-version", "1"]);
     home.mesh(&fixture.pod.path(), &["--name", "web"]);
     assert!(home.bpffs.join("maps-v1").is_dir());
+    for retired in interceptor_common::names::RETIRED_MAPS {
+        pin_retired_map(&home.bpffs.join("maps-v1"), retired);
+    }
 
     let app = fixture.in_pod().uid(APP_UID);
     let (lines, new) = std::thread::scope(|s| {

@@ -60,6 +60,35 @@ fn run_named(fixture: &PodFixture, instance: &str, extra: &[&str]) -> Meshed {
     Meshed::start(Path::new(BIN), instance, &args, Stdio::piped())
 }
 
+/// The programs' own log lines (rare failures, here an inbound connection refused because the
+/// proxy is not listening) are off by default and written with `interceptor::ebpf=debug`.
+#[test]
+fn the_programs_log_lines_are_written_only_when_asked_for() {
+    if !privileged("the_programs_log_lines_are_written_only_when_asked_for") {
+        return;
+    }
+    let fixture = PodFixture::new("clikernlog");
+    let _servers = Servers::without_inbound_proxy(&fixture);
+    for (log_level, written) in [("info", false), ("info,interceptor::ebpf=debug", true)] {
+        let running = Running::start(&fixture, &["--log-level", log_level]);
+        assert_eq!(
+            fixture.on_remote().connect("10.77.0.1:80"),
+            Landing::Failed("connect:ECONNREFUSED".into()),
+            "{log_level}: fails closed"
+        );
+        let (status, logs) = running.stop();
+        assert!(status.success(), "{log_level}: {logs:#?}");
+        let line = logs.iter().find(|l| {
+            l.contains("interceptor::ebpf::kernel_log")
+                && l.contains("port 80 refused: the proxy has no inbound listener")
+        });
+        assert_eq!(line.is_some(), written, "{log_level}: {logs:#?}");
+        if let Some(line) = line {
+            assert!(line.contains("program=\"icpt_sk_lookup\""), "{line}");
+        }
+    }
+}
+
 #[test]
 fn run_meshes_a_pod_reports_status_and_detaches_on_sigterm() {
     if !privileged("run_meshes_a_pod_reports_status_and_detaches_on_sigterm") {

@@ -7,7 +7,7 @@
 //! without a program on a hook) and takes its pods back from the maps and the pod records
 //! (`records`), keeping their slots and counters. Only `interceptor uninstall` detaches.
 pub use interceptor_api as api;
-use interceptor_common::NetnsCookie;
+use interceptor_common::{NetnsCookie, names};
 mod metrics;
 mod reconcile;
 mod records;
@@ -255,9 +255,15 @@ fn lock(agent: &Mutex<Agent>) -> std::sync::MutexGuard<'_, Agent> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Every map name a layout's directory may hold: this layout's, and those only earlier layouts
+/// pinned.
+fn pinned_map_names() -> impl Iterator<Item = &'static str> {
+    names::SHARED_MAPS.into_iter().chain(names::RETIRED_MAPS)
+}
+
 /// Unpins an older layout's maps: they go once no program (the replaced ones) holds them.
 fn remove_maps_dir(dir: &Path) {
-    for map in interceptor_common::names::SHARED_MAPS {
+    for map in pinned_map_names() {
         let _ = std::fs::remove_file(dir.join(map));
     }
     if let Err(e) = std::fs::remove_dir(dir) {
@@ -278,11 +284,10 @@ pub fn uninstall(paths: &AgentPaths) -> anyhow::Result<Vec<PathBuf>> {
         .filter(|e| e.file_name().to_string_lossy().starts_with("link_icpt_"))
         .map(|e| e.path())
         .collect();
-    let maps = paths.all_maps_dirs().into_iter().flat_map(|dir| {
-        interceptor_common::names::SHARED_MAPS
-            .iter()
-            .map(move |map| dir.join(map))
-    });
+    let maps = paths
+        .all_maps_dirs()
+        .into_iter()
+        .flat_map(|dir| pinned_map_names().map(move |map| dir.join(map)));
     for pin in links.into_iter().chain(maps) {
         if crate::ebpf::remove_ours(&pin)? {
             removed.push(pin);

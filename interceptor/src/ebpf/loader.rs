@@ -16,6 +16,7 @@ use interceptor_sys::bpf_attach_type;
 
 use super::{
     EbpfError, LoadOptions, OBJECT,
+    kernel_log::{self, KernelLog},
     links::{self, LinkProblem, PinError, PinnedLink, Target},
     maps::PodMaps,
     pod_lookup::PodLookupLoader,
@@ -68,15 +69,21 @@ pub(super) struct Attached {
     persistent: bool,
     // Dropping `Ebpf` unloads the programs (those still in a link stay until it goes).
     ebpf: Ebpf,
+    /// Reads the programs' log, when it was asked for.
+    _kernel_log: Option<KernelLog>,
 }
 
 impl Attached {
     pub(super) fn load(options: &LoadOptions) -> Result<(Self, PodMaps), EbpfError> {
         check_pinned_maps(&options.pin_dir)?;
-        let mut ebpf = loader(&options.pin_dir)
+        let log_wanted = kernel_log::wanted();
+        let mut loader = loader(&options.pin_dir);
+        kernel_log::set_level(&mut loader, log_wanted);
+        let mut ebpf = loader
             .map_max_entries(names::MAP_CONNECTING, options.orig_dst_capacity)
             .map_max_entries(names::MAP_PENDING, options.orig_dst_capacity)
             .load(OBJECT)?;
+        let kernel_log = log_wanted.then(|| KernelLog::start(&mut ebpf)).flatten();
         let program_error = |name| move |source| EbpfError::Program { name, source };
 
         for name in [names::PROG_CONNECT4, names::PROG_CONNECT6] {
@@ -121,6 +128,7 @@ impl Attached {
                 links: Vec::new(),
                 persistent: options.persistent,
                 ebpf,
+                _kernel_log: kernel_log,
             },
             maps,
         ))

@@ -4,6 +4,7 @@
 use interceptor_common::NetnsCookie;
 mod encode;
 mod inbound;
+mod kernel_log;
 mod links;
 pub mod listener;
 mod loader;
