@@ -70,7 +70,7 @@ fn the_programs_log_lines_are_written_only_when_asked_for() {
     let fixture = PodFixture::new("clikernlog");
     let _servers = Servers::without_inbound_proxy(&fixture);
     for (log_level, written) in [("info", false), ("info,interceptor::ebpf=debug", true)] {
-        let running = Running::start(&fixture, &["--log-level", log_level]);
+        let running = run(&fixture, &["--log-level", log_level]);
         assert_eq!(
             fixture.on_remote().connect("10.77.0.1:80"),
             Landing::Failed("connect:ECONNREFUSED".into()),
