@@ -14,6 +14,7 @@ pub fn run(cargo_args: &[OsString], test_args: &[OsString]) -> anyhow::Result<()
         "the kernel tests need root: run as root, e.g. sudo -E cargo xtask test"
     );
     let path = setup::run()?;
+    clippy(&path)?;
     let mut cargo_test = cmd::cargo();
     cargo_test
         .current_dir(workspace_root())
@@ -28,4 +29,47 @@ pub fn run(cargo_args: &[OsString], test_args: &[OsString]) -> anyhow::Result<()
         cargo_test.arg("--").args(test_args);
     }
     cmd::run(&mut cargo_test).context("tests failed; the output above names them")
+}
+
+/// Clippy with warnings as errors: the host crates, then the eBPF crate for its own target
+/// (nightly, `build-std`, as `interceptor`'s build script builds it; its own target directory so
+/// the two builds do not invalidate each other).
+fn clippy(path: &OsString) -> anyhow::Result<()> {
+    cmd::run(
+        cmd::cargo()
+            .current_dir(workspace_root())
+            .args([
+                "clippy",
+                "--workspace",
+                "--exclude",
+                "interceptor-ebpf",
+                "--all-targets",
+            ])
+            .args(["--", "-D", "warnings"])
+            .env("PATH", path),
+    )
+    .context("clippy found something in the host crates: fix what it names")?;
+    let target_dir = workspace_root().join("target").join("ebpf-clippy");
+    cmd::run(
+        std::process::Command::new("cargo")
+            .current_dir(workspace_root())
+            .args(["+nightly", "clippy", "-p", "interceptor-ebpf"])
+            .args([
+                "--target",
+                "bpfel-unknown-none",
+                "-Z",
+                "build-std=core",
+                "--release",
+            ])
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .args(["--", "-D", "warnings"])
+            .env("PATH", path)
+            // rustup picks the toolchain from `+nightly` only when cargo is its proxy, not the
+            // stable cargo that runs xtask.
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .env_remove("CARGO")
+            .env_remove("RUSTC"),
+    )
+    .context("clippy found something in the eBPF programs: fix what it names")
 }
