@@ -53,7 +53,7 @@ impl PodRegistry {
         }
         match self.maps.pods.get(&cookie, 0) {
             Ok(in_maps)
-                if bytemuck::bytes_of(&in_maps) == bytemuck::bytes_of(&registered.in_force) => {}
+                if bytemuck::bytes_of(&in_maps) == bytemuck::bytes_of(&registered.in_force()) => {}
             Ok(_) => return Some("its configuration entry differs from the one written".into()),
             Err(_) => return Some("its configuration entry is missing from the pod map".into()),
         }

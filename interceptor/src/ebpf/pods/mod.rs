@@ -83,8 +83,10 @@ struct Registered {
     slot: PodSlot,
     /// The configuration asked for (the pod's record).
     config: InterceptionConfig,
-    /// Its encoding as the pod map holds it: `config`'s, unless `problem` says otherwise.
-    in_force: PodConfig,
+    /// The pod map's entry when it is not `config`'s encoding (a restore that could not apply
+    /// the record's configuration kept the one in force; `problem` says so). Boxed and usually
+    /// absent: an entry is 24 KiB (three port bitmaps), and a node holds thousands of pods.
+    kept_in_force: Option<Box<PodConfig>>,
     /// Every address and subnet entry the maps hold for the pod.
     addresses: BTreeSet<IpAddr>,
     subnets: BTreeSet<SubnetEntry>,
@@ -94,6 +96,16 @@ struct Registered {
     /// Why the maps do not hold exactly `config` (a restore that could not apply the record's
     /// configuration and kept the one in force, or old entries that could not be removed).
     problem: Option<String>,
+}
+
+impl Registered {
+    /// The pod map's entry for the pod, as this registry wrote or kept it.
+    fn in_force(&self) -> PodConfig {
+        match &self.kept_in_force {
+            Some(kept) => **kept,
+            None => pod_config(self.slot, &self.config),
+        }
+    }
 }
 
 /// The pods one node attachment serves.
@@ -181,7 +193,7 @@ impl PodRegistry {
             return self.register(spec);
         };
         let before = InForce {
-            config: Some(registered.in_force),
+            config: Some(registered.in_force()),
             addresses: std::mem::take(&mut registered.addresses),
             subnets: std::mem::take(&mut registered.subnets),
         };
@@ -246,7 +258,7 @@ impl PodRegistry {
                             .to_owned(),
                     ),
                     Some(in_force)
-                        if bytemuck::bytes_of(&in_force) != bytemuck::bytes_of(&registered.in_force) =>
+                        if bytemuck::bytes_of(&in_force) != bytemuck::bytes_of(&registered.in_force()) =>
                     {
                         Some("the maps held another configuration than its record's (a change cut short): the record's is applied".to_owned())
                     }
@@ -270,7 +282,9 @@ impl PodRegistry {
                     Registered {
                         slot,
                         config: spec.config.clone(),
-                        in_force: before.config.unwrap_or_else(bytemuck::Zeroable::zeroed),
+                        kept_in_force: Some(Box::new(
+                            before.config.unwrap_or_else(bytemuck::Zeroable::zeroed),
+                        )),
                         addresses: before.addresses,
                         subnets: before.subnets,
                         inbound,
@@ -348,7 +362,7 @@ impl PodRegistry {
         Ok(Registered {
             slot,
             config: spec.config.clone(),
-            in_force: config,
+            kept_in_force: None,
             addresses,
             subnets,
             inbound: Some(inbound),
@@ -500,7 +514,7 @@ impl PodRegistry {
             });
         }
         let before = InForce {
-            config: Some(registered.in_force),
+            config: Some(registered.in_force()),
             addresses: registered.addresses.clone(),
             subnets: registered.subnets.clone(),
         };
