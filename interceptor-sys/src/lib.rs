@@ -1,11 +1,13 @@
-//! The raw system calls of the interceptor, its tests and xtask (bpf(2), and pidfd for the
-//! listener adoption), in one place that owns the `unsafe`: one private [`sys_bpf`] on the
+//! The raw system calls of the interceptor, its tests and xtask (bpf(2), pidfd for the listener
+//! adoption, and the namespace and rtnetlink calls of [`netns`]), in one place that owns the
+//! `unsafe`: one private [`sys_bpf`] on the
 //! kernel's own `union bpf_attr` (aya-obj's generated bindings, never hand-counted offsets), and
 //! a safe, typed function per command. aya 0.14 lacks
 //! some of these (link info, link update of cgroup sockopt links, loading hand-assembled programs),
 //! and the tests and xtask must not need aya at all.
 //!
 //! Each public item names the oldest kernel it works on.
+pub mod netns;
 use std::{
     ffi::{CStr, CString},
     io,

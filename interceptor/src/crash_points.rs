@@ -41,7 +41,6 @@ pub fn arm() {
 #[cfg(feature = "failpoints")]
 pub fn crash(point: &str) -> ! {
     eprintln!("crash point {point}: killing the agent");
-    // SAFETY: signalling our own process.
-    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    let _ = nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGKILL);
     std::process::abort()
 }

@@ -7,6 +7,9 @@
 //! - [`state`]: what a running instance leaves for `status`.
 //! - [`agent`]: the node agent (`interceptor daemon`) and its API.
 //! - [`cli`], [`commands`]: the command line.
+//!
+//! No unsafe code: raw system calls live in `interceptor-sys`.
+#![forbid(unsafe_code)]
 pub mod agent;
 pub mod bpffs;
 pub mod cgroup;

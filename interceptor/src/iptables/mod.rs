@@ -4,7 +4,7 @@ mod rules;
 
 use std::{
     fs::File,
-    os::{fd::AsRawFd as _, unix::process::CommandExt as _},
+    os::fd::AsRawFd as _,
     path::{Path, PathBuf},
     process::Command,
 };
@@ -218,16 +218,8 @@ impl<'a> Runner<'a> {
         let mut cmd = Command::new(binary);
         cmd.args(args);
         if let Some(netns) = &self.netns {
-            let fd = netns.as_raw_fd();
-            // SAFETY: setns(2) is async-signal-safe; the fd stays open until after the spawn.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            // The namespace's fd stays open until after the spawn (self holds it).
+            interceptor_sys::netns::enter_netns_before_exec(&mut cmd, netns.as_raw_fd());
         }
         cmd
     }

@@ -4,8 +4,10 @@
 use std::{
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::AsFd as _,
 };
+
+use interceptor_sys::netns::{recv, route_socket, send};
 
 const NLMSG_HDRLEN: usize = 16;
 const IFADDRMSG_LEN: usize = 8;
@@ -13,7 +15,7 @@ const IFADDRMSG_LEN: usize = 8;
 /// Every address assigned to an interface of the namespace, both families, loopback and
 /// link-local included, as `getifaddrs` names them (`IFA_LOCAL`, else `IFA_ADDRESS`).
 pub(super) fn dump() -> io::Result<Vec<IpAddr>> {
-    let fd = route_socket()?;
+    let fd = route_socket(0)?;
 
     // nlmsghdr (len, type, flags, seq, pid) + ifaddrmsg (family AF_UNSPEC: both).
     let mut request = [0u8; NLMSG_HDRLEN + IFADDRMSG_LEN];
@@ -22,40 +24,16 @@ pub(super) fn dump() -> io::Result<Vec<IpAddr>> {
     let flags = (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16;
     request[6..8].copy_from_slice(&flags.to_ne_bytes());
     request[8..12].copy_from_slice(&1u32.to_ne_bytes());
-    // SAFETY: request is valid for its length; the kernel is the default destination.
-    if unsafe { libc::send(fd.as_raw_fd(), request.as_ptr().cast(), request.len(), 0) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    send(fd.as_fd(), &request)?;
 
     let mut addresses = Vec::new();
     let mut buf = vec![0u8; 32 * 1024];
     loop {
-        // SAFETY: buf is valid for writes of its length.
-        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if parse(&buf[..n as usize], &mut addresses)? {
+        let n = recv(fd.as_fd(), &mut buf)?;
+        if parse(&buf[..n], &mut addresses)? {
             return Ok(addresses);
         }
     }
-}
-
-/// An rtnetlink socket in the calling thread's network namespace.
-pub(super) fn route_socket() -> io::Result<OwnedFd> {
-    // SAFETY: plain socket(2); the fd is owned right away.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned by socket(2) and is not owned elsewhere.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Parses one datagram of the dump into `addresses`; true once the dump is done.

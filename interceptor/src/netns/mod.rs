@@ -40,20 +40,13 @@ pub struct PodNetns {
     file: File,
 }
 
-/// `SO_NETNS_COOKIE` from `<asm-generic/socket.h>` (Linux 5.14).
-const SO_NETNS_COOKIE: libc::c_int = 71;
-/// `NS_GET_NSTYPE` ioctl from `<linux/nsfs.h>`.
-const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
-
 impl PodNetns {
     pub fn open(path: &Path) -> Result<Self, NetnsError> {
         let file = File::open(path).map_err(|source| NetnsError::Open {
             path: path.to_owned(),
             source,
         })?;
-        // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd.
-        let nstype = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&file), NS_GET_NSTYPE) };
-        if nstype != libc::CLONE_NEWNET {
+        if !interceptor_sys::netns::is_network_namespace(std::os::fd::AsFd::as_fd(&file)) {
             return Err(NetnsError::NotNetns {
                 path: path.to_owned(),
             });
@@ -144,25 +137,13 @@ impl PodNetns {
                 path: path.clone(),
                 source,
             })?;
-            let mut cookie: u64 = 0;
-            let mut len = size_of::<u64>() as libc::socklen_t;
-            // SAFETY: the buffer is a valid u64 and len says so.
-            let rc = unsafe {
-                libc::getsockopt(
-                    std::os::fd::AsRawFd::as_raw_fd(&sock),
-                    libc::SOL_SOCKET,
-                    SO_NETNS_COOKIE,
-                    (&raw mut cookie).cast(),
-                    &mut len,
-                )
-            };
-            if rc != 0 {
-                return Err(NetnsError::Syscall {
-                    call: "getsockopt(SO_NETNS_COOKIE)",
-                    path,
-                    source: nix::Error::last(),
-                });
-            }
+            let cookie =
+                interceptor_sys::netns::socket_netns_cookie(std::os::fd::AsFd::as_fd(&sock))
+                    .map_err(|e| NetnsError::Syscall {
+                        call: "getsockopt(SO_NETNS_COOKIE)",
+                        path,
+                        source: nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+                    })?;
             Ok(NetnsCookie(cookie))
         }
     }
@@ -201,30 +182,13 @@ impl PodNetns {
                 path: path.clone(),
                 source,
             };
-            let fd = addresses::route_socket().map_err(|e| {
-                error(
-                    "socket(NETLINK_ROUTE)",
-                    nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
-                )
-            })?;
-            // SAFETY: sockaddr_nl is plain data; zeroed is a valid value.
-            let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-            addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-            addr.nl_groups = RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR;
-            // SAFETY: addr is a valid sockaddr_nl of the given length.
-            let rc = unsafe {
-                libc::bind(
-                    std::os::fd::AsRawFd::as_raw_fd(&fd),
-                    (&raw const addr).cast(),
-                    size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-                )
-            };
-            if rc != 0 {
-                return Err(error(
-                    "bind(RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR)",
-                    nix::Error::last(),
-                ));
-            }
+            let fd = interceptor_sys::netns::route_socket(RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR)
+                .map_err(|e| {
+                    error(
+                        "socket(NETLINK_ROUTE) bound to RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR",
+                        nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+                    )
+                })?;
             Ok(fd)
         })
     }

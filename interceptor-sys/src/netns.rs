@@ -1,0 +1,123 @@
+//! Network namespaces and rtnetlink: what the node needs of them that neither std nor nix
+//! offers safely (an nsfs ioctl, a socket option newer than the libraries, netlink sockets, and
+//! entering a namespace in a child before it runs a program).
+use std::{
+    io,
+    os::{
+        fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd, RawFd},
+        unix::process::CommandExt as _,
+    },
+    process::Command,
+};
+
+/// `SO_NETNS_COOKIE` from `<asm-generic/socket.h>` (Linux 5.14).
+const SO_NETNS_COOKIE: libc::c_int = 71;
+/// `NS_GET_NSTYPE` ioctl from `<linux/nsfs.h>` (Linux 4.11).
+const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+
+/// Whether `fd` (an open nsfs file, e.g. `/run/netns/NAME` or `/proc/PID/ns/net`) is a network
+/// namespace. Any other file is not (the ioctl fails on it).
+pub fn is_network_namespace(fd: BorrowedFd<'_>) -> bool {
+    // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd.
+    let nstype = unsafe { libc::ioctl(fd.as_raw_fd(), NS_GET_NSTYPE) };
+    nstype == libc::CLONE_NEWNET
+}
+
+/// The cookie of the network namespace `socket` was created in (`SO_NETNS_COOKIE`).
+pub fn socket_netns_cookie(socket: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut cookie: u64 = 0;
+    let mut len = size_of::<u64>() as libc::socklen_t;
+    // SAFETY: the buffer is a valid u64 and len says so.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&raw mut cookie).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cookie)
+}
+
+/// An rtnetlink socket in the calling thread's network namespace, bound to the multicast
+/// `groups` (`RTMGRP_*`; 0 for none, a socket that only asks).
+pub fn route_socket(groups: u32) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2); the fd is owned right away.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_ROUTE,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by socket(2) and is not owned elsewhere.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    if groups != 0 {
+        // SAFETY: sockaddr_nl is plain data; zeroed is a valid value.
+        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        addr.nl_groups = groups;
+        // SAFETY: addr is a valid sockaddr_nl of the given length.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&raw const addr).cast(),
+                size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(fd)
+}
+
+/// Sends one datagram on a connected or netlink socket (to the kernel, for netlink).
+pub fn send(socket: BorrowedFd<'_>, datagram: &[u8]) -> io::Result<usize> {
+    // SAFETY: datagram is valid for reads of its length.
+    let n = unsafe {
+        libc::send(
+            socket.as_raw_fd(),
+            datagram.as_ptr().cast(),
+            datagram.len(),
+            0,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// Receives one datagram into `buf`; returns its length (at most `buf.len()`).
+pub fn recv(socket: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: buf is valid for writes of its length.
+    let n = unsafe { libc::recv(socket.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// Makes `command`'s child enter the network namespace `netns` (an open nsfs fd) before it runs
+/// its program. The fd must still be open when the command is spawned; if it is not, the spawn
+/// fails with the error of setns(2).
+pub fn enter_netns_before_exec(command: &mut Command, netns: RawFd) {
+    // SAFETY: the closure runs between fork and exec and only calls setns(2), which is
+    // async-signal-safe, and reads errno.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setns(netns, libc::CLONE_NEWNET) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
