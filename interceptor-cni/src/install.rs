@@ -44,6 +44,7 @@ fn io_error<'a>(
     }
 }
 
+#[derive(Clone, Debug)]
 pub struct Installer {
     pub bin_dir: PathBuf,
     pub conf_dir: PathBuf,

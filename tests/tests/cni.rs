@@ -406,15 +406,20 @@ fn the_installer_keeps_the_plugin_chained_when_the_primary_cni_rewrites_its_file
         write_calico();
         eventually(&format!("after Calico's rewrite {round}"));
     }
-    let _ = watching.kill();
-    let _ = watching.wait();
+    // SIGTERM (the DaemonSet's pod stopping): it removes exactly what it added, then exits.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(watching.id() as i32, libc::SIGTERM) };
+    assert!(watching.wait().unwrap().success());
+    let back: Value = serde_json::from_slice(&std::fs::read(&primary).unwrap()).unwrap();
+    assert_eq!(back, calico);
+    assert!(!bin_dir.join("interceptor-cni").exists());
 
+    // Uninstalling again finds nothing of ours and changes nothing.
     let mut uninstall = Command::new(env!("CARGO_BIN_EXE_interceptor-under-test"));
     uninstall.args(["cni", "uninstall"]);
     dirs(&mut uninstall);
     assert!(uninstall.stderr(Stdio::null()).status().unwrap().success());
     let back: Value = serde_json::from_slice(&std::fs::read(&primary).unwrap()).unwrap();
     assert_eq!(back, calico);
-    assert!(!bin_dir.join("interceptor-cni").exists());
     let _ = std::fs::remove_dir_all(&root);
 }

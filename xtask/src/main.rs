@@ -1,6 +1,7 @@
 //! Project tasks, run as `cargo xtask <task>` (an alias in .cargo/config.toml).
 
 mod cmd;
+mod image;
 mod kit;
 mod setup;
 mod test;
@@ -42,6 +43,9 @@ enum Task {
         #[arg(allow_hyphen_values = true, trailing_var_arg = true)]
         args: Vec<OsString>,
     },
+    /// Run setup, build the release binaries, then the node agent's OCI image
+    /// (target/image/interceptor.oci.tar, for `podman load`; nothing is pulled). Needs root.
+    Image,
 }
 
 fn main() -> ExitCode {
@@ -65,6 +69,7 @@ fn run(task: Task) -> anyhow::Result<()> {
         } => test::run(&cargo_args, &test_args),
         Task::Demo => kit::run("demo", &[]),
         Task::Bench { args } => kit::run("bench", &args),
+        Task::Image => image::build().map(drop),
     }
 }
 

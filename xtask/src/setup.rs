@@ -42,7 +42,47 @@ pub fn run() -> anyhow::Result<OsString> {
     debian_packages(&path)?;
     rust_src()?;
     bpf_linker(&install_root, &path)?;
+    let validator = kubernetes_validate()?;
+    let path = path_with_dir(&validator, &path)?;
+    ensure!(
+        find_on_path("kubectl", &path).is_some(),
+        "kubectl (with its kustomize) is needed to render deploy/kubernetes, and is not on PATH"
+    );
     Ok(path)
+}
+
+/// The Kubernetes schema validator the manifests' test runs, pinned to the schemas of
+/// Kubernetes 1.31, in a virtual environment of the workspace's (it validates offline: the
+/// schemas ship with it). Returns its `bin` directory.
+fn kubernetes_validate() -> anyhow::Result<PathBuf> {
+    const VERSION: &str = "1.31.0";
+    let venv = crate::workspace_root()
+        .join("target")
+        .join("tools")
+        .join("kubernetes-validate");
+    let bin = venv.join("bin");
+    let installed = Command::new(bin.join("kubernetes-validate"))
+        .arg("--version")
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains(VERSION));
+    if installed {
+        println!("kubernetes-validate {VERSION}: present");
+        return Ok(bin);
+    }
+    println!(
+        "kubernetes-validate {VERSION}: installing into {}...",
+        venv.display()
+    );
+    cmd::run(Command::new("python3").args(["-m", "venv"]).arg(&venv)).context(
+        "creating a Python virtual environment (python3 -m venv) for kubernetes-validate",
+    )?;
+    cmd::run(
+        Command::new(bin.join("pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .arg(format!("kubernetes-validate=={VERSION}")),
+    )
+    .context("installing kubernetes-validate from PyPI")?;
+    Ok(bin)
 }
 
 fn debian_packages(path: &OsStr) -> anyhow::Result<()> {
@@ -251,9 +291,13 @@ fn cargo_install_root() -> anyhow::Result<PathBuf> {
 
 /// `PATH` with `bin` first, so the bpf-linker installed there wins over any other one.
 fn path_with(bin: &Path) -> anyhow::Result<OsString> {
-    let rest = env::var_os("PATH").unwrap_or_default();
-    env::join_paths(std::iter::once(bin.to_owned()).chain(env::split_paths(&rest)))
-        .with_context(|| format!("{} cannot go on PATH", bin.display()))
+    path_with_dir(bin, &env::var_os("PATH").unwrap_or_default())
+}
+
+/// `path` with `dir` first.
+fn path_with_dir(dir: &Path, path: &OsStr) -> anyhow::Result<OsString> {
+    env::join_paths(std::iter::once(dir.to_owned()).chain(env::split_paths(path)))
+        .with_context(|| format!("{} cannot go on PATH", dir.display()))
 }
 
 fn find_on_path(name: &str, path: &OsStr) -> Option<PathBuf> {

@@ -15,6 +15,8 @@ pub fn run(cargo_args: &[OsString], test_args: &[OsString]) -> anyhow::Result<()
     );
     let path = setup::run()?;
     clippy(&path)?;
+    // The tests load and run the image the DaemonSet runs.
+    let image = crate::image::build()?;
     let mut cargo_test = cmd::cargo();
     cargo_test
         .current_dir(workspace_root())
@@ -22,6 +24,7 @@ pub fn run(cargo_args: &[OsString], test_args: &[OsString]) -> anyhow::Result<()
         .args(["test", "--workspace", "--exclude", "interceptor-ebpf"])
         .args(cargo_args)
         .env("PATH", path)
+        .env("INTERCEPTOR_IMAGE", image)
         // Turns every "skipped: not privileged" into a failure, so a green run means the
         // kernel tests really ran.
         .env("INTERCEPTOR_REQUIRE_PRIVILEGED", "1");

@@ -1,10 +1,16 @@
 //! `interceptor cni install|uninstall`: the plugin's binary and its entry in the node's CNI
 //! configuration (see `interceptor_cni::install`), and the watch that keeps the entry there.
-use std::path::PathBuf;
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
 
 use anyhow::{Context as _, bail};
 use interceptor_cni::install::{Applied, Installer, PLUGIN_TYPE};
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use nix::sys::{
+    inotify::{AddWatchFlags, InitFlags, Inotify},
+    signal::{SigSet, Signal},
+};
 use serde_json::{Value, json};
 use tracing::info;
 
@@ -40,10 +46,35 @@ pub fn cni(args: CniArgs) -> anyhow::Result<()> {
                 plugin: plugin.map_or_else(default_plugin, Ok)?,
                 entry,
             };
-            report(installer.install()?);
-            if watch {
-                keep_chained(&installer)?;
+            if !watch {
+                report(installer.install()?);
+                return Ok(());
             }
+            // Blocked before the watch thread starts, so it inherits the mask and the signals
+            // wait for `sigwait` here.
+            let signals = termination_signals();
+            signals
+                .thread_block()
+                .context("blocking SIGTERM and SIGINT")?;
+            report(installer.install()?);
+            // Held by the watch while it chains, and by the uninstall below, which marks it
+            // stopped: an uninstall's own write must not be chained again.
+            let stopped = Arc::new(Mutex::new(false));
+            let (watcher, watch_stopped) = (installer.clone(), stopped.clone());
+            std::thread::spawn(move || {
+                if let Err(e) = keep_chained(&watcher, &watch_stopped) {
+                    tracing::error!(error = %format!("{e:#}"), "watching the CNI configuration stopped");
+                    std::process::exit(1);
+                }
+            });
+            let signal = signals.wait().context("waiting for SIGTERM or SIGINT")?;
+            // The DaemonSet deleted or this pod replaced: take the plugin out of the chain, so
+            // no pod waits on an agent that may not come back. (A pod created before the next
+            // installer chains it again is not meshed, as with linkerd-cni.)
+            let mut stopped = stopped.lock().unwrap_or_else(|e| e.into_inner());
+            *stopped = true;
+            installer.uninstall()?;
+            info!(%signal, "CNI plugin uninstalled on termination");
             Ok(())
         }
         CniCommand::Uninstall => {
@@ -58,6 +89,13 @@ pub fn cni(args: CniArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn termination_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGINT);
+    set
 }
 
 fn default_plugin() -> anyhow::Result<PathBuf> {
@@ -75,7 +113,7 @@ fn report(applied: Applied) {
 /// Re-applies whenever a file of the conf directory is written, created, moved or removed: the
 /// primary CNI rewriting its configuration drops our entry. Applying is idempotent, so our own
 /// write (one event) ends in "already chained".
-fn keep_chained(installer: &Installer) -> anyhow::Result<()> {
+fn keep_chained(installer: &Installer, stopped: &Mutex<bool>) -> anyhow::Result<()> {
     let inotify = Inotify::init(InitFlags::IN_CLOEXEC).context("inotify")?;
     inotify
         .add_watch(
@@ -90,6 +128,10 @@ fn keep_chained(installer: &Installer) -> anyhow::Result<()> {
     info!(conf_dir = %installer.conf_dir.display(), "watching the CNI configuration");
     loop {
         inotify.read_events().context("reading inotify events")?;
+        let stopped = stopped.lock().unwrap_or_else(|e| e.into_inner());
+        if *stopped {
+            return Ok(());
+        }
         match installer.apply() {
             Ok(Applied::Unchanged(_)) => {}
             Ok(applied) => report(applied),

@@ -1,0 +1,329 @@
+//! What ships: the Kubernetes manifests (`deploy/kubernetes`, rendered by `kubectl kustomize`)
+//! validate against Kubernetes 1.31's schema, strictly, and say what the agent needs; the
+//! commands they run are accepted by this build's command line and CNI plugin; and the OCI image
+//! (`cargo xtask image`, whose path `cargo xtask test` passes in `INTERCEPTOR_IMAGE`) runs the
+//! agent, the plugin and both iptables modes.
+use std::{
+    collections::BTreeMap,
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use clap::Parser as _;
+use interceptor_tests::{privileged, unique_name};
+use serde_json::{Value, json};
+
+fn workspace_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ sits in the workspace")
+}
+
+fn run(cmd: &mut Command, input: Option<&str>) -> String {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    if let Some(input) = input {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The rendered manifests, and the same as JSON objects (through the validator's own PyYAML:
+/// `cargo xtask setup` puts its virtual environment first on PATH).
+fn rendered() -> (String, Vec<Value>) {
+    let yaml = run(
+        Command::new("kubectl")
+            .arg("kustomize")
+            .arg(workspace_root().join("deploy/kubernetes")),
+        None,
+    );
+    let json = run(
+        Command::new("python3").args([
+            "-c",
+            "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(sys.stdin))))",
+        ]),
+        Some(&yaml),
+    );
+    (yaml, serde_json::from_str(&json).unwrap())
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in the manifests"))
+}
+
+fn container<'a>(daemonset: &'a Value, name: &str) -> &'a Value {
+    daemonset["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+/// A container's arguments, with `$(VAR)` replaced by the ConfigMap value its env names, as the
+/// kubelet does.
+fn args_of(container: &Value, config: &BTreeMap<String, String>) -> Vec<String> {
+    let env: BTreeMap<String, String> = container["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let key = e["valueFrom"]["configMapKeyRef"]["key"].as_str().unwrap();
+            (e["name"].as_str().unwrap().to_owned(), config[key].clone())
+        })
+        .collect();
+    container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let mut arg = a.as_str().unwrap().to_owned();
+            for (name, value) in &env {
+                arg = arg.replace(&format!("$({name})"), value);
+            }
+            arg
+        })
+        .collect()
+}
+
+#[test]
+fn the_manifests_validate_against_kubernetes_1_31_strictly() {
+    let (yaml, _) = rendered();
+    let file = std::env::temp_dir().join(format!("{}.yaml", unique_name("manifests")));
+    std::fs::write(&file, &yaml).unwrap();
+    let out = run(
+        Command::new("kubernetes-validate")
+            .args(["--strict", "--kubernetes-version", "1.31.0"])
+            .arg(&file),
+        None,
+    );
+    let _ = std::fs::remove_file(&file);
+    for kind in ["namespace", "serviceaccount", "configmap", "daemonset"] {
+        assert!(
+            out.lines()
+                .any(|l| l.contains("passed") && l.contains(&format!("resource {kind}/"))),
+            "{kind} not validated: {out}"
+        );
+    }
+
+    // The same validator refuses what the schema does not know, so a pass means something.
+    let bad = yaml.replace("hostPID: true", "hostPID: true\n      hostPIDs: true");
+    let bad_file = std::env::temp_dir().join(format!("{}.yaml", unique_name("bad-manifests")));
+    std::fs::write(&bad_file, bad).unwrap();
+    let refused = Command::new("kubernetes-validate")
+        .args(["--strict", "--quiet", "--kubernetes-version", "1.31.0"])
+        .arg(&bad_file)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&bad_file);
+    assert!(!refused.status.success());
+}
+
+#[test]
+fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
+    let (_, objects) = rendered();
+    let daemonset = find(&objects, "DaemonSet");
+    let config: BTreeMap<String, String> =
+        serde_json::from_value(find(&objects, "ConfigMap")["data"].clone()).unwrap();
+    let pod = &daemonset["spec"]["template"]["spec"];
+
+    // Off the CNI chain it installs (its own ADD would wait for the agent it starts), on every
+    // node whatever its taints, before ordinary pods, one node at a time.
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["hostPID"], true, "the listener adoption reads /proc");
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    assert!(
+        pod["tolerations"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"operator": "Exists"}))
+    );
+    assert_eq!(
+        daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
+        1
+    );
+    assert_eq!(pod["automountServiceAccountToken"], false);
+
+    // The agent: its flags parse, its metrics port is the named, scraped one, and /ready is the
+    // readiness probe.
+    let agent = container(daemonset, "agent");
+    let args = args_of(agent, &config);
+    let cli = interceptor::cli::Cli::try_parse_from(
+        std::iter::once("interceptor".to_owned()).chain(args.clone()),
+    )
+    .unwrap_or_else(|e| panic!("the agent's arguments {args:?}: {e}"));
+    let interceptor::cli::Command::Daemon(daemon) = cli.command else {
+        panic!("the agent container runs {args:?}, not `daemon`");
+    };
+    let metrics = daemon.metrics_addr.expect("--metrics-addr");
+    assert_eq!(
+        agent["ports"][0],
+        json!({"name": "metrics", "containerPort": metrics.port(), "protocol": "TCP"})
+    );
+    let annotations = &daemonset["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(annotations["prometheus.io/scrape"], "true");
+    assert_eq!(
+        annotations["prometheus.io/port"],
+        metrics.port().to_string()
+    );
+    assert_eq!(
+        agent["readinessProbe"]["httpGet"],
+        json!({"path": "/ready", "port": "metrics"})
+    );
+    let cgroup = daemon.cgroup.expect("--cgroup");
+    assert!(
+        cgroup.starts_with("/host/sys/fs/cgroup"),
+        "{}",
+        cgroup.display()
+    );
+    let mounts: BTreeMap<String, Value> = agent["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["mountPath"].as_str().unwrap().to_owned(), m.clone()))
+        .collect();
+    assert_eq!(mounts["/sys/fs/bpf"]["mountPropagation"], "Bidirectional");
+    for netns in ["/run/netns", "/var/run/netns"] {
+        assert_eq!(
+            mounts[netns]["mountPropagation"], "HostToContainer",
+            "{netns}"
+        );
+    }
+    assert!(mounts.contains_key("/run/interceptor"), "the API socket");
+
+    // The installer: its flags parse, and the plugin accepts the ConfigMap's linkerd block.
+    let installer = container(daemonset, "install-cni");
+    let args = args_of(installer, &config);
+    interceptor::cli::Cli::try_parse_from(
+        std::iter::once("interceptor".to_owned()).chain(args.clone()),
+    )
+    .unwrap_or_else(|e| panic!("the installer's arguments {args:?}: {e}"));
+    assert!(args.contains(&"--watch".to_owned()));
+    let linkerd: Value = serde_json::from_str(&config["linkerd"]).unwrap();
+    let conf: interceptor_cni::NetConf = serde_json::from_value(json!({
+        "cniVersion": "1.0.0", "name": "k8s", "type": "interceptor-cni", "linkerd": linkerd,
+    }))
+    .unwrap();
+    let settings = interceptor_cni::pod_settings(&conf, &Default::default())
+        .unwrap_or_else(|e| panic!("the ConfigMap's linkerd block: {e}"));
+    assert_eq!(settings.config.incoming_proxy_port, 4143);
+    assert_eq!(settings.config.proxy_uid, Some(2102));
+}
+
+/// A podman with an image store of the test's own, running containers with the tests' runc
+/// wrapper (these machines withhold the rlimits podman asks for).
+struct Podman {
+    root: PathBuf,
+}
+
+impl Podman {
+    fn new() -> Self {
+        Self {
+            root: std::env::temp_dir().join(unique_name("icpt-image")),
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("podman");
+        cmd.arg("--root")
+            .arg(self.root.join("storage"))
+            .arg("--runroot")
+            .arg(self.root.join("run"))
+            .args(["--runtime", env!("CARGO_BIN_EXE_runc-without-rlimits")])
+            .args(args);
+        cmd
+    }
+
+    /// `podman run --rm` of the image with `entrypoint` and `args`; its stdout.
+    fn run(&self, extra: &[&str], entrypoint: &str, args: &[&str], input: Option<&str>) -> String {
+        let mut cmd = self.command(&["run", "--rm", "-i", "--network", "none"]);
+        cmd.args(extra)
+            .args(["--entrypoint", entrypoint, "localhost/interceptor:0.1.0"])
+            .args(args);
+        run(&mut cmd, input)
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        let _ = self.command(&["rmi", "--all", "--force"]).output();
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+#[test]
+fn the_image_runs_the_agent_the_plugin_and_both_iptables_modes() {
+    if !privileged("the_image_runs_the_agent_the_plugin_and_both_iptables_modes") {
+        return;
+    }
+    let Some(image) = std::env::var_os("INTERCEPTOR_IMAGE") else {
+        assert!(
+            std::env::var("INTERCEPTOR_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
+            "INTERCEPTOR_IMAGE is not set: `cargo xtask test` builds the image and sets it"
+        );
+        eprintln!("SKIPPED: INTERCEPTOR_IMAGE is not set (build it with `cargo xtask image`)");
+        return;
+    };
+    let podman = Podman::new();
+    let loaded = run(
+        podman.command(&["load", "--quiet", "--input"]).arg(&image),
+        None,
+    );
+    assert!(loaded.contains("localhost/interceptor:0.1.0"), "{loaded}");
+
+    let version = podman.run(&[], "/usr/local/bin/interceptor", &["--version"], None);
+    assert_eq!(version.trim(), "interceptor 0.1.0");
+    let plugin = podman.run(
+        &["--env", "CNI_COMMAND=VERSION"],
+        "/usr/local/bin/interceptor-cni",
+        &[],
+        Some(r#"{"cniVersion": "1.0.0"}"#),
+    );
+    let plugin: Value = serde_json::from_str(&plugin).unwrap();
+    assert!(
+        plugin["supportedVersions"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("1.0.0"))
+    );
+    // proxy-init's rules need the owner match and the REDIRECT target, in both modes and
+    // families (in the container's own network namespace).
+    let caps = ["--cap-add", "NET_ADMIN,NET_RAW"];
+    for binary in [
+        "iptables-legacy",
+        "ip6tables-legacy",
+        "iptables-nft",
+        "ip6tables-nft",
+    ] {
+        let path = format!("/usr/sbin/{binary}");
+        for rule in [
+            "-A OUTPUT -p tcp -m owner --uid-owner 2102 -j RETURN",
+            "-A OUTPUT -p tcp -j REDIRECT --to-port 4140",
+        ] {
+            let mut args = vec!["-w", "-t", "nat"];
+            args.extend(rule.split(' '));
+            podman.run(&caps, &path, &args, None);
+        }
+    }
+}
