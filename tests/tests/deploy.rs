@@ -240,7 +240,7 @@ struct Podman {
 impl Podman {
     fn new() -> Self {
         Self {
-            root: std::env::temp_dir().join(unique_name("icpt-image")),
+            root: std::env::temp_dir().join(unique_name("image")),
         }
     }
 
@@ -277,20 +277,9 @@ fn the_image_runs_the_agent_the_plugin_and_both_iptables_modes() {
     if !privileged("the_image_runs_the_agent_the_plugin_and_both_iptables_modes") {
         return;
     }
-    let Some(image) = std::env::var_os("INTERCEPTOR_IMAGE") else {
-        assert!(
-            std::env::var("INTERCEPTOR_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
-            "INTERCEPTOR_IMAGE is not set: `cargo xtask test` builds the image and sets it"
-        );
-        eprintln!("SKIPPED: INTERCEPTOR_IMAGE is not set (build it with `cargo xtask image`)");
+    let Some(podman) = load_image() else {
         return;
     };
-    let podman = Podman::new();
-    let loaded = run(
-        podman.command(&["load", "--quiet", "--input"]).arg(&image),
-        None,
-    );
-    assert!(loaded.contains("localhost/interceptor:0.1.0"), "{loaded}");
 
     let version = podman.run(&[], "/usr/local/bin/interceptor", &["--version"], None);
     assert_eq!(version.trim(), "interceptor 0.1.0");
@@ -326,4 +315,324 @@ fn the_image_runs_the_agent_the_plugin_and_both_iptables_modes() {
             podman.run(&caps, &path, &args, None);
         }
     }
+}
+
+/// The DaemonSet's pod as a real runtime runs it: its template from the rendered manifests,
+/// its host paths redirected into a root of the test's own (never the machine's `/etc/cni`,
+/// `/opt/cni` or default bpffs directory), `--cgroup` the test's cgroup, run from the image
+/// with `podman kube play`.
+struct AgentPod {
+    podman: Podman,
+    root: PathBuf,
+    yaml: PathBuf,
+    configmap: PathBuf,
+    conf_dir: PathBuf,
+    bin_dir: PathBuf,
+    state_dir: PathBuf,
+    bpffs: PathBuf,
+}
+
+const PRIMARY: &str = "10-lo.conflist";
+
+impl AgentPod {
+    fn new(podman: Podman, cgroup: &Path) -> Self {
+        let root = std::env::temp_dir().join(unique_name("kubeplay"));
+        let (conf_dir, bin_dir, state_dir) =
+            (root.join("net.d"), root.join("bin"), root.join("state"));
+        for dir in [&conf_dir, &bin_dir, &state_dir] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        // The node's primary network before the agent comes: loopback only (nothing leaves).
+        std::fs::write(conf_dir.join(PRIMARY), primary_conflist().to_string()).unwrap();
+        let bpffs = Path::new("/sys/fs/bpf/interceptor-tests").join(unique_name("kubeplay"));
+        std::fs::create_dir_all(&bpffs).unwrap();
+
+        let (_, objects) = rendered();
+        let cgroup2 = interceptor::cgroup::cgroup2_root().unwrap();
+        let mut config = find(&objects, "ConfigMap").clone();
+        config["data"]["cgroup"] = json!(
+            Path::new("/host/sys/fs/cgroup")
+                .join(cgroup.strip_prefix(&cgroup2).unwrap())
+                .display()
+                .to_string()
+        );
+        let mut spec = find(&objects, "DaemonSet")["spec"]["template"]["spec"].clone();
+        let host_paths = [
+            ("/sys/fs/bpf", bpffs.clone()),
+            ("/sys/fs/cgroup", cgroup2.clone()),
+            ("/run/interceptor", state_dir.clone()),
+            ("/opt/cni/bin", bin_dir.clone()),
+            ("/etc/cni/net.d", conf_dir.clone()),
+        ];
+        for volume in spec["volumes"].as_array_mut().unwrap() {
+            let path = volume["hostPath"]["path"].as_str().unwrap().to_owned();
+            if let Some((_, ours)) = host_paths.iter().find(|(p, _)| *p == path) {
+                volume["hostPath"]["path"] = json!(ours.display().to_string());
+            }
+        }
+        let socket = state_dir.join("agent.sock");
+        let metrics = free_port();
+        let data: BTreeMap<String, String> =
+            serde_json::from_value(config["data"].clone()).unwrap();
+        for container in spec["containers"].as_array_mut().unwrap() {
+            // The kubelet expands `$(VAR)` in arguments; podman 4 does not.
+            container["args"] = json!(args_of(container, &data));
+            // podman refuses port declarations on the host's network (Kubernetes takes them as
+            // documentation there); nothing is published either way.
+            container.as_object_mut().unwrap().remove("ports");
+            for arg in container["args"].as_array_mut().unwrap() {
+                let text = arg.as_str().unwrap();
+                // The plugin runs on this host: it reaches the agent where the host sees the
+                // socket. The node's port 9990 may be taken: the metrics go elsewhere.
+                if text.starts_with("--agent-socket=") {
+                    *arg = json!(format!("--agent-socket={}", socket.display()));
+                } else if text.starts_with("--metrics-addr=") {
+                    *arg = json!(format!("--metrics-addr=127.0.0.1:{metrics}"));
+                }
+            }
+        }
+        let name = unique_name("interceptor");
+        let pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "interceptor"}},
+            "spec": spec,
+        });
+        let yaml = root.join("pod.json");
+        let configmap = root.join("configmap.json");
+        std::fs::write(&yaml, pod.to_string()).unwrap();
+        std::fs::write(&configmap, config.to_string()).unwrap();
+        Self {
+            podman,
+            root,
+            yaml,
+            configmap,
+            conf_dir,
+            bin_dir,
+            state_dir,
+            bpffs,
+        }
+    }
+
+    /// `podman kube play` (again, replacing the pod, with `replace`); returns once the agent
+    /// answers its API and the installer has chained the plugin.
+    fn play(&self, replace: bool) {
+        let mut cmd = self.podman.command(&["kube", "play", "--configmap"]);
+        cmd.arg(&self.configmap);
+        if replace {
+            cmd.arg("--replace");
+        }
+        run(cmd.arg(&self.yaml), None);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while interceptor::agent::api::call(
+            &self.state_dir.join("agent.sock"),
+            &interceptor::agent::api::Request::List,
+        )
+        .is_err()
+            || self.chained() != 1
+        {
+            if std::time::Instant::now() > deadline {
+                panic!(
+                    "the agent's pod did not come up (chained {}): {}",
+                    self.chained(),
+                    self.logs()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
+    fn logs(&self) -> String {
+        let logs = self
+            .podman
+            .command(&["pod", "logs"])
+            .arg(self.pod_name())
+            .output()
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&logs.stdout),
+            String::from_utf8_lossy(&logs.stderr)
+        )
+    }
+
+    fn pod_name(&self) -> String {
+        let pod: Value = serde_json::from_slice(&std::fs::read(&self.yaml).unwrap()).unwrap();
+        pod["metadata"]["name"].as_str().unwrap().to_owned()
+    }
+
+    fn conflist(&self) -> Value {
+        serde_json::from_slice(&std::fs::read(self.conf_dir.join(PRIMARY)).unwrap()).unwrap()
+    }
+
+    /// How many times our plugin is in the primary network's chain.
+    fn chained(&self) -> usize {
+        std::fs::read(self.conf_dir.join(PRIMARY))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|c| c["plugins"].as_array().cloned())
+            .map_or(0, |p| {
+                p.iter().filter(|p| p["type"] == "interceptor-cni").count()
+            })
+    }
+
+    /// ADD of a pod through the chained network, as the runtime runs it: each plugin of the
+    /// list with the previous one's result, ours from the bin directory the installer filled.
+    fn add(&self, container: &str, netns: &Path) -> Value {
+        let conflist = self.conflist();
+        let mut previous = Value::Null;
+        for plugin in conflist["plugins"].as_array().unwrap() {
+            let mut conf = plugin.clone();
+            conf["cniVersion"] = conflist["cniVersion"].clone();
+            conf["name"] = conflist["name"].clone();
+            if !previous.is_null() {
+                conf["prevResult"] = previous.clone();
+            }
+            let kind = conf["type"].as_str().unwrap();
+            let binary = if kind == "interceptor-cni" {
+                self.bin_dir.join(kind)
+            } else {
+                Path::new("/usr/lib/cni").join(kind)
+            };
+            let out = run(
+                Command::new(binary)
+                    .env("CNI_COMMAND", "ADD")
+                    .env("CNI_CONTAINERID", container)
+                    .env("CNI_NETNS", netns)
+                    .env("CNI_IFNAME", "eth0")
+                    .env("CNI_PATH", "/usr/lib/cni")
+                    .env(
+                        "CNI_ARGS",
+                        format!("K8S_POD_NAMESPACE=shop;K8S_POD_NAME={container}"),
+                    ),
+                Some(&conf.to_string()),
+            );
+            previous = serde_json::from_str(&out).unwrap();
+        }
+        previous
+    }
+}
+
+impl Drop for AgentPod {
+    fn drop(&mut self) {
+        let _ = self
+            .podman
+            .command(&["kube", "down"])
+            .arg(&self.yaml)
+            .output();
+        // What the agent pinned and recorded: its programs detach here.
+        let _ = Command::new(interceptor_tests::agent_home::interceptor_bin())
+            .arg("uninstall")
+            .arg("--bpffs")
+            .arg(self.bpffs.join("interceptor"))
+            .arg("--state-dir")
+            .arg(&self.state_dir)
+            .output();
+        let _ = std::fs::remove_dir(self.bpffs.join("interceptor"));
+        let _ = std::fs::remove_dir(&self.bpffs);
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn primary_conflist() -> Value {
+    json!({"cniVersion": "1.0.0", "name": "lo-net", "plugins": [{"type": "loopback"}]})
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn load_image() -> Option<Podman> {
+    let Some(image) = std::env::var_os("INTERCEPTOR_IMAGE") else {
+        assert!(
+            std::env::var("INTERCEPTOR_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
+            "INTERCEPTOR_IMAGE is not set: `cargo xtask test` builds the image and sets it"
+        );
+        eprintln!("SKIPPED: INTERCEPTOR_IMAGE is not set (build it with `cargo xtask image`)");
+        return None;
+    };
+    let podman = Podman::new();
+    let loaded = run(
+        podman.command(&["load", "--quiet", "--input"]).arg(&image),
+        None,
+    );
+    assert!(loaded.contains("localhost/interceptor:0.1.0"), "{loaded}");
+    Some(podman)
+}
+
+/// The DaemonSet's own pod, from the image, by podman: it chains the plugin into the primary
+/// network placed there before; a pod added through that network is meshed from its first
+/// connect; the agent's pod killed and played again leaves it meshed throughout; the pod
+/// deleted (SIGTERM) takes the plugin out of the chain, leaving the primary network as it was.
+#[test]
+fn the_daemonsets_pod_meshes_pods_and_keeps_them_meshed_through_a_replay() {
+    if !privileged("the_daemonsets_pod_meshes_pods_and_keeps_them_meshed_through_a_replay") {
+        return;
+    }
+    let Some(podman) = load_image() else {
+        return;
+    };
+    let fixture = interceptor_tests::PodFixture::new("kubeplay");
+    let _servers = interceptor_tests::scenario::Servers::start(&fixture);
+    let agent_pod = AgentPod::new(podman, &fixture.cgroup.path);
+    agent_pod.play(false);
+    assert!(agent_pod.bin_dir.join("interceptor-cni").is_file());
+
+    let result = agent_pod.add("web-1", &fixture.pod.path());
+    assert_eq!(result["cniVersion"], "1.0.0", "{result}");
+    let pods = interceptor::agent::api::call(
+        &agent_pod.state_dir.join("agent.sock"),
+        &interceptor::agent::api::Request::List,
+    )
+    .unwrap();
+    assert_eq!(pods.len(), 1);
+    assert_eq!(pods[0].meta.name.as_deref(), Some("web-1"));
+    let app = fixture.in_pod().uid(interceptor_tests::scenario::APP_UID);
+    assert!(matches!(
+        app.connect(interceptor_tests::agent_home::UNREACHABLE),
+        interceptor_tests::Landing::Proxy { orig: Ok(orig), .. }
+            if orig.to_string() == interceptor_tests::agent_home::UNREACHABLE
+    ));
+
+    // Killed and played again while the app connects without pause: nothing around the proxy.
+    let lines = std::thread::scope(|s| {
+        let load = s.spawn(|| interceptor_tests::agent_home::check_load(&app, "4"));
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        run(
+            agent_pod
+                .podman
+                .command(&["pod", "kill"])
+                .arg(agent_pod.pod_name()),
+            None,
+        );
+        agent_pod.play(true);
+        load.join().expect("load")
+    });
+    interceptor_tests::agent_home::all_reached_the_proxy(&lines);
+    let pods = interceptor::agent::api::call(
+        &agent_pod.state_dir.join("agent.sock"),
+        &interceptor::agent::api::Request::List,
+    )
+    .unwrap();
+    assert_eq!(pods.len(), 1, "the replayed agent took the pod back");
+
+    // Deleted: stopped first (SIGTERM to the installer, which unchains the plugin), then
+    // removed when the test ends.
+    run(
+        agent_pod
+            .podman
+            .command(&["pod", "stop"])
+            .arg(agent_pod.pod_name()),
+        None,
+    );
+    assert_eq!(
+        agent_pod.conflist(),
+        primary_conflist(),
+        "{}",
+        agent_pod.logs()
+    );
+    assert!(!agent_pod.bin_dir.join("interceptor-cni").exists());
 }

@@ -32,6 +32,8 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("podman", "podman"),
     ("runc", "runc"),
     ("/bin/busybox", "busybox-static"),
+    // podman's pod infra process, for `podman kube play` of the DaemonSet's pod.
+    ("catatonit", "catatonit"),
 ];
 
 /// Installs whatever is missing and returns the `PATH` child cargo commands must use:
