@@ -636,3 +636,38 @@ fn the_daemonsets_pod_meshes_pods_and_keeps_them_meshed_through_a_replay() {
     );
     assert!(!agent_pod.bin_dir.join("interceptor-cni").exists());
 }
+
+/// What `kubectl logs` and log files get: plain lines without colour codes when stderr is not a
+/// terminal, and one JSON object per line with `--log-format json`.
+#[test]
+fn logs_carry_no_colour_codes_off_a_terminal_and_json_is_one_object_per_line() {
+    let dir = std::env::temp_dir().join(unique_name("logs"));
+    let logged = |format: &str| {
+        let out = Command::new(interceptor_tests::agent_home::interceptor_bin())
+            .args(["--log-format", format, "cni", "uninstall"])
+            .arg("--bin-dir")
+            .arg(&dir)
+            .arg("--conf-dir")
+            .arg(&dir)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let plain = logged("plain");
+    assert!(plain.contains("CNI plugin uninstalled"), "{plain}");
+    assert!(!plain.contains('\u{1b}'), "{plain:?}");
+    let json = logged("json");
+    for line in json.lines() {
+        let event: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(
+            event["timestamp"].is_string() && event["level"].is_string(),
+            "{line}"
+        );
+    }
+    assert!(
+        json.contains("\"message\":\"CNI plugin uninstalled\""),
+        "{json}"
+    );
+}
