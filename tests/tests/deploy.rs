@@ -11,7 +11,7 @@ use std::{
 };
 
 use clap::Parser as _;
-use interceptor_tests::{privileged, unique_name};
+use interceptor_tests::{cni_network::CniNetwork, privileged, unique_name};
 use serde_json::{Value, json};
 
 fn workspace_root() -> &'static Path {
@@ -323,27 +323,19 @@ fn the_image_runs_the_agent_the_plugin_and_both_iptables_modes() {
 /// with `podman kube play`.
 struct AgentPod {
     podman: Podman,
-    root: PathBuf,
+    network: CniNetwork,
     yaml: PathBuf,
     configmap: PathBuf,
-    conf_dir: PathBuf,
-    bin_dir: PathBuf,
     state_dir: PathBuf,
     bpffs: PathBuf,
 }
 
-const PRIMARY: &str = "10-lo.conflist";
-
 impl AgentPod {
     fn new(podman: Podman, cgroup: &Path) -> Self {
-        let root = std::env::temp_dir().join(unique_name("kubeplay"));
-        let (conf_dir, bin_dir, state_dir) =
-            (root.join("net.d"), root.join("bin"), root.join("state"));
-        for dir in [&conf_dir, &bin_dir, &state_dir] {
-            std::fs::create_dir_all(dir).unwrap();
-        }
         // The node's primary network before the agent comes: loopback only (nothing leaves).
-        std::fs::write(conf_dir.join(PRIMARY), primary_conflist().to_string()).unwrap();
+        let network = CniNetwork::new("kubeplay");
+        let state_dir = network.root.join("state");
+        std::fs::create_dir_all(&state_dir).unwrap();
         let bpffs = Path::new("/sys/fs/bpf/interceptor-tests").join(unique_name("kubeplay"));
         std::fs::create_dir_all(&bpffs).unwrap();
 
@@ -361,8 +353,8 @@ impl AgentPod {
             ("/sys/fs/bpf", bpffs.clone()),
             ("/sys/fs/cgroup", cgroup2.clone()),
             ("/run/interceptor", state_dir.clone()),
-            ("/opt/cni/bin", bin_dir.clone()),
-            ("/etc/cni/net.d", conf_dir.clone()),
+            ("/opt/cni/bin", network.bin_dir.clone()),
+            ("/etc/cni/net.d", network.conf_dir.clone()),
         ];
         for volume in spec["volumes"].as_array_mut().unwrap() {
             let path = volume["hostPath"]["path"].as_str().unwrap().to_owned();
@@ -397,17 +389,15 @@ impl AgentPod {
             "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "interceptor"}},
             "spec": spec,
         });
-        let yaml = root.join("pod.json");
-        let configmap = root.join("configmap.json");
+        let yaml = network.root.join("pod.json");
+        let configmap = network.root.join("configmap.json");
         std::fs::write(&yaml, pod.to_string()).unwrap();
         std::fs::write(&configmap, config.to_string()).unwrap();
         Self {
             podman,
-            root,
+            network,
             yaml,
             configmap,
-            conf_dir,
-            bin_dir,
             state_dir,
             bpffs,
         }
@@ -428,12 +418,12 @@ impl AgentPod {
             &interceptor::agent::api::Request::List,
         )
         .is_err()
-            || self.chained() != 1
+            || self.network.chained() != 1
         {
             if std::time::Instant::now() > deadline {
                 panic!(
                     "the agent's pod did not come up (chained {}): {}",
-                    self.chained(),
+                    self.network.chained(),
                     self.logs()
                 );
             }
@@ -459,57 +449,6 @@ impl AgentPod {
         let pod: Value = serde_json::from_slice(&std::fs::read(&self.yaml).unwrap()).unwrap();
         pod["metadata"]["name"].as_str().unwrap().to_owned()
     }
-
-    fn conflist(&self) -> Value {
-        serde_json::from_slice(&std::fs::read(self.conf_dir.join(PRIMARY)).unwrap()).unwrap()
-    }
-
-    /// How many times our plugin is in the primary network's chain.
-    fn chained(&self) -> usize {
-        std::fs::read(self.conf_dir.join(PRIMARY))
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-            .and_then(|c| c["plugins"].as_array().cloned())
-            .map_or(0, |p| {
-                p.iter().filter(|p| p["type"] == "interceptor-cni").count()
-            })
-    }
-
-    /// ADD of a pod through the chained network, as the runtime runs it: each plugin of the
-    /// list with the previous one's result, ours from the bin directory the installer filled.
-    fn add(&self, container: &str, netns: &Path) -> Value {
-        let conflist = self.conflist();
-        let mut previous = Value::Null;
-        for plugin in conflist["plugins"].as_array().unwrap() {
-            let mut conf = plugin.clone();
-            conf["cniVersion"] = conflist["cniVersion"].clone();
-            conf["name"] = conflist["name"].clone();
-            if !previous.is_null() {
-                conf["prevResult"] = previous.clone();
-            }
-            let kind = conf["type"].as_str().unwrap();
-            let binary = if kind == "interceptor-cni" {
-                self.bin_dir.join(kind)
-            } else {
-                Path::new("/usr/lib/cni").join(kind)
-            };
-            let out = run(
-                Command::new(binary)
-                    .env("CNI_COMMAND", "ADD")
-                    .env("CNI_CONTAINERID", container)
-                    .env("CNI_NETNS", netns)
-                    .env("CNI_IFNAME", "eth0")
-                    .env("CNI_PATH", "/usr/lib/cni")
-                    .env(
-                        "CNI_ARGS",
-                        format!("K8S_POD_NAMESPACE=shop;K8S_POD_NAME={container}"),
-                    ),
-                Some(&conf.to_string()),
-            );
-            previous = serde_json::from_str(&out).unwrap();
-        }
-        previous
-    }
 }
 
 impl Drop for AgentPod {
@@ -529,12 +468,7 @@ impl Drop for AgentPod {
             .output();
         let _ = std::fs::remove_dir(self.bpffs.join("interceptor"));
         let _ = std::fs::remove_dir(&self.bpffs);
-        let _ = std::fs::remove_dir_all(&self.root);
     }
-}
-
-fn primary_conflist() -> Value {
-    json!({"cniVersion": "1.0.0", "name": "lo-net", "plugins": [{"type": "loopback"}]})
 }
 
 fn free_port() -> u16 {
@@ -579,9 +513,9 @@ fn the_daemonsets_pod_meshes_pods_and_keeps_them_meshed_through_a_replay() {
     let _servers = interceptor_tests::scenario::Servers::start(&fixture);
     let agent_pod = AgentPod::new(podman, &fixture.cgroup.path);
     agent_pod.play(false);
-    assert!(agent_pod.bin_dir.join("interceptor-cni").is_file());
+    assert!(agent_pod.network.bin_dir.join("interceptor-cni").is_file());
 
-    let result = agent_pod.add("web-1", &fixture.pod.path());
+    let result = agent_pod.network.add("web-1", &fixture.pod.path()).unwrap();
     assert_eq!(result["cniVersion"], "1.0.0", "{result}");
     let pods = interceptor::agent::api::call(
         &agent_pod.state_dir.join("agent.sock"),
@@ -629,12 +563,12 @@ fn the_daemonsets_pod_meshes_pods_and_keeps_them_meshed_through_a_replay() {
         None,
     );
     assert_eq!(
-        agent_pod.conflist(),
-        primary_conflist(),
+        agent_pod.network.conflist(),
+        CniNetwork::primary(),
         "{}",
         agent_pod.logs()
     );
-    assert!(!agent_pod.bin_dir.join("interceptor-cni").exists());
+    assert!(!agent_pod.network.bin_dir.join("interceptor-cni").exists());
 }
 
 /// What `kubectl logs` and log files get: plain lines without colour codes when stderr is not a

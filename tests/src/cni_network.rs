@@ -1,0 +1,153 @@
+//! A node's CNI network as a container runtime uses it: a configuration directory holding a
+//! primary network (loopback only, so nothing a pod sends can leave), a bin directory for what
+//! `interceptor cni install` copies there, and the chain run as a runtime runs it: each plugin
+//! with the network's name and version and the previous plugin's result, in order for ADD and
+//! in reverse for DEL. Our plugin comes from the bin directory (what the installer put there),
+//! the reference plugins from Debian's `/usr/lib/cni`. Everything is removed on drop.
+use std::{
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use serde_json::{Value, json};
+
+use crate::unique_name;
+
+/// The reference plugins' directory (Debian's `containernetworking-plugins`).
+pub const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
+/// The primary network's file, as a node's CNI would have written it.
+pub const PRIMARY: &str = "10-lo.conflist";
+
+pub struct CniNetwork {
+    pub root: PathBuf,
+    pub conf_dir: PathBuf,
+    pub bin_dir: PathBuf,
+}
+
+impl CniNetwork {
+    pub fn new(tag: &str) -> Self {
+        let root = std::env::temp_dir().join(unique_name(tag));
+        let (conf_dir, bin_dir) = (root.join("net.d"), root.join("bin"));
+        for dir in [&conf_dir, &bin_dir] {
+            std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        }
+        std::fs::write(conf_dir.join(PRIMARY), Self::primary().to_string())
+            .expect("writing the primary network");
+        Self {
+            root,
+            conf_dir,
+            bin_dir,
+        }
+    }
+
+    /// The primary network before any installer touched it.
+    pub fn primary() -> Value {
+        json!({"cniVersion": "1.0.0", "name": "lo-net", "plugins": [{"type": "loopback"}]})
+    }
+
+    /// The primary network's configuration as it is now.
+    pub fn conflist(&self) -> Value {
+        let path = self.conf_dir.join(PRIMARY);
+        serde_json::from_slice(&std::fs::read(&path).expect("the primary network"))
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    /// How many times our plugin is in the chain (0 before the installer, 1 after).
+    pub fn chained(&self) -> usize {
+        std::fs::read(self.conf_dir.join(PRIMARY))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|c| c["plugins"].as_array().cloned())
+            .map_or(0, |p| {
+                p.iter().filter(|p| p["type"] == "interceptor-cni").count()
+            })
+    }
+
+    /// ADD of the pod `name` (namespace `shop`) in `netns` through the whole chain: the last
+    /// plugin's result, or the first failing plugin's error output.
+    pub fn add(&self, name: &str, netns: &Path) -> Result<Value, String> {
+        let conflist = self.conflist();
+        let mut previous = Value::Null;
+        for plugin in conflist["plugins"].as_array().expect("plugins") {
+            previous = self.plugin(&conflist, plugin, "ADD", name, netns, &previous)?;
+        }
+        Ok(previous)
+    }
+
+    /// DEL of the pod through the chain, last plugin first.
+    pub fn del(&self, name: &str, netns: &Path) -> Result<(), String> {
+        let conflist = self.conflist();
+        for plugin in conflist["plugins"]
+            .as_array()
+            .expect("plugins")
+            .iter()
+            .rev()
+        {
+            self.plugin(&conflist, plugin, "DEL", name, netns, &Value::Null)?;
+        }
+        Ok(())
+    }
+
+    fn plugin(
+        &self,
+        conflist: &Value,
+        plugin: &Value,
+        command: &str,
+        name: &str,
+        netns: &Path,
+        previous: &Value,
+    ) -> Result<Value, String> {
+        let mut conf = plugin.clone();
+        conf["cniVersion"] = conflist["cniVersion"].clone();
+        conf["name"] = conflist["name"].clone();
+        if !previous.is_null() {
+            conf["prevResult"] = previous.clone();
+        }
+        let kind = conf["type"].as_str().expect("a plugin type");
+        let binary = if kind == "interceptor-cni" {
+            self.bin_dir.join(kind)
+        } else {
+            Path::new(REFERENCE_PLUGINS).join(kind)
+        };
+        let mut child = Command::new(&binary)
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", name)
+            .env("CNI_NETNS", netns)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", REFERENCE_PLUGINS)
+            .env(
+                "CNI_ARGS",
+                format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME={name}"),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}: {e}", binary.display()));
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(conf.to_string().as_bytes())
+            .expect("writing the plugin's configuration");
+        let out = child.wait_with_output().expect("the plugin's output");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            return Err(format!(
+                "{kind} {command}: {stdout}{}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        if stdout.trim().is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_str(&stdout).map_err(|e| format!("{kind} {command}: {e}: {stdout}"))
+    }
+}
+
+impl Drop for CniNetwork {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
