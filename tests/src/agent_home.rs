@@ -148,6 +148,12 @@ impl AgentHome {
         self.wait_ready(self.launch(extra, "info", file.into(), ""))
     }
 
+    /// Starts an agent with `extra` whose log (level info) goes to this process's stderr, and
+    /// waits until its API answers (the demo's agent, shown as it works).
+    pub fn start_shown(&self, extra: &[&str]) -> Agent {
+        self.wait_ready(self.launch(extra, "info", Stdio::inherit(), ""))
+    }
+
     /// Starts an agent without waiting for it; its log (warnings and errors) goes to `log`.
     pub fn spawn(&self, extra: &[&str], log: impl Into<Stdio>) -> Agent {
         self.launch(extra, "warn", log.into(), "")
@@ -332,4 +338,18 @@ impl Drop for Agent {
 
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// One HTTP GET on loopback: (status line, body).
+pub fn http_get(addr: &str, path: &str) -> (String, String) {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the metrics port");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    (
+        head.lines().next().unwrap_or("").to_owned(),
+        body.to_owned(),
+    )
 }

@@ -12,7 +12,7 @@ use interceptor_tests::{
     Landing, Netns, PodFixture,
     agent_home::{
         AgentHome, LINKERD_FLAGS, UNREACHABLE, all_reached_the_proxy, check_load,
-        free_loopback_addr, stderr,
+        free_loopback_addr, http_get, stderr,
     },
     fixture::Namespaces,
     privileged,
@@ -566,20 +566,6 @@ fn run_registers_its_pod_with_a_running_agent() {
     assert!(home.pods().is_empty(), "run removed its pod on SIGTERM");
     assert_eq!(app.connect("10.77.0.2:80").server_name(), "remote-80");
     agent.stop();
-}
-
-/// One HTTP GET on loopback: (status line, body).
-fn http_get(addr: &str, path: &str) -> (String, String) {
-    use std::io::{Read as _, Write as _};
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the metrics port");
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    (
-        head.lines().next().unwrap_or("").to_owned(),
-        body.to_owned(),
-    )
 }
 
 #[test]

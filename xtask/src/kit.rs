@@ -16,8 +16,8 @@ pub fn run(program: &str, args: &[OsString]) -> anyhow::Result<()> {
         "the {program} attaches eBPF programs and creates namespaces: run it as root, e.g. sudo -E cargo xtask {program}"
     );
     let path = setup::run()?;
-    // The programs run the release `interceptor` and the kit's netprobe and connload, found
-    // beside themselves.
+    // The programs run the release `interceptor`, the CNI plugin and the kit's netprobe and
+    // connload, found beside themselves.
     cmd::run(
         cmd::cargo()
             .current_dir(workspace_root())
@@ -26,6 +26,8 @@ pub fn run(program: &str, args: &[OsString]) -> anyhow::Result<()> {
                 "--release",
                 "-p",
                 "interceptor",
+                "-p",
+                "interceptor-cni",
                 "-p",
                 "interceptor-tests",
                 "--bins",

@@ -1,17 +1,27 @@
-//! `cargo xtask demo`: a self-contained demo of interception on this machine.
+//! `cargo xtask demo`: a self-contained demo of interception on this machine, as it is used.
 //!
 //! The kit's throwaway dual-stack pod (`PodFixture`: a network namespace whose default routes
 //! lead to a peer namespace that refuses everything, and a child cgroup, never the root cgroup),
 //! a stand-in proxy as the proxy UID (outbound 127.0.0.1:4140 and [::1]:4140, inbound
-//! 0.0.0.0:4143 and [::]:4143) and the app's server; then `interceptor run` meshes the pod and
-//! the demo shows connects of both families (and IPv4 through an IPv6 socket) landing on the
-//! proxy with the right original destination, the exemptions, the counters, and the detach.
-use std::process::{Command, ExitCode, Stdio};
+//! 0.0.0.0:4143 and [::]:4143) and the app's server. Part 1 meshes the pod as a node does: the
+//! node agent, the CNI plugin chained into a node network of the demo's own, the pod added and
+//! deleted through it, an agent restart under load, the metrics. Part 2 meshes it with
+//! `interceptor run` and shows connects of both families (and IPv4 through an IPv6 socket)
+//! landing on the proxy with the right original destination, the exemptions, the counters, and
+//! the detach.
+use std::{
+    path::Path,
+    process::{Command, ExitCode, Stdio},
+    time::Duration,
+};
 
 use anyhow::{Context as _, ensure};
 use interceptor_tests::{
     PodFixture, Probe,
-    agent_home::LINKERD_FLAGS,
+    agent_home::{
+        AgentHome, LINKERD_FLAGS, all_reached_the_proxy, check_load, free_loopback_addr, http_get,
+    },
+    cni_network::CniNetwork,
     fixture::{POD_ADDR, POD_ADDR6, REMOTE_ADDR},
     meshed::{self, Meshed},
     probe::sibling_binary,
@@ -56,6 +66,9 @@ fn run() -> anyhow::Result<()> {
         ),
     ];
 
+    node_agent(&interceptor, &pod, &app)?;
+
+    println!("\n\n# Part 2: one pod meshed on its own, with `interceptor run`");
     step(
         "A pod",
         &format!(
@@ -144,6 +157,132 @@ fn run() -> anyhow::Result<()> {
     connect(&client, "client", &format!("{POD_ADDR}:8080"));
     println!("\nDemo done; the namespaces and the cgroup are removed.");
     Ok(())
+}
+
+/// Part 1: the pod meshed as a cluster node meshes its pods: one agent for the node, the CNI
+/// plugin chained into the node's network by its installer, the pod added by the runtime
+/// through that network, an agent restart under load, the metrics, and the pod's deletion.
+fn node_agent(interceptor: &Path, pod: &PodFixture, app: &Probe) -> anyhow::Result<()> {
+    println!("# Part 1: the node agent and the CNI plugin, as a Kubernetes node runs them");
+    let home = AgentHome::new(&pod.cgroup.path).with_binary(interceptor.to_owned());
+    let metrics = free_loopback_addr();
+    step(
+        "The node agent",
+        &format!(
+            "{} daemon --cgroup {} --bpffs {} --state-dir {} --metrics-addr {metrics}\n  \
+             one agent for every pod of the node: its programs attach once, to the pods' cgroup",
+            interceptor.display(),
+            pod.cgroup.path.display(),
+            home.bpffs.display(),
+            home.state_dir.display()
+        ),
+    );
+    let agent = home.start_shown(&["--metrics-addr", &metrics]);
+
+    let network = CniNetwork::new("demo-node");
+    let plugin = sibling_binary("interceptor-cni");
+    let linkerd = r#"{"outbound-ports-to-ignore": ["443"]}"#;
+    step(
+        "The CNI plugin",
+        &format!(
+            "{} cni install --conf-dir {} --bin-dir {} --agent-socket {} --linkerd '{linkerd}'\n  \
+             chains interceptor-cni into the node's primary network (here loopback only), as the DaemonSet's installer does",
+            interceptor.display(),
+            network.conf_dir.display(),
+            network.bin_dir.display(),
+            home.socket().display()
+        ),
+    );
+    let installed = Command::new(interceptor)
+        .args(["cni", "install", "--plugin"])
+        .arg(&plugin)
+        .arg("--conf-dir")
+        .arg(&network.conf_dir)
+        .arg("--bin-dir")
+        .arg(&network.bin_dir)
+        .arg("--agent-socket")
+        .arg(home.socket())
+        .args(["--linkerd", linkerd])
+        .status()
+        .context("running cni install")?;
+    ensure!(installed.success(), "cni install failed ({installed})");
+    let chain: Vec<String> = network.conflist()["plugins"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| p["type"].as_str().unwrap_or("?").to_owned())
+        .collect();
+    println!("  the node's network now runs: {}", chain.join(" -> "));
+
+    step(
+        "The runtime starts a pod",
+        "CNI ADD through the chain, before any container of the pod runs: the plugin registers the pod and answers once interception is in force",
+    );
+    network
+        .add("web", &pod.pod.path())
+        .map_err(|e| anyhow::anyhow!("CNI ADD: {e}"))?;
+    print_output(home.cli(&["pod", "list"]));
+    connect(app, "app", "192.0.2.2:1404");
+    connect(app, "app", "198.51.100.7:443");
+    connect(&pod.on_remote(), "client", &format!("{POD_ADDR}:8080"));
+
+    step(
+        "The agent restarts",
+        "SIGKILL to the agent while the app connects without pause, then a new agent: the kernel keeps interception in force in between, and the new agent takes the pod back from the pins and its record",
+    );
+    let lines = std::thread::scope(|s| {
+        let load = s.spawn(|| check_load(app, "3"));
+        std::thread::sleep(Duration::from_secs(1));
+        agent.kill();
+        println!("  agent killed");
+        std::thread::sleep(Duration::from_millis(500));
+        let agent = home.start_shown(&["--metrics-addr", &metrics]);
+        (load.join(), agent)
+    });
+    let (load, agent) = lines;
+    let count = all_reached_the_proxy(&load.map_err(|_| anyhow::anyhow!("the app's load failed"))?);
+    println!(
+        "  {count} connections during the restart, every one on the proxy with its original destination"
+    );
+
+    step(
+        "Metrics",
+        &format!("GET http://{metrics}/metrics, the pod's lines"),
+    );
+    let (_, body) = http_get(&metrics, "/metrics");
+    for line in body.lines().filter(|l| {
+        l.starts_with("interceptor_pods_registered")
+            || (l.contains("pod=\"web\"") && !l.ends_with(" 0"))
+    }) {
+        println!("  {line}");
+    }
+
+    step(
+        "The runtime deletes the pod",
+        "CNI DEL: the plugin unregisters it, and its connections go direct again",
+    );
+    network
+        .del("web", &pod.pod.path())
+        .map_err(|e| anyhow::anyhow!("CNI DEL: {e}"))?;
+    connect(app, "app", "192.0.2.2:1404");
+    let uninstalled = Command::new(interceptor)
+        .args(["cni", "uninstall", "--conf-dir"])
+        .arg(&network.conf_dir)
+        .arg("--bin-dir")
+        .arg(&network.bin_dir)
+        .status()
+        .context("running cni uninstall")?;
+    ensure!(
+        uninstalled.success(),
+        "cni uninstall failed ({uninstalled})"
+    );
+    agent.stop();
+    println!("  plugin uninstalled, agent stopped; its pins are removed with its directories");
+    Ok(())
+}
+
+fn print_output(out: std::process::Output) {
+    print!("{}", String::from_utf8_lossy(&out.stdout));
 }
 
 /// One connection from `process` (shown as `who`) to `target`, and where it landed.
