@@ -5,7 +5,9 @@
 //! builds without aya or the eBPF toolchain.
 //!
 //! - ADD: register (or update) the pod; the agent unreachable is error 11 ("try again later"):
-//!   the runtime retries the sandbox, and a pod never starts unmeshed.
+//!   the runtime retries the sandbox, and a pod never starts unmeshed. Which pods: those Linkerd
+//!   injected, by the annotations the runtime passes (`"pods": "injected"`, the default for a
+//!   Kubernetes pod), or all of them (`"all"`); the others pass through untouched.
 //! - DEL: unregister; succeeds when the pod or the agent is already gone.
 //! - CHECK: fails unless the pod is registered with this configuration.
 //! - STATUS: 50 when the agent cannot be reached.
@@ -256,21 +258,15 @@ fn agent_error(e: ClientError) -> CniError {
 
 fn add(inv: &Invocation, log: &Log) -> Result<Option<String>, CniError> {
     let netns = require_netns(inv)?;
-    let settings = match plan(inv)? {
-        Plan::Mesh(settings) => Some(settings),
-        Plan::Skip(reason) => {
-            log.write(&format!(
-                "ADD: pod {}/{} not meshed: {reason}",
-                inv.cni_args
-                    .get("K8S_POD_NAMESPACE")
-                    .map_or("-", String::as_str),
-                inv.cni_args.get("K8S_POD_NAME").map_or("-", String::as_str),
-            ));
-            None
-        }
-    };
-    if let Some(settings) = settings {
-        register(inv, log, netns, settings)?;
+    match plan(inv)? {
+        Plan::Mesh(settings) => register(inv, log, netns, settings)?,
+        Plan::Skip(reason) => log.write(&format!(
+            "ADD: pod {}/{} not meshed: {reason}",
+            inv.cni_args
+                .get("K8S_POD_NAMESPACE")
+                .map_or("-", String::as_str),
+            inv.cni_args.get("K8S_POD_NAME").map_or("-", String::as_str),
+        )),
     }
     // The previous plugin's result, unchanged; the configuration's version on an empty one.
     let mut result = inv.conf.prev_result.clone().unwrap_or_else(|| json!({}));
