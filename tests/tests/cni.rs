@@ -609,3 +609,44 @@ fn the_installer_keeps_the_plugin_chained_when_the_primary_cni_rewrites_its_file
     assert_eq!(back, calico);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// `interceptor cni install` declares the capability under which containerd passes the pod's
+/// annotations, and writes `--pods` when given; a value other than injected or all is refused.
+#[test]
+fn the_installer_declares_the_pod_annotations_capability() {
+    let root = std::env::temp_dir().join(unique_name("cnicap"));
+    let (conf_dir, bin_dir) = (root.join("net.d"), root.join("bin"));
+    std::fs::create_dir_all(&conf_dir).unwrap();
+    let primary = conf_dir.join("10-flannel.conflist");
+    std::fs::write(
+        &primary,
+        json!({"name": "cbr0", "cniVersion": "0.3.1", "plugins": [
+            {"type": "flannel", "delegate": {"hairpinMode": true, "isDefaultGateway": true}}]})
+        .to_string(),
+    )
+    .unwrap();
+    let install = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_interceptor-under-test"))
+            .args(["cni", "install", "--plugin", PLUGIN])
+            .args(["--conf-dir", &conf_dir.display().to_string()])
+            .args(["--bin-dir", &bin_dir.display().to_string()])
+            .args(extra)
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+    };
+    let ours = || -> Value {
+        let list: Value = serde_json::from_slice(&std::fs::read(&primary).unwrap()).unwrap();
+        list["plugins"][1].clone()
+    };
+    assert!(install(&[]).success());
+    assert_eq!(ours()["type"], "interceptor-cni");
+    assert_eq!(ours()["capabilities"], json!({ POD_ANNOTATIONS: true }));
+    assert!(ours().get("pods").is_none(), "the plugin's default applies");
+    assert!(install(&["--pods", "all"]).success());
+    assert_eq!(ours()["pods"], "all");
+    assert_eq!(ours()["capabilities"], json!({ POD_ANNOTATIONS: true }));
+    assert_eq!(install(&["--pods", "some"]).code(), Some(2));
+    assert_eq!(ours()["pods"], "all", "a refused install changes nothing");
+    let _ = std::fs::remove_dir_all(&root);
+}
