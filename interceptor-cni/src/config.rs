@@ -5,13 +5,16 @@
 use std::{collections::BTreeMap, path::PathBuf};
 
 use interceptor_config::InterceptionConfig;
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 /// The CNI versions this plugin speaks.
 pub const SUPPORTED_VERSIONS: [&str; 5] = ["0.4.0", "1.0.0", "1.1.0", "0.3.1", "0.3.0"];
 pub const DEFAULT_AGENT_SOCKET: &str = "/run/interceptor/agent.sock";
 pub const DEFAULT_LOG_FILE: &str = "/var/log/interceptor-cni.log";
+/// The capability under which containerd's CRI (and other runtimes that support it) passes the
+/// pod's annotations in `runtimeConfig`, to a plugin whose conflist entry declares it.
+pub const POD_ANNOTATIONS: &str = "io.kubernetes.cri.pod-annotations";
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -27,6 +30,9 @@ pub struct NetConf {
     pub runtime_config: Option<RuntimeConfig>,
     #[serde(default)]
     pub linkerd: BTreeMap<String, Value>,
+    /// Which pods are meshed: `"injected"` or `"all"` (see [`pod_selection`]).
+    #[serde(default)]
+    pub pods: Option<String>,
     /// The agent's API socket.
     #[serde(default, rename = "agent_socket")]
     pub agent_socket: Option<PathBuf>,
@@ -48,6 +54,52 @@ pub struct RuntimeConfig {
     /// capability.
     #[serde(default)]
     pub linkerd: BTreeMap<String, Value>,
+    /// The pod's annotations, from a runtime that passes them ([`POD_ANNOTATIONS`]). `None`
+    /// when it passed nothing; `null` (how a Go runtime writes a pod without annotations) is
+    /// a pod without annotations.
+    #[serde(
+        default,
+        rename = "io.kubernetes.cri.pod-annotations",
+        deserialize_with = "present"
+    )]
+    pub pod_annotations: Option<BTreeMap<String, String>>,
+}
+
+/// A key that is present is `Some`, even when its value is `null`.
+fn present<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    Option::<BTreeMap<String, String>>::deserialize(deserializer)
+        .map(|a| Some(a.unwrap_or_default()))
+}
+
+/// Which pods the plugin meshes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pods {
+    /// Kubernetes' rule, linkerd-cni's: the pods Linkerd injected, each with its own
+    /// `config.linkerd.io/*` annotations.
+    Injected,
+    /// Every pod the runtime adds, with the `linkerd` block's configuration.
+    All,
+}
+
+/// The conflist's `"pods"`; without it, `injected` when `CNI_ARGS` names a Kubernetes pod
+/// (`K8S_POD_NAMESPACE` and `K8S_POD_NAME`, as linkerd-cni requires both), else `all` (podman
+/// names no namespace).
+pub fn pod_selection(conf: &NetConf, cni_args: &BTreeMap<String, String>) -> Result<Pods, String> {
+    match conf.pods.as_deref() {
+        Some("injected") => Ok(Pods::Injected),
+        Some("all") => Ok(Pods::All),
+        Some(other) => Err(format!("pods: {other:?} is not one of injected, all")),
+        None => {
+            let named = |key: &str| cni_args.get(key).is_some_and(|v| !v.is_empty());
+            Ok(if named("K8S_POD_NAMESPACE") && named("K8S_POD_NAME") {
+                Pods::Injected
+            } else {
+                Pods::All
+            })
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -64,3 +64,46 @@ fn unknown_keys_wrong_types_and_bad_values_are_errors_naming_them() {
     }
     assert!(parse_cni_args("K8S_POD_NAME").is_err());
 }
+
+#[test]
+fn kubernetes_pods_default_to_the_injected_ones_others_to_all() {
+    let c = conf(r#"{"cniVersion":"1.0.0","name":"n","type":"t"}"#);
+    let k8s = parse_cni_args("IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME=web").unwrap();
+    assert_eq!(pod_selection(&c, &k8s), Ok(Pods::Injected));
+    // Podman names the container, never a namespace.
+    let podman = parse_cni_args("IgnoreUnknown=1;K8S_POD_NAME=web").unwrap();
+    assert_eq!(pod_selection(&c, &podman), Ok(Pods::All));
+    assert_eq!(pod_selection(&c, &BTreeMap::new()), Ok(Pods::All));
+    for (pods, expected) in [("injected", Pods::Injected), ("all", Pods::All)] {
+        let c = conf(&format!(
+            r#"{{"cniVersion":"1.0.0","name":"n","type":"t","pods":"{pods}"}}"#
+        ));
+        assert_eq!(pod_selection(&c, &k8s), Ok(expected));
+        assert_eq!(pod_selection(&c, &podman), Ok(expected));
+    }
+    let c = conf(r#"{"cniVersion":"1.0.0","name":"n","type":"t","pods":"some"}"#);
+    let e = pod_selection(&c, &k8s).unwrap_err();
+    assert!(e.contains("\"some\"") && e.contains("injected, all"), "{e}");
+}
+
+#[test]
+fn pod_annotations_passed_none_and_null_are_told_apart() {
+    let annotations = |runtime_config: &str| {
+        conf(&format!(
+            r#"{{"cniVersion":"1.0.0","name":"n","type":"t","runtimeConfig":{runtime_config}}}"#
+        ))
+        .runtime_config
+        .unwrap()
+        .pod_annotations
+    };
+    assert_eq!(annotations(r#"{"portMappings":[]}"#), None);
+    // A Go runtime writes a pod without annotations as null: passed, and empty.
+    assert_eq!(
+        annotations(r#"{"io.kubernetes.cri.pod-annotations":null}"#),
+        Some(BTreeMap::new())
+    );
+    let passed =
+        annotations(r#"{"io.kubernetes.cri.pod-annotations":{"linkerd.io/proxy-version":"v1"}}"#)
+            .unwrap();
+    assert_eq!(passed["linkerd.io/proxy-version"], "v1");
+}

@@ -17,6 +17,20 @@ pub const PLUGIN_TYPE: &str = "interceptor-cni";
 /// uninstalling restores it. Not named `*.conf*`: runtimes never read it.
 const STATE_FILE: &str = ".interceptor-cni-install.json";
 
+/// Our entry in the list: `type`, the plugin's `settings` (`linkerd`, `agent_socket`, `pods`,
+/// ...), and the capability under which containerd's CRI passes the pod's annotations in
+/// `runtimeConfig` ([`crate::POD_ANNOTATIONS`]), which decide whether the pod is meshed.
+pub fn entry(settings: serde_json::Map<String, Value>) -> Value {
+    let mut entry = json!({
+        "type": PLUGIN_TYPE,
+        "capabilities": { crate::POD_ANNOTATIONS: true },
+    });
+    if let Value::Object(map) = &mut entry {
+        map.extend(settings);
+    }
+    entry
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
     #[error("{action} {path}: {source}")]
@@ -50,7 +64,7 @@ pub struct Installer {
     pub conf_dir: PathBuf,
     /// The `interceptor-cni` binary to copy.
     pub plugin: PathBuf,
-    /// Our entry in the list: `type` and the plugin's settings (`linkerd`, `agent_socket`, ...).
+    /// Our entry in the list (see [`entry`]).
     pub entry: Value,
 }
 

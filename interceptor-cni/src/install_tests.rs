@@ -28,7 +28,12 @@ impl Dirs {
             bin_dir: self.root.join("bin"),
             conf_dir: self.root.join("net.d"),
             plugin: self.root.join("plugin/interceptor-cni"),
-            entry: json!({ "type": PLUGIN_TYPE, "linkerd": { "proxy-uid": 2102 } }),
+            entry: entry(
+                json!({ "linkerd": { "proxy-uid": 2102 } })
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            ),
         }
     }
 
@@ -105,6 +110,12 @@ fn chains_after_calico_and_flannel_lists_once_and_uninstalls_exactly() {
             original["plugins"].as_array().unwrap().len() + 1
         );
         assert_eq!(plugins.last().unwrap()["type"], PLUGIN_TYPE);
+        // containerd passes the pod's annotations to a plugin that declares the capability.
+        assert_eq!(
+            plugins.last().unwrap()["capabilities"],
+            json!({ "io.kubernetes.cri.pod-annotations": true })
+        );
+        assert_eq!(plugins.last().unwrap()["linkerd"]["proxy-uid"], 2102);
         assert_eq!(
             plugins[0], original["plugins"][0],
             "the primary plugin is untouched"

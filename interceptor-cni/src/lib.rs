@@ -5,7 +5,9 @@
 //! builds without aya or the eBPF toolchain.
 //!
 //! - ADD: register (or update) the pod; the agent unreachable is error 11 ("try again later"):
-//!   the runtime retries the sandbox, and a pod never starts unmeshed.
+//!   the runtime retries the sandbox, and a pod never starts unmeshed. Which pods: those Linkerd
+//!   injected, by the annotations the runtime passes (`"pods": "injected"`, the default for a
+//!   Kubernetes pod), or all of them (`"all"`); the others pass through untouched.
 //! - DEL: unregister; succeeds when the pod or the agent is already gone.
 //! - CHECK: fails unless the pod is registered with this configuration.
 //! - STATUS: 50 when the agent cannot be reached.
@@ -26,8 +28,12 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-pub use config::{NetConf, PodSettings, SUPPORTED_VERSIONS, parse_cni_args, pod_settings};
+pub use config::{
+    NetConf, POD_ANNOTATIONS, PodSettings, Pods, SUPPORTED_VERSIONS, parse_cni_args, pod_selection,
+    pod_settings,
+};
 use interceptor_api::{ClientError, ErrorKind, PodAdd, PodInfo, PodMeta, Request};
+use interceptor_config::annotations::{self, Decision};
 use serde_json::{Value, json};
 
 /// A CNI error: the spec's codes below 100, ours from 100.
@@ -173,6 +179,54 @@ fn settings(inv: &Invocation) -> Result<PodSettings, CniError> {
         .map_err(|e| error(code::INVALID_CONFIG, "invalid linkerd configuration", e))
 }
 
+/// What becomes of the pod.
+enum Plan {
+    Mesh(PodSettings),
+    /// Not meshed, and why.
+    Skip(String),
+}
+
+/// Whether the pod is meshed ([`Pods`]) and with which settings: the conflist's, with the pod's
+/// `config.linkerd.io/*` annotations applied when the runtime passed them.
+fn plan(inv: &Invocation) -> Result<Plan, CniError> {
+    let mut settings = settings(inv)?;
+    let pods = pod_selection(&inv.conf, &inv.cni_args)
+        .map_err(|e| error(code::INVALID_CONFIG, "invalid plugin configuration", e))?;
+    let annotations = inv
+        .conf
+        .runtime_config
+        .as_ref()
+        .and_then(|r| r.pod_annotations.as_ref());
+    if pods == Pods::Injected {
+        // Without them the pod may be one Linkerd injected: it must not start unmeshed, and
+        // meshing a pod without a proxy breaks its connections. The runtime retries.
+        let Some(annotations) = annotations else {
+            return Err(error(
+                code::TRY_AGAIN_LATER,
+                "the runtime passed no pod annotations: cannot tell whether Linkerd injected \
+                 the pod; try again later",
+                format!(
+                    "declare the capability {{\"{POD_ANNOTATIONS}\": true}} in the plugin's \
+                     conflist entry (interceptor cni install does), or set \"pods\": \"all\""
+                ),
+            ));
+        };
+        if let Decision::Skip { reason } = annotations::decide(annotations) {
+            return Ok(Plan::Skip(reason));
+        }
+    }
+    if let Some(annotations) = annotations {
+        settings.config = annotations::apply(&settings.config, annotations).map_err(|e| {
+            error(
+                code::INVALID_CONFIG,
+                "invalid linkerd annotation on the pod",
+                e.to_string(),
+            )
+        })?;
+    }
+    Ok(Plan::Mesh(settings))
+}
+
 /// The agent's answer as a CNI error.
 fn agent_error(e: ClientError) -> CniError {
     match e {
@@ -204,7 +258,30 @@ fn agent_error(e: ClientError) -> CniError {
 
 fn add(inv: &Invocation, log: &Log) -> Result<Option<String>, CniError> {
     let netns = require_netns(inv)?;
-    let settings = settings(inv)?;
+    match plan(inv)? {
+        Plan::Mesh(settings) => register(inv, log, netns, settings)?,
+        Plan::Skip(reason) => log.write(&format!(
+            "ADD: pod {}/{} not meshed: {reason}",
+            inv.cni_args
+                .get("K8S_POD_NAMESPACE")
+                .map_or("-", String::as_str),
+            inv.cni_args.get("K8S_POD_NAME").map_or("-", String::as_str),
+        )),
+    }
+    // The previous plugin's result, unchanged; the configuration's version on an empty one.
+    let mut result = inv.conf.prev_result.clone().unwrap_or_else(|| json!({}));
+    if let Value::Object(map) = &mut result {
+        map.insert("cniVersion".into(), json!(inv.conf.cni_version));
+    }
+    Ok(Some(result.to_string()))
+}
+
+fn register(
+    inv: &Invocation,
+    log: &Log,
+    netns: &Path,
+    settings: PodSettings,
+) -> Result<(), CniError> {
     if settings.simulate {
         log.write(&format!(
             "ADD: simulate: would register {} with {}",
@@ -228,12 +305,7 @@ fn add(inv: &Invocation, log: &Log) -> Result<Option<String>, CniError> {
         interceptor_api::call(&socket(inv), &request).map_err(agent_error)?;
         log.write(&format!("ADD: {} registered", netns.display()));
     }
-    // The previous plugin's result, unchanged; the configuration's version on an empty one.
-    let mut result = inv.conf.prev_result.clone().unwrap_or_else(|| json!({}));
-    if let Value::Object(map) = &mut result {
-        map.insert("cniVersion".into(), json!(inv.conf.cni_version));
-    }
-    Ok(Some(result.to_string()))
+    Ok(())
 }
 
 /// The agent's pods, or `None` when the agent cannot be reached.
@@ -280,10 +352,10 @@ fn del(inv: &Invocation, log: &Log) -> Result<(), CniError> {
 
 fn check(inv: &Invocation) -> Result<(), CniError> {
     let netns = require_netns(inv)?;
-    let settings = settings(inv)?;
-    if settings.simulate {
-        return Ok(());
-    }
+    let settings = match plan(inv)? {
+        Plan::Mesh(settings) if !settings.simulate => settings,
+        Plan::Mesh(_) | Plan::Skip(_) => return Ok(()),
+    };
     let pods = interceptor_api::call(
         &socket(inv),
         &Request::Get {

@@ -12,6 +12,7 @@
 //! alone.
 #![forbid(unsafe_code)]
 
+pub mod annotations;
 pub mod ports;
 pub mod subnets;
 

@@ -87,6 +87,10 @@ pub enum CniCommand {
         /// Where the plugin logs.
         #[arg(long, default_value = "/var/log/interceptor-cni.log")]
         log_file: PathBuf,
+        /// Which pods the plugin meshes: those Linkerd injected, or all [default: injected
+        /// when the runtime names a Kubernetes pod, else all].
+        #[arg(long, value_parser = ["injected", "all"])]
+        pods: Option<String>,
         /// Keep running, and chain the plugin again whenever the primary CNI rewrites its file.
         #[arg(long)]
         watch: bool,

@@ -18,6 +18,13 @@ use crate::unique_name;
 pub const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
 /// The primary network's file, as a node's CNI would have written it.
 pub const PRIMARY: &str = "10-lo.conflist";
+/// The capability under which containerd's CRI passes a pod's annotations.
+pub const POD_ANNOTATIONS: &str = "io.kubernetes.cri.pod-annotations";
+
+/// The annotations of a pod Linkerd's proxy injector injected.
+pub fn injected() -> Value {
+    json!({ "linkerd.io/proxy-version": "edge-24.11.8", "linkerd.io/created-by": "linkerd/proxy-injector edge-24.11.8" })
+}
 
 pub struct CniNetwork {
     pub root: PathBuf,
@@ -64,13 +71,22 @@ impl CniNetwork {
             })
     }
 
-    /// ADD of the pod `name` (namespace `shop`) in `netns` through the whole chain: the last
-    /// plugin's result, or the first failing plugin's error output.
-    pub fn add(&self, name: &str, netns: &Path) -> Result<Value, String> {
+    /// ADD of the pod `name` (namespace `shop`) with `annotations` in `netns` through the whole
+    /// chain: the last plugin's result, or the first failing plugin's error output. As
+    /// containerd's CRI does, the annotations go in the `runtimeConfig` of the plugins that
+    /// declare the capability [`POD_ANNOTATIONS`].
+    pub fn add(&self, name: &str, netns: &Path, annotations: &Value) -> Result<Value, String> {
         let conflist = self.conflist();
         let mut previous = Value::Null;
         for plugin in conflist["plugins"].as_array().expect("plugins") {
-            previous = self.plugin(&conflist, plugin, "ADD", name, netns, &previous)?;
+            let mut extra = json!({});
+            if !previous.is_null() {
+                extra["prevResult"] = previous;
+            }
+            if plugin["capabilities"][POD_ANNOTATIONS] == true {
+                extra["runtimeConfig"] = json!({ POD_ANNOTATIONS: annotations });
+            }
+            previous = self.plugin(&conflist, plugin, "ADD", name, netns, extra)?;
         }
         Ok(previous)
     }
@@ -84,7 +100,7 @@ impl CniNetwork {
             .iter()
             .rev()
         {
-            self.plugin(&conflist, plugin, "DEL", name, netns, &Value::Null)?;
+            self.plugin(&conflist, plugin, "DEL", name, netns, json!({}))?;
         }
         Ok(())
     }
@@ -96,13 +112,14 @@ impl CniNetwork {
         command: &str,
         name: &str,
         netns: &Path,
-        previous: &Value,
+        extra: Value,
     ) -> Result<Value, String> {
         let mut conf = plugin.clone();
         conf["cniVersion"] = conflist["cniVersion"].clone();
         conf["name"] = conflist["name"].clone();
-        if !previous.is_null() {
-            conf["prevResult"] = previous.clone();
+        // What the runtime adds: `prevResult`, `runtimeConfig`.
+        if let (Value::Object(conf), Value::Object(extra)) = (&mut conf, extra) {
+            conf.extend(extra);
         }
         let kind = conf["type"].as_str().expect("a plugin type");
         let binary = if kind == "interceptor-cni" {

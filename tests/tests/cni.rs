@@ -11,6 +11,7 @@ use std::{
 use interceptor_tests::{
     Landing, Netns, PodFixture,
     agent_home::AgentHome,
+    cni_network::{POD_ANNOTATIONS, injected},
     privileged,
     scenario::{APP_UID, PROXY_UID},
     unique_name,
@@ -57,6 +58,7 @@ impl Node {
                 },
                 {
                     "type": "interceptor-cni",
+                    "capabilities": { POD_ANNOTATIONS: true },
                     "agent_socket": agent.socket(),
                     "log_file": log,
                     "linkerd": {
@@ -77,7 +79,9 @@ impl Node {
         }
     }
 
-    /// One plugin of the list, as a runtime runs it: `(exit success, stdout JSON)`.
+    /// One plugin of the list, as a runtime runs it: `(exit success, stdout JSON)`. Our plugin
+    /// gets the annotations of an injected pod in `runtimeConfig`, as containerd passes them,
+    /// unless `extra` brings a `runtimeConfig` of its own.
     fn plugin(
         &self,
         index: usize,
@@ -89,6 +93,9 @@ impl Node {
         let mut conf = self.conflist["plugins"][index].clone();
         conf["cniVersion"] = self.conflist["cniVersion"].clone();
         conf["name"] = self.conflist["name"].clone();
+        if conf["capabilities"][POD_ANNOTATIONS] == true {
+            conf["runtimeConfig"] = json!({ POD_ANNOTATIONS: injected() });
+        }
         if let (Value::Object(conf), Value::Object(extra)) = (&mut conf, extra) {
             conf.extend(extra);
         }
@@ -130,8 +137,19 @@ impl Node {
         (out.status.success(), json)
     }
 
-    /// ADD through the whole list, each plugin getting the previous one's result.
+    /// ADD of an injected pod through the whole list, each plugin getting the previous one's
+    /// result.
     fn add(&self, container: &str, netns: &Path) -> (bool, Value, Value) {
+        self.add_with(container, netns, json!({ POD_ANNOTATIONS: injected() }))
+    }
+
+    /// ADD through the whole list, our plugin getting this `runtimeConfig`.
+    fn add_with(
+        &self,
+        container: &str,
+        netns: &Path,
+        runtime_config: Value,
+    ) -> (bool, Value, Value) {
         let (ok, bridge) = self.plugin(0, "ADD", container, Some(netns), json!({}));
         assert!(ok, "bridge ADD: {bridge}");
         let (ok, ours) = self.plugin(
@@ -139,7 +157,7 @@ impl Node {
             "ADD",
             container,
             Some(netns),
-            json!({ "prevResult": bridge }),
+            json!({ "prevResult": bridge, "runtimeConfig": runtime_config }),
         );
         (ok, bridge, ours)
     }
@@ -358,6 +376,174 @@ fn a_bad_linkerd_block_is_refused_with_the_invalid_configuration_code() {
     );
 }
 
+/// A pod's annotations as containerd passes them.
+fn annotated(annotations: &[(&str, &str)]) -> Value {
+    let map: serde_json::Map<String, Value> = annotations
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), json!(v)))
+        .collect();
+    json!({ POD_ANNOTATIONS: map })
+}
+
+const PROXY_VERSION: (&str, &str) = ("linkerd.io/proxy-version", "edge-24.11.8");
+
+#[test]
+fn only_the_pods_linkerd_injected_are_meshed_each_with_its_own_annotations() {
+    if !privileged("only_the_pods_linkerd_injected_are_meshed_each_with_its_own_annotations") {
+        return;
+    }
+    let fixture = PodFixture::new("cnisel");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let _agent = home.start();
+    let node = Node::new(&home, 94);
+    // A real destination on the node, which the pods reach through their gateway.
+    let _node_server = interceptor_tests::Probe::new()
+        .netns(&node.netns.path())
+        .listen(&["server", "0.0.0.0:1404", "--name", "node-server"]);
+    let (meshed, plain, skipper) = (
+        Netns::new("cnimeshed"),
+        Netns::new("cniplain"),
+        Netns::new("cniskip"),
+    );
+
+    let (ok, _, out) = node.add_with("meshed", &meshed.path(), annotated(&[PROXY_VERSION]));
+    assert!(ok, "ADD: {out}");
+    // Not injected: annotations of its own, but not Linkerd's marker.
+    let (ok, bridge, out) = node.add_with(
+        "plain",
+        &plain.path(),
+        annotated(&[("app", "web"), ("linkerd.io/inject", "enabled")]),
+    );
+    assert!(ok, "ADD: {out}");
+    assert_eq!(out, bridge, "a skipped pod gets the previous result as is");
+    let (ok, _, out) = node.add_with(
+        "skipper",
+        &skipper.path(),
+        annotated(&[
+            PROXY_VERSION,
+            ("config.linkerd.io/skip-outbound-ports", "1404"),
+        ]),
+    );
+    assert!(ok, "ADD: {out}");
+
+    let pods = home.pods();
+    let mut names: Vec<&str> = pods
+        .iter()
+        .map(|p| p["meta"]["name"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        ["meshed", "skipper"],
+        "the plain pod is not registered"
+    );
+    let skipper_record = pods
+        .iter()
+        .find(|p| p["meta"]["name"] == "skipper")
+        .unwrap();
+    assert_eq!(skipper_record["meta"]["namespace"], "shop");
+    assert_eq!(skipper_record["config"]["outbound_ports_to_ignore"], "1404");
+
+    let gateway = "10.94.0.1";
+    let (to_1404, to_80) = (format!("{gateway}:1404"), format!("{gateway}:80"));
+    for pod in [&meshed, &skipper] {
+        let _proxy = pod_process(&fixture, pod).uid(PROXY_UID).listen(&[
+            "proxy",
+            "127.0.0.1:4140",
+            "--name",
+            "outbound",
+        ]);
+        let app = pod_process(&fixture, pod).uid(APP_UID);
+        // Both meshed from their first connect...
+        assert_eq!(app.connect(&to_80).proxy_orig().to_string(), to_80);
+        // ...and 1404 skipped for the pod whose annotation says so, and for it only.
+        if std::ptr::eq(pod, &skipper) {
+            assert_eq!(app.connect(&to_1404).server_name(), "node-server");
+        } else {
+            assert_eq!(app.connect(&to_1404).proxy_orig().to_string(), to_1404);
+        }
+    }
+    // The plain pod reaches its real destination directly, from its first connect.
+    let plain_app = pod_process(&fixture, &plain).uid(APP_UID);
+    assert_eq!(plain_app.connect(&to_1404).server_name(), "node-server");
+
+    // CHECK follows the same decision: the plain pod has nothing to check.
+    let (ok, out) = node.ours(
+        "CHECK",
+        "plain",
+        Some(&plain.path()),
+        json!({ "prevResult": bridge, "runtimeConfig": annotated(&[("app", "web")]) }),
+    );
+    assert!(ok, "CHECK: {out}");
+    let (ok, out) = node.ours("DEL", "plain", Some(&plain.path()), json!({}));
+    assert!(ok, "DEL: {out}");
+    assert_eq!(home.pods().len(), 2);
+    let log = std::fs::read_to_string(&node.log).unwrap();
+    assert!(
+        log.contains("pod shop/plain not meshed: not injected by Linkerd (no linkerd.io/proxy-version annotation)"),
+        "{log}"
+    );
+}
+
+#[test]
+fn a_malformed_annotation_or_no_annotations_at_all_leave_the_pod_unregistered() {
+    if !privileged("a_malformed_annotation_or_no_annotations_at_all_leave_the_pod_unregistered") {
+        return;
+    }
+    let fixture = PodFixture::new("cniann");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let _agent = home.start();
+    let node = Node::new(&home, 95);
+    let pod = Netns::new("cniannpod");
+    for (annotation, value) in [
+        ("config.linkerd.io/skip-outbound-ports", "25,smtp"),
+        ("config.linkerd.io/skip-subnets", "10.0.0.0/33"),
+        ("config.linkerd.io/proxy-uid", "linkerd"),
+    ] {
+        let (ok, out) = node.ours(
+            "ADD",
+            "bad",
+            Some(&pod.path()),
+            json!({ "runtimeConfig": annotated(&[PROXY_VERSION, (annotation, value)]) }),
+        );
+        assert!(!ok);
+        assert_eq!(out["code"], 7, "{out}");
+        let details = out["details"].as_str().unwrap();
+        assert!(
+            details.starts_with(&format!("invalid value '{value}' for '{annotation}': ")),
+            "{out}"
+        );
+        assert!(home.pods().is_empty(), "{annotation}: nothing registered");
+    }
+    // A Kubernetes pod whose runtime passed no annotations may be one Linkerd injected: it must
+    // not start unmeshed, so the runtime is told to try again.
+    let (ok, out) = node.ours(
+        "ADD",
+        "bare",
+        Some(&pod.path()),
+        json!({ "runtimeConfig": {} }),
+    );
+    assert!(!ok);
+    assert_eq!(out["code"], 11, "{out}");
+    assert!(
+        out["details"].as_str().unwrap().contains(POD_ANNOTATIONS),
+        "{out}"
+    );
+    assert!(home.pods().is_empty());
+    // Unless the conflist says every pod is meshed.
+    let (ok, out) = node.ours(
+        "ADD",
+        "bare",
+        Some(&pod.path()),
+        json!({ "runtimeConfig": {}, "pods": "all" }),
+    );
+    assert!(ok, "ADD: {out}");
+    assert_eq!(home.pods().len(), 1);
+    let (ok, out) = node.ours("DEL", "bare", Some(&pod.path()), json!({}));
+    assert!(ok, "DEL: {out}");
+    assert!(home.pods().is_empty());
+}
+
 /// `interceptor cni install --watch` against a Calico-shaped configuration that Calico rewrites
 /// while it watches; then `uninstall` gives back exactly the original.
 #[test]
@@ -421,5 +607,46 @@ fn the_installer_keeps_the_plugin_chained_when_the_primary_cni_rewrites_its_file
     assert!(uninstall.stderr(Stdio::null()).status().unwrap().success());
     let back: Value = serde_json::from_slice(&std::fs::read(&primary).unwrap()).unwrap();
     assert_eq!(back, calico);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// `interceptor cni install` declares the capability under which containerd passes the pod's
+/// annotations, and writes `--pods` when given; a value other than injected or all is refused.
+#[test]
+fn the_installer_declares_the_pod_annotations_capability() {
+    let root = std::env::temp_dir().join(unique_name("cnicap"));
+    let (conf_dir, bin_dir) = (root.join("net.d"), root.join("bin"));
+    std::fs::create_dir_all(&conf_dir).unwrap();
+    let primary = conf_dir.join("10-flannel.conflist");
+    std::fs::write(
+        &primary,
+        json!({"name": "cbr0", "cniVersion": "0.3.1", "plugins": [
+            {"type": "flannel", "delegate": {"hairpinMode": true, "isDefaultGateway": true}}]})
+        .to_string(),
+    )
+    .unwrap();
+    let install = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_interceptor-under-test"))
+            .args(["cni", "install", "--plugin", PLUGIN])
+            .args(["--conf-dir", &conf_dir.display().to_string()])
+            .args(["--bin-dir", &bin_dir.display().to_string()])
+            .args(extra)
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+    };
+    let ours = || -> Value {
+        let list: Value = serde_json::from_slice(&std::fs::read(&primary).unwrap()).unwrap();
+        list["plugins"][1].clone()
+    };
+    assert!(install(&[]).success());
+    assert_eq!(ours()["type"], "interceptor-cni");
+    assert_eq!(ours()["capabilities"], json!({ POD_ANNOTATIONS: true }));
+    assert!(ours().get("pods").is_none(), "the plugin's default applies");
+    assert!(install(&["--pods", "all"]).success());
+    assert_eq!(ours()["pods"], "all");
+    assert_eq!(ours()["capabilities"], json!({ POD_ANNOTATIONS: true }));
+    assert_eq!(install(&["--pods", "some"]).code(), Some(2));
+    assert_eq!(ours()["pods"], "all", "a refused install changes nothing");
     let _ = std::fs::remove_dir_all(&root);
 }

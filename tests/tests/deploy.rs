@@ -11,7 +11,10 @@ use std::{
 };
 
 use clap::Parser as _;
-use interceptor_tests::{cni_network::CniNetwork, privileged, unique_name};
+use interceptor_tests::{
+    cni_network::{self, CniNetwork},
+    privileged, unique_name,
+};
 use serde_json::{Value, json};
 
 fn workspace_root() -> &'static Path {
@@ -515,7 +518,10 @@ fn the_daemonsets_pod_meshes_pods_and_keeps_them_meshed_through_a_replay() {
     agent_pod.play(false);
     assert!(agent_pod.network.bin_dir.join("interceptor-cni").is_file());
 
-    let result = agent_pod.network.add("web-1", &fixture.pod.path()).unwrap();
+    let result = agent_pod
+        .network
+        .add("web-1", &fixture.pod.path(), &cni_network::injected())
+        .unwrap();
     assert_eq!(result["cniVersion"], "1.0.0", "{result}");
     let pods = interceptor::agent::api::call(
         &agent_pod.state_dir.join("agent.sock"),

@@ -6,7 +6,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use interceptor_cni::install::{Applied, Installer, PLUGIN_TYPE};
+use interceptor_cni::install::{self, Applied, Installer, PLUGIN_TYPE};
 use nix::sys::{
     inotify::{AddWatchFlags, InitFlags, Inotify},
     signal::{SigSet, Signal},
@@ -23,15 +23,18 @@ pub fn cni(args: CniArgs) -> anyhow::Result<()> {
             linkerd,
             agent_socket,
             log_file,
+            pods,
             watch,
         } => {
             let linkerd: Value = serde_json::from_str(&linkerd).context("--linkerd is not JSON")?;
-            let entry = json!({
-                "type": PLUGIN_TYPE,
-                "agent_socket": agent_socket,
-                "log_file": log_file,
-                "linkerd": linkerd,
-            });
+            let mut settings = serde_json::Map::new();
+            settings.insert("agent_socket".into(), json!(agent_socket));
+            settings.insert("log_file".into(), json!(log_file));
+            settings.insert("linkerd".into(), linkerd);
+            if let Some(pods) = pods {
+                settings.insert("pods".into(), json!(pods));
+            }
+            let entry = install::entry(settings);
             // Refused here, with the plugin's own message, rather than at every pod's ADD.
             let conf: interceptor_cni::NetConf = serde_json::from_value(json!({
                 "cniVersion": "1.0.0", "name": "check", "type": PLUGIN_TYPE, "linkerd": entry["linkerd"],

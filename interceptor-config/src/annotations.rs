@@ -1,0 +1,130 @@
+//! A Kubernetes pod's own say in its interception: whether Linkerd injected it ([`decide`]) and
+//! the `config.linkerd.io/*` annotations that change its configuration ([`apply`]).
+//!
+//! The rules are linkerd-cni's (`linkerd/linkerd2-proxy-init`, `cni-plugin/main.go`), read from
+//! the pod's annotations, which is what a container runtime hands a CNI plugin:
+//! - linkerd-cni meshes a pod with a `linkerd-proxy` container (or native-sidecar init
+//!   container). The proxy injector marks every pod it gives one with `linkerd.io/proxy-version`,
+//!   so that annotation stands for the container here.
+//! - It skips a pod that still has a `linkerd-init` init container (that container writes the
+//!   rules itself). The annotations do not show containers; a pod injected that way gets both,
+//!   which is harmless (connect4 has already rewritten the destination to loopback, which the
+//!   chains leave alone).
+//! - It never reads `linkerd.io/inject`: the injector does not inject a pod whose
+//!   `linkerd.io/inject` is `disabled`, and one injected by hand has a proxy to serve it.
+//! - Per-pod settings: `skip-outbound-ports` replaces the list, `skip-inbound-ports` adds to it,
+//!   `skip-subnets` replaces the inbound subnets, `proxy-uid` and `proxy-gid` replace the IDs;
+//!   an empty value is no value. The proxy's ports (`inbound-port`, `outbound-port`,
+//!   `admin-port`, `control-port`) are applied as the injector's `linkerd-init` applies them,
+//!   which linkerd-cni does not: a pod whose proxy listens elsewhere would otherwise be sent to
+//!   a port where nothing listens.
+use std::collections::BTreeMap;
+
+use crate::{ConfigError, InterceptionConfig, PortSet, parse_id, ports, positive, subnets};
+
+/// Set by the proxy injector on every pod it injects (its value is the proxy's version).
+pub const PROXY_VERSION: &str = "linkerd.io/proxy-version";
+pub const SKIP_INBOUND_PORTS: &str = "config.linkerd.io/skip-inbound-ports";
+pub const SKIP_OUTBOUND_PORTS: &str = "config.linkerd.io/skip-outbound-ports";
+pub const SKIP_SUBNETS: &str = "config.linkerd.io/skip-subnets";
+pub const PROXY_UID: &str = "config.linkerd.io/proxy-uid";
+pub const PROXY_GID: &str = "config.linkerd.io/proxy-gid";
+pub const INBOUND_PORT: &str = "config.linkerd.io/inbound-port";
+pub const OUTBOUND_PORT: &str = "config.linkerd.io/outbound-port";
+pub const ADMIN_PORT: &str = "config.linkerd.io/admin-port";
+pub const CONTROL_PORT: &str = "config.linkerd.io/control-port";
+
+/// The annotations [`apply`] reads.
+pub const CONFIG_ANNOTATIONS: [&str; 9] = [
+    SKIP_INBOUND_PORTS,
+    SKIP_OUTBOUND_PORTS,
+    SKIP_SUBNETS,
+    PROXY_UID,
+    PROXY_GID,
+    INBOUND_PORT,
+    OUTBOUND_PORT,
+    ADMIN_PORT,
+    CONTROL_PORT,
+];
+
+/// Whether a pod is meshed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Mesh,
+    Skip { reason: String },
+}
+
+/// linkerd-cni's decision, from the pod's annotations: meshed when Linkerd injected it.
+pub fn decide(annotations: &BTreeMap<String, String>) -> Decision {
+    if annotations.contains_key(PROXY_VERSION) {
+        Decision::Mesh
+    } else {
+        Decision::Skip {
+            reason: format!("not injected by Linkerd (no {PROXY_VERSION} annotation)"),
+        }
+    }
+}
+
+/// The pod's configuration: `base` (the conflist's) with the pod's `config.linkerd.io/*`
+/// annotations applied. A malformed value is an error naming the annotation and the value;
+/// other annotations are not read.
+pub fn apply(
+    base: &InterceptionConfig,
+    annotations: &BTreeMap<String, String>,
+) -> Result<InterceptionConfig, ConfigError> {
+    let mut config = base.clone();
+    for name in CONFIG_ANNOTATIONS {
+        // linkerd-cni takes an empty value as no value.
+        let Some(value) = annotations.get(name).filter(|v| !v.trim().is_empty()) else {
+            continue;
+        };
+        let invalid = |reason: String| ConfigError::Invalid {
+            setting: name.to_owned(),
+            value: value.clone(),
+            reason,
+        };
+        match name {
+            SKIP_OUTBOUND_PORTS => {
+                config.outbound_ports_to_ignore = value.parse().map_err(invalid)?;
+            }
+            SKIP_INBOUND_PORTS | ADMIN_PORT | CONTROL_PORT => {
+                let more: PortSet = if name == SKIP_INBOUND_PORTS {
+                    value.parse().map_err(invalid)?
+                } else {
+                    value
+                        .parse::<ports::PortRange>()
+                        .map_err(invalid)
+                        .and_then(|r| {
+                            if r.is_single() {
+                                Ok(PortSet(vec![r]))
+                            } else {
+                                Err(invalid(format!("{value:?} is not a single port")))
+                            }
+                        })?
+                };
+                for range in more.0 {
+                    if !config.inbound_ports_to_ignore.0.contains(&range) {
+                        config.inbound_ports_to_ignore.0.push(range);
+                    }
+                }
+            }
+            SKIP_SUBNETS => {
+                config.subnets_to_ignore = subnets::parse_cidr_list(value).map_err(invalid)?;
+            }
+            PROXY_UID => config.proxy_uid = positive(parse_id(value).map_err(invalid)?),
+            PROXY_GID => config.proxy_gid = positive(parse_id(value).map_err(invalid)?),
+            INBOUND_PORT => {
+                config.incoming_proxy_port = ports::parse_port(value).map_err(invalid)?
+            }
+            OUTBOUND_PORT => {
+                config.outgoing_proxy_port = ports::parse_port(value).map_err(invalid)?;
+            }
+            _ => unreachable!("every annotation of CONFIG_ANNOTATIONS is applied"),
+        }
+    }
+    Ok(config)
+}
+
+#[cfg(test)]
+#[path = "annotations_tests.rs"]
+mod tests;
