@@ -4,8 +4,9 @@
 //! lead to a peer namespace that refuses everything, and a child cgroup, never the root cgroup),
 //! a stand-in proxy as the proxy UID (outbound 127.0.0.1:4140 and [::1]:4140, inbound
 //! 0.0.0.0:4143 and [::]:4143) and the app's server. Part 1 meshes the pod as a node does: the
-//! node agent, the CNI plugin chained into a node network of the demo's own, the pod added and
-//! deleted through it, an agent restart under load, the metrics. Part 2 meshes it with
+//! node agent, the CNI plugin chained into a node network of the demo's own, the pod (injected
+//! by Linkerd) and a second one that was not added and deleted through it, an agent restart
+//! under load, the metrics. Part 2 meshes it with
 //! `interceptor run` and shows connects of both families (and IPv4 through an IPv6 socket)
 //! landing on the proxy with the right original destination, the exemptions, the counters, and
 //! the detach.
@@ -16,12 +17,13 @@ use std::{
 };
 
 use anyhow::{Context as _, ensure};
+use serde_json::json;
 use interceptor_tests::{
     PodFixture, Probe,
     agent_home::{
         AgentHome, LINKERD_FLAGS, all_reached_the_proxy, check_load, free_loopback_addr, http_get,
     },
-    cni_network::CniNetwork,
+    cni_network::{CniNetwork, injected},
     fixture::{POD_ADDR, POD_ADDR6, REMOTE_ADDR},
     meshed::{self, Meshed},
     probe::sibling_binary,
@@ -215,16 +217,34 @@ fn node_agent(interceptor: &Path, pod: &PodFixture, app: &Probe) -> anyhow::Resu
     println!("  the node's network now runs: {}", chain.join(" -> "));
 
     step(
-        "The runtime starts a pod",
-        "CNI ADD through the chain, before any container of the pod runs: the plugin registers the pod and answers once interception is in force",
+        "The runtime starts two pods",
+        "CNI ADD through the chain, before any container of a pod runs, with the pod's annotations as containerd passes them:\n  \
+         web was injected by Linkerd (linkerd.io/proxy-version): the plugin registers it and answers once interception is in force;\n  \
+         plain was not: the plugin passes it through untouched, and its connections go where they were sent",
     );
     network
-        .add("web", &pod.pod.path())
-        .map_err(|e| anyhow::anyhow!("CNI ADD: {e}"))?;
+        .add("web", &pod.pod.path(), &injected())
+        .map_err(|e| anyhow::anyhow!("CNI ADD of web: {e}"))?;
+    // The same node cgroup, where the agent's programs are attached: only the decision differs.
+    let plain = PodFixture::new("demo-plain").share_cgroup_with(pod);
+    let _destination = plain.on_remote().listen(&[
+        "server",
+        "192.0.2.2:1404",
+        "--name",
+        "real-destination",
+    ]);
+    network
+        .add("plain", &plain.pod.path(), &json!({ "app": "plain" }))
+        .map_err(|e| anyhow::anyhow!("CNI ADD of plain: {e}"))?;
     print_output(home.cli(&["pod", "list"]));
-    connect(app, "app", "192.0.2.2:1404");
-    connect(app, "app", "198.51.100.7:443");
+    connect(app, "web app", "192.0.2.2:1404");
+    connect(app, "web app", "198.51.100.7:443");
     connect(&pod.on_remote(), "client", &format!("{POD_ADDR}:8080"));
+    connect(
+        &plain.in_pod().uid(APP_UID),
+        "plain app",
+        "192.0.2.2:1404",
+    );
 
     step(
         "The agent restarts",
@@ -258,12 +278,18 @@ fn node_agent(interceptor: &Path, pod: &PodFixture, app: &Probe) -> anyhow::Resu
     }
 
     step(
-        "The runtime deletes the pod",
-        "CNI DEL: the plugin unregisters it, and its connections go direct again",
+        "The runtime deletes the pods",
+        "CNI DEL: the plugin unregisters web, and its connections go direct again (plain had nothing to remove)",
     );
     network
         .del("web", &pod.pod.path())
-        .map_err(|e| anyhow::anyhow!("CNI DEL: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("CNI DEL of web: {e}"))?;
+    network
+        .del("plain", &plain.pod.path())
+        .map_err(|e| anyhow::anyhow!("CNI DEL of plain: {e}"))?;
+    // The loopback plugin's DEL set the namespace's lo down; a runtime would delete the
+    // namespace now, part 2 reuses it.
+    pod.pod.ip(&["link", "set", "lo", "up"]);
     connect(app, "app", "192.0.2.2:1404");
     let uninstalled = Command::new(interceptor)
         .args(["cni", "uninstall", "--conf-dir"])
