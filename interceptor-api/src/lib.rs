@@ -82,6 +82,9 @@ pub struct PodMeta {
     pub namespace: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
+    /// The Kubernetes pod's UID (`K8S_POD_UID`): tells a pod from a later one of the same name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
 }
 
 /// A registered pod, as `pod list` and `pod get` show it.

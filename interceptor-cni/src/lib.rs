@@ -295,6 +295,7 @@ fn register(
                 name: inv.cni_args.get("K8S_POD_NAME").cloned(),
                 namespace: inv.cni_args.get("K8S_POD_NAMESPACE").cloned(),
                 container_id: Some(inv.container_id.clone()).filter(|c| !c.is_empty()),
+                uid: inv.cni_args.get("K8S_POD_UID").cloned(),
             },
             config: Some(settings.config),
             args: Vec::new(),

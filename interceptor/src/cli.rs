@@ -204,6 +204,9 @@ pub enum PodCommand {
         namespace: Option<String>,
         #[arg(long)]
         container_id: Option<String>,
+        /// The Kubernetes pod's UID.
+        #[arg(long)]
+        uid: Option<String>,
         /// Apply a new configuration to a pod already registered, in place.
         #[arg(long)]
         update: bool,

@@ -135,7 +135,7 @@ impl CniNetwork {
             .env("CNI_PATH", REFERENCE_PLUGINS)
             .env(
                 "CNI_ARGS",
-                format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME={name}"),
+                format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME={name};K8S_POD_UID=uid-{name}"),
             )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -114,7 +114,7 @@ impl Node {
             .env("CNI_PATH", CNI_BIN_DIR)
             .env(
                 "CNI_ARGS",
-                format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME={container}"),
+                format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME={container};K8S_POD_UID=uid-{container}"),
             )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -442,6 +442,7 @@ fn only_the_pods_linkerd_injected_are_meshed_each_with_its_own_annotations() {
         .find(|p| p["meta"]["name"] == "skipper")
         .unwrap();
     assert_eq!(skipper_record["meta"]["namespace"], "shop");
+    assert_eq!(skipper_record["meta"]["uid"], "uid-skipper");
     assert_eq!(skipper_record["config"]["outbound_ports_to_ignore"], "1404");
 
     let gateway = "10.94.0.1";

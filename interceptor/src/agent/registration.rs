@@ -67,6 +67,7 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
             netns_cookie = %cookie,
             name = add.meta.name.as_deref().unwrap_or("-"),
             namespace = add.meta.namespace.as_deref().unwrap_or("-"),
+            uid = add.meta.uid.as_deref().unwrap_or("-"),
             config = %spec.config,
             micros = started.elapsed().as_micros() as u64,
             "pod registered"

@@ -40,6 +40,7 @@ pub fn pod(args: PodArgs) -> anyhow::Result<()> {
             name,
             namespace,
             container_id,
+            uid,
             update,
             takeover_iptables,
             config,
@@ -58,6 +59,7 @@ pub fn pod(args: PodArgs) -> anyhow::Result<()> {
                     name,
                     namespace,
                     container_id,
+                    uid,
                 },
                 config: Some(config),
                 args: Vec::new(),
@@ -106,6 +108,10 @@ pub fn print_pods(pods: &[PodInfo], json: bool) {
             (Some(ns), Some(name)) => format!("{ns}/{name}"),
             (None, Some(name)) => name.clone(),
             _ => "-".into(),
+        };
+        let name = match &pod.meta.uid {
+            Some(uid) => format!("{name} (uid {uid})"),
+            None => name,
         };
         println!(
             "{} {name} netns cookie {} slot {} listener {} addresses {}: {}",

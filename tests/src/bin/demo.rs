@@ -17,7 +17,6 @@ use std::{
 };
 
 use anyhow::{Context as _, ensure};
-use serde_json::json;
 use interceptor_tests::{
     PodFixture, Probe,
     agent_home::{
@@ -30,6 +29,7 @@ use interceptor_tests::{
     program,
     scenario::{APP_UID, PROXY_UID},
 };
+use serde_json::json;
 
 fn main() -> ExitCode {
     program::main(run)
@@ -227,12 +227,10 @@ fn node_agent(interceptor: &Path, pod: &PodFixture, app: &Probe) -> anyhow::Resu
         .map_err(|e| anyhow::anyhow!("CNI ADD of web: {e}"))?;
     // The same node cgroup, where the agent's programs are attached: only the decision differs.
     let plain = PodFixture::new("demo-plain").share_cgroup_with(pod);
-    let _destination = plain.on_remote().listen(&[
-        "server",
-        "192.0.2.2:1404",
-        "--name",
-        "real-destination",
-    ]);
+    let _destination =
+        plain
+            .on_remote()
+            .listen(&["server", "192.0.2.2:1404", "--name", "real-destination"]);
     network
         .add("plain", &plain.pod.path(), &json!({ "app": "plain" }))
         .map_err(|e| anyhow::anyhow!("CNI ADD of plain: {e}"))?;
@@ -240,11 +238,7 @@ fn node_agent(interceptor: &Path, pod: &PodFixture, app: &Probe) -> anyhow::Resu
     connect(app, "web app", "192.0.2.2:1404");
     connect(app, "web app", "198.51.100.7:443");
     connect(&pod.on_remote(), "client", &format!("{POD_ADDR}:8080"));
-    connect(
-        &plain.in_pod().uid(APP_UID),
-        "plain app",
-        "192.0.2.2:1404",
-    );
+    connect(&plain.in_pod().uid(APP_UID), "plain app", "192.0.2.2:1404");
 
     step(
         "The agent restarts",
