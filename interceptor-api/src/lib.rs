@@ -40,6 +40,13 @@ pub enum Request {
     /// Whether interception is in force as configured: the node's links attached to the
     /// agent's cgroup, every pod's entries complete.
     Health,
+    /// A pod the CNI plugin let through unmeshed, and why (a stable label such as
+    /// `not_injected`): the agent logs it and counts it. Registers nothing.
+    Skipped {
+        #[serde(default)]
+        meta: PodMeta,
+        reason: String,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

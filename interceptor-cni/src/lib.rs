@@ -33,7 +33,7 @@ pub use config::{
     pod_settings,
 };
 use interceptor_api::{ClientError, ErrorKind, PodAdd, PodInfo, PodMeta, Request};
-use interceptor_config::annotations::{self, Decision};
+use interceptor_config::annotations::{self, Decision, SkipReason};
 use serde_json::{Value, json};
 
 /// A CNI error: the spec's codes below 100, ours from 100.
@@ -183,7 +183,7 @@ fn settings(inv: &Invocation) -> Result<PodSettings, CniError> {
 enum Plan {
     Mesh(PodSettings),
     /// Not meshed, and why.
-    Skip(String),
+    Skip(SkipReason),
 }
 
 /// Whether the pod is meshed ([`Pods`]) and with which settings: the conflist's, with the pod's
@@ -260,13 +260,7 @@ fn add(inv: &Invocation, log: &Log) -> Result<Option<String>, CniError> {
     let netns = require_netns(inv)?;
     match plan(inv)? {
         Plan::Mesh(settings) => register(inv, log, netns, settings)?,
-        Plan::Skip(reason) => log.write(&format!(
-            "ADD: pod {}/{} not meshed: {reason}",
-            inv.cni_args
-                .get("K8S_POD_NAMESPACE")
-                .map_or("-", String::as_str),
-            inv.cni_args.get("K8S_POD_NAME").map_or("-", String::as_str),
-        )),
+        Plan::Skip(reason) => skip(inv, log, reason),
     }
     // The previous plugin's result, unchanged; the configuration's version on an empty one.
     let mut result = inv.conf.prev_result.clone().unwrap_or_else(|| json!({}));
@@ -274,6 +268,35 @@ fn add(inv: &Invocation, log: &Log) -> Result<Option<String>, CniError> {
         map.insert("cniVersion".into(), json!(inv.conf.cni_version));
     }
     Ok(Some(result.to_string()))
+}
+
+/// A pod let through unmeshed: a line in the plugin's log, and the agent told so that it logs
+/// and counts it. The pod does not depend on the agent: if it cannot be told, ADD still
+/// succeeds.
+fn skip(inv: &Invocation, log: &Log, reason: SkipReason) {
+    let meta = pod_meta(inv);
+    log.write(&format!(
+        "ADD: pod {}/{} not meshed: {reason}",
+        meta.namespace.as_deref().unwrap_or("-"),
+        meta.name.as_deref().unwrap_or("-"),
+    ));
+    let request = Request::Skipped {
+        meta,
+        reason: reason.label().to_owned(),
+    };
+    if let Err(e) = interceptor_api::call(&socket(inv), &request) {
+        log.write(&format!("ADD: the agent was not told: {e}"));
+    }
+}
+
+/// What the runtime says the pod is called.
+fn pod_meta(inv: &Invocation) -> PodMeta {
+    PodMeta {
+        name: inv.cni_args.get("K8S_POD_NAME").cloned(),
+        namespace: inv.cni_args.get("K8S_POD_NAMESPACE").cloned(),
+        container_id: Some(inv.container_id.clone()).filter(|c| !c.is_empty()),
+        uid: inv.cni_args.get("K8S_POD_UID").cloned(),
+    }
 }
 
 fn register(
@@ -291,12 +314,7 @@ fn register(
     } else {
         let request = Request::Add(PodAdd {
             netns: netns.to_owned(),
-            meta: PodMeta {
-                name: inv.cni_args.get("K8S_POD_NAME").cloned(),
-                namespace: inv.cni_args.get("K8S_POD_NAMESPACE").cloned(),
-                container_id: Some(inv.container_id.clone()).filter(|c| !c.is_empty()),
-                uid: inv.cni_args.get("K8S_POD_UID").cloned(),
-            },
+            meta: pod_meta(inv),
             config: Some(settings.config),
             args: Vec::new(),
             // A runtime may repeat ADD with a changed configuration: the latest one applies.

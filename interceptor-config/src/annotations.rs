@@ -51,7 +51,34 @@ pub const CONFIG_ANNOTATIONS: [&str; 9] = [
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
     Mesh,
-    Skip { reason: String },
+    Skip { reason: SkipReason },
+}
+
+/// Why a pod is not meshed: a stable label for metrics ([`SkipReason::label`]) and a sentence
+/// for logs (`Display`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SkipReason {
+    NotInjected,
+}
+
+impl SkipReason {
+    pub const ALL: [SkipReason; 1] = [SkipReason::NotInjected];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            SkipReason::NotInjected => "not_injected",
+        }
+    }
+}
+
+impl std::fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SkipReason::NotInjected => {
+                write!(f, "not injected by Linkerd (no {PROXY_VERSION} annotation)")
+            }
+        }
+    }
 }
 
 /// linkerd-cni's decision, from the pod's annotations: meshed when Linkerd injected it.
@@ -60,7 +87,7 @@ pub fn decide(annotations: &BTreeMap<String, String>) -> Decision {
         Decision::Mesh
     } else {
         Decision::Skip {
-            reason: format!("not injected by Linkerd (no {PROXY_VERSION} annotation)"),
+            reason: SkipReason::NotInjected,
         }
     }
 }

@@ -38,7 +38,9 @@ fn a_pod_linkerd_did_not_inject_is_skipped_with_the_reason() {
         let Decision::Skip { reason } = decide(&annotations) else {
             panic!("{annotations:?} is meshed");
         };
-        assert!(reason.contains(PROXY_VERSION), "{reason}");
+        assert_eq!(reason, SkipReason::NotInjected);
+        assert_eq!(reason.label(), "not_injected");
+        assert!(reason.to_string().contains(PROXY_VERSION), "{reason}");
     }
 }
 

@@ -10,7 +10,7 @@ use std::{
 
 use interceptor_tests::{
     Landing, Netns, PodFixture,
-    agent_home::AgentHome,
+    agent_home::{AgentHome, free_loopback_addr, http_get},
     cni_network::{POD_ANNOTATIONS, injected},
     privileged,
     scenario::{APP_UID, PROXY_UID},
@@ -394,7 +394,8 @@ fn only_the_pods_linkerd_injected_are_meshed_each_with_its_own_annotations() {
     }
     let fixture = PodFixture::new("cnisel");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start();
+    let metrics = free_loopback_addr();
+    let _agent = home.start_with(&["--metrics-addr", &metrics]);
     let node = Node::new(&home, 94);
     // A real destination on the node, which the pods reach through their gateway.
     let _node_server = interceptor_tests::Probe::new()
@@ -436,6 +437,13 @@ fn only_the_pods_linkerd_injected_are_meshed_each_with_its_own_annotations() {
         names,
         ["meshed", "skipper"],
         "the plain pod is not registered"
+    );
+    // ...but counted, by reason.
+    let (_, body) = http_get(&metrics, "/metrics");
+    assert!(
+        body.lines()
+            .any(|l| l == "interceptor_cni_pods_skipped_total{reason=\"not_injected\"} 1"),
+        "{body}"
     );
     let skipper_record = pods
         .iter()

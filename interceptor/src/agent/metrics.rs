@@ -16,6 +16,7 @@ use prometheus_client::{
 };
 
 use super::Agent;
+use crate::config::annotations::SkipReason;
 
 type Labels = Vec<(String, String)>;
 
@@ -24,6 +25,24 @@ pub fn registration_histogram() -> Histogram {
     Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
         0.0001, 2.0, 15,
     ))
+}
+
+/// Pods the CNI plugin let through unmeshed, by reason. The reasons come from the plugin: only
+/// the known ones become labels, so a client cannot grow the series without bound.
+#[derive(Default)]
+pub struct PodsSkipped(Family<Labels, Counter>);
+
+impl PodsSkipped {
+    pub fn count(&self, reason: &str) {
+        let known = SkipReason::ALL
+            .into_iter()
+            .map(SkipReason::label)
+            .find(|label| *label == reason)
+            .unwrap_or("other");
+        self.0
+            .get_or_create(&vec![("reason".to_owned(), known.to_owned())])
+            .inc();
+    }
 }
 
 /// Serves `/metrics` and `/ready` on `addr` from a thread of its own.
@@ -110,6 +129,11 @@ fn render(agent: &Agent) -> String {
         "pod_registration_seconds",
         "Time from a pod add request to its interception being in force",
         agent.registration_seconds.clone(),
+    );
+    registry.register(
+        "cni_pods_skipped",
+        "Pods the CNI plugin let through without meshing them, by reason",
+        agent.pods_skipped.0.clone(),
     );
     let fill = Family::<Labels, Gauge<i64>>::default();
     let levels = agent.node.pods_ref().fill_levels();

@@ -113,6 +113,8 @@ struct Agent {
     records: Records,
     pods: BTreeMap<NetnsCookie, PodRecord>,
     registration_seconds: prometheus_client::metrics::histogram::Histogram,
+    /// Pods the CNI plugin let through unmeshed, by reason.
+    pods_skipped: metrics::PodsSkipped,
     netns_watch: watch::NetnsWatch,
     /// Where the node's programs are attached (`--cgroup`).
     cgroup: PathBuf,
@@ -172,6 +174,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         records,
         pods: BTreeMap::new(),
         registration_seconds: metrics::registration_histogram(),
+        pods_skipped: metrics::PodsSkipped::default(),
         netns_watch,
         cgroup: cgroup.to_owned(),
     };

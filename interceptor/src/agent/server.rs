@@ -14,6 +14,7 @@ use tokio::{
     net::UnixStream,
     time::timeout,
 };
+use tracing::info;
 
 use super::{
     Agent, Refusal,
@@ -78,6 +79,17 @@ fn handle(agent: &Mutex<Agent>, request: Request) -> Response {
                 .map(|cookie| agent.info(cookie).into_iter().collect())
         }
         Request::Health => return Response::Health(lock(agent).health(true)),
+        Request::Skipped { meta, reason } => {
+            info!(
+                name = meta.name.as_deref().unwrap_or("-"),
+                namespace = meta.namespace.as_deref().unwrap_or("-"),
+                uid = meta.uid.as_deref().unwrap_or("-"),
+                reason,
+                "pod not meshed"
+            );
+            lock(agent).pods_skipped.count(&reason);
+            Ok(Vec::new())
+        }
     };
     match result {
         Ok(pods) => Response::Ok { pods },
