@@ -261,11 +261,14 @@ fn node_agent(interceptor: &Path, pod: &PodFixture, app: &Probe) -> anyhow::Resu
 
     step(
         "Metrics",
-        &format!("GET http://{metrics}/metrics, the pod's lines"),
+        &format!(
+            "GET http://{metrics}/metrics: the meshed pod's decisions, the pods registered and skipped"
+        ),
     );
     let (_, body) = http_get(&metrics, "/metrics");
     for line in body.lines().filter(|l| {
         l.starts_with("interceptor_pods_registered")
+            || l.starts_with("interceptor_cni_pods_skipped_total")
             || (l.contains("pod=\"web\"") && !l.ends_with(" 0"))
     }) {
         println!("  {line}");
