@@ -12,7 +12,9 @@
 //!   chains leave alone).
 //! - It never reads `linkerd.io/inject`: the injector does not inject a pod whose
 //!   `linkerd.io/inject` is `disabled`, and one injected by hand has a proxy to serve it.
-//! - Per-pod settings: `skip-outbound-ports` replaces the list, `skip-inbound-ports` adds to it,
+//! - Per-pod settings: `skip-outbound-ports` replaces the list, `skip-inbound-ports` adds to it
+//!   (linkerd-cni replaces it, dropping the proxy's admin and control ports the conflist lists;
+//!   the injector's `linkerd-init` keeps them and adds, as here),
 //!   `skip-subnets` replaces the inbound subnets, `proxy-uid` and `proxy-gid` replace the IDs;
 //!   an empty value is no value. The proxy's ports (`inbound-port`, `outbound-port`,
 //!   `admin-port`, `control-port`) are applied as the injector's `linkerd-init` applies them,
