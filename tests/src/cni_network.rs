@@ -34,12 +34,17 @@ pub struct CniNetwork {
 
 impl CniNetwork {
     pub fn new(tag: &str) -> Self {
+        Self::with_primary(tag, &Self::primary())
+    }
+
+    /// A network whose primary configuration is `primary` (e.g. a bridge), in [`PRIMARY`].
+    pub fn with_primary(tag: &str, primary: &Value) -> Self {
         let root = std::env::temp_dir().join(unique_name(tag));
         let (conf_dir, bin_dir) = (root.join("net.d"), root.join("bin"));
         for dir in [&conf_dir, &bin_dir] {
             std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         }
-        std::fs::write(conf_dir.join(PRIMARY), Self::primary().to_string())
+        std::fs::write(conf_dir.join(PRIMARY), primary.to_string())
             .expect("writing the primary network");
         Self {
             root,

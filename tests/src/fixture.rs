@@ -289,3 +289,31 @@ impl PodFixture {
         Probe::new().netns(&self.remote.path())
     }
 }
+
+/// Removes the cgroup v1 controllers' directories a runtime's runc made for `cgroup_parent`
+/// (a path relative to the hierarchies' roots, such as a test cgroup's name) on this hybrid
+/// machine: runc puts a container in every v1 hierarchy as well as the unified one. Deepest
+/// first, as cgroup directories only go with rmdir.
+pub fn remove_v1_cgroup_dirs(cgroup_parent: &str) {
+    fn remove_tree(dir: &Path) {
+        if let Ok(children) = std::fs::read_dir(dir) {
+            for child in children.filter_map(Result::ok) {
+                if child.file_type().is_ok_and(|t| t.is_dir()) {
+                    remove_tree(&child.path());
+                }
+            }
+        }
+        let _ = std::fs::remove_dir(dir);
+    }
+    if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
+        for controller in controllers.filter_map(Result::ok) {
+            if controller.file_name() != "unified" {
+                remove_tree(
+                    &controller
+                        .path()
+                        .join(cgroup_parent.trim_start_matches('/')),
+                );
+            }
+        }
+    }
+}

@@ -176,29 +176,9 @@ impl Drop for Podman {
         let _ = Command::new("ip")
             .args(["link", "del", &self.bridge])
             .status();
-        // The v1 controllers' directories runc made under the cgroup parent (cgroup
-        // directories go with rmdir, deepest first).
-        if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
-            for controller in controllers.filter_map(Result::ok) {
-                let dir = controller
-                    .path()
-                    .join(self.cgroup_parent.trim_start_matches('/'));
-                remove_cgroup_tree(&dir);
-            }
-        }
+        interceptor_tests::fixture::remove_v1_cgroup_dirs(&self.cgroup_parent);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn remove_cgroup_tree(dir: &Path) {
-    if let Ok(children) = std::fs::read_dir(dir) {
-        for child in children.filter_map(Result::ok) {
-            if child.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_cgroup_tree(&child.path());
-            }
-        }
-    }
-    let _ = std::fs::remove_dir(dir);
 }
 
 #[test]

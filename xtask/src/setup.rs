@@ -34,6 +34,11 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("/bin/busybox", "busybox-static"),
     // podman's pod infra process, for `podman kube play` of the DaemonSet's pod.
     ("catatonit", "catatonit"),
+    // containerd with its CRI plugin, driven over CRI as the kubelet drives it; protoc builds
+    // the CRI client's protobuf definitions.
+    ("containerd", "containerd"),
+    ("ctr", "containerd"),
+    ("protoc", "protobuf-compiler"),
 ];
 
 /// Installs whatever is missing and returns the `PATH` child cargo commands must use:

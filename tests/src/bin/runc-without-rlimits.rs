@@ -1,6 +1,8 @@
-//! An OCI runtime for the podman test: runc, minus the rlimits podman asks for. Containers on
-//! machines of this kind cannot get them (the sandbox withholds CAP_SYS_RESOURCE, so runc's
-//! prlimit on the container's init fails with EPERM); nothing the test checks depends on them.
+//! An OCI runtime for the podman and containerd tests: runc, minus the rlimits podman asks for
+//! and the negative OOM score adjustment containerd's CRI gives a pod's sandbox (-998).
+//! Containers on machines of this kind cannot get them (the sandbox withholds
+//! CAP_SYS_RESOURCE, so runc's prlimit on the container's init, and its write of a lower
+//! `oom_score_adj`, fail with EPERM); nothing the tests check depends on them.
 use std::os::unix::process::CommandExt as _;
 
 fn main() {
@@ -16,6 +18,7 @@ fn main() {
         let mut config: serde_json::Value = serde_json::from_str(&text).expect("OCI config JSON");
         if let Some(process) = config.get_mut("process").and_then(|p| p.as_object_mut()) {
             process.remove("rlimits");
+            process.remove("oomScoreAdj");
         }
         std::fs::write(&path, config.to_string()).expect("writing config.json");
     }

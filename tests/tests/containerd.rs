@@ -1,0 +1,682 @@
+//! containerd with its CRI plugin, driven over the CRI gRPC API as the kubelet drives it
+//! (`RunPodSandbox` with the pod's metadata and annotations, `PodSandboxStatus`,
+//! `StopPodSandbox`, `RemovePodSandbox`), its CNI configuration chained by `interceptor cni
+//! install` after the reference bridge and host-local plugins. containerd hands the plugin each
+//! pod's annotations in `runtimeConfig["io.kubernetes.cri.pod-annotations"]` because the
+//! installer declares that capability; the plugin meshes only the pods Linkerd injected, each
+//! with its own `config.linkerd.io/*` annotations. Every case is checked by connecting from
+//! inside the pod's network namespace.
+//!
+//! Everything is the test's own: containerd's root, state, sockets and configuration in a
+//! temporary directory; containerd itself runs in a network namespace of the test's, so the
+//! bridge it has the plugins make (the pods' gateway, the node side) is there, with no route
+//! out; the sandboxes' cgroups go under the test's cgroup, where the agent attaches; the sandbox
+//! image is built from Debian's busybox-static (no registry is reachable) and imported with
+//! `ctr`.
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use interceptor_tests::{
+    Netns, Probe,
+    agent_home::{Agent, AgentHome},
+    cni_network::{CniNetwork, REFERENCE_PLUGINS},
+    fixture::{Cgroup, remove_v1_cgroup_dirs},
+    privileged,
+    probe::Listener,
+    scenario::{APP_UID, PROXY_UID},
+    unique_name,
+};
+use k8s_cri::v1::{
+    LinuxPodSandboxConfig, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StatusRequest, StopPodSandboxRequest,
+    runtime_service_client::RuntimeServiceClient,
+};
+use serde_json::{Value, json};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+const INTERCEPTOR: &str = env!("CARGO_BIN_EXE_interceptor-under-test");
+const PLUGIN: &str = env!("CARGO_BIN_EXE_interceptor-cni-under-test");
+const RUNTIME: &str = env!("CARGO_BIN_EXE_runc-without-rlimits");
+/// The sandbox ("pause") image, in this containerd's own store.
+const PAUSE_IMAGE: &str = "localhost/interceptor-test/pause:1";
+/// The pods' bridge network, inside the node namespace: its gateway is the node.
+const GATEWAY: &str = "10.98.0.1";
+const POD_NAMESPACE: &str = "shop";
+const PROXY_VERSION: (&str, &str) = ("linkerd.io/proxy-version", "edge-24.11.8");
+
+/// A node: the agent, containerd with its CRI plugin and CNI network, all the test's own.
+struct Node {
+    dir: PathBuf,
+    home: AgentHome,
+    _agent: Agent,
+    netns: Netns,
+    cni: CniNetwork,
+    containerd: Child,
+    runtime: tokio::runtime::Runtime,
+    client: RuntimeServiceClient<Channel>,
+    cgroup_parent: String,
+    sandboxes: Vec<String>,
+    // Dropped last: the pods' processes are killed with it.
+    cgroup: Cgroup,
+}
+
+/// A pod sandbox that containerd started.
+struct Pod {
+    id: String,
+    netns: PathBuf,
+    ip: String,
+    uid: String,
+}
+
+impl Node {
+    fn new(tag: &str) -> Self {
+        let cgroup = Cgroup::new(tag);
+        let home = AgentHome::new(&cgroup.path);
+        let agent = home.start();
+        let dir = std::env::temp_dir().join(unique_name(&format!("{tag}-ctrd")));
+        std::fs::create_dir_all(&dir).unwrap();
+        let netns = Netns::new(&format!("{tag}-node"));
+        let cni = CniNetwork::with_primary(
+            &format!("{tag}-cni"),
+            &json!({
+                "cniVersion": "1.0.0",
+                "name": "pods",
+                "plugins": [{
+                    "type": "bridge",
+                    "bridge": "cni0",
+                    "isGateway": true,
+                    "ipMasq": false,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{ "subnet": "10.98.0.0/24", "gateway": GATEWAY }]],
+                        "routes": [{ "dst": "0.0.0.0/0" }],
+                        "dataDir": dir.join("ipam"),
+                    },
+                }],
+            }),
+        );
+        // containerd takes one plugin directory: the reference plugins beside ours.
+        for plugin in ["bridge", "host-local", "loopback"] {
+            std::fs::copy(
+                Path::new(REFERENCE_PLUGINS).join(plugin),
+                cni.bin_dir.join(plugin),
+            )
+            .unwrap_or_else(|e| panic!("copy {plugin}: {e}"));
+        }
+        // Chained as the DaemonSet's install-cni container chains it.
+        let out = Command::new(INTERCEPTOR)
+            .args(["cni", "install", "--plugin", PLUGIN, "--conf-dir"])
+            .arg(&cni.conf_dir)
+            .arg("--bin-dir")
+            .arg(&cni.bin_dir)
+            .arg("--agent-socket")
+            .arg(home.socket())
+            .arg("--log-file")
+            .arg(dir.join("cni.log"))
+            .args([
+                "--linkerd",
+                r#"{"inbound-ports-to-ignore": ["4190", "4191"]}"#,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "cni install: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+
+        let socket = dir.join("containerd.sock");
+        let config = dir.join("config.toml");
+        std::fs::write(
+            &config,
+            containerd_config(&dir, &socket, &cni.conf_dir, &cni.bin_dir),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
+        let containerd = Command::new("nsenter")
+            .arg(format!("--net={}", netns.path().display()))
+            .arg("containerd")
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start containerd");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = runtime.block_on(connect(&socket));
+        let cgroup_parent = cgroup
+            .path
+            .strip_prefix(interceptor::cgroup::cgroup2_root().unwrap())
+            .map(|p| format!("/{}", p.display()))
+            .expect("the test cgroup under the cgroup2 root");
+        let mut node = Self {
+            dir,
+            home,
+            _agent: agent,
+            netns,
+            cni,
+            containerd,
+            runtime,
+            client,
+            cgroup_parent,
+            sandboxes: Vec::new(),
+            cgroup,
+        };
+        node.import_pause_image(&socket);
+        node.wait_for_chained_network();
+        node
+    }
+
+    /// Builds the sandbox image (busybox's sleep as its entrypoint) as a docker archive and
+    /// imports it into containerd's `k8s.io` namespace, where the CRI plugin looks.
+    fn import_pause_image(&self, socket: &Path) {
+        let image = self.dir.join("image");
+        let rootfs = image.join("rootfs");
+        std::fs::create_dir_all(rootfs.join("bin")).unwrap();
+        std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).unwrap();
+        std::os::unix::fs::symlink("busybox", rootfs.join("bin/sleep")).unwrap();
+        run_ok(
+            Command::new("tar")
+                .arg("-C")
+                .arg(&rootfs)
+                .arg("-cf")
+                .arg(image.join("layer.tar"))
+                .arg("."),
+        );
+        let digest = run_ok(Command::new("sha256sum").arg(image.join("layer.tar")));
+        let digest = digest.split_whitespace().next().expect("a digest");
+        let config = json!({
+            "architecture": "amd64",
+            "os": "linux",
+            "config": { "Entrypoint": ["/bin/sleep", "2147483647"] },
+            "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{digest}")] },
+        });
+        std::fs::write(image.join("config.json"), config.to_string()).unwrap();
+        let manifest = json!([{
+            "Config": "config.json",
+            "RepoTags": [PAUSE_IMAGE],
+            "Layers": ["layer.tar"],
+        }]);
+        std::fs::write(image.join("manifest.json"), manifest.to_string()).unwrap();
+        run_ok(
+            Command::new("tar")
+                .arg("-C")
+                .arg(&image)
+                .arg("-cf")
+                .arg(self.dir.join("pause.tar"))
+                .args(["manifest.json", "config.json", "layer.tar"]),
+        );
+        run_ok(
+            Command::new("ctr")
+                .arg("--address")
+                .arg(socket)
+                .args(["--namespace", "k8s.io", "images", "import"])
+                .arg(self.dir.join("pause.tar")),
+        );
+    }
+
+    /// containerd reloads its CNI configuration when the installer rewrites it: waits until
+    /// the CRI plugin's network is the chained one.
+    fn wait_for_chained_network(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let status = self
+                .runtime
+                .block_on(self.client.status(StatusRequest { verbose: true }))
+                .expect("CRI Status");
+            let cni = status
+                .into_inner()
+                .info
+                .get("cniconfig")
+                .cloned()
+                .unwrap_or_default();
+            if cni.contains("interceptor-cni") {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "containerd never loaded the chained network: {cni}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `RunPodSandbox` of pod `name` in namespace `shop` with `annotations`, as the kubelet
+    /// sends it; then where its network namespace is and its address.
+    fn run_pod(&mut self, name: &str, annotations: &[(&str, &str)]) -> Result<Pod, tonic::Status> {
+        let uid = format!("{}-{name}", std::process::id());
+        let log_directory = self.dir.join("pods").join(name);
+        std::fs::create_dir_all(&log_directory).unwrap();
+        let config = PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: name.to_owned(),
+                uid: uid.clone(),
+                namespace: POD_NAMESPACE.to_owned(),
+                attempt: 0,
+            }),
+            hostname: name.to_owned(),
+            log_directory: log_directory.display().to_string(),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<HashMap<_, _>>(),
+            linux: Some(LinuxPodSandboxConfig {
+                cgroup_parent: self.cgroup_parent.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let id = self
+            .runtime
+            .block_on(self.client.run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(config),
+                runtime_handler: String::new(),
+            }))?
+            .into_inner()
+            .pod_sandbox_id;
+        self.sandboxes.push(id.clone());
+        let status = self
+            .runtime
+            .block_on(self.client.pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: id.clone(),
+                verbose: true,
+            }))
+            .expect("PodSandboxStatus")
+            .into_inner();
+        let ip = status
+            .status
+            .and_then(|s| s.network)
+            .map(|n| n.ip)
+            .expect("the pod's address");
+        let info: Value = serde_json::from_str(status.info.get("info").expect("verbose info"))
+            .expect("verbose info is JSON");
+        let netns = info["runtimeSpec"]["linux"]["namespaces"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|ns| ns["type"] == "network")
+            .and_then(|ns| ns["path"].as_str())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| panic!("no network namespace in {info}"));
+        Ok(Pod { id, netns, ip, uid })
+    }
+
+    /// `StopPodSandbox` then `RemovePodSandbox`, as the kubelet deletes a pod.
+    fn remove_pod(&mut self, id: &str) {
+        self.runtime
+            .block_on(self.client.stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: id.to_owned(),
+            }))
+            .expect("StopPodSandbox");
+        self.runtime
+            .block_on(self.client.remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: id.to_owned(),
+            }))
+            .expect("RemovePodSandbox");
+        self.sandboxes.retain(|s| s != id);
+    }
+
+    /// A process of `pod` as `uid`, in the node's cgroup as the pod's containers are.
+    fn in_pod(&self, pod: &Pod, uid: u32) -> Probe {
+        Probe::new()
+            .netns(&pod.netns)
+            .cgroup(&self.cgroup.path)
+            .uid(uid)
+    }
+
+    /// A stand-in proxy (outbound 4140, inbound 4143) and the app's servers on 8080 and 9090.
+    fn serve(&self, pod: &Pod, app: &str) -> Vec<Listener> {
+        let proxy = self.in_pod(pod, PROXY_UID);
+        vec![
+            proxy.listen(&["proxy", "127.0.0.1:4140", "--name", "outbound"]),
+            proxy.listen(&["proxy", "0.0.0.0:4143", "--name", "inbound"]),
+            self.in_pod(pod, APP_UID).listen(&[
+                "server",
+                "0.0.0.0:8080",
+                "0.0.0.0:9090",
+                "--name",
+                app,
+            ]),
+        ]
+    }
+
+    /// A client on the node (source address the gateway's).
+    fn on_node(&self) -> Probe {
+        Probe::new().netns(&self.netns.path())
+    }
+
+    /// The pods the agent has registered, by name, with their records.
+    fn registered(&self) -> Vec<(String, Value)> {
+        let mut pods: Vec<(String, Value)> = self
+            .home
+            .pods()
+            .into_iter()
+            .map(|p| (p["meta"]["name"].as_str().unwrap_or("-").to_owned(), p))
+            .collect();
+        pods.sort_by(|a, b| a.0.cmp(&b.0));
+        pods
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        for id in std::mem::take(&mut self.sandboxes) {
+            let _ = self
+                .runtime
+                .block_on(self.client.stop_pod_sandbox(StopPodSandboxRequest {
+                    pod_sandbox_id: id.clone(),
+                }));
+            let _ = self.runtime.block_on(
+                self.client
+                    .remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id }),
+            );
+        }
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.containerd.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.containerd.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.containerd.kill();
+        let _ = self.containerd.wait();
+        // Shims outlive containerd by design; ours are those started for this directory.
+        kill_processes_mentioning(&self.dir);
+        unmount_under(&self.dir);
+        remove_v1_cgroup_dirs(&self.cgroup_parent);
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = &self.cni;
+    }
+}
+
+/// containerd's configuration: every path under `dir`, CRI's CNI directories the test's, runc
+/// through the wrapper that drops rlimits this machine's containers cannot have, cgroupfs.
+fn containerd_config(dir: &Path, socket: &Path, conf_dir: &Path, bin_dir: &Path) -> String {
+    format!(
+        r#"version = 2
+root = "{root}"
+state = "{state}"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
+
+[grpc]
+  address = "{socket}"
+
+[ttrpc]
+  address = "{socket}.ttrpc"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{opt}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  netns_mounts_under_state_dir = true
+
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "{RUNTIME}"
+        Root = "{runc_root}"
+        SystemdCgroup = false
+
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{bin_dir}"
+    conf_dir = "{conf_dir}"
+    max_conf_num = 1
+"#,
+        root = dir.join("root").display(),
+        state = dir.join("state").display(),
+        opt = dir.join("opt").display(),
+        runc_root = dir.join("runc").display(),
+        socket = socket.display(),
+        bin_dir = bin_dir.display(),
+        conf_dir = conf_dir.display(),
+    )
+}
+
+/// A CRI client on containerd's socket, once it answers.
+async fn connect(socket: &Path) -> RuntimeServiceClient<Channel> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let path = socket.to_owned();
+        let channel = Endpoint::try_from("http://[::]")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }))
+            .await;
+        if let Ok(channel) = channel {
+            let mut client = RuntimeServiceClient::new(channel);
+            if client
+                .version(k8s_cri::v1::VersionRequest::default())
+                .await
+                .is_ok()
+            {
+                return client;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "containerd's CRI never answered on {} (see containerd.log beside it)",
+            socket.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn run_ok(command: &mut Command) -> String {
+    let out = command.output().expect("run a command");
+    assert!(
+        out.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn kill_processes_mentioning(dir: &Path) {
+    let needle = dir.display().to_string();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(&needle) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// Lazily unmounts every mount under `dir` (containerd's rootfs, shm and netns mounts),
+/// deepest first.
+fn unmount_under(dir: &Path) {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut mounts: Vec<&str> = mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| Path::new(m).starts_with(dir))
+        .collect();
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for mount in mounts {
+        let _ = nix::mount::umount2(mount, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+#[test]
+fn containerd_meshes_the_pods_linkerd_injected_and_passes_the_others_through() {
+    if !privileged("containerd_meshes_the_pods_linkerd_injected_and_passes_the_others_through") {
+        return;
+    }
+    let mut node = Node::new("ctrdmesh");
+    let _node_server = node
+        .on_node()
+        .listen(&["server", "0.0.0.0:1404", "--name", "node-server"]);
+    let web = node
+        .run_pod("web", &[PROXY_VERSION, ("app", "web")])
+        .expect("RunPodSandbox of an injected pod");
+    let plain = node
+        .run_pod(
+            "plain",
+            &[("app", "plain"), ("linkerd.io/inject", "enabled")],
+        )
+        .expect("RunPodSandbox of a pod Linkerd did not inject");
+
+    // Only the injected pod is registered, under its Kubernetes names and UID.
+    let registered = node.registered();
+    assert_eq!(
+        registered
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect::<Vec<_>>(),
+        ["web"],
+        "{registered:#?}"
+    );
+    let record = &registered[0].1;
+    assert_eq!(record["meta"]["namespace"], POD_NAMESPACE);
+    assert_eq!(record["meta"]["uid"], web.uid.as_str());
+    assert_eq!(record["meta"]["container_id"], web.id.as_str());
+
+    let _web = node.serve(&web, "web-app");
+    let _plain = node.serve(&plain, "plain-app");
+    let to_node = format!("{GATEWAY}:1404");
+    // The injected pod: outbound and inbound on its proxy, from the first connect.
+    let web_app = node.in_pod(&web, APP_UID);
+    assert_eq!(web_app.connect(&to_node).proxy_orig().to_string(), to_node);
+    let to_web = format!("{}:8080", web.ip);
+    assert_eq!(
+        node.on_node().connect(&to_web).proxy_orig().to_string(),
+        to_web
+    );
+    // The other pod: untouched both ways.
+    let plain_app = node.in_pod(&plain, APP_UID);
+    assert_eq!(plain_app.connect(&to_node).server_name(), "node-server");
+    assert_eq!(
+        node.on_node()
+            .connect(&format!("{}:8080", plain.ip))
+            .server_name(),
+        "plain-app"
+    );
+
+    // The kubelet deletes the pods: the injected one leaves the agent.
+    node.remove_pod(&web.id);
+    node.remove_pod(&plain.id);
+    assert!(node.registered().is_empty(), "{:#?}", node.registered());
+}
+
+#[test]
+fn containerd_pods_own_annotations_change_only_their_own_interception() {
+    if !privileged("containerd_pods_own_annotations_change_only_their_own_interception") {
+        return;
+    }
+    let mut node = Node::new("ctrdannot");
+    let _node_server = node
+        .on_node()
+        .listen(&["server", "0.0.0.0:1404", "--name", "node-server"]);
+    let gateway_subnet = format!("{GATEWAY}/32");
+    let pods: Vec<(&str, Pod)> = [
+        ("plain-mesh", vec![PROXY_VERSION]),
+        (
+            "skip-out",
+            vec![
+                PROXY_VERSION,
+                ("config.linkerd.io/skip-outbound-ports", "1404"),
+            ],
+        ),
+        (
+            "skip-in",
+            vec![
+                PROXY_VERSION,
+                ("config.linkerd.io/skip-inbound-ports", "8080"),
+            ],
+        ),
+        (
+            "skip-subnet",
+            vec![
+                PROXY_VERSION,
+                ("config.linkerd.io/skip-subnets", gateway_subnet.as_str()),
+            ],
+        ),
+    ]
+    .into_iter()
+    .map(|(name, annotations)| {
+        let pod = node
+            .run_pod(name, &annotations)
+            .unwrap_or_else(|e| panic!("RunPodSandbox of {name}: {e}"));
+        (name, pod)
+    })
+    .collect();
+    assert_eq!(node.registered().len(), 4);
+    let _servers: Vec<_> = pods
+        .iter()
+        .map(|(name, pod)| node.serve(pod, name))
+        .collect();
+
+    let to_node = format!("{GATEWAY}:1404");
+    for (name, pod) in &pods {
+        let app = node.in_pod(pod, APP_UID);
+        let outbound = app.connect(&to_node);
+        if *name == "skip-out" {
+            assert_eq!(outbound.server_name(), "node-server", "{name}");
+        } else {
+            assert_eq!(outbound.proxy_orig().to_string(), to_node, "{name}");
+        }
+        for port in [8080, 9090] {
+            let target = format!("{}:{port}", pod.ip);
+            let inbound = node.on_node().connect(&target);
+            // The node's client connects from the gateway's address.
+            let direct = *name == "skip-subnet" || (*name == "skip-in" && port == 8080);
+            if direct {
+                assert_eq!(inbound.server_name(), *name, "{name} {port}");
+            } else {
+                assert_eq!(inbound.proxy_orig().to_string(), target, "{name} {port}");
+            }
+        }
+    }
+}
+
+#[test]
+fn containerd_refuses_a_pod_with_a_malformed_annotation_with_the_plugins_message() {
+    if !privileged("containerd_refuses_a_pod_with_a_malformed_annotation_with_the_plugins_message")
+    {
+        return;
+    }
+    let mut node = Node::new("ctrdbad");
+    let error = match node.run_pod(
+        "bad",
+        &[
+            PROXY_VERSION,
+            ("config.linkerd.io/skip-outbound-ports", "25,smtp"),
+        ],
+    ) {
+        Ok(pod) => panic!("a pod with a malformed annotation started: {}", pod.id),
+        Err(error) => error,
+    };
+    let message = error.message();
+    for expected in ["config.linkerd.io/skip-outbound-ports", "25,smtp", "smtp"] {
+        assert!(message.contains(expected), "{expected:?} not in {message}");
+    }
+    assert!(node.registered().is_empty(), "{:#?}", node.registered());
+}
