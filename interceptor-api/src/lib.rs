@@ -47,6 +47,15 @@ pub enum Request {
         meta: PodMeta,
         reason: String,
     },
+    /// A Kubernetes pod's annotations, from the agent's watch of its node's pods or the
+    /// Kubernetes API: for the CNI plugin when the runtime passed none. `uid`, when given, must
+    /// match (a pod of the same name may have been deleted and created again).
+    PodAnnotations {
+        namespace: String,
+        name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        uid: Option<String>,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -123,9 +132,17 @@ pub struct Health {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum Response {
-    Ok { pods: Vec<PodInfo> },
+    Ok {
+        pods: Vec<PodInfo>,
+    },
     Health(Health),
-    Error { kind: ErrorKind, message: String },
+    Annotations {
+        annotations: BTreeMap<String, String>,
+    },
+    Error {
+        kind: ErrorKind,
+        message: String,
+    },
 }
 
 /// Why a request was refused; nothing was changed.
@@ -149,6 +166,9 @@ pub enum ErrorKind {
     PermissionDenied,
     /// The kernel refused an operation; the message says which.
     Internal,
+    /// Something the answer depends on cannot answer now (the Kubernetes API, or the agent has
+    /// no access to it); the message says what. Worth trying again later.
+    Unavailable,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -212,6 +232,24 @@ fn exchange(socket: &Path, request: &Request) -> Result<Response, ClientError> {
     match serde_json::from_str(&answer).map_err(|e| protocol(format!("{e}: {answer:?}")))? {
         Response::Error { kind, message } => Err(ClientError::Refused { kind, message }),
         response => Ok(response),
+    }
+}
+
+/// A Kubernetes pod's annotations, as the agent has them (see [`Request::PodAnnotations`]).
+pub fn pod_annotations(
+    socket: &Path,
+    namespace: &str,
+    name: &str,
+    uid: Option<&str>,
+) -> Result<BTreeMap<String, String>, ClientError> {
+    let request = Request::PodAnnotations {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        uid: uid.map(str::to_owned),
+    };
+    match exchange(socket, &request)? {
+        Response::Annotations { annotations } => Ok(annotations),
+        other => Err(unexpected(socket, &other)),
     }
 }
 

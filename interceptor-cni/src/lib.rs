@@ -192,25 +192,19 @@ fn plan(inv: &Invocation) -> Result<Plan, CniError> {
     let mut settings = settings(inv)?;
     let pods = pod_selection(&inv.conf, &inv.cni_args)
         .map_err(|e| error(code::INVALID_CONFIG, "invalid plugin configuration", e))?;
-    let annotations = inv
+    let passed = inv
         .conf
         .runtime_config
         .as_ref()
-        .and_then(|r| r.pod_annotations.as_ref());
+        .and_then(|r| r.pod_annotations.clone());
+    // Without them, the agent reads them from the Kubernetes API.
+    let annotations = match passed {
+        None if pods == Pods::Injected => Some(look_up(inv)?),
+        passed => passed,
+    };
+    let annotations = annotations.as_ref();
     if pods == Pods::Injected {
-        // Without them the pod may be one Linkerd injected: it must not start unmeshed, and
-        // meshing a pod without a proxy breaks its connections. The runtime retries.
-        let Some(annotations) = annotations else {
-            return Err(error(
-                code::TRY_AGAIN_LATER,
-                "the runtime passed no pod annotations: cannot tell whether Linkerd injected \
-                 the pod; try again later",
-                format!(
-                    "declare the capability {{\"{POD_ANNOTATIONS}\": true}} in the plugin's \
-                     conflist entry (interceptor cni install does), or set \"pods\": \"all\""
-                ),
-            ));
-        };
+        let annotations = annotations.expect("passed by the runtime or looked up");
         if let Decision::Skip { reason } = annotations::decide(annotations) {
             return Ok(Plan::Skip(reason));
         }
@@ -225,6 +219,40 @@ fn plan(inv: &Invocation) -> Result<Plan, CniError> {
         })?;
     }
     Ok(Plan::Mesh(settings))
+}
+
+/// The pod's annotations from the agent's view of the Kubernetes API, for a runtime that passed
+/// none. Unanswered, the pod may be one Linkerd injected: it must not start unmeshed, and
+/// meshing a pod without a proxy would break its connections; the runtime retries (11).
+fn look_up(inv: &Invocation) -> Result<BTreeMap<String, String>, CniError> {
+    let arg = |key: &str| inv.cni_args.get(key).filter(|v| !v.is_empty());
+    let (Some(namespace), Some(name)) = (arg("K8S_POD_NAMESPACE"), arg("K8S_POD_NAME")) else {
+        return Err(error(
+            code::TRY_AGAIN_LATER,
+            "the runtime passed neither the pod's annotations nor its name: cannot tell \
+             whether Linkerd injected it",
+            format!(
+                "declare the capability {{\"{POD_ANNOTATIONS}\": true}} in the plugin's \
+                 conflist entry (interceptor cni install does), or set \"pods\": \"all\""
+            ),
+        ));
+    };
+    let uid = arg("K8S_POD_UID").map(String::as_str);
+    interceptor_api::pod_annotations(&socket(inv), namespace, name, uid).map_err(|e| match e {
+        ClientError::Refused {
+            kind: ErrorKind::Unavailable,
+            message,
+        } => error(
+            code::TRY_AGAIN_LATER,
+            "the runtime passed no pod annotations and the Kubernetes API could not give them: \
+             cannot tell whether Linkerd injected the pod; try again later",
+            format!(
+                "{message}; or declare the capability {{\"{POD_ANNOTATIONS}\": true}} in the \
+                 plugin's conflist entry (interceptor cni install does)"
+            ),
+        ),
+        e => agent_error(e),
+    })
 }
 
 /// The agent's answer as a CNI error.

@@ -179,6 +179,17 @@ pub struct DaemonArgs {
     /// set it.
     #[arg(long, hide = true, default_value_t = interceptor_common::MAP_LAYOUT_VERSION)]
     pub map_layout_version: u32,
+    /// Read pods from the Kubernetes API for the CNI plugin when the container runtime passes
+    /// no annotations: in-cluster service account, else $KUBECONFIG or ~/.kube/config.
+    #[arg(long)]
+    pub kubernetes: bool,
+    /// Read pods from the Kubernetes API with this kubeconfig (implies --kubernetes).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name, for the watch of its pods (the DaemonSet sets NODE_NAME from
+    /// spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
 }
 
 #[derive(Debug, Args)]

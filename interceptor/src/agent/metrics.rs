@@ -135,6 +135,13 @@ fn render(agent: &Agent) -> String {
         "Pods the CNI plugin let through without meshing them, by reason",
         agent.pods_skipped.0.clone(),
     );
+    if let Some(kube) = &agent.kube {
+        registry.register(
+            "kubernetes_pod_lookups",
+            "Pods looked up for the CNI plugin when the runtime passed no annotations, by where the answer came from (cache, api, failed)",
+            kube.lookups(),
+        );
+    }
     let fill = Family::<Labels, Gauge<i64>>::default();
     let levels = agent.node.pods_ref().fill_levels();
     for (map, entries) in [

@@ -8,6 +8,7 @@
 //! (`records`), keeping their slots and counters. Only `interceptor uninstall` detaches.
 pub use interceptor_api as api;
 use interceptor_common::{NetnsCookie, names};
+pub mod kube_pods;
 mod metrics;
 mod reconcile;
 mod records;
@@ -115,6 +116,8 @@ struct Agent {
     registration_seconds: prometheus_client::metrics::histogram::Histogram,
     /// Pods the CNI plugin let through unmeshed, by reason.
     pods_skipped: metrics::PodsSkipped,
+    /// This node's pods in the Kubernetes API, when the agent was given access.
+    kube: Option<Arc<kube_pods::KubePods>>,
     netns_watch: watch::NetnsWatch,
     /// Where the node's programs are attached (`--cgroup`).
     cgroup: PathBuf,
@@ -132,6 +135,9 @@ pub struct AgentOptions {
     /// The map layout version to pin under (`MAP_LAYOUT_VERSION`; another value only in the
     /// tests of the migration between layouts).
     pub map_layout: u32,
+    /// Read pods from the Kubernetes API for the CNI plugin, when a runtime passes no
+    /// annotations.
+    pub kubernetes: Option<kube_pods::KubeOptions>,
 }
 
 type Refusal = (ErrorKind, String);
@@ -175,6 +181,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         pods: BTreeMap::new(),
         registration_seconds: metrics::registration_histogram(),
         pods_skipped: metrics::PodsSkipped::default(),
+        kube: None,
         netns_watch,
         cgroup: cgroup.to_owned(),
     };
@@ -205,6 +212,9 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         info!(in_flight_copied = copied, "map layout migration done");
     } else {
         agent.restore(false)?;
+    }
+    if let Some(kube) = options.kubernetes {
+        agent.kube = Some(kube_pods::KubePods::start(kube).await);
     }
     let agent = Arc::new(Mutex::new(agent));
     if let Some(addr) = options.metrics_addr {

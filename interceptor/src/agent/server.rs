@@ -48,6 +48,15 @@ pub(super) async fn serve(agent: Arc<Mutex<Agent>>, stream: UnixStream) {
     } else {
         match read {
             Ok(Ok(n)) if n > 0 => match serde_json::from_str::<Request>(&line) {
+                // Waits on the Kubernetes API, not on the agent: answered here, off the lock.
+                Ok(Request::PodAnnotations {
+                    namespace,
+                    name,
+                    uid,
+                }) => {
+                    let kube = lock(&agent).kube.clone();
+                    pod_annotations(kube, &namespace, &name, uid.as_deref()).await
+                }
                 Ok(request) => tokio::task::spawn_blocking(move || handle(&agent, request))
                     .await
                     .unwrap_or_else(|e| {
@@ -65,6 +74,24 @@ pub(super) async fn serve(agent: Arc<Mutex<Agent>>, stream: UnixStream) {
     let mut out = serde_json::to_string(&response).unwrap_or_default();
     out.push('\n');
     let _ = timeout(REQUEST_DEADLINE, write.write_all(out.as_bytes())).await;
+}
+
+async fn pod_annotations(
+    kube: Option<Arc<super::kube_pods::KubePods>>,
+    namespace: &str,
+    name: &str,
+    uid: Option<&str>,
+) -> Response {
+    let Some(kube) = kube else {
+        return refuse((
+            ErrorKind::Unavailable,
+            "this agent does not read the Kubernetes API (start it with --kubernetes)".into(),
+        ));
+    };
+    match kube.annotations(namespace, name, uid).await {
+        Ok(annotations) => Response::Annotations { annotations },
+        Err(message) => refuse((ErrorKind::Unavailable, message)),
+    }
 }
 
 fn handle(agent: &Mutex<Agent>, request: Request) -> Response {
@@ -89,6 +116,9 @@ fn handle(agent: &Mutex<Agent>, request: Request) -> Response {
             );
             lock(agent).pods_skipped.count(&reason);
             Ok(Vec::new())
+        }
+        Request::PodAnnotations { .. } => {
+            unreachable!("answered in serve, without the agent's lock")
         }
     };
     match result {

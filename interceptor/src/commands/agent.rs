@@ -28,6 +28,12 @@ pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
         metrics_addr: args.metrics_addr,
         map_layout: args.map_layout_version,
         max_pods: args.max_pods,
+        kubernetes: (args.kubernetes || args.kubeconfig.is_some()).then(|| {
+            agent::kube_pods::KubeOptions {
+                kubeconfig: args.kubeconfig,
+                node_name: args.node_name.filter(|n| !n.is_empty()),
+            }
+        }),
     };
     agent::run(args.location.paths(), options).await
 }

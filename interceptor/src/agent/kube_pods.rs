@@ -1,0 +1,226 @@
+//! The pods of this node as the Kubernetes API has them, for the CNI plugin when the container
+//! runtime passed no annotations (a runtime without the `io.kubernetes.cri.pod-annotations`
+//! capability): whether Linkerd injected a pod and its `config.linkerd.io/*` settings are then
+//! read from here, and decided by the same function as the annotations a runtime passes.
+//!
+//! A watch of the pods on this node (`spec.nodeName`) keeps their names, UIDs and annotations
+//! (nothing else: a node runs hundreds of pods), so an ADD seldom waits on the API: the kubelet
+//! creates the pod in the API before it asks the runtime for its sandbox, so the watch has
+//! usually seen it. A pod not yet seen, or seen with another UID (a pod of the same name
+//! deleted and created again), is read with a GET. When the API cannot answer in time, the
+//! lookup fails and the plugin answers CNI error 11 (try again later): a pod that may need
+//! meshing never starts unmeshed.
+//!
+//! The agent's own work never depends on the API: without it (no credentials, API down), the
+//! agent runs, and only these lookups fail, each saying why.
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    Api, Client, Config,
+    config::{KubeConfigOptions, Kubeconfig},
+    runtime::{WatchStreamExt as _, watcher},
+};
+use prometheus_client::metrics::{counter::Counter, family::Family};
+use tracing::{info, warn};
+
+/// How the agent reaches the Kubernetes API.
+#[derive(Clone, Debug)]
+pub struct KubeOptions {
+    /// A kubeconfig file; without one, the pod's service account (in-cluster), else
+    /// `$KUBECONFIG` or `~/.kube/config`.
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name (`spec.nodeName` of its pods): the watch's scope. Without it there is no
+    /// watch, and every lookup is a GET.
+    pub node_name: Option<String>,
+}
+
+/// How long a lookup may take: well inside the plugin's patience and the kubelet's.
+const LOOKUP_DEADLINE: Duration = Duration::from_secs(3);
+
+/// What the agent keeps of a pod.
+#[derive(Clone, Debug)]
+struct Facts {
+    uid: String,
+    annotations: BTreeMap<String, String>,
+}
+
+type Key = (String, String);
+
+pub struct KubePods {
+    /// The client, or why there is none.
+    client: Result<Client, String>,
+    cache: Mutex<HashMap<Key, Facts>>,
+    /// Lookups by where they were answered: `cache`, `api`, `failed`.
+    lookups: Family<Vec<(String, String)>, Counter>,
+}
+
+impl KubePods {
+    /// Connects (without waiting for the API) and starts the watch of this node's pods.
+    pub async fn start(options: KubeOptions) -> Arc<Self> {
+        let client = match client(&options).await {
+            Ok(client) => Ok(client),
+            Err(e) => {
+                warn!(error = %e, "no Kubernetes API: pods whose runtime passes no annotations cannot be looked up");
+                Err(e)
+            }
+        };
+        let pods = Arc::new(Self {
+            client,
+            cache: Mutex::new(HashMap::new()),
+            lookups: Family::default(),
+        });
+        match (&pods.client, options.node_name) {
+            (Ok(client), Some(node)) => {
+                tokio::spawn(watch(pods.clone(), client.clone(), node));
+            }
+            (Ok(_), None) => {
+                warn!("no node name (--node-name, NODE_NAME): no watch, every lookup asks the API")
+            }
+            (Err(_), _) => {}
+        }
+        pods
+    }
+
+    /// The pod's annotations: from the watch's cache when it has the pod (with this `uid`, if
+    /// given), else from the API.
+    pub async fn annotations(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+    ) -> Result<BTreeMap<String, String>, String> {
+        let key = (namespace.to_owned(), name.to_owned());
+        let cached = lock(&self.cache).get(&key).cloned();
+        if let Some(facts) = cached.filter(|f| uid.is_none_or(|uid| uid == f.uid)) {
+            self.count("cache");
+            return Ok(facts.annotations);
+        }
+        let answer = self.get(namespace, name, uid).await;
+        self.count(if answer.is_ok() { "api" } else { "failed" });
+        answer
+    }
+
+    async fn get(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+    ) -> Result<BTreeMap<String, String>, String> {
+        let client = self.client.clone()?;
+        let api: Api<Pod> = Api::namespaced(client, namespace);
+        let pod = match tokio::time::timeout(LOOKUP_DEADLINE, api.get_opt(name)).await {
+            Err(_) => {
+                return Err(format!(
+                    "the Kubernetes API did not answer within {} s for pod {namespace}/{name}",
+                    LOOKUP_DEADLINE.as_secs()
+                ));
+            }
+            Ok(Err(e)) => {
+                return Err(format!(
+                    "the Kubernetes API could not give pod {namespace}/{name}: {e}"
+                ));
+            }
+            Ok(Ok(None)) => {
+                return Err(format!(
+                    "pod {namespace}/{name} is not in the Kubernetes API (yet)"
+                ));
+            }
+            Ok(Ok(Some(pod))) => pod,
+        };
+        let facts = facts(&pod);
+        if let Some(uid) = uid.filter(|uid| *uid != facts.uid) {
+            return Err(format!(
+                "pod {namespace}/{name} in the Kubernetes API has UID {}, not {uid} (the pod of that name was replaced)",
+                facts.uid
+            ));
+        }
+        Ok(facts.annotations)
+    }
+
+    fn count(&self, source: &str) {
+        self.lookups
+            .get_or_create(&vec![("source".to_owned(), source.to_owned())])
+            .inc();
+    }
+
+    /// For `/metrics`: lookups by where they were answered.
+    pub fn lookups(&self) -> Family<Vec<(String, String)>, Counter> {
+        self.lookups.clone()
+    }
+}
+
+async fn client(options: &KubeOptions) -> Result<Client, String> {
+    let config = match &options.kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)
+                .map_err(|e| format!("reading the kubeconfig {}: {e}", path.display()))?;
+            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| format!("the kubeconfig {}: {e}", path.display()))?
+        }
+        None => Config::infer().await.map_err(|e| {
+            format!("no in-cluster service account, $KUBECONFIG or ~/.kube/config: {e}")
+        })?,
+    };
+    Client::try_from(config).map_err(|e| format!("a Kubernetes client: {e}"))
+}
+
+fn facts(pod: &Pod) -> Facts {
+    Facts {
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        annotations: pod.metadata.annotations.clone().unwrap_or_default(),
+    }
+}
+
+fn key(pod: &Pod) -> Option<Key> {
+    Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
+}
+
+/// Keeps the cache to the pods on `node`; a watch that ends is listed and watched again, with
+/// backoff, and the cache replaced by the new list once it is complete.
+async fn watch(pods: Arc<KubePods>, client: Client, node: String) {
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let mut events = watcher(Api::<Pod>::all(client), config)
+        .default_backoff()
+        .boxed();
+    let mut listing: HashMap<Key, Facts> = HashMap::new();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Apply(pod)) => {
+                if let Some(key) = key(&pod) {
+                    lock(&pods.cache).insert(key, facts(&pod));
+                }
+            }
+            Ok(watcher::Event::Delete(pod)) => {
+                if let Some(key) = key(&pod) {
+                    lock(&pods.cache).remove(&key);
+                }
+            }
+            Ok(watcher::Event::Init) => listing.clear(),
+            Ok(watcher::Event::InitApply(pod)) => {
+                if let Some(key) = key(&pod) {
+                    // Visible at once: a pod being started may be waiting for it.
+                    lock(&pods.cache).insert(key.clone(), facts(&pod));
+                    listing.insert(key, facts(&pod));
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                let count = listing.len();
+                *lock(&pods.cache) = std::mem::take(&mut listing);
+                info!(node = %node, pods = count, "watching this node's pods in the Kubernetes API");
+            }
+            Err(e) => warn!(error = %e, "watching this node's pods in the Kubernetes API"),
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,424 @@
+//! The Kubernetes API path: a runtime that passes no pod annotations (the plugin's conflist
+//! entry without the `io.kubernetes.cri.pod-annotations` capability), a Kubernetes pod named in
+//! `CNI_ARGS`, and the agent reading the pod from the API (`--kubeconfig`, `--node-name`): from
+//! its watch of the node's pods, or with a GET for a pod the watch has not seen.
+//!
+//! No `kube-apiserver` can be installed on these machines (Debian has none, and only crates.io,
+//! PyPI and npm are reachable), so the API server is a small HTTP server in the test that
+//! answers as the API server does: a `PodList` for the list, a chunked stream of watch events,
+//! the pod or a `NotFound` Status for a GET. It can end the watch stream (the agent watches
+//! again) and stop answering (the API is down).
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Write as _},
+    net::{TcpListener, TcpStream},
+    path::Path,
+    sync::{
+        Arc, Mutex,
+        mpsc::{self, Receiver, RecvTimeoutError, Sender},
+    },
+    time::{Duration, Instant},
+};
+
+use interceptor_tests::{
+    Netns, PodFixture,
+    agent_home::{AgentHome, free_loopback_addr, http_get},
+    cni_network::CniNetwork,
+    privileged,
+    scenario::{APP_UID, PROXY_UID},
+};
+use serde_json::{Value, json};
+
+const PLUGIN: &str = env!("CARGO_BIN_EXE_interceptor-cni-under-test");
+const NODE: &str = "node-a";
+
+/// A pod as the API server returns it, on `node`, with `annotations`; its UID is the one the
+/// test's CNI_ARGS name (`uid-<name>`).
+fn pod(name: &str, node: &str, annotations: &[(&str, &str)]) -> Value {
+    let annotations: BTreeMap<&str, &str> = annotations.iter().copied().collect();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "shop",
+            "uid": format!("uid-{name}"),
+            "resourceVersion": "10",
+            "annotations": annotations,
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [{ "name": "app", "image": "app:1" }, { "name": "linkerd-proxy", "image": "proxy:1" }],
+        },
+    })
+}
+
+const INJECTED: (&str, &str) = ("linkerd.io/proxy-version", "edge-24.11.8");
+
+enum WatchEvent {
+    Added(Value),
+    /// The server ends the stream, as an API server does when a watch times out.
+    End,
+}
+
+#[derive(Default)]
+struct ApiState {
+    pods: Vec<Value>,
+    /// Every request's path and query, in order.
+    requests: Vec<String>,
+    watches: Vec<Sender<WatchEvent>>,
+    /// Connections are closed without an answer.
+    down: bool,
+}
+
+/// The stand-in API server on 127.0.0.1.
+struct FakeApi {
+    addr: String,
+    state: Arc<Mutex<ApiState>>,
+}
+
+impl FakeApi {
+    fn start(pods: Vec<Value>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let state = Arc::new(Mutex::new(ApiState {
+            pods,
+            ..ApiState::default()
+        }));
+        let shared = state.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let state = shared.clone();
+                std::thread::spawn(move || serve(stream, &state));
+            }
+        });
+        Self { addr, state }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, ApiState> {
+        self.state.lock().unwrap()
+    }
+
+    /// How many requests so far contain `needle`.
+    fn requests_with(&self, needle: &str) -> usize {
+        self.state()
+            .requests
+            .iter()
+            .filter(|r| r.contains(needle))
+            .count()
+    }
+
+    /// Sends `event` to every open watch.
+    fn broadcast(&self, event: impl Fn() -> WatchEvent) {
+        self.state().watches.retain(|w| w.send(event()).is_ok());
+    }
+
+    fn kubeconfig(&self, dir: &Path) -> std::path::PathBuf {
+        std::fs::create_dir_all(dir).unwrap();
+        let path = dir.join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user:\n    token: test-token\n",
+                self.addr
+            ),
+        )
+        .unwrap();
+        path
+    }
+}
+
+fn serve(mut stream: TcpStream, state: &Mutex<ApiState>) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line).is_err() {
+        return;
+    }
+    loop {
+        let mut header = String::new();
+        if reader.read_line(&mut header).unwrap_or(0) == 0 || header == "\r\n" {
+            break;
+        }
+    }
+    let target = request_line
+        .split(' ')
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned();
+    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+    let mut guard = state.lock().unwrap();
+    guard.requests.push(target.clone());
+    if guard.down {
+        return;
+    }
+    let on_node = |pod: &&Value| {
+        !query.contains("spec.nodeName")
+            || query.contains(&format!(
+                "%3D{}",
+                pod["spec"]["nodeName"].as_str().unwrap_or("")
+            ))
+    };
+    if path == "/api/v1/pods" && query.contains("watch=true") {
+        let (sender, events) = mpsc::channel();
+        guard.watches.push(sender);
+        drop(guard);
+        stream_watch(stream, &events);
+    } else if path == "/api/v1/pods" {
+        let items: Vec<Value> = guard.pods.iter().filter(on_node).cloned().collect();
+        drop(guard);
+        respond(
+            &mut stream,
+            "200 OK",
+            &json!({
+                "apiVersion": "v1",
+                "kind": "PodList",
+                "metadata": { "resourceVersion": "10" },
+                "items": items,
+            }),
+        );
+    } else if let Some(rest) = path.strip_prefix("/api/v1/namespaces/") {
+        let (namespace, name) = rest.split_once("/pods/").unwrap_or(("", ""));
+        let found = guard
+            .pods
+            .iter()
+            .find(|p| p["metadata"]["namespace"] == namespace && p["metadata"]["name"] == name)
+            .cloned();
+        drop(guard);
+        match found {
+            Some(pod) => respond(&mut stream, "200 OK", &pod),
+            None => respond(
+                &mut stream,
+                "404 Not Found",
+                &json!({
+                    "apiVersion": "v1", "kind": "Status", "status": "Failure",
+                    "reason": "NotFound", "code": 404,
+                    "message": format!("pods \"{name}\" not found"),
+                    "details": { "name": name, "kind": "pods" },
+                }),
+            ),
+        }
+    } else {
+        drop(guard);
+        respond(
+            &mut stream,
+            "404 Not Found",
+            &json!({"kind": "Status", "code": 404}),
+        );
+    }
+}
+
+fn respond(stream: &mut TcpStream, status: &str, body: &Value) {
+    let body = body.to_string();
+    let _ = write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+/// A watch: chunked JSON events until the test ends it.
+fn stream_watch(mut stream: TcpStream, events: &Receiver<WatchEvent>) {
+    if write!(
+        stream,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    .is_err()
+    {
+        return;
+    }
+    loop {
+        match events.recv_timeout(Duration::from_secs(300)) {
+            Ok(WatchEvent::Added(pod)) => {
+                let line = format!("{}\n", json!({ "type": "ADDED", "object": pod }));
+                if write!(stream, "{:x}\r\n{line}\r\n", line.len()).is_err() {
+                    return;
+                }
+            }
+            Ok(WatchEvent::End)
+            | Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+                let _ = write!(stream, "0\r\n\r\n");
+                return;
+            }
+        }
+    }
+}
+
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A node's CNI network whose plugin entry does not declare the annotations capability: the
+/// runtime passes no annotations, as a runtime without the capability does.
+fn network_without_annotations(home: &AgentHome) -> CniNetwork {
+    let network = CniNetwork::with_primary(
+        "kubeapi-cni",
+        &json!({
+            "cniVersion": "1.0.0",
+            "name": "lo-net",
+            "plugins": [
+                { "type": "loopback" },
+                { "type": "interceptor-cni", "agent_socket": home.socket(), "log_file": std::env::temp_dir().join("icpt-kube-api-cni.log") },
+            ],
+        }),
+    );
+    std::fs::copy(PLUGIN, network.bin_dir.join("interceptor-cni")).unwrap();
+    network
+}
+
+fn registered(home: &AgentHome) -> Vec<String> {
+    let mut names: Vec<String> = home
+        .pods()
+        .iter()
+        .map(|p| p["meta"]["name"].as_str().unwrap_or("-").to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn the_agent_reads_a_pods_annotations_from_the_kubernetes_api_when_the_runtime_passes_none() {
+    if !privileged(
+        "the_agent_reads_a_pods_annotations_from_the_kubernetes_api_when_the_runtime_passes_none",
+    ) {
+        return;
+    }
+    let api = FakeApi::start(vec![
+        pod("web", NODE, &[INJECTED]),
+        pod("plain", NODE, &[("app", "plain")]),
+        pod("elsewhere", "node-b", &[INJECTED]),
+    ]);
+    let fixture = PodFixture::new("kubeapi");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let kubeconfig = api.kubeconfig(&home.state_dir);
+    let metrics = free_loopback_addr();
+    let _agent = home.start_with(&[
+        "--kubeconfig",
+        &kubeconfig.display().to_string(),
+        "--node-name",
+        NODE,
+        "--metrics-addr",
+        &metrics,
+    ]);
+    // The agent lists this node's pods, then watches them.
+    eventually("the agent watches the node's pods", || {
+        api.requests_with("watch=true") > 0
+    });
+    assert!(
+        api.state()
+            .requests
+            .iter()
+            .all(|r| !r.starts_with("/api/v1/pods") || r.contains("spec.nodeName%3Dnode-a")),
+        "{:?}",
+        api.state().requests
+    );
+    let network = network_without_annotations(&home);
+
+    // In the cache: meshed without a request to the API, from the first connect.
+    network
+        .add("web", &fixture.pod.path(), &json!(null))
+        .expect("ADD of an injected pod the watch has seen");
+    assert_eq!(api.requests_with("/pods/web"), 0, "answered from the cache");
+    assert_eq!(registered(&home), ["web"]);
+    let _proxy =
+        fixture
+            .in_pod()
+            .uid(PROXY_UID)
+            .listen(&["proxy", "127.0.0.1:4140", "--name", "outbound"]);
+    assert_eq!(
+        fixture
+            .in_pod()
+            .uid(APP_UID)
+            .connect("192.0.2.2:1404")
+            .proxy_orig()
+            .to_string(),
+        "192.0.2.2:1404"
+    );
+    // Not injected, in the cache: passed through, not registered.
+    let plain = Netns::new("kubeapi-plain");
+    network
+        .add("plain", &plain.path(), &json!(null))
+        .expect("ADD of a pod Linkerd did not inject");
+    assert_eq!(registered(&home), ["web"]);
+
+    // Not yet in the cache (the API has it, the watch has not said so): a GET.
+    api.state().pods.push(pod("late", NODE, &[INJECTED]));
+    let late = Netns::new("kubeapi-late");
+    network
+        .add("late", &late.path(), &json!(null))
+        .expect("ADD of a pod the watch has not seen yet");
+    assert_eq!(api.requests_with("/api/v1/namespaces/shop/pods/late"), 1);
+    assert_eq!(registered(&home), ["late", "web"]);
+
+    // A watch event puts a pod in the cache.
+    api.state().pods.push(pod("evented", NODE, &[INJECTED]));
+    api.broadcast(|| WatchEvent::Added(pod("evented", NODE, &[INJECTED])));
+    let evented = Netns::new("kubeapi-evented");
+    std::thread::sleep(Duration::from_millis(500));
+    network
+        .add("evented", &evented.path(), &json!(null))
+        .expect("ADD of a pod the watch announced");
+    assert_eq!(
+        api.requests_with("/pods/evented"),
+        0,
+        "answered from the cache"
+    );
+
+    // The watch ends, as API servers end watches: the agent watches again (from where it
+    // was), and a pod announced on the new watch is in its cache.
+    let watches = api.requests_with("watch=true");
+    api.broadcast(|| WatchEvent::End);
+    eventually("the agent watches again", || {
+        api.requests_with("watch=true") > watches
+    });
+    api.state().pods.push(pod("after", NODE, &[INJECTED]));
+    api.broadcast(|| WatchEvent::Added(pod("after", NODE, &[INJECTED])));
+    std::thread::sleep(Duration::from_millis(500));
+    let after = Netns::new("kubeapi-after");
+    network
+        .add("after", &after.path(), &json!(null))
+        .expect("ADD after the watch reconnected");
+    assert_eq!(
+        api.requests_with("/pods/after"),
+        0,
+        "answered from the new list"
+    );
+
+    let (_, body) = http_get(&metrics, "/metrics");
+    for line in [
+        "interceptor_kubernetes_pod_lookups_total{source=\"cache\"} 4",
+        "interceptor_kubernetes_pod_lookups_total{source=\"api\"} 1",
+    ] {
+        assert!(body.lines().any(|l| l == line), "{line} in {body}");
+    }
+
+    // The API down, a pod it never told about: error 11, nothing registered.
+    api.state().down = true;
+    let ghost = Netns::new("kubeapi-ghost");
+    let error = network
+        .add("ghost", &ghost.path(), &json!(null))
+        .expect_err("a pod the API cannot tell about must not start");
+    assert!(error.contains("\"code\":11"), "{error}");
+    assert!(error.contains("Kubernetes API"), "{error}");
+    assert_eq!(registered(&home), ["after", "evented", "late", "web"]);
+}
+
+#[test]
+fn without_kubernetes_access_a_pod_without_annotations_is_told_to_try_again() {
+    if !privileged("without_kubernetes_access_a_pod_without_annotations_is_told_to_try_again") {
+        return;
+    }
+    let fixture = PodFixture::new("kubenone");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let _agent = home.start();
+    let network = network_without_annotations(&home);
+    let error = network
+        .add("web", &fixture.pod.path(), &json!(null))
+        .expect_err("no annotations and no API: the pod must not start");
+    assert!(error.contains("\"code\":11"), "{error}");
+    assert!(error.contains("--kubernetes"), "{error}");
+    assert!(home.pods().is_empty());
+}
