@@ -91,9 +91,10 @@ fn args_of(container: &Value, config: &BTreeMap<String, String>) -> Vec<String> 
         .as_array()
         .into_iter()
         .flatten()
-        .map(|e| {
-            let key = e["valueFrom"]["configMapKeyRef"]["key"].as_str().unwrap();
-            (e["name"].as_str().unwrap().to_owned(), config[key].clone())
+        .filter_map(|e| {
+            // The ConfigMap's values; a field reference (NODE_NAME) is not in an argument.
+            let key = e["valueFrom"]["configMapKeyRef"]["key"].as_str()?;
+            Some((e["name"].as_str().unwrap().to_owned(), config[key].clone()))
         })
         .collect();
     container["args"]
@@ -122,7 +123,14 @@ fn the_manifests_validate_against_kubernetes_1_31_strictly() {
         None,
     );
     let _ = std::fs::remove_file(&file);
-    for kind in ["namespace", "serviceaccount", "configmap", "daemonset"] {
+    for kind in [
+        "namespace",
+        "serviceaccount",
+        "clusterrole",
+        "clusterrolebinding",
+        "configmap",
+        "daemonset",
+    ] {
         assert!(
             out.lines()
                 .any(|l| l.contains("passed") && l.contains(&format!("resource {kind}/"))),
@@ -166,7 +174,18 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
         daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
         1
     );
-    assert_eq!(pod["automountServiceAccountToken"], false);
+    // The API access: pods get/list/watch, nothing more, for the DaemonSet's account.
+    assert_eq!(pod["automountServiceAccountToken"], true);
+    let role = find(&objects, "ClusterRole");
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}])
+    );
+    let binding = find(&objects, "ClusterRoleBinding");
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": daemonset["metadata"]["namespace"]}])
+    );
 
     // The agent: its flags parse, its metrics port is the named, scraped one, and /ready is the
     // readiness probe.
@@ -179,6 +198,7 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
     let interceptor::cli::Command::Daemon(daemon) = cli.command else {
         panic!("the agent container runs {args:?}, not `daemon`");
     };
+    assert!(daemon.kubernetes, "--kubernetes");
     let metrics = daemon.metrics_addr.expect("--metrics-addr");
     assert_eq!(
         agent["ports"][0],
@@ -375,6 +395,12 @@ impl AgentPod {
             // podman refuses port declarations on the host's network (Kubernetes takes them as
             // documentation there); nothing is published either way.
             container.as_object_mut().unwrap().remove("ports");
+            // The kubelet resolves `fieldRef: spec.nodeName`; podman 4 does not support it.
+            for env in container["env"].as_array_mut().into_iter().flatten() {
+                if env["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName" {
+                    *env = json!({"name": env["name"], "value": "test-node"});
+                }
+            }
             for arg in container["args"].as_array_mut().unwrap() {
                 let text = arg.as_str().unwrap();
                 // The plugin runs on this host: it reaches the agent where the host sees the
