@@ -9,6 +9,9 @@ pub const PROG_CONNECT4: &str = "icpt_connect4";
 pub const PROG_CONNECT6: &str = "icpt_connect6";
 pub const PROG_SOCKOPS: &str = "icpt_sockops";
 pub const PROG_GETSOCKOPT: &str = "icpt_getsockopt";
+/// An app's redirected socket reports the address it dialled as its peer.
+pub const PROG_PEERNAME4: &str = "icpt_peername4";
+pub const PROG_PEERNAME6: &str = "icpt_peername6";
 /// Loaded once, into [`MAP_SK_LOOKUP_PROG`]: each pod's [`PROG_POD_LOOKUP`] tail-calls it.
 pub const PROG_SK_LOOKUP: &str = "icpt_sk_lookup";
 /// A pod's own sk_lookup program, attached to its network namespace (sk_lookup cannot ask which
@@ -71,6 +74,8 @@ mod tests {
             PROG_CONNECT6,
             PROG_SOCKOPS,
             PROG_GETSOCKOPT,
+            PROG_PEERNAME4,
+            PROG_PEERNAME6,
             PROG_SK_LOOKUP,
             PROG_POD_LOOKUP,
         ];

@@ -13,6 +13,7 @@ mod inbound;
 mod maps;
 mod orig_dst;
 mod outbound;
+mod peer_name;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -107,10 +107,21 @@ impl Probe {
     }
 
     pub fn connect_with(&self, target: &str, extra: &[&str]) -> Landing {
+        self.connect_seen(target, extra).0
+    }
+
+    /// One connection: where it landed, and what the app's socket reports as its peer
+    /// (`getpeername()`), when it connected.
+    pub fn connect_seen(&self, target: &str, extra: &[&str]) -> (Landing, Option<String>) {
         let mut args = vec!["connect", target];
         args.extend_from_slice(extra);
         let lines = self.run(&args);
-        Landing::parse(lines.first().map_or("", String::as_str))
+        let line = lines.first().map_or("", String::as_str);
+        let app_peer = line
+            .split(' ')
+            .find_map(|kv| kv.strip_prefix("app_peer="))
+            .map(str::to_owned);
+        (Landing::parse(line), app_peer)
     }
 }
 

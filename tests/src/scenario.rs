@@ -8,7 +8,7 @@
 //! the dual-stack fixture (`[fd77::2]:80`).
 use std::{
     collections::BTreeMap,
-    net::{IpAddr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
 };
 
 use interceptor::config::{InterceptionConfig, PortRange, PortSet};
@@ -530,9 +530,28 @@ pub fn run(backend: &dyn Backend, scenario: &Scenario, family: Family) {
         process = process.gid(gid);
     }
     let target = family.target(scenario.target);
-    let landing = process.connect(&target);
-    // What the pod's sockets see: an IPv4-mapped connection is plain IPv4 there.
+    let (landing, app_peer) = process.connect_seen(&target, &[]);
     let target: SocketAddr = target.parse().expect("scenario target");
+    // What the app sees of its own socket: the address it dialled, in the form it dialled it,
+    // whether or not the connection was intercepted, as with NAT. (The kernel itself connects
+    // the unspecified address to loopback, and says so.)
+    if !matches!(landing, Landing::Failed(_)) {
+        let dialled = match target.ip() {
+            IpAddr::V4(ip) if ip.is_unspecified() => Ipv4Addr::LOCALHOST.into(),
+            IpAddr::V6(ip) if ip.is_unspecified() => Ipv6Addr::LOCALHOST.into(),
+            IpAddr::V6(ip) if ip.to_ipv4_mapped().is_some_and(|v4| v4.is_unspecified()) => {
+                IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped())
+            }
+            ip => ip,
+        };
+        assert_eq!(
+            app_peer.as_deref(),
+            Some(SocketAddr::new(dialled, target.port()).to_string().as_str()),
+            "scenario {} ({family:?}): getpeername() of the app's socket",
+            scenario.name
+        );
+    }
+    // What the pod's sockets see: an IPv4-mapped connection is plain IPv4 there.
     let target = SocketAddr::new(target.ip().to_canonical(), target.port());
     let ok = match (&scenario.expect, &landing) {
         (

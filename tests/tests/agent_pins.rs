@@ -23,11 +23,13 @@ use interceptor_tests::{
 };
 
 /// The node's cgroup links.
-const NODE_LINKS: [&str; 4] = [
+const NODE_LINKS: [&str; 6] = [
     "link_icpt_connect4",
     "link_icpt_connect6",
     "link_icpt_sockops",
     "link_icpt_getsockopt",
+    "link_icpt_peername4",
+    "link_icpt_peername6",
 ];
 
 fn pinned(path: &Path) -> OwnedFd {
@@ -355,7 +357,7 @@ fn link_problems_names_links_missing_or_attached_elsewhere() {
     assert_eq!(node.link_problems(&a.path), vec![]);
 
     let elsewhere = node.link_problems(&b.path);
-    assert_eq!(elsewhere.len(), 4, "{elsewhere:?}");
+    assert_eq!(elsewhere.len(), NODE_LINKS.len(), "{elsewhere:?}");
     for problem in &elsewhere {
         assert!(
             matches!(problem, LinkProblem::Elsewhere { .. }),

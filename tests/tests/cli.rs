@@ -130,6 +130,8 @@ fn run_meshes_a_pod_reports_status_and_detaches_on_sigterm() {
             "icpt_connect6",
             "icpt_sockops",
             "icpt_getsockopt",
+            "icpt_peername4",
+            "icpt_peername6",
             // Loaded once and tail-called by every pod's own sk_lookup program.
             "icpt_sk_lookup"
         ]

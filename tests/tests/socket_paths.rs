@@ -3,7 +3,8 @@
 //! IORING_OP_CONNECT, TCP Fast Open (`sendto(MSG_FASTOPEN)` without a connect(2), and
 //! `TCP_FASTOPEN_CONNECT`), and Multipath TCP sockets. The kernel runs the connect4/connect6
 //! hooks in the one function the TCP paths go through (`__inet_stream_connect`), and on the first
-//! subflow of an MPTCP socket; these tests pin that down.
+//! subflow of an MPTCP socket; these tests pin that down. On every path the app's
+//! `getpeername()` reports the address it dialled, as with NAT.
 use interceptor::iptables::IptablesMode;
 use interceptor_tests::{
     PodFixture,
@@ -37,11 +38,18 @@ fn redirected_on_every_backend_and_family(test: &str, via: &str) {
                 Family::Ipv6 => target.clone(),
                 _ => UNREACHABLE.to_owned(),
             };
-            let landing = app.connect_with(&target, &["--via", via]);
+            let (landing, app_peer) = app.connect_seen(&target, &["--via", via]);
             assert_eq!(
                 landing.proxy_orig().to_string(),
                 want,
                 "{name}, {family:?}, --via {via}: {landing:?}"
+            );
+            // And the app sees the address it dialled as its socket's peer, as with NAT.
+            let dialled: std::net::SocketAddr = target.parse().unwrap();
+            assert_eq!(
+                app_peer,
+                Some(dialled.to_string()),
+                "{name}, {family:?}, --via {via}: getpeername()"
             );
         }
     }

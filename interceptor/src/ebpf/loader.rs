@@ -32,16 +32,18 @@ pub struct ProgramState {
 
 /// The node-wide programs. The sk_lookup one is attached to no hook: each pod's own program
 /// tail-calls it (see `pod_lookup`).
-const PROGRAMS: [(&str, &str); 5] = [
+const PROGRAMS: [(&str, &str); 7] = [
     (names::PROG_CONNECT4, "cgroup/connect4"),
     (names::PROG_CONNECT6, "cgroup/connect6"),
     (names::PROG_SOCKOPS, "sock_ops"),
     (names::PROG_GETSOCKOPT, "cgroup/getsockopt"),
+    (names::PROG_PEERNAME4, "cgroup/getpeername4"),
+    (names::PROG_PEERNAME6, "cgroup/getpeername6"),
     (names::PROG_SK_LOOKUP, "sk_lookup, tail-called"),
 ];
 
 /// The node's links: each program and the cgroup hook it attaches to.
-const CGROUP_LINKS: [(&str, bpf_attach_type); 4] = [
+const CGROUP_LINKS: [(&str, bpf_attach_type); 6] = [
     (
         names::PROG_CONNECT4,
         bpf_attach_type::BPF_CGROUP_INET4_CONNECT,
@@ -54,6 +56,14 @@ const CGROUP_LINKS: [(&str, bpf_attach_type); 4] = [
     (
         names::PROG_GETSOCKOPT,
         bpf_attach_type::BPF_CGROUP_GETSOCKOPT,
+    ),
+    (
+        names::PROG_PEERNAME4,
+        bpf_attach_type::BPF_CGROUP_INET4_GETPEERNAME,
+    ),
+    (
+        names::PROG_PEERNAME6,
+        bpf_attach_type::BPF_CGROUP_INET6_GETPEERNAME,
     ),
 ];
 
@@ -86,7 +96,12 @@ impl Attached {
         let kernel_log = log_wanted.then(|| KernelLog::start(&mut ebpf)).flatten();
         let program_error = |name| move |source| EbpfError::Program { name, source };
 
-        for name in [names::PROG_CONNECT4, names::PROG_CONNECT6] {
+        for name in [
+            names::PROG_CONNECT4,
+            names::PROG_CONNECT6,
+            names::PROG_PEERNAME4,
+            names::PROG_PEERNAME6,
+        ] {
             let connect: &mut CgroupSockAddr = program(&mut ebpf, name)?;
             connect.load().map_err(program_error(name))?;
         }

@@ -293,7 +293,11 @@ fn connect_once(
     if line.is_empty() {
         return Err("read:eof".into());
     }
-    Ok(line.trim_end().to_string())
+    // What the app sees of its own connection: NAT shows it the address it dialled.
+    let app_peer = stream
+        .peer_addr()
+        .map_or_else(|e| format!("error:{}", errno_name(&e)), |a| a.to_string());
+    Ok(format!("{} app_peer={app_peer}", line.trim_end()))
 }
 
 /// `setsockopt(IPPROTO_TCP, TCP_FASTOPEN_CONNECT, 1)` (Linux 4.11; socket2 has no setter).
