@@ -328,10 +328,11 @@ fn describe(line: &str) -> String {
     let who = field("who=");
     if who.starts_with("proxy:proxy-") {
         format!(
-            "landed on {}, SO_ORIGINAL_DST={}, peer={}",
+            "landed on {}, SO_ORIGINAL_DST={}, peer={}; the app's getpeername()={}",
             &who[6..],
             field("orig="),
-            field("peer=")
+            field("peer="),
+            field("app_peer=")
         )
     } else {
         format!(
