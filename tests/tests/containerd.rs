@@ -51,8 +51,9 @@ const PROXY_VERSION: (&str, &str) = ("linkerd.io/proxy-version", "edge-24.11.8")
 /// A node: the agent, containerd with its CRI plugin and CNI network, all the test's own.
 struct Node {
     dir: PathBuf,
-    home: AgentHome,
+    // Stopped before its home is removed (fields drop in order).
     _agent: Agent,
+    home: AgentHome,
     netns: Netns,
     cni: CniNetwork,
     containerd: Child,
