@@ -261,7 +261,7 @@ fn network_without_annotations(home: &AgentHome) -> CniNetwork {
             "name": "lo-net",
             "plugins": [
                 { "type": "loopback" },
-                { "type": "interceptor-cni", "agent_socket": home.socket(), "log_file": std::env::temp_dir().join("icpt-kube-api-cni.log") },
+                { "type": "interceptor-cni", "agent_socket": home.socket(), "log_file": "/dev/null" },
             ],
         }),
     );
