@@ -132,17 +132,23 @@ pub struct Health {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum Response {
-    Ok {
-        pods: Vec<PodInfo>,
-    },
+    Ok { pods: Vec<PodInfo> },
     Health(Health),
-    Annotations {
-        annotations: BTreeMap<String, String>,
-    },
-    Error {
-        kind: ErrorKind,
-        message: String,
-    },
+    Annotations(KubePod),
+    Error { kind: ErrorKind, message: String },
+}
+
+/// What the CNI plugin needs of a Kubernetes pod, from the agent's view of the API.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KubePod {
+    pub annotations: BTreeMap<String, String>,
+    /// Its `linkerd.io/control-plane-component` label: a pod of Linkerd's control plane.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_component: Option<String>,
+    /// For a control-plane pod: the Kubernetes API server's ports (the `kubernetes` Service's
+    /// port and target port, or 443 and 6443 when it cannot be read, as linkerd-cni does).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub api_server_ports: Vec<u16>,
 }
 
 /// Why a request was refused; nothing was changed.
@@ -166,9 +172,12 @@ pub enum ErrorKind {
     PermissionDenied,
     /// The kernel refused an operation; the message says which.
     Internal,
-    /// Something the answer depends on cannot answer now (the Kubernetes API, or the agent has
-    /// no access to it); the message says what. Worth trying again later.
+    /// Something the answer depends on cannot answer now (the Kubernetes API); the message says
+    /// what. Worth trying again later.
     Unavailable,
+    /// The agent was started without access to the Kubernetes API (`--kubernetes`,
+    /// `--kubeconfig`).
+    NoKubernetes,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -235,20 +244,21 @@ fn exchange(socket: &Path, request: &Request) -> Result<Response, ClientError> {
     }
 }
 
-/// A Kubernetes pod's annotations, as the agent has them (see [`Request::PodAnnotations`]).
+/// A Kubernetes pod's annotations and labels, as the agent has them (see
+/// [`Request::PodAnnotations`]).
 pub fn pod_annotations(
     socket: &Path,
     namespace: &str,
     name: &str,
     uid: Option<&str>,
-) -> Result<BTreeMap<String, String>, ClientError> {
+) -> Result<KubePod, ClientError> {
     let request = Request::PodAnnotations {
         namespace: namespace.to_owned(),
         name: name.to_owned(),
         uid: uid.map(str::to_owned),
     };
     match exchange(socket, &request)? {
-        Response::Annotations { annotations } => Ok(annotations),
+        Response::Annotations(pod) => Ok(pod),
         other => Err(unexpected(socket, &other)),
     }
 }

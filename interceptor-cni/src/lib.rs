@@ -32,7 +32,7 @@ pub use config::{
     NetConf, POD_ANNOTATIONS, PodSettings, Pods, SUPPORTED_VERSIONS, parse_cni_args, pod_selection,
     pod_settings,
 };
-use interceptor_api::{ClientError, ErrorKind, PodAdd, PodInfo, PodMeta, Request};
+use interceptor_api::{ClientError, ErrorKind, KubePod, PodAdd, PodInfo, PodMeta, Request};
 use interceptor_config::annotations::{self, Decision, SkipReason};
 use serde_json::{Value, json};
 
@@ -187,7 +187,8 @@ enum Plan {
 }
 
 /// Whether the pod is meshed ([`Pods`]) and with which settings: the conflist's, with the pod's
-/// `config.linkerd.io/*` annotations applied when the runtime passed them.
+/// `config.linkerd.io/*` annotations applied when the runtime passed them (or the agent read
+/// them), and linkerd-cni's rule for Linkerd's control-plane pods.
 fn plan(inv: &Invocation) -> Result<Plan, CniError> {
     let mut settings = settings(inv)?;
     let pods = pod_selection(&inv.conf, &inv.cni_args)
@@ -197,36 +198,47 @@ fn plan(inv: &Invocation) -> Result<Plan, CniError> {
         .runtime_config
         .as_ref()
         .and_then(|r| r.pod_annotations.clone());
-    // Without them, the agent reads them from the Kubernetes API.
-    let annotations = match passed {
-        None if pods == Pods::Injected => Some(look_up(inv)?),
-        passed => passed,
-    };
-    let annotations = annotations.as_ref();
-    if pods == Pods::Injected {
-        let annotations = annotations.expect("passed by the runtime or looked up");
-        if let Decision::Skip { reason } = annotations::decide(annotations) {
-            return Ok(Plan::Skip(reason));
+    let pod = match (pods, passed) {
+        (Pods::All, passed) => KubePod {
+            annotations: passed.unwrap_or_default(),
+            ..KubePod::default()
+        },
+        // Without them, the agent reads the pod from the Kubernetes API.
+        (Pods::Injected, None) => look_up(inv)?,
+        (Pods::Injected, Some(annotations)) => {
+            if let Decision::Skip { reason } = annotations::decide(&annotations) {
+                return Ok(Plan::Skip(reason));
+            }
+            // The runtime passes no labels: the agent tells whether it is a control-plane pod.
+            KubePod {
+                annotations,
+                ..control_plane(inv)?
+            }
         }
+    };
+    if pods == Pods::Injected
+        && let Decision::Skip { reason } = annotations::decide(&pod.annotations)
+    {
+        return Ok(Plan::Skip(reason));
     }
-    if let Some(annotations) = annotations {
-        settings.config = annotations::apply(&settings.config, annotations).map_err(|e| {
-            error(
-                code::INVALID_CONFIG,
-                "invalid linkerd annotation on the pod",
-                e.to_string(),
-            )
-        })?;
+    settings.config = annotations::apply(&settings.config, &pod.annotations).map_err(|e| {
+        error(
+            code::INVALID_CONFIG,
+            "invalid linkerd annotation on the pod",
+            e.to_string(),
+        )
+    })?;
+    if pod.control_plane_component.is_some() {
+        annotations::skip_api_server(&mut settings.config, &pod.api_server_ports);
     }
     Ok(Plan::Mesh(settings))
 }
-
-/// The pod's annotations from the agent's view of the Kubernetes API, for a runtime that passed
-/// none. Unanswered, the pod may be one Linkerd injected: it must not start unmeshed, and
-/// meshing a pod without a proxy would break its connections; the runtime retries (11).
-fn look_up(inv: &Invocation) -> Result<BTreeMap<String, String>, CniError> {
-    let arg = |key: &str| inv.cni_args.get(key).filter(|v| !v.is_empty());
-    let (Some(namespace), Some(name)) = (arg("K8S_POD_NAMESPACE"), arg("K8S_POD_NAME")) else {
+/// The pod's annotations and labels from the agent's view of the Kubernetes API, for a runtime
+/// that passed no annotations. Unanswered, the pod may be one Linkerd injected: it must not start
+/// unmeshed, and meshing a pod without a proxy would break its connections; the runtime retries
+/// (11).
+fn look_up(inv: &Invocation) -> Result<KubePod, CniError> {
+    let Some((namespace, name, uid)) = kubernetes_pod(inv) else {
         return Err(error(
             code::TRY_AGAIN_LATER,
             "the runtime passed neither the pod's annotations nor its name: cannot tell \
@@ -237,10 +249,9 @@ fn look_up(inv: &Invocation) -> Result<BTreeMap<String, String>, CniError> {
             ),
         ));
     };
-    let uid = arg("K8S_POD_UID").map(String::as_str);
     interceptor_api::pod_annotations(&socket(inv), namespace, name, uid).map_err(|e| match e {
         ClientError::Refused {
-            kind: ErrorKind::Unavailable,
+            kind: ErrorKind::Unavailable | ErrorKind::NoKubernetes,
             message,
         } => error(
             code::TRY_AGAIN_LATER,
@@ -253,6 +264,49 @@ fn look_up(inv: &Invocation) -> Result<BTreeMap<String, String>, CniError> {
         ),
         e => agent_error(e),
     })
+}
+
+/// Whether an injected pod whose annotations the runtime passed is one of Linkerd's control
+/// plane, from the agent's view of the Kubernetes API (runtimes pass no labels). An agent that
+/// does not read the API cannot tell: the pod is meshed without linkerd-cni's control-plane
+/// rule. One that reads it but gets no answer in time: try again later (11), as linkerd-cni,
+/// which reads every pod from the API, fails then.
+fn control_plane(inv: &Invocation) -> Result<KubePod, CniError> {
+    let Some((namespace, name, uid)) = kubernetes_pod(inv) else {
+        return Ok(KubePod::default());
+    };
+    match interceptor_api::pod_annotations(&socket(inv), namespace, name, uid) {
+        Ok(pod) => Ok(pod),
+        Err(ClientError::Refused {
+            kind: ErrorKind::NoKubernetes,
+            ..
+        }) => Ok(KubePod::default()),
+        Err(ClientError::Refused {
+            kind: ErrorKind::Unavailable,
+            message,
+        }) => Err(error(
+            code::TRY_AGAIN_LATER,
+            "the Kubernetes API could not say whether the pod is part of Linkerd's control \
+             plane (whose connections to the API server bypass its proxy); try again later",
+            message,
+        )),
+        Err(e) => Err(agent_error(e)),
+    }
+}
+
+/// The Kubernetes pod `CNI_ARGS` names: namespace, name and UID if given.
+fn kubernetes_pod(inv: &Invocation) -> Option<(&str, &str, Option<&str>)> {
+    let arg = |key: &str| {
+        inv.cni_args
+            .get(key)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    };
+    Some((
+        arg("K8S_POD_NAMESPACE")?,
+        arg("K8S_POD_NAME")?,
+        arg("K8S_POD_UID"),
+    ))
 }
 
 /// The agent's answer as a CNI error.

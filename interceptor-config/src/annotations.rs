@@ -13,10 +13,14 @@
 //! - It never reads `linkerd.io/inject`: the injector does not inject a pod whose
 //!   `linkerd.io/inject` is `disabled`, and one injected by hand has a proxy to serve it.
 //! - Per-pod settings: `skip-outbound-ports` replaces the list, `skip-inbound-ports` adds to it
-//!   (linkerd-cni replaces it, dropping the proxy's admin and control ports the conflist lists;
-//!   the injector's `linkerd-init` keeps them and adds, as here),
-//!   `skip-subnets` replaces the inbound subnets, `proxy-uid` and `proxy-gid` replace the IDs;
-//!   an empty value is no value. The proxy's ports (`inbound-port`, `outbound-port`,
+//!   (as linkerd-cni does since its 1.6.3, and the injector's `linkerd-init`),
+//!   `skip-subnets` replaces the inbound subnets, `proxy-uid` and `proxy-gid` replace the IDs
+//!   (0 or negative: none, as in proxy-init); an empty value is no value.
+//! - A pod of Linkerd's control plane (label `linkerd.io/control-plane-component`) reaches the
+//!   Kubernetes API around its proxy: the API server's ports (the `kubernetes` Service's port
+//!   and target port, else 443 and 6443) are added to its outbound ignore list
+//!   ([`skip_api_server`]). Its proxy cannot become ready before the controllers it serves
+//!   have read the API. Runtimes pass no labels: the agent's view of the API gives them. The proxy's ports (`inbound-port`, `outbound-port`,
 //!   `admin-port`, `control-port`) are applied as the injector's `linkerd-init` applies them,
 //!   which linkerd-cni does not: a pod whose proxy listens elsewhere would otherwise be sent to
 //!   a port where nothing listens.
@@ -35,6 +39,12 @@ pub const INBOUND_PORT: &str = "config.linkerd.io/inbound-port";
 pub const OUTBOUND_PORT: &str = "config.linkerd.io/outbound-port";
 pub const ADMIN_PORT: &str = "config.linkerd.io/admin-port";
 pub const CONTROL_PORT: &str = "config.linkerd.io/control-port";
+
+/// The label of Linkerd's control-plane pods (destination, identity, proxy-injector); its value
+/// names the component.
+pub const CONTROL_PLANE_COMPONENT: &str = "linkerd.io/control-plane-component";
+/// linkerd-cni's API server ports when the `kubernetes` Service cannot be read.
+pub const DEFAULT_API_SERVER_PORTS: [u16; 2] = [443, 6443];
 
 /// The annotations [`apply`] reads.
 pub const CONFIG_ANNOTATIONS: [&str; 9] = [
@@ -152,6 +162,20 @@ pub fn apply(
         }
     }
     Ok(config)
+}
+
+/// linkerd-cni's rule for a control-plane pod: its connections to the Kubernetes API server's
+/// `ports` are not redirected. Added to the outbound ignore list after the pod's own
+/// `skip-outbound-ports` (which replaces the list), as linkerd-cni orders them.
+pub fn skip_api_server(config: &mut InterceptionConfig, ports: &[u16]) {
+    for &port in ports {
+        if !config.outbound_ports_to_ignore.contains(port) {
+            config
+                .outbound_ports_to_ignore
+                .0
+                .push(ports::PortRange::single(port));
+        }
+    }
 }
 
 #[cfg(test)]

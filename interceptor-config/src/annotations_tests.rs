@@ -135,7 +135,7 @@ fn a_malformed_value_names_the_annotation_and_the_value() {
         (SKIP_INBOUND_PORTS, "70000", "out of range"),
         (SKIP_SUBNETS, "172.17.0.0/33", "CIDR"),
         (PROXY_UID, "linkerd", "not a numeric id"),
-        (PROXY_GID, "-1", "not a numeric id"),
+        (PROXY_GID, "2102.5", "not a numeric id"),
         (INBOUND_PORT, "0", "out of range"),
         (OUTBOUND_PORT, "4140,4141", "not a port number"),
         (ADMIN_PORT, "4190-4191", "not a single port"),
@@ -149,4 +149,25 @@ fn a_malformed_value_names_the_annotation_and_the_value() {
         );
         assert!(message.contains(reason), "{message}");
     }
+}
+
+#[test]
+fn a_negative_proxy_id_is_none_as_in_proxy_init() {
+    // Linkerd's chart spells an unset GID -1; proxy-init writes no rule for 0 or below.
+    let config = applied(&[(PROXY_UID, "-1"), (PROXY_GID, "-1")]);
+    assert_eq!(config.proxy_uid, None);
+    assert_eq!(config.proxy_gid, None);
+    assert_eq!(applied(&[(PROXY_GID, "0")]).proxy_gid, None);
+}
+
+#[test]
+fn a_control_plane_pod_reaches_the_api_server_around_its_proxy() {
+    // After the pod's own skip-outbound-ports, which replaces the list, as linkerd-cni does.
+    let mut config = applied(&[(SKIP_OUTBOUND_PORTS, "25,443")]);
+    skip_api_server(&mut config, &DEFAULT_API_SERVER_PORTS);
+    assert_eq!(config.outbound_ports_to_ignore.to_string(), "25,443,6443");
+    // The `kubernetes` Service's port and target port, as linkerd-cni reads them.
+    let mut config = InterceptionConfig::linkerd();
+    skip_api_server(&mut config, &[443, 8443]);
+    assert_eq!(config.outbound_ports_to_ignore.to_string(), "443,8443");
 }

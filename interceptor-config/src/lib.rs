@@ -287,10 +287,11 @@ impl fmt::Display for InterceptionConfig {
 struct Wire {
     incoming_proxy_port: u16,
     outgoing_proxy_port: u16,
+    /// Negative is none, as in linkerd-cni's conflist (`"proxy-gid": -1`).
     #[serde(default)]
-    proxy_uid: Option<u32>,
+    proxy_uid: Option<i64>,
     #[serde(default)]
-    proxy_gid: Option<u32>,
+    proxy_gid: Option<i64>,
     #[serde(default)]
     inbound_ports_to_ignore: String,
     #[serde(default)]
@@ -316,8 +317,14 @@ impl TryFrom<Wire> for InterceptionConfig {
         let mut config = Self::linkerd();
         config.set("incoming-proxy-port", &wire.incoming_proxy_port.to_string())?;
         config.set("outgoing-proxy-port", &wire.outgoing_proxy_port.to_string())?;
-        config.proxy_uid = wire.proxy_uid.and_then(positive);
-        config.proxy_gid = wire.proxy_gid.and_then(positive);
+        // Absent is none, not Linkerd's default.
+        config.proxy_uid = None;
+        if let Some(uid) = wire.proxy_uid {
+            config.set("proxy-uid", &uid.to_string())?;
+        }
+        if let Some(gid) = wire.proxy_gid {
+            config.set("proxy-gid", &gid.to_string())?;
+        }
         config.set("inbound-ports-to-ignore", &wire.inbound_ports_to_ignore)?;
         config.set("outbound-ports-to-ignore", &wire.outbound_ports_to_ignore)?;
         config.set("ports-to-redirect", &join(&wire.ports_to_redirect))?;
@@ -337,8 +344,8 @@ impl From<InterceptionConfig> for Wire {
         Self {
             incoming_proxy_port: config.incoming_proxy_port,
             outgoing_proxy_port: config.outgoing_proxy_port,
-            proxy_uid: config.proxy_uid,
-            proxy_gid: config.proxy_gid,
+            proxy_uid: config.proxy_uid.map(i64::from),
+            proxy_gid: config.proxy_gid.map(i64::from),
             inbound_ports_to_ignore: config.inbound_ports_to_ignore.to_string(),
             outbound_ports_to_ignore: config.outbound_ports_to_ignore.to_string(),
             ports_to_redirect: config.ports_to_redirect.clone(),
@@ -349,11 +356,19 @@ impl From<InterceptionConfig> for Wire {
     }
 }
 
-/// A UID or GID: a decimal number in `u32`.
+/// The proxy's UID or GID: a decimal number. As in proxy-init (whose flags default to -1) and
+/// linkerd-cni, a negative one means none, like 0 (no rule is written for either): both give 0
+/// here, which [`positive`] turns into no exemption.
 pub fn parse_id(s: &str) -> Result<u32, String> {
-    s.trim()
+    let id: i64 = s
+        .trim()
         .parse()
-        .map_err(|_| format!("{s:?} is not a numeric id (0-4294967295)"))
+        .map_err(|_| format!("{s:?} is not a numeric id (-1 for none, or 0-4294967295)"))?;
+    if id < 0 {
+        return Ok(0);
+    }
+    u32::try_from(id)
+        .map_err(|_| format!("{s:?} is not a numeric id (-1 for none, or 0-4294967295)"))
 }
 
 /// `true` or `false`.

@@ -53,7 +53,8 @@ fn every_setting_is_parsed_and_checked_by_name() {
     for (setting, value, reason) in [
         ("incoming-proxy-port", "0", "port 0 is out of range"),
         ("outgoing-proxy-port", "70000", "port 70000 is out of range"),
-        ("proxy-uid", "-1", "not a numeric id"),
+        ("proxy-uid", "2102x", "not a numeric id"),
+        ("proxy-gid", "4294967296", "not a numeric id"),
         (
             "inbound-ports-to-ignore",
             "30-25",

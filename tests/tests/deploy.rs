@@ -174,12 +174,16 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
         daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
         1
     );
-    // The API access: pods get/list/watch, nothing more, for the DaemonSet's account.
+    // The API access: pods get/list/watch and the `kubernetes` Service, nothing more, for the
+    // DaemonSet's account.
     assert_eq!(pod["automountServiceAccountToken"], true);
     let role = find(&objects, "ClusterRole");
     assert_eq!(
         role["rules"],
-        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}])
+        json!([
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [""], "resources": ["services"], "resourceNames": ["kubernetes"], "verbs": ["get"]},
+        ])
     );
     let binding = find(&objects, "ClusterRoleBinding");
     assert_eq!(

@@ -21,7 +21,7 @@ use std::{
 };
 
 use interceptor_tests::{
-    Netns, PodFixture,
+    Landing, Netns, PodFixture,
     agent_home::{AgentHome, free_loopback_addr, http_get},
     cni_network::CniNetwork,
     privileged,
@@ -35,7 +35,17 @@ const NODE: &str = "node-a";
 /// A pod as the API server returns it, on `node`, with `annotations`; its UID is the one the
 /// test's CNI_ARGS name (`uid-<name>`).
 fn pod(name: &str, node: &str, annotations: &[(&str, &str)]) -> Value {
+    labelled_pod(name, node, annotations, &[])
+}
+
+fn labelled_pod(
+    name: &str,
+    node: &str,
+    annotations: &[(&str, &str)],
+    labels: &[(&str, &str)],
+) -> Value {
     let annotations: BTreeMap<&str, &str> = annotations.iter().copied().collect();
+    let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
     json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -45,6 +55,7 @@ fn pod(name: &str, node: &str, annotations: &[(&str, &str)]) -> Value {
             "uid": format!("uid-{name}"),
             "resourceVersion": "10",
             "annotations": annotations,
+            "labels": labels,
         },
         "spec": {
             "nodeName": node,
@@ -174,6 +185,18 @@ fn serve(mut stream: TcpStream, state: &Mutex<ApiState>) {
                 "kind": "PodList",
                 "metadata": { "resourceVersion": "10" },
                 "items": items,
+            }),
+        );
+    } else if path == "/api/v1/namespaces/default/services/kubernetes" {
+        drop(guard);
+        // As a cluster whose API server listens on 8443 behind the Service's 443.
+        respond(
+            &mut stream,
+            "200 OK",
+            &json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": { "name": "kubernetes", "namespace": "default" },
+                "spec": { "ports": [{ "name": "https", "port": 443, "protocol": "TCP", "targetPort": 8443 }] },
             }),
         );
     } else if let Some(rest) = path.strip_prefix("/api/v1/namespaces/") {
@@ -421,4 +444,112 @@ fn without_kubernetes_access_a_pod_without_annotations_is_told_to_try_again() {
     assert!(error.contains("\"code\":11"), "{error}");
     assert!(error.contains("--kubernetes"), "{error}");
     assert!(home.pods().is_empty());
+}
+
+/// linkerd-cni's rule for Linkerd's control plane, whose pods carry the label
+/// `linkerd.io/control-plane-component` (labels no runtime passes): their connections to the
+/// API server's ports, read from the `kubernetes` Service, bypass their proxy. Whether the
+/// runtime passed the annotations or not.
+#[test]
+fn a_control_plane_pod_reaches_the_api_server_around_its_proxy() {
+    if !privileged("a_control_plane_pod_reaches_the_api_server_around_its_proxy") {
+        return;
+    }
+    let control_plane = |name: &str| {
+        labelled_pod(
+            name,
+            NODE,
+            &[INJECTED],
+            &[("linkerd.io/control-plane-component", "destination")],
+        )
+    };
+    let api = FakeApi::start(vec![
+        control_plane("destination"),
+        control_plane("identity"),
+        pod("web", NODE, &[INJECTED]),
+    ]);
+    let fixture = PodFixture::new("kubecp");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let kubeconfig = api.kubeconfig(&home.state_dir);
+    let _agent = home.start_with(&[
+        "--kubeconfig",
+        &kubeconfig.display().to_string(),
+        "--node-name",
+        NODE,
+    ]);
+    eventually("the agent watches the node's pods", || {
+        api.requests_with("watch=true") > 0
+    });
+    let outbound_ignored = |name: &str| {
+        home.pods()
+            .iter()
+            .find(|p| p["meta"]["name"] == name)
+            .map(|p| p["config"]["outbound_ports_to_ignore"].clone())
+            .unwrap_or_else(|| panic!("{name} is not registered: {:?}", home.pods()))
+    };
+
+    // The runtime passed no annotations: the agent's view gives them and the label.
+    let network = network_without_annotations(&home);
+    network
+        .add("destination", &fixture.pod.path(), &json!(null))
+        .expect("ADD of a control-plane pod");
+    assert_eq!(outbound_ignored("destination"), "443,8443");
+    assert_eq!(api.requests_with("/services/kubernetes"), 1);
+    let _proxy =
+        fixture
+            .in_pod()
+            .uid(PROXY_UID)
+            .listen(&["proxy", "127.0.0.1:4140", "--name", "outbound"]);
+    let app = fixture.in_pod().uid(APP_UID);
+    // The API server's port is not redirected (nothing listens there: refused); others are.
+    assert!(
+        !matches!(app.connect("192.0.2.2:8443"), Landing::Proxy { .. }),
+        "a control-plane pod's connection to the API server went to its proxy"
+    );
+    assert_eq!(
+        app.connect("192.0.2.2:1404").proxy_orig().to_string(),
+        "192.0.2.2:1404"
+    );
+
+    // The runtime passed the annotations (containerd): the label still comes from the agent.
+    let runtime = Netns::new("kubecp-runtime");
+    let annotated = CniNetwork::with_primary(
+        "kubecp-cni",
+        &json!({
+            "cniVersion": "1.0.0",
+            "name": "lo-net",
+            "plugins": [
+                { "type": "loopback" },
+                {
+                    "type": "interceptor-cni", "agent_socket": home.socket(), "log_file": "/dev/null",
+                    "capabilities": { "io.kubernetes.cri.pod-annotations": true },
+                },
+            ],
+        }),
+    );
+    std::fs::copy(PLUGIN, annotated.bin_dir.join("interceptor-cni")).unwrap();
+    annotated
+        .add(
+            "identity",
+            &runtime.path(),
+            &json!({ INJECTED.0: INJECTED.1 }),
+        )
+        .expect("ADD of a control-plane pod whose annotations the runtime passed");
+    assert_eq!(outbound_ignored("identity"), "443,8443");
+    // Any other injected pod keeps the conflist's list.
+    let web = Netns::new("kubecp-web");
+    annotated
+        .add("web", &web.path(), &json!({ INJECTED.0: INJECTED.1 }))
+        .expect("ADD of an injected pod");
+    assert_eq!(outbound_ignored("web"), "");
+
+    // The API down and the pod not in the agent's view: it may be a control-plane pod, so it
+    // waits (11) rather than start with its API connections sent to a proxy not yet ready.
+    api.state().down = true;
+    let ghost = Netns::new("kubecp-ghost");
+    let error = annotated
+        .add("ghost", &ghost.path(), &json!({ INJECTED.0: INJECTED.1 }))
+        .expect_err("an injected pod the API cannot tell about must wait");
+    assert!(error.contains("\"code\":11"), "{error}");
+    assert!(error.contains("control"), "{error}");
 }

@@ -3,8 +3,13 @@
 //! capability): whether Linkerd injected a pod and its `config.linkerd.io/*` settings are then
 //! read from here, and decided by the same function as the annotations a runtime passes.
 //!
-//! A watch of the pods on this node (`spec.nodeName`) keeps their names, UIDs and annotations
-//! (nothing else: a node runs hundreds of pods), so an ADD seldom waits on the API: the kubelet
+//! The plugin also asks here, for every pod Linkerd injected, for the one label a runtime does
+//! not pass: `linkerd.io/control-plane-component`, which makes linkerd-cni exempt the pod's
+//! connections to the API server (with the API server's ports, read from the `kubernetes`
+//! Service).
+//!
+//! A watch of the pods on this node (`spec.nodeName`) keeps their names, UIDs, annotations and
+//! that label (nothing else: a node runs hundreds of pods), so an ADD seldom waits on the API: the kubelet
 //! creates the pod in the API before it asks the runtime for its sandbox, so the watch has
 //! usually seen it. A pod not yet seen, or seen with another UID (a pod of the same name
 //! deleted and created again), is read with a GET. When the API cannot answer in time, the
@@ -21,7 +26,12 @@ use std::{
 };
 
 use futures::StreamExt as _;
-use k8s_openapi::api::core::v1::Pod;
+use interceptor_api::KubePod;
+use interceptor_config::annotations::{CONTROL_PLANE_COMPONENT, DEFAULT_API_SERVER_PORTS};
+use k8s_openapi::{
+    api::core::v1::{Pod, Service},
+    apimachinery::pkg::util::intstr::IntOrString,
+};
 use kube::{
     Api, Client, Config,
     config::{KubeConfigOptions, Kubeconfig},
@@ -49,6 +59,7 @@ const LOOKUP_DEADLINE: Duration = Duration::from_secs(3);
 struct Facts {
     uid: String,
     annotations: BTreeMap<String, String>,
+    control_plane_component: Option<String>,
 }
 
 type Key = (String, String);
@@ -88,31 +99,68 @@ impl KubePods {
         pods
     }
 
-    /// The pod's annotations: from the watch's cache when it has the pod (with this `uid`, if
-    /// given), else from the API.
-    pub async fn annotations(
+    /// The pod's annotations and control-plane label: from the watch's cache when it has the
+    /// pod (with this `uid`, if given), else from the API. For a control-plane pod, the API
+    /// server's ports too.
+    pub async fn pod(
         &self,
         namespace: &str,
         name: &str,
         uid: Option<&str>,
-    ) -> Result<BTreeMap<String, String>, String> {
+    ) -> Result<KubePod, String> {
         let key = (namespace.to_owned(), name.to_owned());
         let cached = lock(&self.cache).get(&key).cloned();
-        if let Some(facts) = cached.filter(|f| uid.is_none_or(|uid| uid == f.uid)) {
-            self.count("cache");
-            return Ok(facts.annotations);
-        }
-        let answer = self.get(namespace, name, uid).await;
-        self.count(if answer.is_ok() { "api" } else { "failed" });
-        answer
+        let facts = match cached.filter(|f| uid.is_none_or(|uid| uid == f.uid)) {
+            Some(facts) => {
+                self.count("cache");
+                facts
+            }
+            None => {
+                let answer = self.get(namespace, name, uid).await;
+                self.count(if answer.is_ok() { "api" } else { "failed" });
+                answer?
+            }
+        };
+        let api_server_ports = match facts.control_plane_component {
+            Some(_) => self.api_server_ports().await,
+            None => Vec::new(),
+        };
+        Ok(KubePod {
+            annotations: facts.annotations,
+            control_plane_component: facts.control_plane_component,
+            api_server_ports,
+        })
     }
 
-    async fn get(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: Option<&str>,
-    ) -> Result<BTreeMap<String, String>, String> {
+    /// The `kubernetes` Service's ports and target ports, as linkerd-cni reads them for a
+    /// control-plane pod; 443 and 6443 when it cannot be read, as linkerd-cni falls back.
+    async fn api_server_ports(&self) -> Vec<u16> {
+        let read = async {
+            let api: Api<Service> = Api::namespaced(self.client.clone()?, "default");
+            let service = tokio::time::timeout(LOOKUP_DEADLINE, api.get("kubernetes"))
+                .await
+                .map_err(|_| "no answer in time".to_owned())?
+                .map_err(|e| e.to_string())?;
+            let mut ports = Vec::new();
+            for port in service.spec.and_then(|s| s.ports).unwrap_or_default() {
+                ports.extend(u16::try_from(port.port));
+                if let Some(IntOrString::Int(target)) = port.target_port {
+                    ports.extend(u16::try_from(target));
+                }
+            }
+            Ok::<_, String>(ports)
+        };
+        match read.await {
+            Ok(ports) if !ports.is_empty() => ports,
+            answer => {
+                let why = answer.err().unwrap_or_else(|| "it has no ports".into());
+                warn!(error = %why, "reading the kubernetes Service's ports for a control-plane pod: using 443 and 6443");
+                DEFAULT_API_SERVER_PORTS.to_vec()
+            }
+        }
+    }
+
+    async fn get(&self, namespace: &str, name: &str, uid: Option<&str>) -> Result<Facts, String> {
         let client = self.client.clone()?;
         let api: Api<Pod> = Api::namespaced(client, namespace);
         let pod = match tokio::time::timeout(LOOKUP_DEADLINE, api.get_opt(name)).await {
@@ -141,7 +189,7 @@ impl KubePods {
                 facts.uid
             ));
         }
-        Ok(facts.annotations)
+        Ok(facts)
     }
 
     fn count(&self, source: &str) {
@@ -176,6 +224,13 @@ fn facts(pod: &Pod) -> Facts {
     Facts {
         uid: pod.metadata.uid.clone().unwrap_or_default(),
         annotations: pod.metadata.annotations.clone().unwrap_or_default(),
+        control_plane_component: pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|labels| labels.get(CONTROL_PLANE_COMPONENT))
+            .filter(|component| !component.is_empty())
+            .cloned(),
     }
 }
 

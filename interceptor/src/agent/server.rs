@@ -84,12 +84,12 @@ async fn pod_annotations(
 ) -> Response {
     let Some(kube) = kube else {
         return refuse((
-            ErrorKind::Unavailable,
+            ErrorKind::NoKubernetes,
             "this agent does not read the Kubernetes API (start it with --kubernetes)".into(),
         ));
     };
-    match kube.annotations(namespace, name, uid).await {
-        Ok(annotations) => Response::Annotations { annotations },
+    match kube.pod(namespace, name, uid).await {
+        Ok(pod) => Response::Annotations(pod),
         Err(message) => refuse((ErrorKind::Unavailable, message)),
     }
 }
