@@ -149,6 +149,9 @@ pub struct KubePod {
     /// port and target port, or 443 and 6443 when it cannot be read, as linkerd-cni does).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub api_server_ports: Vec<u16>,
+    /// It has a `linkerd-init` init container, which writes iptables rules for its proxy.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub linkerd_init: bool,
 }
 
 /// Why a request was refused; nothing was changed.

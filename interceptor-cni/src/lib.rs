@@ -209,7 +209,8 @@ fn plan(inv: &Invocation) -> Result<Plan, CniError> {
             if let Decision::Skip { reason } = annotations::decide(&annotations) {
                 return Ok(Plan::Skip(reason));
             }
-            // The runtime passes no labels: the agent tells whether it is a control-plane pod.
+            // The runtime passes no labels or containers: the agent tells whether it is a
+            // control-plane pod, or one with a linkerd-init container.
             KubePod {
                 annotations,
                 ..control_plane(inv)?
@@ -217,7 +218,8 @@ fn plan(inv: &Invocation) -> Result<Plan, CniError> {
         }
     };
     if pods == Pods::Injected
-        && let Decision::Skip { reason } = annotations::decide(&pod.annotations)
+        && let Decision::Skip { reason } =
+            annotations::decide_with_containers(&pod.annotations, pod.linkerd_init)
     {
         return Ok(Plan::Skip(reason));
     }
@@ -267,10 +269,11 @@ fn look_up(inv: &Invocation) -> Result<KubePod, CniError> {
 }
 
 /// Whether an injected pod whose annotations the runtime passed is one of Linkerd's control
-/// plane, from the agent's view of the Kubernetes API (runtimes pass no labels). An agent that
-/// does not read the API cannot tell: the pod is meshed without linkerd-cni's control-plane
-/// rule. One that reads it but gets no answer in time: try again later (11), as linkerd-cni,
-/// which reads every pod from the API, fails then.
+/// plane, or has a `linkerd-init` init container, from the agent's view of the Kubernetes API
+/// (runtimes pass neither labels nor containers). An agent that does not read the API cannot
+/// tell: the pod is meshed without these two rules of linkerd-cni. One that reads it but gets
+/// no answer in time: try again later (11), as linkerd-cni, which reads every pod from the
+/// API, fails then.
 fn control_plane(inv: &Invocation) -> Result<KubePod, CniError> {
     let Some((namespace, name, uid)) = kubernetes_pod(inv) else {
         return Ok(KubePod::default());

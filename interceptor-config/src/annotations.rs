@@ -7,9 +7,10 @@
 //!   container). The proxy injector marks every pod it gives one with `linkerd.io/proxy-version`,
 //!   so that annotation stands for the container here.
 //! - It skips a pod that still has a `linkerd-init` init container (that container writes the
-//!   rules itself). The annotations do not show containers; a pod injected that way gets both,
-//!   which is harmless (connect4 has already rewritten the destination to loopback, which the
-//!   chains leave alone).
+//!   rules itself). The annotations do not show containers: the agent's view of the API does
+//!   ([`SkipReason::LinkerdInit`]); without one, such a pod gets both, which is harmless
+//!   (connect4 has already rewritten the destination to loopback, which the chains leave
+//!   alone).
 //! - It never reads `linkerd.io/inject`: the injector does not inject a pod whose
 //!   `linkerd.io/inject` is `disabled`, and one injected by hand has a proxy to serve it.
 //! - Per-pod settings: `skip-outbound-ports` replaces the list, `skip-inbound-ports` adds to it
@@ -71,14 +72,21 @@ pub enum Decision {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SkipReason {
     NotInjected,
+    /// Injected with a `linkerd-init` init container, which writes proxy-init's iptables
+    /// rules itself (the injector without Linkerd's CNI mode).
+    LinkerdInit,
 }
 
+/// linkerd-cni leaves a pod with an init container of this name to it.
+pub const LINKERD_INIT_CONTAINER: &str = "linkerd-init";
+
 impl SkipReason {
-    pub const ALL: [SkipReason; 1] = [SkipReason::NotInjected];
+    pub const ALL: [SkipReason; 2] = [SkipReason::NotInjected, SkipReason::LinkerdInit];
 
     pub fn label(self) -> &'static str {
         match self {
             SkipReason::NotInjected => "not_injected",
+            SkipReason::LinkerdInit => "linkerd_init",
         }
     }
 }
@@ -89,6 +97,10 @@ impl std::fmt::Display for SkipReason {
             SkipReason::NotInjected => {
                 write!(f, "not injected by Linkerd (no {PROXY_VERSION} annotation)")
             }
+            SkipReason::LinkerdInit => write!(
+                f,
+                "its {LINKERD_INIT_CONTAINER} init container writes iptables rules for its proxy"
+            ),
         }
     }
 }
@@ -101,6 +113,20 @@ pub fn decide(annotations: &BTreeMap<String, String>) -> Decision {
         Decision::Skip {
             reason: SkipReason::NotInjected,
         }
+    }
+}
+
+/// [`decide`], where the pod's init containers are known (`linkerd_init`: one is named
+/// [`LINKERD_INIT_CONTAINER`]): such a pod is left to its `linkerd-init`, as linkerd-cni does.
+pub fn decide_with_containers(
+    annotations: &BTreeMap<String, String>,
+    linkerd_init: bool,
+) -> Decision {
+    match decide(annotations) {
+        Decision::Mesh if linkerd_init => Decision::Skip {
+            reason: SkipReason::LinkerdInit,
+        },
+        decision => decision,
     }
 }
 

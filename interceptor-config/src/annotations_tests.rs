@@ -171,3 +171,21 @@ fn a_control_plane_pod_reaches_the_api_server_around_its_proxy() {
     skip_api_server(&mut config, &[443, 8443]);
     assert_eq!(config.outbound_ports_to_ignore.to_string(), "443,8443");
 }
+
+#[test]
+fn a_pod_with_a_linkerd_init_container_is_left_to_it() {
+    let injected = pod(&[(PROXY_VERSION, "stable-2.14.10")]);
+    assert_eq!(decide_with_containers(&injected, false), Decision::Mesh);
+    let Decision::Skip { reason } = decide_with_containers(&injected, true) else {
+        panic!("a pod with linkerd-init is meshed");
+    };
+    assert_eq!(reason.label(), "linkerd_init");
+    assert!(reason.to_string().contains("linkerd-init"), "{reason}");
+    // Not injected stays the reason when both hold.
+    assert_eq!(
+        decide_with_containers(&pod(&[]), true),
+        Decision::Skip {
+            reason: SkipReason::NotInjected
+        }
+    );
+}

@@ -446,10 +446,10 @@ fn without_kubernetes_access_a_pod_without_annotations_is_told_to_try_again() {
     assert!(home.pods().is_empty());
 }
 
-/// linkerd-cni's rule for Linkerd's control plane, whose pods carry the label
-/// `linkerd.io/control-plane-component` (labels no runtime passes): their connections to the
-/// API server's ports, read from the `kubernetes` Service, bypass their proxy. Whether the
-/// runtime passed the annotations or not.
+/// linkerd-cni's rules that need more than annotations: Linkerd's control plane, whose pods
+/// carry the label `linkerd.io/control-plane-component` (labels no runtime passes), reaches the
+/// API server's ports, read from the `kubernetes` Service, around its proxy, whether the runtime
+/// passed the annotations or not; a pod with a `linkerd-init` init container is left to it.
 #[test]
 fn a_control_plane_pod_reaches_the_api_server_around_its_proxy() {
     if !privileged("a_control_plane_pod_reaches_the_api_server_around_its_proxy") {
@@ -463,19 +463,26 @@ fn a_control_plane_pod_reaches_the_api_server_around_its_proxy() {
             &[("linkerd.io/control-plane-component", "destination")],
         )
     };
+    // Injected the iptables way, with the init container that writes proxy-init's rules.
+    let mut legacy = pod("legacy", NODE, &[INJECTED]);
+    legacy["spec"]["initContainers"] = json!([{ "name": "linkerd-init", "image": "proxy-init:1" }]);
     let api = FakeApi::start(vec![
         control_plane("destination"),
         control_plane("identity"),
         pod("web", NODE, &[INJECTED]),
+        legacy,
     ]);
     let fixture = PodFixture::new("kubecp");
     let home = AgentHome::new(&fixture.cgroup.path);
     let kubeconfig = api.kubeconfig(&home.state_dir);
+    let metrics = free_loopback_addr();
     let _agent = home.start_with(&[
         "--kubeconfig",
         &kubeconfig.display().to_string(),
         "--node-name",
         NODE,
+        "--metrics-addr",
+        &metrics,
     ]);
     eventually("the agent watches the node's pods", || {
         api.requests_with("watch=true") > 0
@@ -542,6 +549,19 @@ fn a_control_plane_pod_reaches_the_api_server_around_its_proxy() {
         .add("web", &web.path(), &json!({ INJECTED.0: INJECTED.1 }))
         .expect("ADD of an injected pod");
     assert_eq!(outbound_ignored("web"), "");
+    // A pod with a linkerd-init init container is left to it, as linkerd-cni leaves it.
+    let legacy = Netns::new("kubecp-legacy");
+    annotated
+        .add("legacy", &legacy.path(), &json!({ INJECTED.0: INJECTED.1 }))
+        .expect("ADD of a pod with linkerd-init passes through");
+    assert!(
+        home.pods().iter().all(|p| p["meta"]["name"] != "legacy"),
+        "{:?}",
+        home.pods()
+    );
+    let (_, body) = http_get(&metrics, "/metrics");
+    let skipped = "interceptor_cni_pods_skipped_total{reason=\"linkerd_init\"} 1";
+    assert!(body.lines().any(|l| l == skipped), "{skipped} in {body}");
 
     // The API down and the pod not in the agent's view: it may be a control-plane pod, so it
     // waits (11) rather than start with its API connections sent to a proxy not yet ready.

@@ -9,7 +9,8 @@
 //! Service).
 //!
 //! A watch of the pods on this node (`spec.nodeName`) keeps their names, UIDs, annotations and
-//! that label (nothing else: a node runs hundreds of pods), so an ADD seldom waits on the API: the kubelet
+//! that label, and whether it has a `linkerd-init` init container (nothing else: a node runs
+//! hundreds of pods), so an ADD seldom waits on the API: the kubelet
 //! creates the pod in the API before it asks the runtime for its sandbox, so the watch has
 //! usually seen it. A pod not yet seen, or seen with another UID (a pod of the same name
 //! deleted and created again), is read with a GET. When the API cannot answer in time, the
@@ -27,7 +28,9 @@ use std::{
 
 use futures::StreamExt as _;
 use interceptor_api::KubePod;
-use interceptor_config::annotations::{CONTROL_PLANE_COMPONENT, DEFAULT_API_SERVER_PORTS};
+use interceptor_config::annotations::{
+    CONTROL_PLANE_COMPONENT, DEFAULT_API_SERVER_PORTS, LINKERD_INIT_CONTAINER,
+};
 use k8s_openapi::{
     api::core::v1::{Pod, Service},
     apimachinery::pkg::util::intstr::IntOrString,
@@ -60,6 +63,7 @@ struct Facts {
     uid: String,
     annotations: BTreeMap<String, String>,
     control_plane_component: Option<String>,
+    linkerd_init: bool,
 }
 
 type Key = (String, String);
@@ -129,6 +133,7 @@ impl KubePods {
             annotations: facts.annotations,
             control_plane_component: facts.control_plane_component,
             api_server_ports,
+            linkerd_init: facts.linkerd_init,
         })
     }
 
@@ -231,6 +236,11 @@ fn facts(pod: &Pod) -> Facts {
             .and_then(|labels| labels.get(CONTROL_PLANE_COMPONENT))
             .filter(|component| !component.is_empty())
             .cloned(),
+        linkerd_init: pod
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.init_containers.as_ref())
+            .is_some_and(|init| init.iter().any(|c| c.name == LINKERD_INIT_CONTAINER)),
     }
 }
 
