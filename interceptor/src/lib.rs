@@ -6,6 +6,7 @@
 //! - [`netns`], [`cgroup`]: where pods live and where programs attach.
 //! - [`state`]: what a running instance leaves for `status`.
 //! - [`agent`]: the node agent (`interceptor daemon`) and its API.
+//! - [`kubernetes`]: the Kubernetes API client.
 //! - [`cli`], [`commands`]: the command line.
 //!
 //! No unsafe code: raw system calls live in `interceptor-sys`.
@@ -19,6 +20,7 @@ pub use interceptor_config as config;
 pub mod crash_points;
 pub mod ebpf;
 pub mod iptables;
+pub mod kubernetes;
 pub mod logging;
 pub mod netns;
 pub mod state;

@@ -36,8 +36,7 @@ use k8s_openapi::{
     apimachinery::pkg::util::intstr::IntOrString,
 };
 use kube::{
-    Api, Client, Config,
-    config::{KubeConfigOptions, Kubeconfig},
+    Api, Client,
     runtime::{WatchStreamExt as _, watcher},
 };
 use prometheus_client::metrics::{counter::Counter, family::Family};
@@ -79,7 +78,7 @@ pub struct KubePods {
 impl KubePods {
     /// Connects (without waiting for the API) and starts the watch of this node's pods.
     pub async fn start(options: KubeOptions) -> Arc<Self> {
-        let client = match client(&options).await {
+        let client = match crate::kubernetes::client(options.kubeconfig.as_deref()).await {
             Ok(client) => Ok(client),
             Err(e) => {
                 warn!(error = %e, "no Kubernetes API: pods whose runtime passes no annotations cannot be looked up");
@@ -207,22 +206,6 @@ impl KubePods {
     pub fn lookups(&self) -> Family<Vec<(String, String)>, Counter> {
         self.lookups.clone()
     }
-}
-
-async fn client(options: &KubeOptions) -> Result<Client, String> {
-    let config = match &options.kubeconfig {
-        Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path)
-                .map_err(|e| format!("reading the kubeconfig {}: {e}", path.display()))?;
-            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| format!("the kubeconfig {}: {e}", path.display()))?
-        }
-        None => Config::infer().await.map_err(|e| {
-            format!("no in-cluster service account, $KUBECONFIG or ~/.kube/config: {e}")
-        })?,
-    };
-    Client::try_from(config).map_err(|e| format!("a Kubernetes client: {e}"))
 }
 
 fn facts(pod: &Pod) -> Facts {
