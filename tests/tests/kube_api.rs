@@ -3,20 +3,12 @@
 //! `CNI_ARGS`, and the agent reading the pod from the API (`--kubeconfig`, `--node-name`): from
 //! its watch of the node's pods, or with a GET for a pod the watch has not seen.
 //!
-//! No `kube-apiserver` can be installed on these machines (Debian has none, and only crates.io,
-//! PyPI and npm are reachable), so the API server is a small HTTP server in the test that
-//! answers as the API server does: a `PodList` for the list, a chunked stream of watch events,
-//! the pod or a `NotFound` Status for a GET. It can end the watch stream (the agent watches
-//! again) and stop answering (the API is down).
+//! The API server is the kit's stand-in (`interceptor_tests::fake_api`): a `PodList` for the
+//! list, a chunked stream of watch events, the pod, the `kubernetes` Service or a `NotFound`
+//! Status for a GET. It can end the watch stream (the agent watches again) and stop answering
+//! (the API is down).
 use std::{
     collections::BTreeMap,
-    io::{BufRead as _, BufReader, Write as _},
-    net::{TcpListener, TcpStream},
-    path::Path,
-    sync::{
-        Arc, Mutex,
-        mpsc::{self, Receiver, RecvTimeoutError, Sender},
-    },
     time::{Duration, Instant},
 };
 
@@ -24,6 +16,7 @@ use interceptor_tests::{
     Landing, Netns, PodFixture,
     agent_home::{AgentHome, free_loopback_addr, http_get},
     cni_network::CniNetwork,
+    fake_api::{FakeApi, Mode, WatchEvent},
     privileged,
     scenario::{APP_UID, PROXY_UID},
 };
@@ -66,204 +59,16 @@ fn labelled_pod(
 
 const INJECTED: (&str, &str) = ("linkerd.io/proxy-version", "edge-24.11.8");
 
-enum WatchEvent {
-    Added(Value),
-    /// The server ends the stream, as an API server does when a watch times out.
-    End,
-}
-
-#[derive(Default)]
-struct ApiState {
-    pods: Vec<Value>,
-    /// Every request's path and query, in order.
-    requests: Vec<String>,
-    watches: Vec<Sender<WatchEvent>>,
-    /// Connections are closed without an answer.
-    down: bool,
-}
-
-/// The stand-in API server on 127.0.0.1.
-struct FakeApi {
-    addr: String,
-    state: Arc<Mutex<ApiState>>,
-}
-
-impl FakeApi {
-    fn start(pods: Vec<Value>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let state = Arc::new(Mutex::new(ApiState {
-            pods,
-            ..ApiState::default()
-        }));
-        let shared = state.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let state = shared.clone();
-                std::thread::spawn(move || serve(stream, &state));
-            }
-        });
-        Self { addr, state }
-    }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, ApiState> {
-        self.state.lock().unwrap()
-    }
-
-    /// How many requests so far contain `needle`.
-    fn requests_with(&self, needle: &str) -> usize {
-        self.state()
-            .requests
-            .iter()
-            .filter(|r| r.contains(needle))
-            .count()
-    }
-
-    /// Sends `event` to every open watch.
-    fn broadcast(&self, event: impl Fn() -> WatchEvent) {
-        self.state().watches.retain(|w| w.send(event()).is_ok());
-    }
-
-    fn kubeconfig(&self, dir: &Path) -> std::path::PathBuf {
-        std::fs::create_dir_all(dir).unwrap();
-        let path = dir.join("kubeconfig");
-        std::fs::write(
-            &path,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user:\n    token: test-token\n",
-                self.addr
-            ),
-        )
-        .unwrap();
-        path
-    }
-}
-
-fn serve(mut stream: TcpStream, state: &Mutex<ApiState>) {
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut request_line = String::new();
-    if reader.read_line(&mut request_line).is_err() {
-        return;
-    }
-    loop {
-        let mut header = String::new();
-        if reader.read_line(&mut header).unwrap_or(0) == 0 || header == "\r\n" {
-            break;
-        }
-    }
-    let target = request_line
-        .split(' ')
-        .nth(1)
-        .unwrap_or_default()
-        .to_owned();
-    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
-    let mut guard = state.lock().unwrap();
-    guard.requests.push(target.clone());
-    if guard.down {
-        return;
-    }
-    let on_node = |pod: &&Value| {
-        !query.contains("spec.nodeName")
-            || query.contains(&format!(
-                "%3D{}",
-                pod["spec"]["nodeName"].as_str().unwrap_or("")
-            ))
-    };
-    if path == "/api/v1/pods" && query.contains("watch=true") {
-        let (sender, events) = mpsc::channel();
-        guard.watches.push(sender);
-        drop(guard);
-        stream_watch(stream, &events);
-    } else if path == "/api/v1/pods" {
-        let items: Vec<Value> = guard.pods.iter().filter(on_node).cloned().collect();
-        drop(guard);
-        respond(
-            &mut stream,
-            "200 OK",
-            &json!({
-                "apiVersion": "v1",
-                "kind": "PodList",
-                "metadata": { "resourceVersion": "10" },
-                "items": items,
-            }),
-        );
-    } else if path == "/api/v1/namespaces/default/services/kubernetes" {
-        drop(guard);
-        // As a cluster whose API server listens on 8443 behind the Service's 443.
-        respond(
-            &mut stream,
-            "200 OK",
-            &json!({
-                "apiVersion": "v1", "kind": "Service",
-                "metadata": { "name": "kubernetes", "namespace": "default" },
-                "spec": { "ports": [{ "name": "https", "port": 443, "protocol": "TCP", "targetPort": 8443 }] },
-            }),
-        );
-    } else if let Some(rest) = path.strip_prefix("/api/v1/namespaces/") {
-        let (namespace, name) = rest.split_once("/pods/").unwrap_or(("", ""));
-        let found = guard
-            .pods
-            .iter()
-            .find(|p| p["metadata"]["namespace"] == namespace && p["metadata"]["name"] == name)
-            .cloned();
-        drop(guard);
-        match found {
-            Some(pod) => respond(&mut stream, "200 OK", &pod),
-            None => respond(
-                &mut stream,
-                "404 Not Found",
-                &json!({
-                    "apiVersion": "v1", "kind": "Status", "status": "Failure",
-                    "reason": "NotFound", "code": 404,
-                    "message": format!("pods \"{name}\" not found"),
-                    "details": { "name": name, "kind": "pods" },
-                }),
-            ),
-        }
-    } else {
-        drop(guard);
-        respond(
-            &mut stream,
-            "404 Not Found",
-            &json!({"kind": "Status", "code": 404}),
-        );
-    }
-}
-
-fn respond(stream: &mut TcpStream, status: &str, body: &Value) {
-    let body = body.to_string();
-    let _ = write!(
-        stream,
-        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-}
-
-/// A watch: chunked JSON events until the test ends it.
-fn stream_watch(mut stream: TcpStream, events: &Receiver<WatchEvent>) {
-    if write!(
-        stream,
-        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-    )
-    .is_err()
-    {
-        return;
-    }
-    loop {
-        match events.recv_timeout(Duration::from_secs(300)) {
-            Ok(WatchEvent::Added(pod)) => {
-                let line = format!("{}\n", json!({ "type": "ADDED", "object": pod }));
-                if write!(stream, "{:x}\r\n{line}\r\n", line.len()).is_err() {
-                    return;
-                }
-            }
-            Ok(WatchEvent::End)
-            | Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
-                let _ = write!(stream, "0\r\n\r\n");
-                return;
-            }
-        }
-    }
+/// The stand-in API server with `pods` and the `kubernetes` Service, as a cluster whose API
+/// server listens on 8443 behind the Service's 443.
+fn api_with(pods: Vec<Value>) -> FakeApi {
+    let mut objects = pods;
+    objects.push(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": { "name": "kubernetes", "namespace": "default" },
+        "spec": { "ports": [{ "name": "https", "port": 443, "protocol": "TCP", "targetPort": 8443 }] },
+    }));
+    FakeApi::start(objects)
 }
 
 fn eventually(what: &str, mut done: impl FnMut() -> bool) {
@@ -309,7 +114,7 @@ fn the_agent_reads_a_pods_annotations_from_the_kubernetes_api_when_the_runtime_p
     ) {
         return;
     }
-    let api = FakeApi::start(vec![
+    let api = api_with(vec![
         pod("web", NODE, &[INJECTED]),
         pod("plain", NODE, &[("app", "plain")]),
         pod("elsewhere", "node-b", &[INJECTED]),
@@ -368,7 +173,7 @@ fn the_agent_reads_a_pods_annotations_from_the_kubernetes_api_when_the_runtime_p
     assert_eq!(registered(&home), ["web"]);
 
     // Not yet in the cache (the API has it, the watch has not said so): a GET.
-    api.state().pods.push(pod("late", NODE, &[INJECTED]));
+    api.state().objects.push(pod("late", NODE, &[INJECTED]));
     let late = Netns::new("kubeapi-late");
     network
         .add("late", &late.path(), &json!(null))
@@ -377,7 +182,7 @@ fn the_agent_reads_a_pods_annotations_from_the_kubernetes_api_when_the_runtime_p
     assert_eq!(registered(&home), ["late", "web"]);
 
     // A watch event puts a pod in the cache.
-    api.state().pods.push(pod("evented", NODE, &[INJECTED]));
+    api.state().objects.push(pod("evented", NODE, &[INJECTED]));
     api.broadcast(|| WatchEvent::Added(pod("evented", NODE, &[INJECTED])));
     let evented = Netns::new("kubeapi-evented");
     std::thread::sleep(Duration::from_millis(500));
@@ -397,7 +202,7 @@ fn the_agent_reads_a_pods_annotations_from_the_kubernetes_api_when_the_runtime_p
     eventually("the agent watches again", || {
         api.requests_with("watch=true") > watches
     });
-    api.state().pods.push(pod("after", NODE, &[INJECTED]));
+    api.state().objects.push(pod("after", NODE, &[INJECTED]));
     api.broadcast(|| WatchEvent::Added(pod("after", NODE, &[INJECTED])));
     std::thread::sleep(Duration::from_millis(500));
     let after = Netns::new("kubeapi-after");
@@ -419,7 +224,7 @@ fn the_agent_reads_a_pods_annotations_from_the_kubernetes_api_when_the_runtime_p
     }
 
     // The API down, a pod it never told about: error 11, nothing registered.
-    api.state().down = true;
+    api.state().mode = Mode::Down;
     let ghost = Netns::new("kubeapi-ghost");
     let error = network
         .add("ghost", &ghost.path(), &json!(null))
@@ -466,7 +271,7 @@ fn a_control_plane_pod_reaches_the_api_server_around_its_proxy() {
     // Injected the iptables way, with the init container that writes proxy-init's rules.
     let mut legacy = pod("legacy", NODE, &[INJECTED]);
     legacy["spec"]["initContainers"] = json!([{ "name": "linkerd-init", "image": "proxy-init:1" }]);
-    let api = FakeApi::start(vec![
+    let api = api_with(vec![
         control_plane("destination"),
         control_plane("identity"),
         pod("web", NODE, &[INJECTED]),
@@ -565,7 +370,7 @@ fn a_control_plane_pod_reaches_the_api_server_around_its_proxy() {
 
     // The API down and the pod not in the agent's view: it may be a control-plane pod, so it
     // waits (11) rather than start with its API connections sent to a proxy not yet ready.
-    api.state().down = true;
+    api.state().mode = Mode::Down;
     let ghost = Netns::new("kubecp-ghost");
     let error = annotated
         .add("ghost", &ghost.path(), &json!({ INJECTED.0: INJECTED.1 }))

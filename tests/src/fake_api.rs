@@ -1,0 +1,345 @@
+//! A stand-in Kubernetes API server on 127.0.0.1, for the agent's pod lookups
+//! (`tests/kube_api.rs`) and the CNI installer's check of its DaemonSet (`tests/cni_install_kube.rs`).
+//!
+//! No `kube-apiserver` can be installed on these machines (Debian has none, and only crates.io,
+//! PyPI and npm are reachable), so this small HTTP server answers as the API server does, in
+//! its shapes: the object or a `NotFound` Status naming it for a GET of a namespaced object
+//! (`/api/v1/...` and `/apis/GROUP/VERSION/...`), a `PodList` for the list of pods, a chunked
+//! stream of watch events. It can end the watch streams (a client watches again), refuse every
+//! request (401 or 403, as when the caller's account or role is deleted), close connections
+//! without an answer, or keep them open without one (the API is down).
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    net::{TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        mpsc::{self, Receiver, RecvTimeoutError, Sender},
+    },
+    time::Duration,
+};
+
+use serde_json::{Value, json};
+
+pub enum WatchEvent {
+    Added(Value),
+    /// The server ends the stream, as an API server does when a watch times out.
+    End,
+}
+
+/// How the server answers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// As the API server does.
+    #[default]
+    Answer,
+    /// Every request gets this status (401 Unauthorized or 403 Forbidden) as a Status.
+    Refuse(u16),
+    /// Connections are closed without an answer.
+    Down,
+    /// Requests are read and never answered.
+    Silent,
+}
+
+#[derive(Default)]
+pub struct ApiState {
+    /// The objects, as the API server returns them (each with `apiVersion`, `kind` and
+    /// `metadata.namespace` and `name`).
+    pub objects: Vec<Value>,
+    /// Every request's path and query, in order.
+    pub requests: Vec<String>,
+    watches: Vec<Sender<WatchEvent>>,
+    pub mode: Mode,
+}
+
+impl ApiState {
+    /// The object of `kind` named `namespace`/`name`.
+    pub fn object_mut(&mut self, kind: &str, namespace: &str, name: &str) -> Option<&mut Value> {
+        self.objects.iter_mut().find(|o| {
+            o["kind"] == kind
+                && o["metadata"]["namespace"] == namespace
+                && o["metadata"]["name"] == name
+        })
+    }
+
+    /// Removes the object of `kind` named `namespace`/`name`, as a deletion does.
+    pub fn remove(&mut self, kind: &str, namespace: &str, name: &str) {
+        self.objects.retain(|o| {
+            !(o["kind"] == kind
+                && o["metadata"]["namespace"] == namespace
+                && o["metadata"]["name"] == name)
+        });
+    }
+}
+
+pub struct FakeApi {
+    pub addr: String,
+    state: Arc<Mutex<ApiState>>,
+}
+
+impl FakeApi {
+    pub fn start(objects: Vec<Value>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let state = Arc::new(Mutex::new(ApiState {
+            objects,
+            ..ApiState::default()
+        }));
+        let shared = state.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let state = shared.clone();
+                std::thread::spawn(move || serve(stream, &state));
+            }
+        });
+        Self { addr, state }
+    }
+
+    pub fn state(&self) -> std::sync::MutexGuard<'_, ApiState> {
+        self.state.lock().unwrap()
+    }
+
+    /// How many requests so far contain `needle`.
+    pub fn requests_with(&self, needle: &str) -> usize {
+        self.state()
+            .requests
+            .iter()
+            .filter(|r| r.contains(needle))
+            .count()
+    }
+
+    /// Sends `event` to every open watch.
+    pub fn broadcast(&self, event: impl Fn() -> WatchEvent) {
+        self.state().watches.retain(|w| w.send(event()).is_ok());
+    }
+
+    /// A kubeconfig in `dir` for this server, with a bearer token.
+    pub fn kubeconfig(&self, dir: &Path) -> PathBuf {
+        std::fs::create_dir_all(dir).unwrap();
+        let path = dir.join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user:\n    token: test-token\n",
+                self.addr
+            ),
+        )
+        .unwrap();
+        path
+    }
+}
+
+/// A DaemonSet as the API server returns it (`apps/v1`, the fields it always fills in).
+pub fn daemonset(namespace: &str, name: &str) -> Value {
+    let labels = json!({ "app.kubernetes.io/name": name });
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": format!("uid-{name}"),
+            "resourceVersion": "20",
+            "generation": 1,
+            "creationTimestamp": "2025-01-01T00:00:00Z",
+            "labels": labels,
+        },
+        "spec": {
+            "selector": { "matchLabels": labels },
+            "template": {
+                "metadata": { "labels": labels },
+                "spec": { "containers": [{ "name": "agent", "image": "interceptor" }] },
+            },
+            "updateStrategy": { "type": "RollingUpdate", "rollingUpdate": { "maxUnavailable": 1 } },
+        },
+        "status": {
+            "currentNumberScheduled": 1,
+            "desiredNumberScheduled": 1,
+            "numberMisscheduled": 0,
+            "numberReady": 1,
+            "observedGeneration": 1,
+        },
+    })
+}
+
+/// The resource name of `kind` in a path (`Pod` → `pods`, `DaemonSet` → `daemonsets`).
+fn plural(kind: &str) -> String {
+    format!("{}s", kind.to_lowercase())
+}
+
+fn serve(mut stream: TcpStream, state: &Mutex<ApiState>) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line).is_err() {
+        return;
+    }
+    loop {
+        let mut header = String::new();
+        if reader.read_line(&mut header).unwrap_or(0) == 0 || header == "\r\n" {
+            break;
+        }
+    }
+    let target = request_line
+        .split(' ')
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned();
+    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+    let mut guard = state.lock().unwrap();
+    guard.requests.push(target.clone());
+    match guard.mode {
+        Mode::Answer => {}
+        Mode::Down => return,
+        Mode::Silent => {
+            drop(guard);
+            // Held open, unanswered, until the client gives up.
+            let _ = std::io::copy(&mut reader, &mut std::io::sink());
+            return;
+        }
+        Mode::Refuse(code) => {
+            drop(guard);
+            let reason = if code == 401 {
+                "Unauthorized"
+            } else {
+                "Forbidden"
+            };
+            let status = format!("{code} {reason}");
+            return respond(
+                &mut stream,
+                &status,
+                &json!({
+                    "apiVersion": "v1", "kind": "Status", "status": "Failure",
+                    "reason": reason, "code": code, "message": reason,
+                }),
+            );
+        }
+    }
+    let on_node = |pod: &&Value| {
+        !query.contains("spec.nodeName")
+            || query.contains(&format!(
+                "%3D{}",
+                pod["spec"]["nodeName"].as_str().unwrap_or("")
+            ))
+    };
+    if path == "/api/v1/pods" && query.contains("watch=true") {
+        let (sender, events) = mpsc::channel();
+        guard.watches.push(sender);
+        drop(guard);
+        stream_watch(stream, &events);
+    } else if path == "/api/v1/pods" {
+        let items: Vec<Value> = guard
+            .objects
+            .iter()
+            .filter(|o| o["kind"] == "Pod")
+            .filter(on_node)
+            .cloned()
+            .collect();
+        drop(guard);
+        respond(
+            &mut stream,
+            "200 OK",
+            &json!({
+                "apiVersion": "v1",
+                "kind": "PodList",
+                "metadata": { "resourceVersion": "10" },
+                "items": items,
+            }),
+        );
+    } else if let Some((api_version, namespace, resource, name)) = object_path(path) {
+        let found = guard
+            .objects
+            .iter()
+            .find(|o| {
+                o["apiVersion"] == api_version
+                    && plural(o["kind"].as_str().unwrap_or_default()) == resource
+                    && o["metadata"]["namespace"] == namespace
+                    && o["metadata"]["name"] == name
+            })
+            .cloned();
+        drop(guard);
+        let group = api_version.split_once('/').map_or("", |(g, _)| g);
+        match found {
+            Some(object) => respond(&mut stream, "200 OK", &object),
+            None => respond(
+                &mut stream,
+                "404 Not Found",
+                &json!({
+                    "apiVersion": "v1", "kind": "Status", "status": "Failure",
+                    "reason": "NotFound", "code": 404,
+                    "message": format!("{resource} \"{name}\" not found"),
+                    "details": { "name": name, "group": group, "kind": resource },
+                }),
+            ),
+        }
+    } else {
+        drop(guard);
+        respond(
+            &mut stream,
+            "404 Not Found",
+            &json!({
+                "apiVersion": "v1", "kind": "Status", "status": "Failure",
+                "reason": "NotFound", "code": 404, "details": {},
+                "message": "the server could not find the requested resource",
+            }),
+        );
+    }
+}
+
+/// `(apiVersion, namespace, resource, name)` of a GET of a namespaced object:
+/// `/api/v1/namespaces/NS/RESOURCE/NAME` or `/apis/GROUP/VERSION/namespaces/NS/RESOURCE/NAME`.
+fn object_path(path: &str) -> Option<(String, &str, &str, &str)> {
+    let (api_version, rest) = if let Some(rest) = path.strip_prefix("/api/v1/namespaces/") {
+        ("v1".to_owned(), rest)
+    } else {
+        let rest = path.strip_prefix("/apis/")?;
+        let mut parts = rest.splitn(4, '/');
+        let (group, version) = (parts.next()?, parts.next()?);
+        if parts.next()? != "namespaces" {
+            return None;
+        }
+        (format!("{group}/{version}"), parts.next()?)
+    };
+    let mut parts = rest.split('/');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(namespace), Some(resource), Some(name), None) => {
+            Some((api_version, namespace, resource, name))
+        }
+        _ => None,
+    }
+}
+
+fn respond(stream: &mut TcpStream, status: &str, body: &Value) {
+    let body = body.to_string();
+    let _ = write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+/// A watch: chunked JSON events until the test ends it.
+fn stream_watch(mut stream: TcpStream, events: &Receiver<WatchEvent>) {
+    if write!(
+        stream,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    .is_err()
+    {
+        return;
+    }
+    loop {
+        match events.recv_timeout(Duration::from_secs(300)) {
+            Ok(WatchEvent::Added(pod)) => {
+                let line = format!("{}\n", json!({ "type": "ADDED", "object": pod }));
+                if write!(stream, "{:x}\r\n{line}\r\n", line.len()).is_err() {
+                    return;
+                }
+            }
+            Ok(WatchEvent::End)
+            | Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+                let _ = write!(stream, "0\r\n\r\n");
+                return;
+            }
+        }
+    }
+}
