@@ -10,7 +10,7 @@ use crate::config::{
     ports::{parse_port, parse_port_list},
     subnets::parse_cidr_list,
 };
-use crate::{iptables::IptablesMode, logging::LogFormat};
+use crate::{iptables::IptablesMode, kubernetes::DaemonSetRef, logging::LogFormat};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -92,8 +92,19 @@ pub enum CniCommand {
         #[arg(long, value_parser = ["injected", "all"])]
         pods: Option<String>,
         /// Keep running, and chain the plugin again whenever the primary CNI rewrites its file.
+        /// On SIGTERM or SIGINT, remove the plugin (but see --daemonset).
         #[arg(long)]
         watch: bool,
+        /// The DaemonSet this installer runs in, as NAMESPACE/NAME. On SIGTERM or SIGINT the
+        /// plugin is then removed only if the Kubernetes API says the DaemonSet is gone or being
+        /// deleted; while it remains (this pod replaced), or when the API cannot tell, the
+        /// plugin stays chained and pods wait for the next agent (CNI error 11).
+        #[arg(long, requires = "watch")]
+        daemonset: Option<DaemonSetRef>,
+        /// The kubeconfig for --daemonset [default: the pod's service account, else
+        /// $KUBECONFIG or ~/.kube/config].
+        #[arg(long, requires = "daemonset")]
+        kubeconfig: Option<PathBuf>,
     },
     /// Remove exactly what install added.
     Uninstall,

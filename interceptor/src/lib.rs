@@ -6,7 +6,7 @@
 //! - [`netns`], [`cgroup`]: where pods live and where programs attach.
 //! - [`state`]: what a running instance leaves for `status`.
 //! - [`agent`]: the node agent (`interceptor daemon`) and its API.
-//! - [`kubernetes`]: the Kubernetes API client.
+//! - [`kubernetes`]: the Kubernetes API client the agent and the CNI installer share.
 //! - [`cli`], [`commands`]: the command line.
 //!
 //! No unsafe code: raw system calls live in `interceptor-sys`.

@@ -1,8 +1,9 @@
 //! `interceptor cni install|uninstall`: the plugin's binary and its entry in the node's CNI
 //! configuration (see `interceptor_cni::install`), and the watch that keeps the entry there.
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use anyhow::{Context as _, bail};
@@ -12,9 +13,12 @@ use nix::sys::{
     signal::{SigSet, Signal},
 };
 use serde_json::{Value, json};
-use tracing::info;
+use tracing::{error, info, warn};
 
-use crate::cli::{CniArgs, CniCommand};
+use crate::{
+    cli::{CniArgs, CniCommand},
+    kubernetes::{self, DaemonSetRef, DaemonSetState},
+};
 
 pub fn cni(args: CniArgs) -> anyhow::Result<()> {
     match args.command {
@@ -25,6 +29,8 @@ pub fn cni(args: CniArgs) -> anyhow::Result<()> {
             log_file,
             pods,
             watch,
+            daemonset,
+            kubeconfig,
         } => {
             let linkerd: Value = serde_json::from_str(&linkerd).context("--linkerd is not JSON")?;
             let mut settings = serde_json::Map::new();
@@ -53,15 +59,19 @@ pub fn cni(args: CniArgs) -> anyhow::Result<()> {
                 report(installer.install()?);
                 return Ok(());
             }
-            // Blocked before the watch thread starts, so it inherits the mask and the signals
-            // wait for `sigwait` here.
+            // Blocked before the watch thread and the runtime's threads start, so they inherit
+            // the mask and the signals wait for `sigwait`.
             let signals = termination_signals();
             signals
                 .thread_block()
                 .context("blocking SIGTERM and SIGINT")?;
+            // Before any change: a kubeconfig that cannot be read is refused at once.
+            let owner = daemonset
+                .map(|daemonset| Owner::new(daemonset, kubeconfig.as_deref()))
+                .transpose()?;
             report(installer.install()?);
-            // Held by the watch while it chains, and by the uninstall below, which marks it
-            // stopped: an uninstall's own write must not be chained again.
+            // Held by the watch while it chains, and after the signal, which marks it stopped:
+            // an uninstall's own write must not be chained again, nor a kept plugin rewritten.
             let stopped = Arc::new(Mutex::new(false));
             let (watcher, watch_stopped) = (installer.clone(), stopped.clone());
             std::thread::spawn(move || {
@@ -70,14 +80,19 @@ pub fn cni(args: CniArgs) -> anyhow::Result<()> {
                     std::process::exit(1);
                 }
             });
-            let signal = signals.wait().context("waiting for SIGTERM or SIGINT")?;
-            // The DaemonSet deleted or this pod replaced: take the plugin out of the chain, so
-            // no pod waits on an agent that may not come back. (A pod created before the next
-            // installer chains it again is not meshed, as with linkerd-cni.)
-            let mut stopped = stopped.lock().unwrap_or_else(|e| e.into_inner());
-            *stopped = true;
-            installer.uninstall()?;
-            info!(%signal, "CNI plugin uninstalled on termination");
+            let Some(owner) = owner else {
+                let signal = signals.wait().context("waiting for SIGTERM or SIGINT")?;
+                let _stopped = stop(&stopped);
+                installer.uninstall()?;
+                info!(%signal, "CNI plugin uninstalled on termination");
+                return Ok(());
+            };
+            let (signal, access) = owner.wait(signals)?;
+            let _stopped = stop(&stopped);
+            if let Some(reason) = owner.removal_reason(signal, access) {
+                installer.uninstall()?;
+                info!(%signal, daemonset = %owner.daemonset, reason, "CNI plugin uninstalled on termination");
+            }
             Ok(())
         }
         CniCommand::Uninstall => {
@@ -92,6 +107,130 @@ pub fn cni(args: CniArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// How long the API may take to answer for the DaemonSet: the pod's grace period is 10 s.
+const API_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Whether the API has answered this installer about its DaemonSet since it started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    Confirmed,
+    Unconfirmed,
+}
+
+/// The DaemonSet the installer runs in, and the API that tells whether it is being deleted.
+struct Owner {
+    daemonset: DaemonSetRef,
+    runtime: tokio::runtime::Runtime,
+    client: kube::Client,
+}
+
+impl Owner {
+    fn new(daemonset: DaemonSetRef, kubeconfig: Option<&Path>) -> anyhow::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .context("a runtime for the Kubernetes API")?;
+        let client = runtime
+            .block_on(kubernetes::client(kubeconfig))
+            .map_err(|e| anyhow::anyhow!("--daemonset {daemonset}: {e}"))?;
+        Ok(Self {
+            daemonset,
+            runtime,
+            client,
+        })
+    }
+
+    /// Waits for SIGTERM or SIGINT, meanwhile asking the API for the DaemonSet until it answers
+    /// once: then a refusal at termination means access was withdrawn, not never granted.
+    fn wait(&self, signals: SigSet) -> anyhow::Result<(Signal, Access)> {
+        self.runtime.block_on(async {
+            let signal = tokio::task::spawn_blocking(move || signals.wait());
+            tokio::pin!(signal);
+            let mut access = Access::Unconfirmed;
+            tokio::select! {
+                signal = &mut signal => return Ok((signal??, access)),
+                () = self.confirm_access() => access = Access::Confirmed,
+            }
+            Ok((signal.await??, access))
+        })
+    }
+
+    async fn confirm_access(&self) {
+        let mut delay = Duration::from_secs(1);
+        loop {
+            let state =
+                kubernetes::daemonset_state(&self.client, &self.daemonset, API_DEADLINE).await;
+            let daemonset = &self.daemonset;
+            match &state {
+                DaemonSetState::Present => info!(
+                    %daemonset,
+                    "DaemonSet found: on termination the CNI plugin stays chained unless the DaemonSet is being deleted or gone"
+                ),
+                DaemonSetState::Deleting | DaemonSetState::Gone => warn!(
+                    %daemonset, state = ?state,
+                    "DaemonSet not found or being deleted: on termination the CNI plugin is removed"
+                ),
+                DaemonSetState::Refused(e) => error!(
+                    %daemonset, error = %e,
+                    "the Kubernetes API refuses this installer its DaemonSet (it needs get on daemonsets, for this name): on termination the CNI plugin would stay chained; retrying"
+                ),
+                DaemonSetState::Unknown(e) => {
+                    warn!(%daemonset, error = %e, "reading the DaemonSet; retrying")
+                }
+            }
+            if state.answered() {
+                return;
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(60));
+        }
+    }
+
+    /// Why the plugin is to be removed on `signal`, or `None` to leave it chained; says which
+    /// in the log.
+    fn removal_reason(&self, signal: Signal, access: Access) -> Option<&'static str> {
+        let state = self.runtime.block_on(kubernetes::daemonset_state(
+            &self.client,
+            &self.daemonset,
+            API_DEADLINE,
+        ));
+        let daemonset = &self.daemonset;
+        match state {
+            DaemonSetState::Gone => Some("the DaemonSet is gone"),
+            DaemonSetState::Deleting => Some("the DaemonSet is being deleted"),
+            // Its Role, RoleBinding or ServiceAccount deleted with it (`kubectl delete -k`
+            // removes them all at once), as a rolling update never does.
+            DaemonSetState::Refused(e) if access == Access::Confirmed => {
+                warn!(%daemonset, error = %e, "the Kubernetes API no longer lets this installer read its DaemonSet, which it did before");
+                Some("the access to the DaemonSet was withdrawn")
+            }
+            DaemonSetState::Present => {
+                info!(
+                    %signal, %daemonset,
+                    "the DaemonSet remains: this pod is being replaced (a rolling update, the node shutting down); the CNI plugin stays chained, and pods Linkerd injected wait (CNI error 11) until the next agent answers"
+                );
+                None
+            }
+            // Fail closed: no pod starts unmeshed; an operator can remove it by hand.
+            DaemonSetState::Refused(e) | DaemonSetState::Unknown(e) => {
+                error!(
+                    %signal, %daemonset, error = %e,
+                    "cannot tell whether the DaemonSet is being deleted: the CNI plugin stays chained, and pods Linkerd injected wait (CNI error 11) until an agent answers; if the DaemonSet was deleted, run `interceptor cni uninstall` on this node"
+                );
+                None
+            }
+        }
+    }
+}
+
+/// Marks the watch stopped; it waits on the guard until what follows the signal is done.
+fn stop(stopped: &Mutex<bool>) -> std::sync::MutexGuard<'_, bool> {
+    let mut guard = stopped.lock().unwrap_or_else(|e| e.into_inner());
+    *guard = true;
+    guard
 }
 
 fn termination_signals() -> SigSet {
