@@ -84,17 +84,24 @@ fn container<'a>(daemonset: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no container {name}"))
 }
 
-/// A container's arguments, with `$(VAR)` replaced by the ConfigMap value its env names, as the
-/// kubelet does.
-fn args_of(container: &Value, config: &BTreeMap<String, String>) -> Vec<String> {
+/// A container's arguments, with `$(VAR)` replaced by the ConfigMap value its env names, or the
+/// pod's `namespace` for a `metadata.namespace` field reference, as the kubelet does.
+fn args_of(container: &Value, config: &BTreeMap<String, String>, namespace: &str) -> Vec<String> {
     let env: BTreeMap<String, String> = container["env"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|e| {
-            // The ConfigMap's values; a field reference (NODE_NAME) is not in an argument.
-            let key = e["valueFrom"]["configMapKeyRef"]["key"].as_str()?;
-            Some((e["name"].as_str().unwrap().to_owned(), config[key].clone()))
+            let from = &e["valueFrom"];
+            // Another field reference (NODE_NAME) is not in an argument.
+            let value = match from["configMapKeyRef"]["key"].as_str() {
+                Some(key) => config[key].clone(),
+                None if from["fieldRef"]["fieldPath"] == "metadata.namespace" => {
+                    namespace.to_owned()
+                }
+                None => return None,
+            };
+            Some((e["name"].as_str().unwrap().to_owned(), value))
         })
         .collect();
     container["args"]
@@ -126,6 +133,8 @@ fn the_manifests_validate_against_kubernetes_1_31_strictly() {
     for kind in [
         "namespace",
         "serviceaccount",
+        "role",
+        "rolebinding",
         "clusterrole",
         "clusterrolebinding",
         "configmap",
@@ -174,9 +183,12 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
         daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
         1
     );
-    // The API access: pods get/list/watch and the `kubernetes` Service, nothing more, for the
-    // DaemonSet's account.
+    // The API access, for the DaemonSet's account: pods get/list/watch and the `kubernetes`
+    // Service for the agent, and get of this DaemonSet, in its namespace, for the installer;
+    // nothing more.
     assert_eq!(pod["automountServiceAccountToken"], true);
+    let namespace = daemonset["metadata"]["namespace"].as_str().unwrap();
+    let account = json!([{"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": namespace}]);
     let role = find(&objects, "ClusterRole");
     assert_eq!(
         role["rules"],
@@ -186,15 +198,26 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
         ])
     );
     let binding = find(&objects, "ClusterRoleBinding");
+    assert_eq!(binding["subjects"], account);
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    let role = find(&objects, "Role");
+    assert_eq!(role["metadata"]["namespace"], namespace);
     assert_eq!(
-        binding["subjects"],
-        json!([{"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": daemonset["metadata"]["namespace"]}])
+        role["rules"],
+        json!([{"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": [daemonset["metadata"]["name"]], "verbs": ["get"]}])
+    );
+    let binding = find(&objects, "RoleBinding");
+    assert_eq!(binding["metadata"]["namespace"], namespace);
+    assert_eq!(binding["subjects"], account);
+    assert_eq!(
+        binding["roleRef"],
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]})
     );
 
     // The agent: its flags parse, its metrics port is the named, scraped one, and /ready is the
     // readiness probe.
     let agent = container(daemonset, "agent");
-    let args = args_of(agent, &config);
+    let args = args_of(agent, &config, namespace);
     let cli = interceptor::cli::Cli::try_parse_from(
         std::iter::once("interceptor".to_owned()).chain(args.clone()),
     )
@@ -239,14 +262,36 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
     }
     assert!(mounts.contains_key("/run/interceptor"), "the API socket");
 
-    // The installer: its flags parse, and the plugin accepts the ConfigMap's linkerd block.
+    // The installer: its flags parse; it watches, and on SIGTERM asks the API for this very
+    // DaemonSet with the pod's account; the plugin accepts the ConfigMap's linkerd block.
     let installer = container(daemonset, "install-cni");
-    let args = args_of(installer, &config);
-    interceptor::cli::Cli::try_parse_from(
+    let args = args_of(installer, &config, namespace);
+    let cli = interceptor::cli::Cli::try_parse_from(
         std::iter::once("interceptor".to_owned()).chain(args.clone()),
     )
     .unwrap_or_else(|e| panic!("the installer's arguments {args:?}: {e}"));
-    assert!(args.contains(&"--watch".to_owned()));
+    let interceptor::cli::Command::Cni(interceptor::cli::CniArgs {
+        command:
+            interceptor::cli::CniCommand::Install {
+                watch,
+                daemonset: owner,
+                kubeconfig,
+                ..
+            },
+        ..
+    }) = cli.command
+    else {
+        panic!("the installer container runs {args:?}, not `cni install`");
+    };
+    assert!(watch, "--watch");
+    assert_eq!(
+        owner,
+        Some(interceptor::kubernetes::DaemonSetRef {
+            namespace: namespace.to_owned(),
+            name: daemonset["metadata"]["name"].as_str().unwrap().to_owned(),
+        })
+    );
+    assert_eq!(kubeconfig, None, "the pod's service account");
     let linkerd: Value = serde_json::from_str(&config["linkerd"]).unwrap();
     let conf: interceptor_cni::NetConf = serde_json::from_value(json!({
         "cniVersion": "1.0.0", "name": "k8s", "type": "interceptor-cni", "linkerd": linkerd,
@@ -375,7 +420,9 @@ impl AgentPod {
                 .display()
                 .to_string()
         );
-        let mut spec = find(&objects, "DaemonSet")["spec"]["template"]["spec"].clone();
+        let daemonset = find(&objects, "DaemonSet");
+        let namespace = daemonset["metadata"]["namespace"].as_str().unwrap();
+        let mut spec = daemonset["spec"]["template"]["spec"].clone();
         let host_paths = [
             ("/sys/fs/bpf", bpffs.clone()),
             ("/sys/fs/cgroup", cgroup2.clone()),
@@ -395,15 +442,24 @@ impl AgentPod {
             serde_json::from_value(config["data"].clone()).unwrap();
         for container in spec["containers"].as_array_mut().unwrap() {
             // The kubelet expands `$(VAR)` in arguments; podman 4 does not.
-            container["args"] = json!(args_of(container, &data));
+            let mut args = args_of(container, &data, namespace);
+            // No API server here to ask whether the DaemonSet is being deleted: without
+            // --daemonset the installer unchains the plugin on SIGTERM, as deleting the
+            // DaemonSet does (tests/cni_install_kube.rs covers --daemonset against a stand-in
+            // API server).
+            args.retain(|a| !a.starts_with("--daemonset="));
+            container["args"] = json!(args);
             // podman refuses port declarations on the host's network (Kubernetes takes them as
             // documentation there); nothing is published either way.
             container.as_object_mut().unwrap().remove("ports");
-            // The kubelet resolves `fieldRef: spec.nodeName`; podman 4 does not support it.
+            // The kubelet resolves `fieldRef`s; podman 4 does not support these.
             for env in container["env"].as_array_mut().into_iter().flatten() {
-                if env["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName" {
-                    *env = json!({"name": env["name"], "value": "test-node"});
-                }
+                let value = match env["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                    Some("spec.nodeName") => "test-node",
+                    Some("metadata.namespace") => namespace,
+                    _ => continue,
+                };
+                *env = json!({"name": env["name"], "value": value});
             }
             for arg in container["args"].as_array_mut().unwrap() {
                 let text = arg.as_str().unwrap();
@@ -533,7 +589,8 @@ fn load_image() -> Option<Podman> {
 /// The DaemonSet's own pod, from the image, by podman: it chains the plugin into the primary
 /// network placed there before; a pod added through that network is meshed from its first
 /// connect; the agent's pod killed and played again leaves it meshed throughout; the pod
-/// deleted (SIGTERM) takes the plugin out of the chain, leaving the primary network as it was.
+/// deleted (SIGTERM) takes the plugin out of the chain, leaving the primary network as it was
+/// (the installer runs without `--daemonset` here: there is no API server to ask).
 #[test]
 fn the_daemonsets_pod_meshes_pods_and_keeps_them_meshed_through_a_replay() {
     if !privileged("the_daemonsets_pod_meshes_pods_and_keeps_them_meshed_through_a_replay") {
@@ -589,8 +646,8 @@ fn the_daemonsets_pod_meshes_pods_and_keeps_them_meshed_through_a_replay() {
     .unwrap();
     assert_eq!(pods.len(), 1, "the replayed agent took the pod back");
 
-    // Deleted: stopped first (SIGTERM to the installer, which unchains the plugin), then
-    // removed when the test ends.
+    // Deleted: stopped first (SIGTERM to the installer, which, run without --daemonset,
+    // unchains the plugin), then removed when the test ends.
     run(
         agent_pod
             .podman
