@@ -178,8 +178,8 @@ pub enum ErrorKind {
     /// Something the answer depends on cannot answer now (the Kubernetes API); the message says
     /// what. Worth trying again later.
     Unavailable,
-    /// The agent was started without access to the Kubernetes API (`--kubernetes`,
-    /// `--kubeconfig`).
+    /// The agent cannot read the Kubernetes API at all: started without `--kubernetes` or
+    /// `--kubeconfig`, or without usable credentials.
     NoKubernetes,
 }
 

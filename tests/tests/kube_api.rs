@@ -97,6 +97,27 @@ fn network_without_annotations(home: &AgentHome) -> CniNetwork {
     network
 }
 
+/// A node's CNI network whose plugin entry declares the annotations capability: the runtime
+/// passes each pod's annotations, as containerd does.
+fn network_with_annotations(home: &AgentHome, tag: &str) -> CniNetwork {
+    let network = CniNetwork::with_primary(
+        tag,
+        &json!({
+            "cniVersion": "1.0.0",
+            "name": "lo-net",
+            "plugins": [
+                { "type": "loopback" },
+                {
+                    "type": "interceptor-cni", "agent_socket": home.socket(), "log_file": "/dev/null",
+                    "capabilities": { "io.kubernetes.cri.pod-annotations": true },
+                },
+            ],
+        }),
+    );
+    std::fs::copy(PLUGIN, network.bin_dir.join("interceptor-cni")).unwrap();
+    network
+}
+
 fn registered(home: &AgentHome) -> Vec<String> {
     let mut names: Vec<String> = home
         .pods()
@@ -251,6 +272,36 @@ fn without_kubernetes_access_a_pod_without_annotations_is_told_to_try_again() {
     assert!(home.pods().is_empty());
 }
 
+/// An agent that cannot read the API at all (no `--kubernetes`, or credentials that do not
+/// work) cannot tell a control-plane pod or one with `linkerd-init`: an injected pod whose
+/// runtime passed its annotations is meshed as they say; one whose runtime passed none waits.
+#[test]
+fn without_a_kubernetes_client_an_injected_pod_is_meshed_by_its_annotations() {
+    if !privileged("without_a_kubernetes_client_an_injected_pod_is_meshed_by_its_annotations") {
+        return;
+    }
+    let fixture = PodFixture::new("kubebad");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let kubeconfig = home.state_dir.join("kubeconfig");
+    std::fs::create_dir_all(&home.state_dir).unwrap();
+    std::fs::write(&kubeconfig, "not: [a kubeconfig").unwrap();
+    let _agent = home.start_with(&["--kubeconfig", &kubeconfig.display().to_string()]);
+    network_with_annotations(&home, "kubebad-cni")
+        .add(
+            "web",
+            &fixture.pod.path(),
+            &json!({ INJECTED.0: INJECTED.1 }),
+        )
+        .expect("ADD of an injected pod whose annotations the runtime passed");
+    assert_eq!(registered(&home), ["web"]);
+    let other = Netns::new("kubebad-other");
+    let error = network_without_annotations(&home)
+        .add("other", &other.path(), &json!(null))
+        .expect_err("no annotations and no API: the pod must not start");
+    assert!(error.contains("\"code\":11"), "{error}");
+    assert!(error.contains("no Kubernetes client"), "{error}");
+}
+
 /// linkerd-cni's rules that need more than annotations: Linkerd's control plane, whose pods
 /// carry the label `linkerd.io/control-plane-component` (labels no runtime passes), reaches the
 /// API server's ports, read from the `kubernetes` Service, around its proxy, whether the runtime
@@ -325,21 +376,7 @@ fn a_control_plane_pod_reaches_the_api_server_around_its_proxy() {
 
     // The runtime passed the annotations (containerd): the label still comes from the agent.
     let runtime = Netns::new("kubecp-runtime");
-    let annotated = CniNetwork::with_primary(
-        "kubecp-cni",
-        &json!({
-            "cniVersion": "1.0.0",
-            "name": "lo-net",
-            "plugins": [
-                { "type": "loopback" },
-                {
-                    "type": "interceptor-cni", "agent_socket": home.socket(), "log_file": "/dev/null",
-                    "capabilities": { "io.kubernetes.cri.pod-annotations": true },
-                },
-            ],
-        }),
-    );
-    std::fs::copy(PLUGIN, annotated.bin_dir.join("interceptor-cni")).unwrap();
+    let annotated = network_with_annotations(&home, "kubecp-cni");
     annotated
         .add(
             "identity",

@@ -102,6 +102,12 @@ impl KubePods {
         pods
     }
 
+    /// Why this agent has no Kubernetes client (no credentials, a bad kubeconfig), if it has
+    /// none: it then cannot read the API at all, which is not the API failing to answer.
+    pub fn no_client(&self) -> Option<&str> {
+        self.client.as_ref().err().map(String::as_str)
+    }
+
     /// The pod's annotations and control-plane label: from the watch's cache when it has the
     /// pod (with this `uid`, if given), else from the API. For a control-plane pod, the API
     /// server's ports too.

@@ -88,6 +88,12 @@ async fn pod_annotations(
             "this agent does not read the Kubernetes API (start it with --kubernetes)".into(),
         ));
     };
+    if let Some(why) = kube.no_client() {
+        return refuse((
+            ErrorKind::NoKubernetes,
+            format!("this agent has no Kubernetes client: {why}"),
+        ));
+    }
     match kube.pod(namespace, name, uid).await {
         Ok(pod) => Response::Annotations(pod),
         Err(message) => refuse((ErrorKind::Unavailable, message)),
