@@ -257,7 +257,7 @@ fn bad_flags_are_rejected_by_name_and_nothing_is_attached() {
             "https",
             "\"https\" is not a port number",
         ),
-        ("--proxy-uid", "-5", "\"-5\" is not a numeric id"),
+        ("--proxy-uid", "2102.5", "\"2102.5\" is not a numeric id"),
         (
             "--proxy-gid",
             "4294967296",
