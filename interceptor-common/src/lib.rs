@@ -21,7 +21,7 @@ pub use ids::{NetnsCookie, PodSlot, SocketCookie};
 pub use pod::{
     IP4_MAPPED_PREFIX_BITS, LocalAddrKey, PodConfig, PortBitmap, SUBNET_KEY_FIXED_BITS, SubnetKey,
 };
-pub use socket::{ListenerKey, OrigDst, PendingKey, PendingOrigDst};
+pub use socket::{ConnectSlot, ListenerKey, OrigDst, PendingKey, PendingOrigDst};
 
 /// The version of the maps' layout (their names, key and value types). Bump it with any change to
 /// a map's name (list the old name in `names::RETIRED_MAPS`) or to a type stored in a map: the
@@ -44,6 +44,15 @@ pub const MAX_SUBNET_RULES: u32 = 16 * 1024;
 /// proxy). Entries are removed when the proxy's socket closes; entries of connections whose
 /// proxy side never gets established are evicted least-recently-used once a map is full.
 pub const DEFAULT_PENDING_ORIG_DST_CAPACITY: u32 = 64 * 1024;
+
+/// Slots of `ICPT_CONN_SLOTS` (a power of two: the index is the socket cookie's low bits).
+/// Socket cookies are handed out in increasing order, so the connects in flight at one time
+/// take distinct slots; 3 MiB.
+pub const CONNECT_SLOTS: u32 = 64 * 1024;
+
+/// A slot taken longer ago than this is taken over: its connect never completed. Longer than
+/// TCP's connect attempts last with the default `tcp_syn_retries` (6: 127 s).
+pub const CONNECT_SLOT_STALE_NS: u64 = 150 * 1_000_000_000;
 
 /// `getsockopt(SOL_IP, SO_ORIGINAL_DST)` from `<linux/netfilter_ipv4.h>`.
 pub const SO_ORIGINAL_DST: i32 = 80;
@@ -79,6 +88,7 @@ aya_pod!(
     PendingOrigDst,
     ListenerKey,
     OrigDst,
+    ConnectSlot,
     NetnsCookie,
     SocketCookie,
 );

@@ -1,7 +1,8 @@
 //! Per-connection state that lets the proxy's `getsockopt(SO_ORIGINAL_DST)` answer.
 //!
-//! 1. connect4/connect6 record [`OrigDst`] under the app socket's cookie (`ICPT_CONNECTING`, LRU) when it
-//!    redirects it.
+//! 1. connect4/connect6 record [`OrigDst`] under the app socket's cookie when they redirect it:
+//!    in its [`ConnectSlot`] of `ICPT_CONN_SLOTS`, or in `ICPT_CONNECTING` (LRU) when that slot
+//!    is taken by another connect in flight.
 //! 2. sock_ops, when that socket is established (its source port is now known), moves it to
 //!    `ICPT_PENDING` under the connection's 4-tuple as the proxy will see it ([`PendingKey`]),
 //!    with the proxy side's initial sequence number.
@@ -27,6 +28,21 @@ pub struct OrigDst {
     pub port_be: u16,
     pub _pad: u16,
     pub _pad2: u32,
+}
+
+/// A slot of `ICPT_CONN_SLOTS`, the array that hands a redirected connect's original
+/// destination from connect4/6 to sock_ops when the socket is established, indexed by the app
+/// socket's cookie modulo [`crate::CONNECT_SLOTS`]. Free when `socket_cookie` is 0. A slot
+/// that is taken (another connect in flight with the same index) sends the connect to the
+/// `ICPT_CONNECTING` LRU map instead; a slot left taken by a connect that never completed is
+/// taken over once [`crate::CONNECT_SLOT_STALE_NS`] old.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Pod, Zeroable)]
+pub struct ConnectSlot {
+    pub socket_cookie: u64,
+    /// When it was taken (`bpf_ktime_get_coarse_ns`).
+    pub taken_ns: u64,
+    pub orig: OrigDst,
 }
 
 /// The redirected connection as the proxy's accepted socket sees its peer. The client address
@@ -72,6 +88,7 @@ pub struct ListenerKey {
 }
 
 const _: () = assert!(core::mem::size_of::<OrigDst>() == 32);
+const _: () = assert!(core::mem::size_of::<ConnectSlot>() == 48);
 const _: () = assert!(core::mem::size_of::<PendingKey>() == 32);
 const _: () = assert!(core::mem::size_of::<PendingOrigDst>() == 24);
 const _: () = assert!(core::mem::size_of::<ListenerKey>() == 16);

@@ -5,9 +5,12 @@
 //! code. Nothing here logs per connection: decisions are counted in a per-CPU array instead, and
 //! only the rare failures in `error` are logged, when userspace turns the log on.
 #![no_std]
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 #![no_main]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod connect_slots;
 mod error;
 mod inbound;
 mod maps;

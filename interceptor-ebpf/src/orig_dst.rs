@@ -18,8 +18,9 @@ use interceptor_common::{
 };
 
 use crate::{
+    connect_slots,
     error::Error,
-    maps::{CONNECTING, LISTENERS, PENDING, count, pod_config, read_ip6},
+    maps::{LISTENERS, PENDING, count, pod_config, read_ip6},
 };
 
 const AF_INET: u16 = 2;
@@ -117,14 +118,9 @@ fn index_redirected_connection(ctx: &SockOpsContext) -> Result<(), Error> {
     // SAFETY: the helper only reads this run's socket, from its context; the verifier checks
     // that sock_ops may call it and that the argument is the context.
     let socket_cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    // SAFETY: `CONNECTING` is preallocated: the element stays memory of the map, and the value
-    // is copied at once. Only if the map is full and another CPU evicts and reuses this very
-    // element during the copy can it mix two entries (`OrigDst` is valid for every bit
-    // pattern, so the value is still a valid one).
-    let Some(orig) = (unsafe { CONNECTING.get(socket_cookie) }).copied() else {
+    let Some(orig) = connect_slots::take(socket_cookie) else {
         return Ok(());
     };
-    let _ = CONNECTING.remove(socket_cookie);
     let key = PendingKey {
         netns_cookie: orig.netns_cookie,
         // SAFETY: `local_ip6` is a four-word field of this run's context.

@@ -5,11 +5,14 @@ use std::{
     time::{Duration, Instant},
 };
 
+use aya::maps::{Array, Map, MapData};
 use interceptor::{
     config::{PortRange, PortSet},
     ebpf::LoadOptions,
 };
-use interceptor_common::counters::Decision;
+use interceptor_common::{
+    CONNECT_SLOT_STALE_NS, CONNECT_SLOTS, ConnectSlot, Ip6Addr, OrigDst, counters::Decision, names,
+};
 use interceptor_tests::{
     Landing, PodFixture,
     ebpf_backend::{attach, load, options, register},
@@ -345,4 +348,90 @@ fn detaching_restores_direct_connections() {
             _ => std::thread::sleep(Duration::from_millis(50)),
         }
     }
+}
+
+/// connect4/6 hand the original destination to sock_ops in a slot of `ICPT_CONN_SLOTS` picked by
+/// the socket's cookie. A slot still taken by a connect in flight sends the next connect with
+/// its index to the LRU map (every slot taken here: every connect goes there, and the slots are
+/// left alone); a slot taken long ago, by a connect that never completed, is taken over and
+/// given back.
+#[test]
+fn a_taken_connect_slot_sends_the_connect_to_the_lru_map_and_a_stale_one_is_taken_over() {
+    if !privileged(
+        "a_taken_connect_slot_sends_the_connect_to_the_lru_map_and_a_stale_one_is_taken_over",
+    ) {
+        return;
+    }
+    let fixture = PodFixture::new("slots");
+    let options = options();
+    let pin = options.pin_dir.join(names::MAP_CONNECT_SLOTS);
+    let mut node = load(options);
+    register(&mut node, &fixture.pod, &linkerd_config());
+    attach(&mut node, &fixture.cgroup.path);
+    let _proxy = fixture
+        .in_pod()
+        .uid(PROXY_UID)
+        .listen(&["proxy", &format!("127.0.0.1:{OUTBOUND_PORT}")]);
+    let app = fixture.in_pod().uid(APP_UID);
+    let map = Map::from_map_data(MapData::from_pin(&pin).expect("the pinned connect slots"))
+        .expect("a map");
+    let mut slots: Array<MapData, ConnectSlot> = Array::try_from(map).expect("an array of slots");
+    // bpf_ktime_get_coarse_ns is CLOCK_MONOTONIC_COARSE.
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE).unwrap();
+    let now = now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64;
+    let mut fill = |taken_ns: u64| {
+        let orig = OrigDst {
+            netns_cookie: 1,
+            addr: Ip6Addr::from_ip4_be(u32::from_be_bytes([203, 0, 113, 9]).to_be()),
+            port_be: 9u16.to_be(),
+            _pad: 0,
+            _pad2: 0,
+        };
+        for index in 0..CONNECT_SLOTS {
+            let slot = ConnectSlot {
+                socket_cookie: u64::MAX - u64::from(index),
+                taken_ns,
+                orig,
+            };
+            slots.set(index, slot, 0).expect("writing a slot");
+        }
+    };
+    let connects_land_right = || {
+        for _ in 0..20 {
+            assert_eq!(
+                app.connect("192.0.2.1:80").proxy_orig().to_string(),
+                "192.0.2.1:80"
+            );
+        }
+    };
+
+    // Every slot taken just now.
+    fill(now);
+    connects_land_right();
+    let read_slots = || {
+        let map = Map::from_map_data(MapData::from_pin(&pin).unwrap()).unwrap();
+        let slots: Array<MapData, ConnectSlot> = Array::try_from(map).unwrap();
+        slots.iter().map(Result::unwrap).collect::<Vec<_>>()
+    };
+    let held = read_slots();
+    assert!(
+        held.iter()
+            .enumerate()
+            .all(|(i, s)| s.socket_cookie == u64::MAX - i as u64),
+        "a slot taken by a connect in flight was taken from it"
+    );
+    assert_eq!(
+        node.pods().fill_levels().connecting,
+        0,
+        "moved on once established"
+    );
+
+    // Every slot taken long ago: taken over by the connects, then given back.
+    fill(now.wrapping_sub(CONNECT_SLOT_STALE_NS + 1_000_000_000));
+    connects_land_right();
+    let free = read_slots().iter().filter(|s| s.socket_cookie == 0).count();
+    assert_eq!(
+        free, 20,
+        "each connect took a stale slot over and gave it back"
+    );
 }

@@ -155,7 +155,7 @@ fn render(agent: &Agent) -> String {
     }
     registry.register(
         "map_entries",
-        "Entries in the agent's maps (original destinations waiting for the proxy, connects in progress, proxy listeners, pod addresses)",
+        "Entries in the agent's maps (original destinations waiting for the proxy; connects in progress whose slot was taken, in the LRU map behind the slots; proxy listeners; pod addresses)",
         fill,
     );
     let build = Family::<Labels, Gauge<i64>>::default();

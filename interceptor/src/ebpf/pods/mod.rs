@@ -12,10 +12,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use aya::maps::{HashMap, Map, MapData, MapError, PerCpuValues};
+use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuValues};
 use interceptor_common::{
-    ListenerKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS, MAX_SUBNET_RULES, NetnsCookie, OrigDst,
-    PendingKey, PendingOrigDst, PodConfig, PodCounters, PodSlot, SocketCookie, names,
+    ConnectSlot, ListenerKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS, MAX_SUBNET_RULES, NetnsCookie,
+    OrigDst, PendingKey, PendingOrigDst, PodConfig, PodCounters, PodSlot, SocketCookie, names,
 };
 
 use super::{
@@ -559,6 +559,18 @@ impl PodRegistry {
         {
             for (key, value) in old.iter().filter_map(Result::ok) {
                 copied += usize::from(self.maps.connecting.insert(key, value, 0).is_ok());
+            }
+        }
+        // A connect in flight in an old slot goes to the LRU map, where the new programs look
+        // when their slot does not hold the socket (a slot is given back by its own socket only).
+        if let Some(old) = open(names::MAP_CONNECT_SLOTS)
+            .and_then(|m| Array::<MapData, ConnectSlot>::try_from(m).ok())
+        {
+            for slot in old.iter().filter_map(Result::ok) {
+                if slot.socket_cookie != 0 {
+                    let key = SocketCookie(slot.socket_cookie);
+                    copied += usize::from(self.maps.connecting.insert(key, slot.orig, 0).is_ok());
+                }
             }
         }
         if let Some(old) = open(names::MAP_PENDING)
