@@ -14,7 +14,7 @@ use std::{
 
 use interceptor_tests::{
     Landing, Netns, PodFixture,
-    agent_home::{AgentHome, free_loopback_addr, http_get},
+    agent_home::{Agent, AgentHome, free_loopback_addr, http_get},
     cni_network::CniNetwork,
     fake_api::{FakeApi, Mode, WatchEvent},
     privileged,
@@ -118,6 +118,25 @@ fn network_with_annotations(home: &AgentHome, tag: &str) -> CniNetwork {
     network
 }
 
+/// The agent of `home` reading `api` as node `NODE`'s agent (its kubeconfig, `--node-name`),
+/// with its metrics on the returned address, once it lists this node's pods and watches them.
+fn agent_watching(api: &FakeApi, home: &AgentHome) -> (Agent, String) {
+    let kubeconfig = api.kubeconfig(&home.state_dir);
+    let metrics = free_loopback_addr();
+    let agent = home.start_with(&[
+        "--kubeconfig",
+        &kubeconfig.display().to_string(),
+        "--node-name",
+        NODE,
+        "--metrics-addr",
+        &metrics,
+    ]);
+    eventually("the agent watches the node's pods", || {
+        api.requests_with("watch=true") > 0
+    });
+    (agent, metrics)
+}
+
 fn registered(home: &AgentHome) -> Vec<String> {
     let mut names: Vec<String> = home
         .pods()
@@ -142,20 +161,7 @@ fn the_agent_reads_a_pods_annotations_from_the_kubernetes_api_when_the_runtime_p
     ]);
     let fixture = PodFixture::new("kubeapi");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let kubeconfig = api.kubeconfig(&home.state_dir);
-    let metrics = free_loopback_addr();
-    let _agent = home.start_with(&[
-        "--kubeconfig",
-        &kubeconfig.display().to_string(),
-        "--node-name",
-        NODE,
-        "--metrics-addr",
-        &metrics,
-    ]);
-    // The agent lists this node's pods, then watches them.
-    eventually("the agent watches the node's pods", || {
-        api.requests_with("watch=true") > 0
-    });
+    let (_agent, metrics) = agent_watching(&api, &home);
     assert!(
         api.state()
             .requests
@@ -330,19 +336,7 @@ fn a_control_plane_pod_reaches_the_api_server_around_its_proxy() {
     ]);
     let fixture = PodFixture::new("kubecp");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let kubeconfig = api.kubeconfig(&home.state_dir);
-    let metrics = free_loopback_addr();
-    let _agent = home.start_with(&[
-        "--kubeconfig",
-        &kubeconfig.display().to_string(),
-        "--node-name",
-        NODE,
-        "--metrics-addr",
-        &metrics,
-    ]);
-    eventually("the agent watches the node's pods", || {
-        api.requests_with("watch=true") > 0
-    });
+    let (_agent, metrics) = agent_watching(&api, &home);
     let outbound_ignored = |name: &str| {
         home.pods()
             .iter()

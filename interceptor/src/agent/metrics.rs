@@ -138,7 +138,7 @@ fn render(agent: &Agent) -> String {
     if let Some(kube) = &agent.kube {
         registry.register(
             "kubernetes_pod_lookups",
-            "Pods looked up for the CNI plugin when the runtime passed no annotations, by where the answer came from (cache, api, failed)",
+            "Pods looked up for the CNI plugin (their annotations when the runtime passed none; the control-plane label and init containers of every pod Linkerd injected), by where the answer came from (cache, api, failed)",
             kube.lookups(),
         );
     }
