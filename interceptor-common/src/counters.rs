@@ -28,7 +28,8 @@ pub enum Decision {
     OrigDstServed = 8,
     /// Inbound connection delivered to the proxy's inbound listener.
     Steered = 9,
-    /// Inbound: from inside the pod itself (loopback or one of its own addresses).
+    /// Inbound: from inside the pod itself (loopback or one of its own addresses). Loopback is
+    /// counted by the pod's own sk_lookup program, whatever the family.
     InboundFromPod = 10,
     /// Inbound: destination port in the inbound ignore set.
     InboundIgnoredPort = 11,
@@ -42,7 +43,8 @@ pub enum Decision {
     InboundNoListener = 15,
     /// Outbound: a native IPv6 connect in a pod meshed with `--ipv6=false`, left alone.
     Ipv6NotIntercepted = 16,
-    /// Inbound: a native IPv6 connection to a pod meshed with `--ipv6=false`, left alone.
+    /// Inbound: a native IPv6 connection to a pod meshed with `--ipv6=false`, left alone (over
+    /// loopback it counts as [`Decision::InboundFromPod`]).
     InboundIpv6NotIntercepted = 17,
 }
 

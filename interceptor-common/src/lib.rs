@@ -13,6 +13,7 @@ pub mod counters;
 pub mod ids;
 pub mod names;
 pub mod pod;
+pub mod sk_lookup_ctx;
 pub mod socket;
 
 pub use addr::Ip6Addr;

@@ -18,12 +18,20 @@ use interceptor_common::{
     counters::Decision,
     names,
     pod::{direction, flags},
+    sk_lookup_ctx,
 };
 
 use crate::{
     error::Error,
     maps::{LISTENERS, LOOKUP_POD, count, in_subnets, is_pod_address, pod_config, read_ip6},
 };
+
+// The pods' own programs read these two fields at offsets userspace cannot take from bindings.
+const _: () = assert!(
+    core::mem::offset_of!(bpf_sk_lookup, protocol) == sk_lookup_ctx::PROTOCOL as usize
+        && core::mem::offset_of!(bpf_sk_lookup, ingress_ifindex)
+            == sk_lookup_ctx::INGRESS_IFINDEX as usize
+);
 
 const SK_PASS: u32 = 1;
 const SK_DROP: u32 = 0;
@@ -85,7 +93,12 @@ fn try_sk_lookup(ctx: &SkLookupContext) -> Result<(), Error> {
         // SAFETY: `remote_ip6` is a four-word field of this run's context.
         unsafe { read_ip6(&raw const (*lookup).remote_ip6) }
     };
-    let decision = decide(ctx, pod, netns_cookie, remote);
+    // Read once, here: a read at each use let LLVM keep `ctx + 60` in a register across the
+    // calls, and the verifier rejects a context pointer that was moved ("dereference of modified
+    // ctx ptr").
+    // SAFETY: a field read of this run's context, checked by the verifier.
+    let local_port = unsafe { core::ptr::read_volatile(&raw const (*lookup).local_port) };
+    let decision = decide(ctx, pod, netns_cookie, remote, local_port as u16);
     if decision != Decision::Steered {
         count(pod.slot, decision);
         return Ok(());
@@ -97,8 +110,7 @@ fn try_sk_lookup(ctx: &SkLookupContext) -> Result<(), Error> {
         count(pod.slot, Decision::InboundNoListener);
         Err(Error::NoListener {
             netns_cookie,
-            // SAFETY: a field read of this run's context, checked by the verifier.
-            port: unsafe { (*lookup).local_port },
+            port: local_port,
         })
     }
 }
@@ -127,12 +139,18 @@ fn steer(ctx: &SkLookupContext, netns_cookie: u64, is_ip4: bool) -> bool {
 }
 
 #[inline(always)]
-fn decide(ctx: &SkLookupContext, pod: &PodConfig, netns_cookie: u64, remote: Ip6Addr) -> Decision {
+fn decide(
+    ctx: &SkLookupContext,
+    pod: &PodConfig,
+    netns_cookie: u64,
+    remote: Ip6Addr,
+    local_port: u16,
+) -> Decision {
     let lookup: *mut bpf_sk_lookup = ctx.lookup;
-    // SAFETY: `lookup` is this run's context; the verifier checks the field read.
-    let local_port = unsafe { (*lookup).local_port } as u16;
     // From the pod itself: over lo, or from one of its own addresses (a connection to its own
-    // veth address arrives with the veth's ifindex). iptables' PREROUTING never sees these.
+    // veth address arrives with the veth's ifindex). iptables' PREROUTING never sees these. The
+    // pod's own program lets lo through before the tail call; the check stays for a program of
+    // an older agent during an upgrade.
     // SAFETY: a field read of this run's context, checked by the verifier.
     if unsafe { (*lookup).ingress_ifindex } == LOOPBACK_IFINDEX
         || is_pod_address(netns_cookie, remote)

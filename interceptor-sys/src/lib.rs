@@ -346,6 +346,24 @@ pub fn map_create(
     unsafe { sys_bpf_fd(bpf_cmd::BPF_MAP_CREATE, &mut attr) }
 }
 
+/// Deletes the element of the map `fd` at `key` (BPF_MAP_DELETE_ELEM); a key that is not the
+/// map's key size is refused. Kernel >= 4.13.
+pub fn map_delete_elem(fd: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {
+    let key_size = map_info(fd)?.key_size as usize;
+    if key.len() != key_size {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a {}-byte key for a map of {key_size}-byte keys", key.len()),
+        ));
+    }
+    let mut attr = zeroed_attr();
+    attr.__bindgen_anon_2.map_fd = fd.as_raw_fd() as u32;
+    attr.__bindgen_anon_2.key = key.as_ptr() as u64;
+    // SAFETY: `key` is readable for its length, which is the map's key size (checked above),
+    // all the kernel reads.
+    unsafe { sys_bpf(bpf_cmd::BPF_MAP_DELETE_ELEM, &mut attr) }.map(drop)
+}
+
 /// One instruction: `dst_reg` and `src_reg` are 4-bit register numbers.
 pub fn insn(code: u8, dst_reg: u8, src_reg: u8, off: i16, imm: i32) -> bpf_insn {
     bpf_insn {

@@ -1,9 +1,12 @@
 //! Inbound steering properties specific to the eBPF backend: how the proxy's listener is found,
 //! failing closed without one, proxy restarts, counters, and pods sharing addresses.
-use std::time::{Duration, Instant};
+use std::{
+    os::fd::AsFd as _,
+    time::{Duration, Instant},
+};
 
 use interceptor::config::{PortRange, PortSet};
-use interceptor_common::counters::Decision;
+use interceptor_common::{counters::Decision, names};
 use interceptor_tests::{
     Landing, PodFixture,
     ebpf_backend::{attach, load, options, register},
@@ -214,5 +217,52 @@ fn unregistering_a_pod_stops_steering() {
     assert_eq!(
         fixture.on_remote().connect("10.77.0.1:80").server_name(),
         "app-80"
+    );
+}
+
+#[test]
+fn loopback_is_decided_by_the_pods_own_program_and_counted_there() {
+    if !privileged("loopback_is_decided_by_the_pods_own_program_and_counted_there") {
+        return;
+    }
+    let fixture = PodFixture::new("lo-own");
+    let _servers = Servers::start(&fixture);
+    let options = options();
+    let pin_dir = options.pin_dir.clone();
+    let mut node = load(options);
+    let cookie = register(&mut node, &fixture.pod, &linkerd_config());
+    attach(&mut node, &fixture.cgroup.path);
+    assert_steered(&fixture.on_remote().connect("10.77.0.1:80"), "10.77.0.1:80");
+
+    // Take the shared program out of the tail-call slot (this test's own maps): every lookup the
+    // pod's program hands on now fails closed...
+    let programs = interceptor_sys::obj_get(&pin_dir.join(names::MAP_SK_LOOKUP_PROG))
+        .expect("opening the pinned program array")
+        .expect("the program array is pinned");
+    interceptor_sys::map_delete_elem(programs.as_fd(), &0u32.to_ne_bytes())
+        .expect("removing the shared sk_lookup program");
+    assert_eq!(
+        fixture.on_remote().connect("10.77.0.1:80"),
+        Landing::Failed("connect:ECONNREFUSED".into())
+    );
+
+    // ...but loopback never reaches the tail call: the pod still talks to itself, and the
+    // lookups are counted in the pod's slot all the same.
+    let mut from_pod = || {
+        node.pods()
+            .counters(cookie)
+            .unwrap()
+            .unwrap()
+            .get(Decision::InboundFromPod)
+    };
+    let before = from_pod();
+    let app = fixture.in_pod().uid(APP_UID);
+    assert_eq!(app.connect("127.0.0.1:80").server_name(), "app-80");
+    assert_eq!(app.connect("[::1]:80").server_name(), "app-80");
+    // One lookup per connection, and one for a segment after the reset may add a few.
+    let counted = from_pod() - before;
+    assert!(
+        (2..=6).contains(&counted),
+        "{counted} loopback lookups counted"
     );
 }

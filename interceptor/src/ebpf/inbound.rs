@@ -1,6 +1,6 @@
 //! Each pod's sk_lookup link: its own small program (`pod_lookup`) attached to the pod's network
 //! namespace with a pinned link, checked before use as every pin is (`links`).
-use interceptor_common::NetnsCookie;
+use interceptor_common::{NetnsCookie, PodSlot};
 use std::{
     os::fd::AsFd as _,
     path::{Path, PathBuf},
@@ -47,7 +47,7 @@ pub(super) fn inbound_link_path(links_dir: &Path, netns_cookie: NetnsCookie) -> 
     links_dir.join(format!("link_{}_{netns_cookie}", names::PROG_SK_LOOKUP))
 }
 
-/// Loads one pod's sk_lookup program (its netns cookie baked in) and attaches it to the pod's
+/// Loads one pod's sk_lookup program (its netns cookie and counter slot baked in) and attaches it to the pod's
 /// network namespace with a link pinned in `links_dir`; a `persistent` one replaces the program
 /// of a link already pinned there for the pod (the agent).
 pub(super) fn load_inbound(
@@ -55,9 +55,12 @@ pub(super) fn load_inbound(
     links_dir: &Path,
     persistent: bool,
     netns_cookie: NetnsCookie,
+    slot: PodSlot,
     netns: &crate::netns::PodNetns,
 ) -> Result<Inbound, EbpfError> {
-    let program = loader.load(netns_cookie).map_err(EbpfError::PodLookup)?;
+    let program = loader
+        .load(netns_cookie, slot)
+        .map_err(EbpfError::PodLookup)?;
     let attach_error = |source| EbpfError::AttachNetns {
         name: names::PROG_POD_LOOKUP,
         netns: netns.path().to_owned(),

@@ -9,7 +9,7 @@ use aya::{
     maps::ProgramArray,
     programs::{CgroupSockAddr, CgroupSockopt, ProgramError, SkLookup, SockOps},
 };
-use interceptor_common::{NetnsCookie, names};
+use interceptor_common::{NetnsCookie, PodSlot, names};
 use serde::{Deserialize, Serialize};
 
 use interceptor_sys::bpf_attach_type;
@@ -254,7 +254,7 @@ pub(super) fn probe(pin_dir: &Path) -> Result<(), EbpfError> {
         max_pods: interceptor_common::MAX_PODS,
     })?;
     let pod_lookup = PodLookupLoader::new(pin_dir)
-        .and_then(|loader| loader.load(NetnsCookie(0)))
+        .and_then(|loader| loader.load(NetnsCookie(0), PodSlot(0)))
         .map_err(EbpfError::PodLookup)?;
     drop((pod_lookup, maps, attached));
     Ok(())

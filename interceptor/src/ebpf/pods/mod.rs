@@ -327,6 +327,7 @@ impl PodRegistry {
                 &self.links_dir,
                 self.persistent,
                 cookie,
+                slot,
                 netns,
             ) {
                 Ok(new) => {
