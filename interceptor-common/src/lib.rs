@@ -19,23 +19,22 @@ pub mod socket;
 pub use addr::Ip6Addr;
 pub use counters::{Decision, PodCounters};
 pub use ids::{NetnsCookie, PodSlot, SocketCookie};
-pub use pod::{
-    IP4_MAPPED_PREFIX_BITS, LocalAddrKey, PodConfig, PortBitmap, SUBNET_KEY_FIXED_BITS, SubnetKey,
-};
+pub use pod::{IP4_MAPPED_PREFIX_BITS, PodConfig, PortBitmap, SUBNET_KEY_FIXED_BITS, SubnetKey};
 pub use socket::{ConnectSlot, ListenerKey, OrigDst, PendingKey, PendingOrigDst};
 
 /// The version of the maps' layout (their names, key and value types). Bump it with any change to
 /// a map's name (list the old name in `names::RETIRED_MAPS`) or to a type stored in a map: the
 /// node agent keeps its maps in a directory per layout, and an agent that finds only an older one
 /// builds new maps from its pod records and switches over.
-pub const MAP_LAYOUT_VERSION: u32 = 3;
+pub const MAP_LAYOUT_VERSION: u32 = 4;
 
 /// The most pods one node attachment serves. Bounds the per-CPU counter array (one slot per pod)
 /// and the pod configuration map.
 pub const MAX_PODS: u32 = 1024;
 
 /// Addresses per pod remembered as "the pod's own" (outbound rule 3), both families (a
-/// dual-stack pod has at least five: two loopback, one of each family and a link-local one).
+/// dual-stack pod has at least five: two loopback, one of each family and a link-local one),
+/// kept in its `PodConfig`.
 pub const MAX_LOCAL_ADDRS_PER_POD: u32 = 32;
 
 /// Subnet rules (CIDRs) per node, across pods and directions.
@@ -82,7 +81,6 @@ macro_rules! aya_pod {
 #[cfg(feature = "user")]
 aya_pod!(
     PodConfig,
-    LocalAddrKey,
     SubnetKey,
     PodCounters,
     PendingKey,

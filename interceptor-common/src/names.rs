@@ -21,8 +21,6 @@ pub const PROG_POD_LOOKUP: &str = "icpt_pod_lookup";
 
 /// netns cookie -> [`crate::PodConfig`]: which pods are meshed, and how.
 pub const MAP_PODS: &str = "ICPT_PODS";
-/// [`crate::LocalAddrKey`] -> 1: the addresses of each pod's own interfaces.
-pub const MAP_LOCAL_ADDRS: &str = "ICPT_LOCAL_IPS";
 /// LPM trie of [`crate::SubnetKey`] -> 1: subnets exempted per pod and direction.
 pub const MAP_SUBNETS: &str = "ICPT_SUBNETS";
 /// Per-CPU array indexed by pod slot -> [`crate::PodCounters`].
@@ -44,9 +42,8 @@ pub const MAP_LOOKUP_POD: &str = "ICPT_LOOKUP_POD";
 
 /// Maps shared by the node's programs and every pod's sk_lookup program (through pins), and
 /// read by `interceptor status` from another process.
-pub const SHARED_MAPS: [&str; 10] = [
+pub const SHARED_MAPS: [&str; 9] = [
     MAP_PODS,
-    MAP_LOCAL_ADDRS,
     MAP_SUBNETS,
     MAP_COUNTERS,
     MAP_CONNECT_SLOTS,
@@ -59,9 +56,11 @@ pub const SHARED_MAPS: [&str; 10] = [
 
 /// Maps that earlier map layouts pinned and this one no longer has: removed with an older
 /// layout's maps once the links are switched over, and by `interceptor uninstall`.
-pub const RETIRED_MAPS: [&str; 1] = [
+pub const RETIRED_MAPS: [&str; 2] = [
     // Up to layout 2, as `MAP_LOCAL_ADDRS`; the kernel cut its name to "ICPT_LOCAL_ADDR".
     "ICPT_LOCAL_ADDRS",
+    // Layout 3: (pod, address) -> 1. The pod's addresses are in its `PodConfig` since layout 4.
+    "ICPT_LOCAL_IPS",
 ];
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use interceptor_common::{
 
 use crate::{
     error::Error,
-    maps::{LISTENERS, LOOKUP_POD, count, in_subnets, is_pod_address, pod_config, read_ip6},
+    maps::{LISTENERS, LOOKUP_POD, count, in_subnets, pod_config, read_ip6},
 };
 
 // The pods' own programs read these two fields at offsets userspace cannot take from bindings.
@@ -152,9 +152,7 @@ fn decide(
     // pod's own program lets lo through before the tail call; the check stays for a program of
     // an older agent during an upgrade.
     // SAFETY: a field read of this run's context, checked by the verifier.
-    if unsafe { (*lookup).ingress_ifindex } == LOOPBACK_IFINDEX
-        || is_pod_address(netns_cookie, remote)
-    {
+    if unsafe { (*lookup).ingress_ifindex } == LOOPBACK_IFINDEX || pod.is_own_address(remote) {
         return Decision::InboundFromPod;
     }
     if pod.inbound_ignore_ports.contains(local_port) {

@@ -7,20 +7,15 @@ use aya_ebpf::{
     },
 };
 use interceptor_common::{
-    CONNECT_SLOTS, ConnectSlot, DEFAULT_PENDING_ORIG_DST_CAPACITY, Ip6Addr, ListenerKey,
-    LocalAddrKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS, MAX_SUBNET_RULES, OrigDst, PendingKey,
-    PendingOrigDst, PodConfig, PodCounters, SUBNET_KEY_FIXED_BITS, SubnetKey, addr::family,
-    counters::Decision,
+    CONNECT_SLOTS, ConnectSlot, DEFAULT_PENDING_ORIG_DST_CAPACITY, Ip6Addr, ListenerKey, MAX_PODS,
+    MAX_SUBNET_RULES, OrigDst, PendingKey, PendingOrigDst, PodConfig, PodCounters,
+    SUBNET_KEY_FIXED_BITS, SubnetKey, addr::family, counters::Decision,
 };
 
 /// Not preallocated: a `PodConfig` is 24 KiB and most nodes run far fewer than `MAX_PODS` pods.
 #[map(name = "ICPT_PODS")]
 pub static PODS: HashMap<u64, PodConfig> =
     HashMap::with_max_entries(MAX_PODS, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
-
-#[map(name = "ICPT_LOCAL_IPS")]
-pub static LOCAL_ADDRS: HashMap<LocalAddrKey, u8> =
-    HashMap::with_max_entries(MAX_PODS * MAX_LOCAL_ADDRS_PER_POD, 0);
 
 #[map(name = "ICPT_SUBNETS")]
 pub static SUBNETS: LpmTrie<SubnetKey, u8> = LpmTrie::with_max_entries(MAX_SUBNET_RULES, 0);
@@ -94,15 +89,6 @@ pub fn in_subnets(netns_cookie: u64, direction: u32, addr: Ip6Addr) -> bool {
         },
     );
     SUBNETS.get(key).is_some()
-}
-
-/// Whether `addr` is one of the pod's own addresses.
-#[inline(always)]
-pub fn is_pod_address(netns_cookie: u64, addr: Ip6Addr) -> bool {
-    // Only whether there is an entry: its value is never read.
-    LOCAL_ADDRS
-        .get_ptr(LocalAddrKey { netns_cookie, addr })
-        .is_some()
 }
 
 /// Reads a `__u32 ip6[4]` context field one word at a time: the verifier rejects the 8-byte

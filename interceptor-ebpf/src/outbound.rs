@@ -25,7 +25,7 @@ use interceptor_common::{
 use crate::{
     connect_slots,
     error::Error,
-    maps::{count, in_subnets, is_pod_address, pod_config, read_ip6},
+    maps::{count, in_subnets, pod_config, read_ip6},
 };
 
 const ALLOW: i32 = 1;
@@ -183,7 +183,7 @@ fn decide(pod: &PodConfig, netns_cookie: u64, dst: Ip6Addr, dst_port: u16) -> De
     if dst.is_loopback_or_unspecified() {
         return Decision::Loopback;
     }
-    if is_pod_address(netns_cookie, dst) {
+    if pod.is_own_address(dst) {
         return Decision::PodAddress;
     }
     if pod.outbound_ignore_ports.contains(dst_port) {

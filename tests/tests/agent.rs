@@ -780,7 +780,6 @@ fn hundreds_of_pods_come_and_go_without_leaving_anything_behind() {
         let (_, metrics) = http_get(&addr, "/metrics");
         for line in [
             "interceptor_pods_registered 0",
-            r#"interceptor_map_entries{map="local_addrs"} 0"#,
             r#"interceptor_map_entries{map="listeners"} 0"#,
             r#"interceptor_map_entries{map="pending_orig_dst"} 0"#,
         ] {

@@ -148,7 +148,6 @@ fn render(agent: &Agent) -> String {
         ("pending_orig_dst", levels.pending),
         ("connecting", levels.connecting),
         ("listeners", levels.listeners),
-        ("local_addrs", levels.local_addrs),
     ] {
         fill.get_or_create(&vec![("map".to_owned(), map.to_owned())])
             .set(entries as i64);

@@ -4,7 +4,7 @@ use interceptor_common::{NetnsCookie, PodSlot};
 use std::{collections::BTreeSet, net::IpAddr};
 
 use interceptor_common::{
-    IP4_MAPPED_PREFIX_BITS, Ip6Addr, ListenerKey, LocalAddrKey, PodConfig, PortBitmap,
+    IP4_MAPPED_PREFIX_BITS, Ip6Addr, ListenerKey, MAX_LOCAL_ADDRS_PER_POD, PodConfig, PortBitmap,
     SUBNET_KEY_FIXED_BITS, SubnetKey,
     addr::family,
     pod::{direction, flags},
@@ -50,13 +50,6 @@ pub(super) fn subnet_keys(
         .collect()
 }
 
-pub(super) fn local_key(netns_cookie: NetnsCookie, ip: IpAddr) -> LocalAddrKey {
-    LocalAddrKey {
-        netns_cookie: netns_cookie.0,
-        addr: Ip6Addr::from(ip),
-    }
-}
-
 pub(super) fn listener_key(netns_cookie: NetnsCookie, ipv6: bool) -> ListenerKey {
     ListenerKey {
         netns_cookie: netns_cookie.0,
@@ -65,7 +58,12 @@ pub(super) fn listener_key(netns_cookie: NetnsCookie, ipv6: bool) -> ListenerKey
     }
 }
 
-pub(super) fn pod_config(slot: PodSlot, config: &InterceptionConfig) -> PodConfig {
+/// The pod's entry: its configuration and its own addresses.
+pub(super) fn pod_config(
+    slot: PodSlot,
+    config: &InterceptionConfig,
+    addresses: &BTreeSet<IpAddr>,
+) -> PodConfig {
     let mut pod_flags = 0;
     if config.proxy_uid.is_some() {
         pod_flags |= flags::HAS_PROXY_UID;
@@ -102,18 +100,40 @@ pub(super) fn pod_config(slot: PodSlot, config: &InterceptionConfig) -> PodConfi
     if !config.ports_to_redirect.is_empty() {
         pod_flags |= flags::HAS_PORTS_TO_REDIRECT;
     }
-    PodConfig {
+    let mut pod = PodConfig {
         slot: slot.0,
         flags: pod_flags,
         proxy_uid: config.proxy_uid.unwrap_or(0),
         proxy_gid: config.proxy_gid.unwrap_or(0),
         outbound_port: config.outgoing_proxy_port,
         inbound_port: config.incoming_proxy_port,
-        _pad: 0,
+        local_addr_count: 0,
+        local_addrs: [Ip6Addr::UNSPECIFIED; MAX_LOCAL_ADDRS_PER_POD as usize],
         outbound_ignore_ports: port_bitmap(&config.outbound_ports_to_ignore),
         inbound_ignore_ports: port_bitmap(&config.inbound_ports_to_ignore),
         redirect_ports,
+    };
+    write_addresses(&mut pod, addresses);
+    pod
+}
+
+/// Makes `addresses` (at most `MAX_LOCAL_ADDRS_PER_POD`, which registration checks first; any
+/// beyond are not written) the pod's own in its entry.
+pub(super) fn write_addresses(pod: &mut PodConfig, addresses: &BTreeSet<IpAddr>) {
+    pod.local_addrs = [Ip6Addr::UNSPECIFIED; MAX_LOCAL_ADDRS_PER_POD as usize];
+    for (slot, ip) in pod.local_addrs.iter_mut().zip(addresses) {
+        *slot = Ip6Addr::from(*ip);
     }
+    pod.local_addr_count = addresses.len().min(pod.local_addrs.len()) as u32;
+}
+
+/// The addresses a pod's entry holds as its own.
+pub(super) fn own_addresses(config: &PodConfig) -> BTreeSet<IpAddr> {
+    let count = (config.local_addr_count as usize).min(config.local_addrs.len());
+    config.local_addrs[..count]
+        .iter()
+        .map(|addr| IpAddr::from(*addr))
+        .collect()
 }
 
 /// A port set as the programs test it: one bit per port.
@@ -128,6 +148,29 @@ pub(super) fn port_bitmap(ports: &crate::config::PortSet) -> PortBitmap {
 #[cfg(test)]
 mod tests {
     use crate::config::{PortRange, PortSet};
+
+    #[test]
+    fn a_pods_entry_holds_its_addresses_and_only_those() {
+        use std::net::IpAddr;
+        let addresses: std::collections::BTreeSet<IpAddr> = ["10.77.0.1", "fd77::1", "fe80::1"]
+            .map(|a| a.parse().unwrap())
+            .into();
+        let config = crate::config::InterceptionConfig::linkerd();
+        let mut pod = super::pod_config(interceptor_common::PodSlot(3), &config, &addresses);
+        assert_eq!(super::own_addresses(&pod), addresses);
+        for addr in &addresses {
+            assert!(pod.is_own_address((*addr).into()), "{addr}");
+        }
+        let other: IpAddr = "10.77.0.2".parse().unwrap();
+        assert!(!pod.is_own_address(other.into()));
+        // The unused entries are zero, and :: is not an address of the pod's.
+        assert!(!pod.is_own_address(interceptor_common::Ip6Addr::UNSPECIFIED));
+
+        let fewer = [other].into();
+        super::write_addresses(&mut pod, &fewer);
+        assert_eq!(super::own_addresses(&pod), fewer);
+        assert!(!pod.is_own_address("fd77::1".parse::<IpAddr>().unwrap().into()));
+    }
 
     #[test]
     fn a_port_bitmap_matches_membership() {

@@ -4,8 +4,7 @@ use aya::{
     maps::{HashMap, Map, MapData, MapError, PerCpuArray, SockHash, lpm_trie::LpmTrie},
 };
 use interceptor_common::{
-    ListenerKey, LocalAddrKey, OrigDst, PendingKey, PendingOrigDst, PodConfig, PodCounters,
-    SubnetKey, names,
+    ListenerKey, OrigDst, PendingKey, PendingOrigDst, PodConfig, PodCounters, SubnetKey, names,
 };
 use interceptor_common::{NetnsCookie, SocketCookie};
 
@@ -14,7 +13,6 @@ use super::EbpfError;
 /// The maps userspace writes, taken out of the loaded object.
 pub(super) struct PodMaps {
     pub(super) pods: HashMap<MapData, NetnsCookie, PodConfig>,
-    pub(super) local_addrs: HashMap<MapData, LocalAddrKey, u8>,
     pub(super) subnets: LpmTrie<MapData, SubnetKey, u8>,
     pub(super) counters: PerCpuArray<MapData, PodCounters>,
     pub(super) pending: HashMap<MapData, PendingKey, PendingOrigDst>,
@@ -37,9 +35,6 @@ impl PodMaps {
             pods: take(ebpf, names::MAP_PODS)?
                 .try_into()
                 .map_err(map_error(names::MAP_PODS))?,
-            local_addrs: take(ebpf, names::MAP_LOCAL_ADDRS)?
-                .try_into()
-                .map_err(map_error(names::MAP_LOCAL_ADDRS))?,
             subnets: take(ebpf, names::MAP_SUBNETS)?
                 .try_into()
                 .map_err(map_error(names::MAP_SUBNETS))?,

@@ -1,6 +1,7 @@
-//! A pod's address and subnet entries: written before a change's switch, removed after it, and
-//! removed again when a change cannot be completed; the subnet count kept up to date.
-use std::{collections::BTreeSet, net::IpAddr};
+//! A pod's subnet entries: written before a change's switch, removed after it, and removed again
+//! when a change cannot be completed; the subnet count kept up to date. (A pod's addresses are
+//! in its configuration entry, written with it.)
+use std::collections::BTreeSet;
 
 use aya::maps::{MapError, lpm_trie::Key};
 use interceptor_common::{MAX_SUBNET_RULES, NetnsCookie, PodSlot, names};
@@ -8,26 +9,17 @@ use interceptor_common::{MAX_SUBNET_RULES, NetnsCookie, PodSlot, names};
 use super::{InForce, PodRegistry, Written};
 use crate::ebpf::{
     EbpfError,
-    encode::{SubnetEntry, listener_key, local_key},
+    encode::{SubnetEntry, listener_key},
     maps::map_error,
 };
 
 impl PodRegistry {
     pub(super) fn write_new_entries(
         &mut self,
-        cookie: NetnsCookie,
         before: &InForce,
-        addresses: &BTreeSet<IpAddr>,
         subnets: &BTreeSet<SubnetEntry>,
         written: &mut Written,
     ) -> Result<(), EbpfError> {
-        for ip in addresses.difference(&before.addresses) {
-            self.maps
-                .local_addrs
-                .insert(local_key(cookie, *ip), 1, 0)
-                .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
-            written.addresses.push(*ip);
-        }
         for entry in subnets.difference(&before.subnets) {
             self.insert_subnet(entry)?;
             written.subnets.push(*entry);
@@ -37,9 +29,8 @@ impl PodRegistry {
 
     /// Undoes [`Self::write_new_entries`] for a change that could not be completed.
     pub(super) fn remove_written(&mut self, cookie: NetnsCookie, written: Written) {
-        let addresses = written.addresses.into_iter().collect();
         let subnets = written.subnets.into_iter().collect();
-        if let Err(e) = self.remove_address_and_subnet_entries(cookie, &addresses, &subnets) {
+        if let Err(e) = self.remove_subnet_entries(&subnets) {
             tracing::warn!(netns_cookie = %cookie, error = %e, "removing the entries of a change that could not be completed");
         }
     }
@@ -51,10 +42,9 @@ impl PodRegistry {
         &mut self,
         cookie: NetnsCookie,
         before: &InForce,
-        mut addresses: BTreeSet<IpAddr>,
         mut subnets: BTreeSet<SubnetEntry>,
         inbound_port: u16,
-    ) -> (BTreeSet<IpAddr>, BTreeSet<SubnetEntry>, Option<String>) {
+    ) -> (BTreeSet<SubnetEntry>, Option<String>) {
         let mut problem = None;
         // The listeners are the sockets on the old inbound port: steering to them now would
         // hand connections to whatever listens there, which need not be the proxy any more.
@@ -72,19 +62,13 @@ impl PodRegistry {
                 }
             }
         }
-        for ip in before.addresses.difference(&addresses.clone()) {
-            if let Err(e) = ignore_absent(self.maps.local_addrs.remove(&local_key(cookie, *ip))) {
-                problem = Some(format!("an old address entry ({ip}) is left: {e}"));
-                addresses.insert(*ip);
-            }
-        }
         for entry in before.subnets.difference(&subnets.clone()) {
             if let Err(e) = self.remove_subnet(entry) {
                 problem = Some(format!("an old subnet entry is left: {e}"));
                 subnets.insert(*entry);
             }
         }
-        (addresses, subnets, problem)
+        (subnets, problem)
     }
 
     pub(super) fn insert_subnet(
@@ -128,35 +112,28 @@ impl PodRegistry {
     }
 
     /// What remains of a pod once its configuration and sk_lookup link are gone: its listeners,
-    /// addresses, subnets and counters.
+    /// subnets and counters.
     pub(super) fn remove_entries(
         &mut self,
         cookie: NetnsCookie,
         slot: Option<PodSlot>,
-        addresses: &BTreeSet<IpAddr>,
         subnets: &BTreeSet<SubnetEntry>,
     ) -> Result<(), EbpfError> {
         for ipv6 in [false, true] {
             ignore_absent(self.maps.listeners.remove(&listener_key(cookie, ipv6)))
                 .map_err(map_error(names::MAP_LISTENERS))?;
         }
-        self.remove_address_and_subnet_entries(cookie, addresses, subnets)?;
+        self.remove_subnet_entries(subnets)?;
         match slot {
             Some(slot) => self.zero_counters(slot),
             None => Ok(()),
         }
     }
 
-    pub(super) fn remove_address_and_subnet_entries(
+    pub(super) fn remove_subnet_entries(
         &mut self,
-        cookie: NetnsCookie,
-        addresses: &BTreeSet<IpAddr>,
         subnets: &BTreeSet<SubnetEntry>,
     ) -> Result<(), EbpfError> {
-        for ip in addresses {
-            ignore_absent(self.maps.local_addrs.remove(&local_key(cookie, *ip)))
-                .map_err(map_error(names::MAP_LOCAL_ADDRS))?;
-        }
         for entry in subnets {
             self.remove_subnet(entry)?;
         }

@@ -11,17 +11,10 @@ use crate::ebpf::{
 };
 
 impl PodRegistry {
-    /// What the address and subnet maps hold, by pod: read once to restore many pods (a walk
-    /// per pod would cost pods × entries system calls).
+    /// What the subnet map holds, by pod: read once to restore many pods (a walk per pod would
+    /// cost pods × entries system calls).
     pub fn in_maps(&self) -> InMaps {
         let mut in_maps = InMaps::default();
-        for key in self.maps.local_addrs.keys().filter_map(Result::ok) {
-            in_maps
-                .addresses
-                .entry(NetnsCookie(key.netns_cookie))
-                .or_default()
-                .insert(IpAddr::from(key.addr));
-        }
         for key in self.maps.subnets.keys().filter_map(Result::ok) {
             let data = key.data();
             in_maps
@@ -75,20 +68,13 @@ impl PodRegistry {
             .filter_map(|p| Some(p.inbound.as_ref()?.link()))
     }
 
-    /// How the address and subnet entries the maps hold for a registered pod (`in_maps`, read
-    /// once for all pods) differ from what was written for it, if they do.
+    /// How the subnet entries the maps hold for a registered pod (`in_maps`, read once for all
+    /// pods) differ from what was written for it, if they do. (Its addresses are in its
+    /// configuration entry, which [`Self::problem`] checks.)
     pub fn entries_differ(&self, cookie: NetnsCookie, in_maps: &InMaps) -> Option<String> {
         let registered = self.pods.get(&cookie)?;
-        let empty_addresses = BTreeSet::new();
         let empty_subnets = BTreeSet::new();
-        let addresses = in_maps.addresses.get(&cookie).unwrap_or(&empty_addresses);
         let subnets = in_maps.subnets.get(&cookie).unwrap_or(&empty_subnets);
-        if *addresses != registered.addresses {
-            return Some(format!(
-                "the address map holds {addresses:?}, not the pod's {:?}",
-                registered.addresses
-            ));
-        }
         if *subnets != registered.subnets {
             return Some(format!(
                 "the subnet map holds {} entries for it, not the {} written",
@@ -168,7 +154,6 @@ impl PodRegistry {
             pending: self.pending_orig_dst_entries(),
             connecting: self.maps.connecting.keys().filter(Result::is_ok).count(),
             listeners: self.maps.listeners.keys().filter(Result::is_ok).count(),
-            local_addrs: self.maps.local_addrs.keys().filter(Result::is_ok).count(),
             subnets: self.maps.subnets.keys().filter(Result::is_ok).count(),
             pods: self.maps.pods.keys().filter(Result::is_ok).count(),
         }

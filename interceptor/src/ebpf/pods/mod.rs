@@ -20,7 +20,7 @@ use interceptor_common::{
 
 use super::{
     EbpfError, LoadOptions, PodSpec,
-    encode::{SubnetEntry, listener_key, pod_config, subnet_keys},
+    encode::{SubnetEntry, listener_key, own_addresses, pod_config, subnet_keys, write_addresses},
     inbound::{Inbound, inbound_link_path, load_inbound},
     links::PinnedLink,
     listener::{Listening, find_listeners},
@@ -37,17 +37,17 @@ pub use inspect::read_counters;
 
 const BPF_NOEXIST: u64 = 1;
 
-/// The address and subnet entries the maps hold, by netns cookie (see [`PodRegistry::in_maps`]).
+/// The subnet entries the maps hold, by netns cookie (see [`PodRegistry::in_maps`]); a pod's
+/// addresses are in its configuration entry.
 #[derive(Default)]
 pub struct InMaps {
-    addresses: BTreeMap<NetnsCookie, BTreeSet<IpAddr>>,
     subnets: BTreeMap<NetnsCookie, BTreeSet<SubnetEntry>>,
 }
 
 impl InMaps {
     /// The pods these entries belong to.
     pub fn cookies(&self) -> impl Iterator<Item = NetnsCookie> + '_ {
-        self.addresses.keys().chain(self.subnets.keys()).copied()
+        self.subnets.keys().copied()
     }
 }
 
@@ -57,24 +57,21 @@ pub struct FillLevels {
     pub pending: usize,
     pub connecting: usize,
     pub listeners: usize,
-    pub local_addrs: usize,
     pub subnets: usize,
     pub pods: usize,
 }
 
-/// What the maps hold for a pod: its configuration entry (none for a pod not yet registered)
-/// and its address and subnet entries.
+/// What the maps hold for a pod: its configuration entry, with its addresses (none for a pod
+/// not yet registered), and its subnet entries.
 #[derive(Default)]
 struct InForce {
     config: Option<PodConfig>,
-    addresses: BTreeSet<IpAddr>,
     subnets: BTreeSet<SubnetEntry>,
 }
 
 /// Entries written during a change, removed again if the change cannot be completed.
 #[derive(Default)]
 struct Written {
-    addresses: Vec<IpAddr>,
     subnets: Vec<SubnetEntry>,
 }
 
@@ -87,8 +84,9 @@ struct Registered {
     /// the record's configuration kept the one in force; `problem` says so). Boxed and usually
     /// absent: an entry is 24 KiB (three port bitmaps), and a node holds thousands of pods.
     kept_in_force: Option<Box<PodConfig>>,
-    /// Every address and subnet entry the maps hold for the pod.
+    /// The addresses its configuration entry holds as the pod's own.
     addresses: BTreeSet<IpAddr>,
+    /// Every subnet entry the maps hold for the pod.
     subnets: BTreeSet<SubnetEntry>,
     /// The pod's own sk_lookup program; dropping it detaches it from the pod's namespace (unless its
     /// link is persistent).
@@ -103,7 +101,7 @@ impl Registered {
     fn in_force(&self) -> PodConfig {
         match &self.kept_in_force {
             Some(kept) => **kept,
-            None => pod_config(self.slot, &self.config),
+            None => pod_config(self.slot, &self.config, &self.addresses),
         }
     }
 }
@@ -194,7 +192,6 @@ impl PodRegistry {
         };
         let before = InForce {
             config: Some(registered.in_force()),
-            addresses: std::mem::take(&mut registered.addresses),
             subnets: std::mem::take(&mut registered.subnets),
         };
         let inbound = registered.inbound.take();
@@ -208,7 +205,6 @@ impl PodRegistry {
                 Ok(registered.slot)
             }
             Err((e, inbound)) => {
-                registered.addresses = before.addresses;
                 registered.subnets = before.subnets;
                 registered.inbound = inbound;
                 self.pods.insert(cookie, registered);
@@ -238,7 +234,6 @@ impl PodRegistry {
         // the pod is registered afresh over them, and they go with the old state.
         let before = InForce {
             config: self.maps.pods.get(&cookie, 0).ok(),
-            addresses: in_maps.addresses.remove(&cookie).unwrap_or_default(),
             subnets: in_maps.subnets.remove(&cookie).unwrap_or_default(),
         };
         let netns = PodNetns::open(&spec.netns_path)?;
@@ -285,7 +280,11 @@ impl PodRegistry {
                         kept_in_force: Some(Box::new(
                             before.config.unwrap_or_else(bytemuck::Zeroable::zeroed),
                         )),
-                        addresses: before.addresses,
+                        addresses: before
+                            .config
+                            .as_ref()
+                            .map(own_addresses)
+                            .unwrap_or_default(),
                         subnets: before.subnets,
                         inbound,
                         problem: Some(problem.clone()),
@@ -338,10 +337,10 @@ impl PodRegistry {
             },
         };
         crash_point!("pod-inbound-attached");
-        let config = pod_config(slot, &spec.config);
+        let config = pod_config(slot, &spec.config, &addresses);
         let mut written = Written::default();
         let switched = self
-            .write_new_entries(cookie, before, &addresses, &subnets, &mut written)
+            .write_new_entries(before, &subnets, &mut written)
             .and_then(|()| {
                 crash_point!("pod-entries-written");
                 self.maps
@@ -358,8 +357,8 @@ impl PodRegistry {
             return Err((e, Some(inbound)));
         }
         crash_point!("pod-switched");
-        let (addresses, subnets, problem) =
-            self.remove_old_entries(cookie, before, addresses, subnets, config.inbound_port);
+        let (subnets, problem) =
+            self.remove_old_entries(cookie, before, subnets, config.inbound_port);
         Ok(Registered {
             slot,
             config: spec.config.clone(),
@@ -410,11 +409,9 @@ impl PodRegistry {
         }
         let slot = self.maps.pods.get(&cookie, 0).ok().map(|c| PodSlot(c.slot));
         self.remove_config(cookie)?;
-        let mut in_maps = self.in_maps();
-        let addresses = in_maps.addresses.remove(&cookie).unwrap_or_default();
-        let subnets = in_maps.subnets.remove(&cookie).unwrap_or_default();
+        let subnets = self.in_maps().subnets.remove(&cookie).unwrap_or_default();
         self.detach_inbound(cookie, None);
-        self.remove_entries(cookie, slot, &addresses, &subnets)
+        self.remove_entries(cookie, slot, &subnets)
     }
 
     /// Puts the listeners of the pod's proxy that existed before registration (found with
@@ -471,12 +468,7 @@ impl PodRegistry {
         crash_point!("pod-config-removed");
         self.detach_inbound(cookie, registered.inbound);
         crash_point!("pod-inbound-detached");
-        self.remove_entries(
-            cookie,
-            Some(registered.slot),
-            &registered.addresses,
-            &registered.subnets,
-        )
+        self.remove_entries(cookie, Some(registered.slot), &registered.subnets)
     }
 
     fn remove_config(&mut self, cookie: NetnsCookie) -> Result<(), EbpfError> {
@@ -495,15 +487,15 @@ impl PodRegistry {
         }
     }
 
-    /// Replaces the pod's set of own addresses (after an address change in its namespace), make
-    /// before break: the new ones are added, then the old ones removed; if one cannot be added,
-    /// the old set stays as it was.
+    /// Replaces the pod's set of own addresses (after an address change in its namespace): its
+    /// configuration entry is written again with the new set, one update that switches the
+    /// programs from the old set to the new; if it cannot be written, the old set stays.
     pub fn set_addresses(
         &mut self,
         cookie: NetnsCookie,
         addresses: &[IpAddr],
     ) -> Result<(), EbpfError> {
-        let Some(registered) = self.pods.get(&cookie) else {
+        let Some(registered) = self.pods.get_mut(&cookie) else {
             return Ok(());
         };
         let wanted: BTreeSet<IpAddr> = addresses.iter().copied().collect();
@@ -514,32 +506,18 @@ impl PodRegistry {
                 max: MAX_LOCAL_ADDRS_PER_POD,
             });
         }
-        let before = InForce {
-            config: Some(registered.in_force()),
-            addresses: registered.addresses.clone(),
-            subnets: registered.subnets.clone(),
-        };
-        let mut written = Written::default();
-        if let Err(e) =
-            self.write_new_entries(cookie, &before, &wanted, &before.subnets, &mut written)
-        {
-            self.remove_written(cookie, written);
-            return Err(e);
-        }
+        // What is in force keeps everything but the addresses (a configuration kept by a
+        // restore too).
+        let mut config = registered.in_force();
+        write_addresses(&mut config, &wanted);
+        self.maps
+            .pods
+            .insert(cookie, config, 0)
+            .map_err(map_error(names::MAP_PODS))?;
         crash_point!("addresses-written");
-        // The same inbound port: only the addresses change.
-        let (addresses, _, problem) = self.remove_old_entries(
-            cookie,
-            &before,
-            wanted,
-            before.subnets.clone(),
-            before.config.map_or(0, |c| c.inbound_port),
-        );
-        if let Some(registered) = self.pods.get_mut(&cookie) {
-            registered.addresses = addresses;
-            if problem.is_some() {
-                registered.problem = problem;
-            }
+        registered.addresses = wanted;
+        if let Some(kept) = &mut registered.kept_in_force {
+            **kept = config;
         }
         Ok(())
     }
