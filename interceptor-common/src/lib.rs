@@ -20,7 +20,9 @@ pub use addr::Ip6Addr;
 pub use counters::{Decision, PodCounters};
 pub use ids::{NetnsCookie, PodSlot, SocketCookie};
 pub use pod::{IP4_MAPPED_PREFIX_BITS, PodConfig, PortBitmap, SUBNET_KEY_FIXED_BITS, SubnetKey};
-pub use socket::{ConnectSlot, ListenerKey, OrigDst, PendingKey, PendingOrigDst};
+pub use socket::{
+    ConnectSlot, ListenerKey, OrigDst, PendingKey, PendingOrigDst, PendingSlot, pending_phase,
+};
 
 /// The version of the maps' layout (their names, key and value types). Bump it with any change to
 /// a map's name (list the old name in `names::RETIRED_MAPS`) or to a type stored in a map: the
@@ -53,6 +55,15 @@ pub const CONNECT_SLOTS: u32 = 64 * 1024;
 /// A slot taken longer ago than this is taken over: its connect never completed. Longer than
 /// TCP's connect attempts last with the default `tcp_syn_retries` (6: 127 s).
 pub const CONNECT_SLOT_STALE_NS: u64 = 150 * 1_000_000_000;
+
+/// Slots of `ICPT_PEND_SLOTS` (a power of two: the index is a fold of the connection's key,
+/// mostly the app socket's ephemeral port); 4 MiB.
+pub const PENDING_SLOTS: u32 = 64 * 1024;
+
+/// A slot recorded by the app side whose proxy side never got established (the handshake's last
+/// ACK lost with the proxy's accept queue full, say) is taken over after this long, in the
+/// coarse seconds of [`PendingSlot::state`].
+pub const PENDING_SLOT_STALE_SECS: u64 = 150;
 
 /// `getsockopt(SOL_IP, SO_ORIGINAL_DST)` from `<linux/netfilter_ipv4.h>`.
 pub const SO_ORIGINAL_DST: i32 = 80;
@@ -88,6 +99,7 @@ aya_pod!(
     ListenerKey,
     OrigDst,
     ConnectSlot,
+    PendingSlot,
     NetnsCookie,
     SocketCookie,
 );

@@ -30,6 +30,9 @@ pub const MAP_CONNECTING: &str = "ICPT_CONNECTING";
 /// Array of [`crate::ConnectSlot`] by socket cookie: redirected app sockets still connecting
 /// (those whose slot is taken go to [`MAP_CONNECTING`]).
 pub const MAP_CONNECT_SLOTS: &str = "ICPT_CONN_SLOTS";
+/// Array of [`crate::PendingSlot`] by [`crate::PendingKey::slot_index`]: connections waiting for
+/// the proxy (those whose slot is held go to [`MAP_PENDING`]).
+pub const MAP_PENDING_SLOTS: &str = "ICPT_PEND_SLOTS";
 /// LRU [`crate::PendingKey`] -> [`crate::PendingOrigDst`]: connections waiting for the proxy.
 pub const MAP_PENDING: &str = "ICPT_PENDING";
 /// Sock hash [`crate::ListenerKey`] -> the proxy's inbound listening socket(s), per family.
@@ -42,12 +45,13 @@ pub const MAP_LOOKUP_POD: &str = "ICPT_LOOKUP_POD";
 
 /// Maps shared by the node's programs and every pod's sk_lookup program (through pins), and
 /// read by `interceptor status` from another process.
-pub const SHARED_MAPS: [&str; 9] = [
+pub const SHARED_MAPS: [&str; 10] = [
     MAP_PODS,
     MAP_SUBNETS,
     MAP_COUNTERS,
     MAP_CONNECT_SLOTS,
     MAP_CONNECTING,
+    MAP_PENDING_SLOTS,
     MAP_PENDING,
     MAP_LISTENERS,
     MAP_SK_LOOKUP_PROG,

@@ -3,16 +3,18 @@
 //! 1. connect4/connect6 record [`OrigDst`] under the app socket's cookie when they redirect it:
 //!    in its [`ConnectSlot`] of `ICPT_CONN_SLOTS`, or in `ICPT_CONNECTING` (LRU) when that slot
 //!    is taken by another connect in flight.
-//! 2. sock_ops, when that socket is established (its source port is now known), moves it to
-//!    `ICPT_PENDING` under the connection's 4-tuple as the proxy will see it ([`PendingKey`]),
-//!    with the proxy side's initial sequence number.
-//! 3. sock_ops, when the proxy side is established, recognises the connection and asks for that
-//!    socket's state changes; when it closes, the entry is removed.
+//! 2. sock_ops, when that socket is established (its source port is now known), records it
+//!    under the connection's 4-tuple as the proxy will see it ([`PendingKey`]), with the proxy
+//!    side's initial sequence number: in its [`PendingSlot`] of `ICPT_PEND_SLOTS`, or in
+//!    `ICPT_PENDING` (LRU) when that slot holds another live connection.
+//! 3. sock_ops, when the proxy side is established, recognises the connection, marks its slot
+//!    watched and asks for that socket's state changes; when it closes, the entry is removed.
 //! 4. getsockopt on the proxy's accepted socket finds the entry by (netns, peer address, peer
 //!    port), checks it belongs to this very connection (initial sequence number), and answers,
 //!    as often as it is asked.
 //!
-//! Entries whose proxy side never gets established are evicted least-recently-used.
+//! Entries whose proxy side never gets established are evicted least-recently-used, or their
+//! slot taken over after [`crate::PENDING_SLOT_STALE_SECS`].
 use crate::Ip6Addr;
 use bytemuck::{Pod, Zeroable};
 
@@ -74,6 +76,47 @@ pub struct PendingOrigDst {
     pub server_isn_next: u32,
 }
 
+/// A connection waiting for (or read by) the proxy, in the slot of `ICPT_PEND_SLOTS` its key
+/// folds to ([`PendingKey::slot_index`]); when that slot is held by another connection it goes
+/// to the `ICPT_PENDING` LRU map instead. One cache line.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Pod, Zeroable)]
+pub struct PendingSlot {
+    /// `pending_phase::*` in the low byte; above it, for [`pending_phase::RECORDED`], the coarse
+    /// second it was recorded in (`bpf_ktime_get_coarse_ns() >> 30`). Changed only by
+    /// compare-and-exchange or exchange.
+    pub state: u64,
+    pub key: PendingKey,
+    pub orig: PendingOrigDst,
+}
+
+/// The phases of a [`PendingSlot`].
+pub mod pending_phase {
+    /// Nobody's: the next connection that folds to it takes it.
+    pub const FREE: u64 = 0;
+    /// Being written by the app side's sock_ops: readers skip it.
+    pub const BUSY: u64 = 1;
+    /// Written by the app side; the proxy side is not established yet. Taken over once
+    /// [`crate::PENDING_SLOT_STALE_SECS`] old.
+    pub const RECORDED: u64 = 2;
+    /// The proxy side is established and asked for its state changes: freed when it closes.
+    pub const WATCHED: u64 = 3;
+    /// The bits of `state` that hold the phase.
+    pub const MASK: u64 = 0xff;
+}
+
+impl PendingKey {
+    /// Which slot of `ICPT_PEND_SLOTS` the connection uses: its port (ephemeral ports of live
+    /// connections differ), folded with its pod and address so pods and addresses spread.
+    #[inline(always)]
+    pub fn slot_index(&self) -> u32 {
+        let cookie = self.netns_cookie as u32 ^ (self.netns_cookie >> 32) as u32;
+        let fold =
+            cookie.wrapping_mul(0x9e37_79b1) ^ self.client.words_be[3].wrapping_mul(0x85eb_ca6b);
+        (self.client_port ^ (fold >> 16)) & (crate::PENDING_SLOTS - 1)
+    }
+}
+
 /// Key of the listener sock hash: a pod and the family of its proxy's inbound listening socket.
 /// A proxy may listen with one socket per family (`0.0.0.0:4143` and `[::]:4143` with
 /// `IPV6_V6ONLY`) or one dual-stack socket (`[::]:4143`); IPv4 connections use the IPv4 socket
@@ -92,3 +135,43 @@ const _: () = assert!(core::mem::size_of::<ConnectSlot>() == 48);
 const _: () = assert!(core::mem::size_of::<PendingKey>() == 32);
 const _: () = assert!(core::mem::size_of::<PendingOrigDst>() == 24);
 const _: () = assert!(core::mem::size_of::<ListenerKey>() == 16);
+const _: () = assert!(core::mem::size_of::<PendingSlot>() == 64);
+const _: () = assert!(crate::PENDING_SLOTS.is_power_of_two());
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(netns_cookie: u64, client_port: u32) -> PendingKey {
+        PendingKey {
+            netns_cookie,
+            client: Ip6Addr::from_ip4_be(u32::from_be_bytes([127, 0, 0, 1]).to_be()),
+            client_port,
+            _pad: 0,
+        }
+    }
+
+    #[test]
+    fn live_connections_of_one_pod_take_distinct_pending_slots() {
+        // The ports of live connections from one address differ, and so do their slots.
+        let mut seen = [false; crate::PENDING_SLOTS as usize];
+        for port in 0..=u16::MAX {
+            let index = key(7, u32::from(port)).slot_index() as usize;
+            assert!(!seen[index], "port {port} shares slot {index}");
+            seen[index] = true;
+        }
+    }
+
+    #[test]
+    fn pods_spread_over_the_pending_slots() {
+        // The same port in different pods lands in different slots.
+        let mut seen = [false; crate::PENDING_SLOTS as usize];
+        let mut distinct = 0;
+        for cookie in 1..=64 {
+            let index = key(cookie, 40000).slot_index() as usize;
+            distinct += usize::from(!seen[index]);
+            seen[index] = true;
+        }
+        assert!(distinct > 60, "{distinct} distinct slots");
+    }
+}

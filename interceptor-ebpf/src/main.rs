@@ -17,6 +17,7 @@ mod maps;
 mod orig_dst;
 mod outbound;
 mod peer_name;
+mod pending;
 
 #[cfg(not(test))]
 #[panic_handler]

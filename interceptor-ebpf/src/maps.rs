@@ -8,8 +8,8 @@ use aya_ebpf::{
 };
 use interceptor_common::{
     CONNECT_SLOTS, ConnectSlot, DEFAULT_PENDING_ORIG_DST_CAPACITY, Ip6Addr, ListenerKey, MAX_PODS,
-    MAX_SUBNET_RULES, OrigDst, PendingKey, PendingOrigDst, PodConfig, PodCounters,
-    SUBNET_KEY_FIXED_BITS, SubnetKey, addr::family, counters::Decision,
+    MAX_SUBNET_RULES, OrigDst, PENDING_SLOTS, PendingKey, PendingOrigDst, PendingSlot, PodConfig,
+    PodCounters, SUBNET_KEY_FIXED_BITS, SubnetKey, addr::family, counters::Decision,
 };
 
 /// Not preallocated: a `PodConfig` is 24 KiB and most nodes run far fewer than `MAX_PODS` pods.
@@ -38,7 +38,17 @@ pub static CONNECT_SLOT_ARRAY: Array<ConnectSlot> = Array::with_max_entries(CONN
 pub static CONNECTING: LruHashMap<u64, OrigDst> =
     LruHashMap::with_max_entries(DEFAULT_PENDING_ORIG_DST_CAPACITY, 0);
 
-/// Userspace may resize it at load time (`--orig-dst-capacity`).
+/// Redirected connections waiting for (or read by) the proxy, in the slot of their key (see
+/// `pending`): no hash, no lock and no allocation, where the LRU insert and delete were most of
+/// what was left of sock_ops' cost. Preallocated.
+#[map(name = "ICPT_PEND_SLOTS")]
+/// Memory-mappable, so userspace counts the slots in use by reading them, not with 65,536 system
+/// calls.
+pub static PENDING_SLOT_ARRAY: Array<PendingSlot> =
+    Array::with_max_entries(PENDING_SLOTS, aya_ebpf::bindings::BPF_F_MMAPABLE);
+
+/// Key -> original destination of a redirected connection whose slot in `PENDING_SLOT_ARRAY`
+/// was held by another. Userspace may resize it at load time (`--orig-dst-capacity`).
 #[map(name = "ICPT_PENDING")]
 pub static PENDING: LruHashMap<PendingKey, PendingOrigDst> =
     LruHashMap::with_max_entries(DEFAULT_PENDING_ORIG_DST_CAPACITY, 0);

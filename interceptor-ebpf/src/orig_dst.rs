@@ -20,7 +20,8 @@ use interceptor_common::{
 use crate::{
     connect_slots,
     error::Error,
-    maps::{LISTENERS, PENDING, count, pod_config, read_ip6},
+    maps::{LISTENERS, count, pod_config, read_ip6},
+    pending,
 };
 
 const AF_INET: u16 = 2;
@@ -136,12 +137,10 @@ fn index_redirected_connection(ctx: &SockOpsContext) -> Result<(), Error> {
         server_isn_next: unsafe { (*ctx.ops).rcv_nxt },
     };
     // On failure the proxy's SO_ORIGINAL_DST fails and it refuses the connection (fails closed).
-    PENDING
-        .insert(key, pending, 0)
-        .map_err(|errno| Error::OrigDstNotIndexed {
-            netns_cookie: orig.netns_cookie,
-            errno,
-        })
+    pending::record(&key, &pending).map_err(|errno| Error::OrigDstNotIndexed {
+        netns_cookie: orig.netns_cookie,
+        errno,
+    })
 }
 
 /// The key of a connection as its proxy-side socket sees it.
@@ -171,19 +170,7 @@ fn watch_proxy_side(ctx: &SockOpsContext) -> Result<(), Error> {
         return Ok(());
     }
     let key = proxy_side_key(ctx);
-    // SAFETY: `PENDING` is preallocated: the element stays memory of the map, and only its
-    // `server_isn_next` is read. An element evicted and reused by another CPU meanwhile holds
-    // another connection's number, which does not match below.
-    let Some(server_isn_next) = (unsafe { PENDING.get(key) }).map(|p| p.server_isn_next) else {
-        return Ok(());
-    };
-    // SAFETY: `ops` is this run's context; the verifier checks the field reads.
-    let isn_next = unsafe {
-        (*ctx.ops)
-            .snd_una
-            .wrapping_sub((*ctx.ops).bytes_acked as u32)
-    };
-    if isn_next != server_isn_next {
+    if !pending::watch(&key, proxy_side_isn_next(ctx)) {
         return Ok(());
     }
     ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
@@ -196,8 +183,19 @@ fn watch_proxy_side(ctx: &SockOpsContext) -> Result<(), Error> {
 /// The proxy's socket of a redirected connection closed: nobody can ask about it any more.
 #[inline(always)]
 fn forget_closed_connection(ctx: &SockOpsContext) {
-    // Absent if it was evicted already: nothing to do then.
-    let _ = PENDING.remove(proxy_side_key(ctx));
+    pending::forget(&proxy_side_key(ctx), proxy_side_isn_next(ctx));
+}
+
+/// The proxy side's initial sequence number + 1: `snd_una - bytes_acked` for the socket's whole
+/// life.
+#[inline(always)]
+fn proxy_side_isn_next(ctx: &SockOpsContext) -> u32 {
+    // SAFETY: `ops` is this run's context; the verifier checks the field reads.
+    unsafe {
+        (*ctx.ops)
+            .snd_una
+            .wrapping_sub((*ctx.ops).bytes_acked as u32)
+    }
 }
 
 /// Runs for every getsockopt under the cgroup: anything but the two original-destination options
@@ -291,13 +289,6 @@ fn serve_orig_dst(ctx: &SockoptContext, ipv6: bool) -> Result<(), Error> {
         client_port: u32::from(u16::from_be(unsafe { (*sk).dst_port })),
         _pad: 0,
     };
-    // SAFETY: `PENDING` is preallocated: the element stays memory of the map, and the value is
-    // copied at once. An element evicted and reused by another CPU during the copy holds
-    // another connection's `server_isn_next`, which the check below refuses.
-    let Some(pending) = (unsafe { PENDING.get(key) }).copied() else {
-        answer_local_address(ctx, local, local_port_be);
-        return Ok(());
-    };
     // SAFETY: the helper takes the context's socket, checked by the verifier, and returns
     // null when it is not a full TCP socket.
     let tcp = unsafe { bpf_tcp_sock(sk) };
@@ -308,10 +299,10 @@ fn serve_orig_dst(ctx: &SockoptContext, ipv6: bool) -> Result<(), Error> {
     // entry that does not match is from an earlier connection that reused the 4-tuple.
     // SAFETY: `tcp` is not null; the verifier checks each `bpf_tcp_sock` field read.
     let isn_next = unsafe { (*tcp).snd_una.wrapping_sub((*tcp).bytes_acked as u32) };
-    if isn_next != pending.server_isn_next {
+    let Some(pending) = pending::find(&key, Some(isn_next)) else {
         answer_local_address(ctx, local, local_port_be);
         return Ok(());
-    }
+    };
     // The entry stays until the socket closes: a proxy may ask more than once.
     write_sockaddr(ctx, pending.addr, pending.port_be);
     count(pod.slot, Decision::OrigDstServed);

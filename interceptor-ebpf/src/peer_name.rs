@@ -2,12 +2,12 @@
 //! address it dialled, as it would through NAT, not the proxy's loopback address. Go's
 //! `RemoteAddr()`, access logs and client libraries read `getpeername()`.
 //!
-//! The original destination is already indexed for the proxy (`PENDING`, from the app side's
+//! The original destination is already indexed for the proxy (`pending`, from the app side's
 //! establishment until the proxy side closes) under the app socket's own address and port, so
 //! answering costs one lookup, and only for a socket whose peer is the pod's proxy outbound
 //! port on loopback: every other socket pays a field compare. `getpeername()` before the
 //! connection is established fails with ENOTCONN before these programs run, so the entry is
-//! always there when it is asked, unless the LRU map dropped it under pressure; the app then
+//! always there when it is asked, unless the LRU fallback dropped it under pressure; the app then
 //! sees the proxy's address, as before.
 //!
 //! `getsockname()` is left alone: with NAT the app's local address is the pod's address the
@@ -21,7 +21,10 @@ use aya_ebpf::{
 };
 use interceptor_common::{Ip6Addr, PendingKey, PendingOrigDst};
 
-use crate::maps::{PENDING, pod_config, read_ip6};
+use crate::{
+    maps::{pod_config, read_ip6},
+    pending,
+};
 
 /// The only value getpeername programs may return.
 const ALLOW: i32 = 1;
@@ -106,7 +109,7 @@ fn original_destination(ctx: &SockAddrContext, peer: Ip6Addr) -> Option<PendingO
         client_port: unsafe { (*sk).src_port },
         _pad: 0,
     };
-    // SAFETY: `PENDING` is preallocated: the element stays memory of the map, and the value is
-    // copied at once.
-    unsafe { PENDING.get(key) }.copied()
+    // The app's side cannot read the proxy side's sequence number here; a slot never holds an
+    // older connection with the same key while a newer one is recorded (see `pending`).
+    pending::find(&key, None)
 }

@@ -364,6 +364,56 @@ pub fn map_delete_elem(fd: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {
     unsafe { sys_bpf(bpf_cmd::BPF_MAP_DELETE_ELEM, &mut attr) }.map(drop)
 }
 
+/// A read-only view of the values of a `BPF_F_MMAPABLE` array map (mmap(2) of its fd), unmapped
+/// when dropped: reading a large array costs memory reads, not a system call per element.
+/// Kernel >= 5.5.
+pub struct MappedArray {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+impl MappedArray {
+    /// Maps the first `len` bytes of the map's values (elements are `value_size` rounded up to
+    /// 8 bytes apart).
+    pub fn map(fd: BorrowedFd<'_>, len: usize) -> io::Result<Self> {
+        // SAFETY: a new shared read-only mapping of the map's pages; no existing memory is
+        // touched, and the result is checked before use.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = std::ptr::NonNull::new(ptr.cast()).ok_or_else(io::Error::last_os_error)?;
+        Ok(Self { ptr, len })
+    }
+
+    /// The `u64` at `offset`, read once (the programs change the memory meanwhile); `None` past
+    /// the end or unaligned.
+    pub fn read_u64(&self, offset: usize) -> Option<u64> {
+        if !offset.is_multiple_of(8) || offset.checked_add(8)? > self.len {
+            return None;
+        }
+        // SAFETY: in bounds and aligned (checked above; the mapping is page-aligned), within a
+        // live mapping; a volatile read, since the kernel's programs write it concurrently.
+        Some(unsafe { std::ptr::read_volatile(self.ptr.as_ptr().add(offset).cast::<u64>()) })
+    }
+}
+
+impl Drop for MappedArray {
+    fn drop(&mut self) {
+        // SAFETY: the mapping this value made, unmapped once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
 /// One instruction: `dst_reg` and `src_reg` are 4-bit register numbers.
 pub fn insn(code: u8, dst_reg: u8, src_reg: u8, off: i16, imm: i32) -> bpf_insn {
     bpf_insn {

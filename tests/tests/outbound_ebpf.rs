@@ -11,7 +11,9 @@ use interceptor::{
     ebpf::LoadOptions,
 };
 use interceptor_common::{
-    CONNECT_SLOT_STALE_NS, CONNECT_SLOTS, ConnectSlot, Ip6Addr, OrigDst, counters::Decision, names,
+    CONNECT_SLOT_STALE_NS, CONNECT_SLOTS, ConnectSlot, Ip6Addr, NetnsCookie, OrigDst,
+    PENDING_SLOT_STALE_SECS, PENDING_SLOTS, PendingKey, PendingOrigDst, PendingSlot,
+    counters::Decision, names, pending_phase,
 };
 use interceptor_tests::{
     Landing, PodFixture,
@@ -208,12 +210,17 @@ fn entries_nobody_removes_are_bounded() {
     }
     let fixture = PodFixture::new("bound");
     let _proxy = proxy_outside_the_cgroup(&fixture);
-    let mut node = load(LoadOptions {
+    let options = LoadOptions {
         orig_dst_capacity: 64,
         ..options()
-    });
-    register(&mut node, &fixture.pod, &linkerd_config());
+    };
+    let pending_slots = PendingSlots::open(&options);
+    let mut node = load(options);
+    let cookie = register(&mut node, &fixture.pod, &linkerd_config());
     attach(&mut node, &fixture.cgroup.path);
+    // Every slot held by a connection of just now: they all go to the LRU map, whose capacity
+    // is what bounds them (the slots are bounded by their number, and taken over by age).
+    pending_slots.fill(cookie, pending_phase::RECORDED, coarse_secs_now());
 
     let out = fixture.in_pod().uid(APP_UID).run(&[
         "connect",
@@ -223,7 +230,7 @@ fn entries_nobody_removes_are_bounded() {
         "--linger0",
     ]);
     assert!(out.iter().all(|l| l.starts_with("who=proxy")), "{out:?}");
-    let pending = node.pods().pending_orig_dst_entries();
+    let pending = node.pods().fill_levels().pending_in_lru;
     assert!(pending <= 64 && pending > 0, "pending entries: {pending}");
 }
 
@@ -433,5 +440,165 @@ fn a_taken_connect_slot_sends_the_connect_to_the_lru_map_and_a_stale_one_is_take
     assert_eq!(
         free, 20,
         "each connect took a stale slot over and gave it back"
+    );
+}
+
+/// The pinned `ICPT_PEND_SLOTS` of a test's own maps, to fill with other connections' entries.
+struct PendingSlots {
+    pin: std::path::PathBuf,
+}
+
+impl PendingSlots {
+    fn open(options: &LoadOptions) -> Self {
+        Self {
+            pin: options.pin_dir.join(names::MAP_PENDING_SLOTS),
+        }
+    }
+
+    fn array(&self) -> Array<MapData, PendingSlot> {
+        let map =
+            Map::from_map_data(MapData::from_pin(&self.pin).expect("the pinned pending slots"))
+                .expect("a map");
+        Array::try_from(map).expect("an array of slots")
+    }
+
+    /// Every slot held, in `phase` since `secs`, by a connection of the pod that no app has.
+    fn fill(&self, cookie: NetnsCookie, phase: u64, secs: u64) {
+        let mut slots = self.array();
+        for index in 0..PENDING_SLOTS {
+            slots
+                .set(index, other_connection(cookie, index, phase, secs), 0)
+                .expect("writing a slot");
+        }
+    }
+
+    fn read(&self) -> Vec<PendingSlot> {
+        self.array().iter().map(Result::unwrap).collect()
+    }
+}
+
+/// An entry for a connection from 127.0.0.2 (no test app uses it), held in `phase` since `secs`.
+fn other_connection(cookie: NetnsCookie, index: u32, phase: u64, secs: u64) -> PendingSlot {
+    PendingSlot {
+        state: (secs << 8) | phase,
+        key: PendingKey {
+            netns_cookie: cookie.0,
+            client: Ip6Addr::from(std::net::IpAddr::from([127, 0, 0, 2])),
+            client_port: index,
+            _pad: 0,
+        },
+        orig: PendingOrigDst {
+            addr: Ip6Addr::from(std::net::IpAddr::from([203, 0, 113, 9])),
+            port_be: 9u16.to_be(),
+            _pad: 0,
+            server_isn_next: index,
+        },
+    }
+}
+
+/// Now in the programs' coarse seconds (`bpf_ktime_get_coarse_ns() >> 30`, CLOCK_MONOTONIC_COARSE).
+fn coarse_secs_now() -> u64 {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE).unwrap();
+    (now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64) >> 30
+}
+
+#[test]
+fn a_held_pending_slot_sends_the_connection_to_the_lru_map_and_a_stale_or_same_key_one_is_taken() {
+    if !privileged(
+        "a_held_pending_slot_sends_the_connection_to_the_lru_map_and_a_stale_or_same_key_one_is_taken",
+    ) {
+        return;
+    }
+    let fixture = PodFixture::new("pslots");
+    let options = options();
+    let pending_slots = PendingSlots::open(&options);
+    let mut node = load(options);
+    let cookie = register(&mut node, &fixture.pod, &linkerd_config());
+    attach(&mut node, &fixture.cgroup.path);
+    let _proxy = fixture
+        .in_pod()
+        .uid(PROXY_UID)
+        .listen(&["proxy", &format!("127.0.0.1:{OUTBOUND_PORT}")]);
+    let app = fixture.in_pod().uid(APP_UID);
+    let connects_land_right = || {
+        for _ in 0..20 {
+            assert_eq!(
+                app.connect("192.0.2.1:80").proxy_orig().to_string(),
+                "192.0.2.1:80"
+            );
+        }
+    };
+    let untouched = |phase: u64, secs: u64| {
+        pending_slots
+            .read()
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| **s == other_connection(cookie, *i as u32, phase, secs))
+            .count()
+    };
+    let now = coarse_secs_now();
+
+    // Held by connections of just now, or watched by their proxy however old: never taken, the
+    // connections go to the LRU map, and their entries go when the proxy's sockets close.
+    for (phase, secs) in [
+        (pending_phase::RECORDED, now),
+        (pending_phase::WATCHED, now - PENDING_SLOT_STALE_SECS - 10),
+    ] {
+        pending_slots.fill(cookie, phase, secs);
+        connects_land_right();
+        assert_eq!(
+            untouched(phase, secs),
+            PENDING_SLOTS as usize,
+            "phase {phase}"
+        );
+        assert_eq!(node.pods().fill_levels().pending_in_lru, 0, "phase {phase}");
+    }
+
+    // Recorded long ago and never watched (the proxy side never got established): taken over,
+    // then freed when the proxy's socket closes.
+    let stale = now - PENDING_SLOT_STALE_SECS - 10;
+    pending_slots.fill(cookie, pending_phase::RECORDED, stale);
+    connects_land_right();
+    let free = pending_slots.read().iter().filter(|s| s.state == 0).count();
+    assert_eq!(
+        free, 20,
+        "each connection took a stale slot over and freed it at close"
+    );
+    assert_eq!(
+        untouched(pending_phase::RECORDED, stale),
+        PENDING_SLOTS as usize - 20
+    );
+
+    // Held, watched, by an earlier connection with the very same 4-tuple (its proxy side is
+    // over): the new connection takes it, and frees it at close.
+    pending_slots.fill(cookie, pending_phase::WATCHED, now);
+    let key = PendingKey {
+        netns_cookie: cookie.0,
+        client: Ip6Addr::from(std::net::IpAddr::from([127, 0, 0, 1])),
+        client_port: 41001,
+        _pad: 0,
+    };
+    let index = key.slot_index();
+    let mut slots = pending_slots.array();
+    slots
+        .set(
+            index,
+            PendingSlot {
+                key,
+                ..other_connection(cookie, index, pending_phase::WATCHED, now)
+            },
+            0,
+        )
+        .unwrap();
+    let landing = app.connect_with("192.0.2.1:80", &["--bind", "127.0.0.1:41001", "--linger0"]);
+    assert_eq!(landing.proxy_orig().to_string(), "192.0.2.1:80");
+    let after = pending_slots.read();
+    assert_eq!(
+        after[index as usize].state, 0,
+        "taken by the same 4-tuple, freed at close"
+    );
+    assert_eq!(
+        untouched(pending_phase::WATCHED, now),
+        PENDING_SLOTS as usize - 1
     );
 }

@@ -154,7 +154,7 @@ fn render(agent: &Agent) -> String {
     }
     registry.register(
         "map_entries",
-        "Entries in the agent's maps (original destinations waiting for the proxy; connects in progress whose slot was taken, in the LRU map behind the slots; proxy listeners; pod addresses)",
+        "Entries in the agent's maps (original destinations of connections whose proxy side has not closed, in their slots and in the LRU map behind them; connects in progress whose slot was taken, in the LRU map behind the slots; proxy listeners)",
         fill,
     );
     let build = Family::<Labels, Gauge<i64>>::default();

@@ -15,6 +15,8 @@ pub(super) struct PodMaps {
     pub(super) pods: HashMap<MapData, NetnsCookie, PodConfig>,
     pub(super) subnets: LpmTrie<MapData, SubnetKey, u8>,
     pub(super) counters: PerCpuArray<MapData, PodCounters>,
+    /// `ICPT_PEND_SLOTS`, read through a mapping of its memory (see `pending_slots_in_use`).
+    pub(super) pending_slots: MapData,
     pub(super) pending: HashMap<MapData, PendingKey, PendingOrigDst>,
     pub(super) connecting: HashMap<MapData, SocketCookie, OrigDst>,
     pub(super) listeners: SockHash<MapData, ListenerKey>,
@@ -41,6 +43,15 @@ impl PodMaps {
             counters: take(ebpf, names::MAP_COUNTERS)?
                 .try_into()
                 .map_err(map_error(names::MAP_COUNTERS))?,
+            pending_slots: match take(ebpf, names::MAP_PENDING_SLOTS)? {
+                Map::Array(data) => data,
+                _ => {
+                    return Err(EbpfError::Missing {
+                        kind: "array map",
+                        name: names::MAP_PENDING_SLOTS,
+                    });
+                }
+            },
             pending: take(ebpf, names::MAP_PENDING)?
                 .try_into()
                 .map_err(map_error(names::MAP_PENDING))?,

@@ -2,7 +2,10 @@
 use std::{collections::BTreeSet, net::IpAddr, path::Path};
 
 use aya::maps::{MapData, PerCpuArray};
-use interceptor_common::{NetnsCookie, PodCounters, PodSlot, names};
+use interceptor_common::{
+    NetnsCookie, PENDING_SLOTS, PendingSlot, PodCounters, PodSlot, names, pending_phase,
+};
+use std::os::fd::AsFd as _;
 
 use super::{FillLevels, InMaps, PodRegistry};
 use crate::ebpf::{
@@ -143,15 +146,39 @@ impl PodRegistry {
         read_counters(&self.maps.counters, registered.slot).map(Some)
     }
 
-    /// Number of original destinations recorded and not yet read by a proxy.
+    /// Number of original destinations recorded for connections whose proxy side has not closed
+    /// yet: in their slots and in the LRU fallback.
     pub fn pending_orig_dst_entries(&self) -> usize {
-        self.maps.pending.keys().filter(Result::is_ok).count()
+        self.pending_slots_in_use() + self.maps.pending.keys().filter(Result::is_ok).count()
+    }
+
+    /// The slots of `ICPT_PEND_SLOTS` that hold a connection, counted by reading the array's
+    /// memory (4 MiB, mapped only for the count: the agent's resident memory does not keep it).
+    fn pending_slots_in_use(&self) -> usize {
+        let stride = size_of::<PendingSlot>();
+        let len = stride * PENDING_SLOTS as usize;
+        let state_at = std::mem::offset_of!(PendingSlot, state);
+        let Ok(mapped) =
+            interceptor_sys::MappedArray::map(self.maps.pending_slots.fd().as_fd(), len)
+        else {
+            tracing::warn!("mapping the pending slots to count them failed; counting none");
+            return 0;
+        };
+        (0..PENDING_SLOTS as usize)
+            .filter_map(|i| mapped.read_u64(i * stride + state_at))
+            .filter(|state| {
+                let phase = state & pending_phase::MASK;
+                phase == pending_phase::RECORDED || phase == pending_phase::WATCHED
+            })
+            .count()
     }
 
     /// How full the maps are (walks their keys: for metrics and tests, not a hot path).
     pub fn fill_levels(&self) -> FillLevels {
+        let pending_in_lru = self.maps.pending.keys().filter(Result::is_ok).count();
         FillLevels {
-            pending: self.pending_orig_dst_entries(),
+            pending: self.pending_slots_in_use() + pending_in_lru,
+            pending_in_lru,
             connecting: self.maps.connecting.keys().filter(Result::is_ok).count(),
             listeners: self.maps.listeners.keys().filter(Result::is_ok).count(),
             subnets: self.maps.subnets.keys().filter(Result::is_ok).count(),

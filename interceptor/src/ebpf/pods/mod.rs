@@ -15,7 +15,8 @@ use std::{
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuValues};
 use interceptor_common::{
     ConnectSlot, ListenerKey, MAX_LOCAL_ADDRS_PER_POD, MAX_PODS, MAX_SUBNET_RULES, NetnsCookie,
-    OrigDst, PendingKey, PendingOrigDst, PodConfig, PodCounters, PodSlot, SocketCookie, names,
+    OrigDst, PendingKey, PendingOrigDst, PendingSlot, PodConfig, PodCounters, PodSlot,
+    SocketCookie, names, pending_phase,
 };
 
 use super::{
@@ -54,7 +55,11 @@ impl InMaps {
 /// Entries in each map.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FillLevels {
+    /// Original destinations of connections whose proxy side has not closed: in their slots and
+    /// in the LRU map behind them ...
     pub pending: usize,
+    /// ... of which in the LRU map (`--orig-dst-capacity` bounds it).
+    pub pending_in_lru: usize,
     pub connecting: usize,
     pub listeners: usize,
     pub subnets: usize,
@@ -549,6 +554,19 @@ impl PodRegistry {
                 if slot.socket_cookie != 0 {
                     let key = SocketCookie(slot.socket_cookie);
                     copied += usize::from(self.maps.connecting.insert(key, slot.orig, 0).is_ok());
+                }
+            }
+        }
+        // Likewise a connection in an old pending slot: the new programs look in the LRU map
+        // when their slot does not hold it, and remove it from there when the proxy's socket
+        // closes.
+        if let Some(old) = open(names::MAP_PENDING_SLOTS)
+            .and_then(|m| Array::<MapData, PendingSlot>::try_from(m).ok())
+        {
+            for slot in old.iter().filter_map(Result::ok) {
+                let phase = slot.state & pending_phase::MASK;
+                if phase == pending_phase::RECORDED || phase == pending_phase::WATCHED {
+                    copied += usize::from(self.maps.pending.insert(slot.key, slot.orig, 0).is_ok());
                 }
             }
         }

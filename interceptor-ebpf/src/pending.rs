@@ -1,0 +1,184 @@
+//! The index of redirected connections the proxy's side looks up (by the 4-tuple it sees,
+//! [`PendingKey`]): a slot of `ICPT_PEND_SLOTS` picked by the key's fold, falling back to the
+//! `ICPT_PENDING` LRU map when that slot is held by another connection. An LRU insert and delete
+//! cost a hash, a bucket lock with interrupts off and LRU list work each, most of what was left
+//! of sock_ops' cost; a slot costs an inlined array lookup and a compare-and-exchange.
+//!
+//! A slot's life (`pending_phase`): the app side's sock_ops takes a free slot (FREE -> BUSY),
+//! writes the key and the original destination and publishes them (-> RECORDED); the proxy
+//! side's sock_ops, once established, marks it WATCHED, and its close frees it (-> FREE). A
+//! RECORDED slot whose proxy side never got established is taken over after
+//! `PENDING_SLOT_STALE_SECS`, and a slot holding the same key (the 4-tuple reused: the old
+//! connection is over) is taken at once.
+//!
+//! A reader checks the phase, copies the key and the value, and keeps them only if the key is
+//! its own (and, where it knows it, the proxy side's initial sequence number matches). A slot
+//! rewritten during the copy by another connection cannot hold the reader's key: a connection's
+//! own slot changes only through its own sock_ops runs, which the socket's lock orders with its
+//! getsockopt.
+// Plain (volatile) loads: the BPF backend selects no load-acquire below its v4 instruction set;
+// the compare-and-exchange and exchange that change `state` are full barriers.
+use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xchg};
+
+use interceptor_common::{
+    PENDING_SLOT_STALE_SECS, PendingKey, PendingOrigDst, PendingSlot, pending_phase as phase,
+};
+
+use crate::maps::{PENDING, PENDING_SLOT_ARRAY};
+
+/// Records the connection with `key`: in its slot if it can take it, else in `ICPT_PENDING`.
+/// `Err(errno)` when neither took it.
+#[inline(always)]
+pub fn record(key: &PendingKey, orig: &PendingOrigDst) -> Result<(), i32> {
+    if let Some(slot) = PENDING_SLOT_ARRAY.get_ptr_mut(key.slot_index()) {
+        let now = coarse_secs();
+        // SAFETY: `slot` points at a slot of a preallocated array, memory of the map for its
+        // whole life; its state is only changed atomically, and its other fields only by the
+        // program that set it BUSY.
+        unsafe {
+            let state = &raw mut (*slot).state;
+            let held = core::ptr::read_volatile(state);
+            if can_take(slot, held, key, now) && exchange(state, held, phase::BUSY) {
+                (*slot).key = *key;
+                (*slot).orig = *orig;
+                // The exchange is a full barrier: whoever sees RECORDED sees what was written.
+                atomic_xchg::<u64, { AtomicOrdering::AcqRel }>(state, (now << 8) | phase::RECORDED);
+                return Ok(());
+            }
+        }
+    }
+    PENDING.insert(key, orig, 0)
+}
+
+/// Whether the app side of a new connection with `key` may take `slot`, whose state is `held`.
+///
+/// # Safety
+///
+/// `slot` points at a slot of `ICPT_PEND_SLOTS`.
+#[inline(always)]
+unsafe fn can_take(slot: *const PendingSlot, held: u64, key: &PendingKey, now: u64) -> bool {
+    let p = held & phase::MASK;
+    if p == phase::FREE {
+        return true;
+    }
+    if p != phase::RECORDED && p != phase::WATCHED {
+        return false;
+    }
+    // SAFETY: the caller's promise; the key is copied, and a torn copy only fails to match.
+    let same_key = unsafe { core::ptr::read_volatile(&raw const (*slot).key) } == *key;
+    same_key || (p == phase::RECORDED && now.wrapping_sub(held >> 8) > PENDING_SLOT_STALE_SECS)
+}
+
+/// The original destination of the connection with `key`, whose proxy side's initial sequence
+/// number + 1 is `isn_next` (`None`: any, for the app side, which cannot read it).
+#[inline(always)]
+pub fn find(key: &PendingKey, isn_next: Option<u32>) -> Option<PendingOrigDst> {
+    let matches = |orig: &PendingOrigDst| isn_next.is_none_or(|isn| orig.server_isn_next == isn);
+    if let Some(slot) = PENDING_SLOT_ARRAY.get_ptr(key.slot_index()) {
+        // SAFETY: as in `record`; key and value are copied, and kept only if the key is ours.
+        unsafe {
+            if holds_a_connection(core::ptr::read_volatile(&raw const (*slot).state)) {
+                let found = core::ptr::read_volatile(&raw const (*slot).key);
+                let orig = core::ptr::read_volatile(&raw const (*slot).orig);
+                if found == *key && matches(&orig) {
+                    return Some(orig);
+                }
+            }
+        }
+    }
+    // SAFETY: `PENDING` is preallocated: the element stays memory of the map, and the value is
+    // copied at once. An element evicted and reused by another CPU during the copy holds another
+    // connection's `server_isn_next`, which `matches` refuses where the caller knows its own.
+    let orig = (unsafe { PENDING.get(key) }).copied()?;
+    matches(&orig).then_some(orig)
+}
+
+/// The proxy side of the connection is established: if it is recorded, keep its slot until the
+/// proxy's socket closes (no take-over by age). Whether it is recorded.
+#[inline(always)]
+pub fn watch(key: &PendingKey, isn_next: u32) -> bool {
+    if let Some(slot) = PENDING_SLOT_ARRAY.get_ptr_mut(key.slot_index()) {
+        // SAFETY: as in `record`.
+        unsafe {
+            let state = &raw mut (*slot).state;
+            let held = core::ptr::read_volatile(state);
+            if holds(slot, held, key, isn_next) {
+                if held & phase::MASK == phase::RECORDED {
+                    // Fails only if the slot was taken over meanwhile (150 s): then the
+                    // connection has no entry, as with an LRU eviction.
+                    let _ = exchange(state, held, phase::WATCHED);
+                }
+                return true;
+            }
+        }
+    }
+    find_in_lru(key, isn_next)
+}
+
+/// The proxy's socket of the connection closed: nobody can ask about it any more.
+#[inline(always)]
+pub fn forget(key: &PendingKey, isn_next: u32) {
+    if let Some(slot) = PENDING_SLOT_ARRAY.get_ptr_mut(key.slot_index()) {
+        // SAFETY: as in `record`.
+        unsafe {
+            let state = &raw mut (*slot).state;
+            let held = core::ptr::read_volatile(state);
+            if holds(slot, held, key, isn_next) {
+                // Fails only if a new connection with the same key took it meanwhile: it is
+                // that connection's now.
+                let _ = exchange(state, held, phase::FREE);
+                return;
+            }
+        }
+    }
+    // Absent if it was evicted already: nothing to do then.
+    let _ = PENDING.remove(key);
+}
+
+/// Whether `slot`, in state `held`, is the entry of the connection with `key` and `isn_next`.
+///
+/// # Safety
+///
+/// `slot` points at a slot of `ICPT_PEND_SLOTS`.
+#[inline(always)]
+unsafe fn holds(slot: *const PendingSlot, held: u64, key: &PendingKey, isn_next: u32) -> bool {
+    // SAFETY: the caller's promise; key and number are copied, a torn copy only fails to match.
+    holds_a_connection(held)
+        && unsafe { core::ptr::read_volatile(&raw const (*slot).key) } == *key
+        && unsafe { core::ptr::read_volatile(&raw const (*slot).orig.server_isn_next) } == isn_next
+}
+
+#[inline(always)]
+fn find_in_lru(key: &PendingKey, isn_next: u32) -> bool {
+    // SAFETY: as in `find`: only the number is read from the element.
+    (unsafe { PENDING.get(key) }).is_some_and(|p| p.server_isn_next == isn_next)
+}
+
+#[inline(always)]
+fn holds_a_connection(state: u64) -> bool {
+    let p = state & phase::MASK;
+    p == phase::RECORDED || p == phase::WATCHED
+}
+
+/// Coarse seconds (2^30 ns), enough for a take-over after minutes and cheaper than a division.
+#[inline(always)]
+fn coarse_secs() -> u64 {
+    // SAFETY: the helper has no arguments and no preconditions.
+    (unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns() }) >> 30
+}
+
+/// Compare-and-exchange (BPF_CMPXCHG), as in `connect_slots`.
+///
+/// # Safety
+///
+/// `at` points at a `u64` in a map value, aligned, changed by others only atomically.
+#[inline(always)]
+unsafe fn exchange(at: *mut u64, current: u64, new: u64) -> bool {
+    // SAFETY: the caller's promise.
+    unsafe {
+        atomic_cxchg::<u64, { AtomicOrdering::AcqRel }, { AtomicOrdering::Acquire }>(
+            at, current, new,
+        )
+        .1
+    }
+}
