@@ -1,11 +1,10 @@
 //! What the registry and the maps say about the pods: for restore, health, `pod list`, metrics.
-use std::{collections::BTreeSet, net::IpAddr, path::Path};
+use std::{collections::BTreeSet, net::IpAddr, os::fd::AsFd as _, path::Path};
 
 use aya::maps::{MapData, PerCpuArray};
 use interceptor_common::{
     NetnsCookie, PENDING_SLOTS, PendingSlot, PodCounters, PodSlot, names, pending_phase,
 };
-use std::os::fd::AsFd as _;
 
 use super::{FillLevels, InMaps, PodRegistry};
 use crate::ebpf::{
@@ -149,7 +148,11 @@ impl PodRegistry {
     /// Number of original destinations recorded for connections whose proxy side has not closed
     /// yet: in their slots and in the LRU fallback.
     pub fn pending_orig_dst_entries(&self) -> usize {
-        self.pending_slots_in_use() + self.maps.pending.keys().filter(Result::is_ok).count()
+        self.pending_slots_in_use() + self.pending_in_lru()
+    }
+
+    fn pending_in_lru(&self) -> usize {
+        self.maps.pending.keys().filter(Result::is_ok).count()
     }
 
     /// The slots of `ICPT_PEND_SLOTS` that hold a connection, counted by reading the array's
@@ -175,7 +178,7 @@ impl PodRegistry {
 
     /// How full the maps are (walks their keys: for metrics and tests, not a hot path).
     pub fn fill_levels(&self) -> FillLevels {
-        let pending_in_lru = self.maps.pending.keys().filter(Result::is_ok).count();
+        let pending_in_lru = self.pending_in_lru();
         FillLevels {
             pending: self.pending_slots_in_use() + pending_in_lru,
             pending_in_lru,

@@ -101,6 +101,12 @@ struct Registered {
     problem: Option<String>,
 }
 
+/// `config` with no addresses, to compare what else two entries hold.
+fn without_addresses(mut config: PodConfig) -> PodConfig {
+    write_addresses(&mut config, &BTreeSet::new());
+    config
+}
+
 impl Registered {
     /// The pod map's entry for the pod, as this registry wrote or kept it.
     fn in_force(&self) -> PodConfig {
@@ -257,8 +263,10 @@ impl PodRegistry {
                         "its configuration was not in the maps (a registration or removal cut short): registered afresh"
                             .to_owned(),
                     ),
+                    // The pod's addresses may have changed while no agent ran: that is no repair.
                     Some(in_force)
-                        if bytemuck::bytes_of(&in_force) != bytemuck::bytes_of(&registered.in_force()) =>
+                        if bytemuck::bytes_of(&without_addresses(in_force))
+                            != bytemuck::bytes_of(&without_addresses(registered.in_force())) =>
                     {
                         Some("the maps held another configuration than its record's (a change cut short): the record's is applied".to_owned())
                     }
