@@ -215,7 +215,7 @@ impl Drop for InstanceLock {
 
 /// Unpinning a link detaches its program (once no process holds it); unpinning a map only drops
 /// the name, the map lives on while programs use it.
-fn remove_pins(pin_dir: &Path) {
+pub(crate) fn remove_pins(pin_dir: &Path) {
     if let Ok(entries) = fs::read_dir(pin_dir) {
         for entry in entries.flatten() {
             let _ = fs::remove_file(entry.path());

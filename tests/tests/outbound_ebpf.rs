@@ -602,3 +602,19 @@ fn a_held_pending_slot_sends_the_connection_to_the_lru_map_and_a_stale_or_same_k
         PENDING_SLOTS as usize - 1
     );
 }
+
+#[test]
+fn a_load_that_fails_leaves_no_pins_behind() {
+    if !privileged("a_load_that_fails_leaves_no_pins_behind") {
+        return;
+    }
+    // A map of no entries: the kernel refuses to create it, after the maps before it were
+    // created and pinned.
+    let options = LoadOptions {
+        orig_dst_capacity: 0,
+        ..options()
+    };
+    let pin_dir = options.pin_dir.clone();
+    assert!(interceptor::ebpf::EbpfNode::load(options).is_err());
+    assert!(!pin_dir.exists(), "{} is left", pin_dir.display());
+}

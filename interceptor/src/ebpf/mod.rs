@@ -207,15 +207,24 @@ impl EbpfNode {
     /// Loads the programs (verifying them) and creates the shared maps, pinned under
     /// `options.pin_dir`, without attaching anything.
     pub fn load(options: LoadOptions) -> Result<Self, EbpfError> {
+        let fresh = !options.pin_dir.exists();
         std::fs::create_dir_all(&options.pin_dir).map_err(|source| EbpfError::PinDir {
             path: options.pin_dir.clone(),
             source,
         })?;
-        let (attached, maps) = loader::Attached::load(&options)?;
-        Ok(Self {
-            attached,
-            pods: PodRegistry::new(maps, &options)?,
-        })
+        let loaded = loader::Attached::load(&options).and_then(|(attached, maps)| {
+            Ok(Self {
+                attached,
+                pods: PodRegistry::new(maps, &options)?,
+            })
+        });
+        // The maps are pinned as they are created, before a program the verifier refuses: a
+        // process that pinned them for itself alone takes them away again, as dropping the
+        // registry would have.
+        if loaded.is_err() && fresh && !options.persistent {
+            crate::state::remove_pins(&options.pin_dir);
+        }
+        loaded
     }
 
     /// Attaches every program to `cgroup`. Kernel >= 5.7 (link-based cgroup attachment).
