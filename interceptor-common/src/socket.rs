@@ -103,6 +103,13 @@ pub mod pending_phase {
     pub const WATCHED: u64 = 3;
     /// The bits of `state` that hold the phase.
     pub const MASK: u64 = 0xff;
+
+    /// Whether a slot in `state` holds a connection (recorded or watched).
+    #[inline(always)]
+    pub fn holds_a_connection(state: u64) -> bool {
+        let phase = state & MASK;
+        phase == RECORDED || phase == WATCHED
+    }
 }
 
 impl PendingKey {

@@ -10,14 +10,12 @@
 //! established. A connect that never completes (refused, timed out) leaves its slot taken: after
 //! `CONNECT_SLOT_STALE_NS`, longer than TCP's connect attempts last, the next connect with that
 //! index takes it over.
-// Plain (volatile) loads of the cookie: the BPF backend selects no load-acquire below its v4
-// instruction set ("Cannot select: AtomicLoad<(load acquire ...)>"); the compare-and-exchange
-// that follows is a full barrier.
-use core::intrinsics::{AtomicOrdering, atomic_cxchg};
-
 use interceptor_common::{CONNECT_SLOT_STALE_NS, CONNECT_SLOTS, OrigDst};
 
-use crate::maps::{CONNECT_SLOT_ARRAY, CONNECTING};
+use crate::{
+    atomic::compare_exchange as exchange,
+    maps::{CONNECT_SLOT_ARRAY, CONNECTING},
+};
 
 /// Records `orig` for the socket with `socket_cookie`: in its slot if it can take it, else in
 /// `ICPT_CONNECTING`. `Err(errno)` when neither took it.
@@ -66,24 +64,6 @@ pub fn take(socket_cookie: u64) -> Option<OrigDst> {
     let orig = (unsafe { CONNECTING.get(socket_cookie) }).copied()?;
     let _ = CONNECTING.remove(socket_cookie);
     Some(orig)
-}
-
-/// Compare-and-exchange (BPF_CMPXCHG): whether `*at` was `current` and is now `new`. Rust's
-/// atomics have no compare-and-exchange for the BPF target (`atomic-cas` is off in its
-/// specification, as the first BPF instruction sets had none), so the intrinsic it lowers to.
-///
-/// # Safety
-///
-/// `at` points at a `u64` in a map value, aligned, changed by others only atomically.
-#[inline(always)]
-unsafe fn exchange(at: *mut u64, current: u64, new: u64) -> bool {
-    // SAFETY: the caller's promise.
-    unsafe {
-        atomic_cxchg::<u64, { AtomicOrdering::AcqRel }, { AtomicOrdering::Acquire }>(
-            at, current, new,
-        )
-        .1
-    }
 }
 
 #[inline(always)]

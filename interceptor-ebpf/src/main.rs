@@ -10,6 +10,7 @@
 #![no_main]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod atomic;
 mod connect_slots;
 mod error;
 mod inbound;

@@ -40,10 +40,9 @@ pub static CONNECTING: LruHashMap<u64, OrigDst> =
 
 /// Redirected connections waiting for (or read by) the proxy, in the slot of their key (see
 /// `pending`): no hash, no lock and no allocation, where the LRU insert and delete were most of
-/// what was left of sock_ops' cost. Preallocated.
+/// what was left of sock_ops' cost. Preallocated; memory-mappable, so userspace counts the slots
+/// in use by reading them, not with 65,536 system calls.
 #[map(name = "ICPT_PEND_SLOTS")]
-/// Memory-mappable, so userspace counts the slots in use by reading them, not with 65,536 system
-/// calls.
 pub static PENDING_SLOT_ARRAY: Array<PendingSlot> =
     Array::with_max_entries(PENDING_SLOTS, aya_ebpf::bindings::BPF_F_MMAPABLE);
 

@@ -16,15 +16,14 @@
 //! rewritten during the copy by another connection cannot hold the reader's key: a connection's
 //! own slot changes only through its own sock_ops runs, which the socket's lock orders with its
 //! getsockopt.
-// Plain (volatile) loads: the BPF backend selects no load-acquire below its v4 instruction set;
-// the compare-and-exchange and exchange that change `state` are full barriers.
-use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xchg};
-
 use interceptor_common::{
     PENDING_SLOT_STALE_SECS, PendingKey, PendingOrigDst, PendingSlot, pending_phase as phase,
 };
 
-use crate::maps::{PENDING, PENDING_SLOT_ARRAY};
+use crate::{
+    atomic::{compare_exchange as exchange, publish},
+    maps::{PENDING, PENDING_SLOT_ARRAY},
+};
 
 /// Records the connection with `key`: in its slot if it can take it, else in `ICPT_PENDING`.
 /// `Err(errno)` when neither took it.
@@ -41,8 +40,8 @@ pub fn record(key: &PendingKey, orig: &PendingOrigDst) -> Result<(), i32> {
             if can_take(slot, held, key, now) && exchange(state, held, phase::BUSY) {
                 (*slot).key = *key;
                 (*slot).orig = *orig;
-                // The exchange is a full barrier: whoever sees RECORDED sees what was written.
-                atomic_xchg::<u64, { AtomicOrdering::AcqRel }>(state, (now << 8) | phase::RECORDED);
+                // Whoever sees RECORDED sees what was written.
+                publish(state, (now << 8) | phase::RECORDED);
                 return Ok(());
             }
         }
@@ -77,7 +76,7 @@ pub fn find(key: &PendingKey, isn_next: Option<u32>) -> Option<PendingOrigDst> {
     if let Some(slot) = PENDING_SLOT_ARRAY.get_ptr(key.slot_index()) {
         // SAFETY: as in `record`; key and value are copied, and kept only if the key is ours.
         unsafe {
-            if holds_a_connection(core::ptr::read_volatile(&raw const (*slot).state)) {
+            if phase::holds_a_connection(core::ptr::read_volatile(&raw const (*slot).state)) {
                 let found = core::ptr::read_volatile(&raw const (*slot).key);
                 let orig = core::ptr::read_volatile(&raw const (*slot).orig);
                 if found == *key && matches(&orig) {
@@ -143,7 +142,7 @@ pub fn forget(key: &PendingKey, isn_next: u32) {
 #[inline(always)]
 unsafe fn holds(slot: *const PendingSlot, held: u64, key: &PendingKey, isn_next: u32) -> bool {
     // SAFETY: the caller's promise; key and number are copied, a torn copy only fails to match.
-    holds_a_connection(held)
+    phase::holds_a_connection(held)
         && unsafe { core::ptr::read_volatile(&raw const (*slot).key) } == *key
         && unsafe { core::ptr::read_volatile(&raw const (*slot).orig.server_isn_next) } == isn_next
 }
@@ -154,31 +153,9 @@ fn find_in_lru(key: &PendingKey, isn_next: u32) -> bool {
     (unsafe { PENDING.get(key) }).is_some_and(|p| p.server_isn_next == isn_next)
 }
 
-#[inline(always)]
-fn holds_a_connection(state: u64) -> bool {
-    let p = state & phase::MASK;
-    p == phase::RECORDED || p == phase::WATCHED
-}
-
 /// Coarse seconds (2^30 ns), enough for a take-over after minutes and cheaper than a division.
 #[inline(always)]
 fn coarse_secs() -> u64 {
     // SAFETY: the helper has no arguments and no preconditions.
     (unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns() }) >> 30
-}
-
-/// Compare-and-exchange (BPF_CMPXCHG), as in `connect_slots`.
-///
-/// # Safety
-///
-/// `at` points at a `u64` in a map value, aligned, changed by others only atomically.
-#[inline(always)]
-unsafe fn exchange(at: *mut u64, current: u64, new: u64) -> bool {
-    // SAFETY: the caller's promise.
-    unsafe {
-        atomic_cxchg::<u64, { AtomicOrdering::AcqRel }, { AtomicOrdering::Acquire }>(
-            at, current, new,
-        )
-        .1
-    }
 }

@@ -380,12 +380,8 @@ fn a_taken_connect_slot_sends_the_connect_to_the_lru_map_and_a_stale_one_is_take
         .uid(PROXY_UID)
         .listen(&["proxy", &format!("127.0.0.1:{OUTBOUND_PORT}")]);
     let app = fixture.in_pod().uid(APP_UID);
-    let map = Map::from_map_data(MapData::from_pin(&pin).expect("the pinned connect slots"))
-        .expect("a map");
-    let mut slots: Array<MapData, ConnectSlot> = Array::try_from(map).expect("an array of slots");
-    // bpf_ktime_get_coarse_ns is CLOCK_MONOTONIC_COARSE.
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE).unwrap();
-    let now = now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64;
+    let mut slots: Array<MapData, ConnectSlot> = pinned_array(&pin);
+    let now = coarse_ns_now();
     let mut fill = |taken_ns: u64| {
         let orig = OrigDst {
             netns_cookie: 1,
@@ -403,22 +399,15 @@ fn a_taken_connect_slot_sends_the_connect_to_the_lru_map_and_a_stale_one_is_take
             slots.set(index, slot, 0).expect("writing a slot");
         }
     };
-    let connects_land_right = || {
-        for _ in 0..20 {
-            assert_eq!(
-                app.connect("192.0.2.1:80").proxy_orig().to_string(),
-                "192.0.2.1:80"
-            );
-        }
-    };
 
     // Every slot taken just now.
     fill(now);
-    connects_land_right();
+    twenty_connects_land_right(&app);
     let read_slots = || {
-        let map = Map::from_map_data(MapData::from_pin(&pin).unwrap()).unwrap();
-        let slots: Array<MapData, ConnectSlot> = Array::try_from(map).unwrap();
-        slots.iter().map(Result::unwrap).collect::<Vec<_>>()
+        pinned_array::<ConnectSlot>(&pin)
+            .iter()
+            .map(Result::unwrap)
+            .collect::<Vec<_>>()
     };
     let held = read_slots();
     assert!(
@@ -435,7 +424,7 @@ fn a_taken_connect_slot_sends_the_connect_to_the_lru_map_and_a_stale_one_is_take
 
     // Every slot taken long ago: taken over by the connects, then given back.
     fill(now.wrapping_sub(CONNECT_SLOT_STALE_NS + 1_000_000_000));
-    connects_land_right();
+    twenty_connects_land_right(&app);
     let free = read_slots().iter().filter(|s| s.socket_cookie == 0).count();
     assert_eq!(
         free, 20,
@@ -456,10 +445,7 @@ impl PendingSlots {
     }
 
     fn array(&self) -> Array<MapData, PendingSlot> {
-        let map =
-            Map::from_map_data(MapData::from_pin(&self.pin).expect("the pinned pending slots"))
-                .expect("a map");
-        Array::try_from(map).expect("an array of slots")
+        pinned_array(&self.pin)
     }
 
     /// Every slot held, in `phase` since `secs`, by a connection of the pod that no app has.
@@ -496,10 +482,31 @@ fn other_connection(cookie: NetnsCookie, index: u32, phase: u64, secs: u64) -> P
     }
 }
 
-/// Now in the programs' coarse seconds (`bpf_ktime_get_coarse_ns() >> 30`, CLOCK_MONOTONIC_COARSE).
-fn coarse_secs_now() -> u64 {
+/// Now as the programs' `bpf_ktime_get_coarse_ns()` reads it (CLOCK_MONOTONIC_COARSE).
+fn coarse_ns_now() -> u64 {
     let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC_COARSE).unwrap();
-    (now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64) >> 30
+    now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64
+}
+
+/// Now in the pending slots' coarse seconds (`bpf_ktime_get_coarse_ns() >> 30`).
+fn coarse_secs_now() -> u64 {
+    coarse_ns_now() >> 30
+}
+
+/// An array map of this test's own maps, opened from its pin.
+fn pinned_array<T: aya::Pod>(pin: &std::path::Path) -> Array<MapData, T> {
+    let data = MapData::from_pin(pin).unwrap_or_else(|e| panic!("{}: {e}", pin.display()));
+    Array::try_from(Map::from_map_data(data).expect("a map")).expect("an array")
+}
+
+/// Twenty redirected connects from `app`, each reaching the proxy with its original destination.
+fn twenty_connects_land_right(app: &interceptor_tests::Probe) {
+    for _ in 0..20 {
+        assert_eq!(
+            app.connect("192.0.2.1:80").proxy_orig().to_string(),
+            "192.0.2.1:80"
+        );
+    }
 }
 
 #[test]
@@ -520,14 +527,6 @@ fn a_held_pending_slot_sends_the_connection_to_the_lru_map_and_a_stale_or_same_k
         .uid(PROXY_UID)
         .listen(&["proxy", &format!("127.0.0.1:{OUTBOUND_PORT}")]);
     let app = fixture.in_pod().uid(APP_UID);
-    let connects_land_right = || {
-        for _ in 0..20 {
-            assert_eq!(
-                app.connect("192.0.2.1:80").proxy_orig().to_string(),
-                "192.0.2.1:80"
-            );
-        }
-    };
     let untouched = |phase: u64, secs: u64| {
         pending_slots
             .read()
@@ -545,7 +544,7 @@ fn a_held_pending_slot_sends_the_connection_to_the_lru_map_and_a_stale_or_same_k
         (pending_phase::WATCHED, now - PENDING_SLOT_STALE_SECS - 10),
     ] {
         pending_slots.fill(cookie, phase, secs);
-        connects_land_right();
+        twenty_connects_land_right(&app);
         assert_eq!(
             untouched(phase, secs),
             PENDING_SLOTS as usize,
@@ -558,7 +557,7 @@ fn a_held_pending_slot_sends_the_connection_to_the_lru_map_and_a_stale_or_same_k
     // then freed when the proxy's socket closes.
     let stale = now - PENDING_SLOT_STALE_SECS - 10;
     pending_slots.fill(cookie, pending_phase::RECORDED, stale);
-    connects_land_right();
+    twenty_connects_land_right(&app);
     let free = pending_slots.read().iter().filter(|s| s.state == 0).count();
     assert_eq!(
         free, 20,

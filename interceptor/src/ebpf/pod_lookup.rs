@@ -40,6 +40,20 @@ fn ld_imm64(dst: u8, src: u8, imm: u64) -> [Insn; 2] {
     ]
 }
 
+/// `r0 = bpf_map_lookup_elem(map, &key)` for a `u32` key, through the stack slot at r10 - 4,
+/// as its six instructions.
+fn lookup_u32(map_fd: i32, key: i32) -> [Insn; 6] {
+    let [load_lo, load_hi] = ld_imm64(1, PSEUDO_MAP_FD, map_fd as u32 as u64);
+    [
+        insn(0x62, 10, 0, -4, key),
+        insn(0xbf, 2, 10, 0, 0),
+        insn(0x07, 2, 0, 0, -4),
+        load_lo,
+        load_hi,
+        insn(0x85, 0, 0, 0, BPF_FUNC_MAP_LOOKUP_ELEM),
+    ]
+}
+
 /// The maps a pod's program uses, as fds of the loading process.
 struct Maps {
     lookup_pod: i32,
@@ -88,13 +102,9 @@ fn instructions(maps: &Maps, netns_cookie: NetnsCookie, slot: PodSlot) -> Vec<In
         insn(0x55, 2, 0, 14, LOOPBACK_IFINDEX),
         insn(0x61, 2, 1, sk_lookup_ctx::PROTOCOL, 0),
         insn(0x55, 2, 0, 10, IPPROTO_TCP),
-        insn(0x62, 10, 0, -4, slot.0 as i32),
-        insn(0xbf, 2, 10, 0, 0),
-        insn(0x07, 2, 0, 0, -4),
     ];
-    prog.extend(ld_imm64(1, PSEUDO_MAP_FD, maps.counters as u32 as u64));
+    prog.extend(lookup_u32(maps.counters, slot.0 as i32));
     prog.extend([
-        insn(0x85, 0, 0, 0, BPF_FUNC_MAP_LOOKUP_ELEM),
         insn(0x15, 0, 0, 3, 0),
         insn(0x79, 1, 0, from_pod, 0),
         insn(0x07, 1, 0, 0, 1),
@@ -102,17 +112,9 @@ fn instructions(maps: &Maps, netns_cookie: NetnsCookie, slot: PodSlot) -> Vec<In
         insn(0xb7, 0, 0, 0, SK_PASS),
         insn(0x95, 0, 0, 0, 0),
     ]);
-    prog.extend([
-        insn(0xbf, 6, 1, 0, 0),
-        insn(0x62, 10, 0, -4, 0),
-        insn(0xbf, 2, 10, 0, 0),
-        insn(0x07, 2, 0, 0, -4),
-    ]);
-    prog.extend(ld_imm64(1, PSEUDO_MAP_FD, maps.lookup_pod as u32 as u64));
-    prog.extend([
-        insn(0x85, 0, 0, 0, BPF_FUNC_MAP_LOOKUP_ELEM),
-        insn(0x15, 0, 0, 8, 0),
-    ]);
+    prog.push(insn(0xbf, 6, 1, 0, 0));
+    prog.extend(lookup_u32(maps.lookup_pod, 0));
+    prog.push(insn(0x15, 0, 0, 8, 0));
     prog.extend(ld_imm64(1, 0, netns_cookie.0));
     prog.extend([insn(0x7b, 0, 1, 0, 0), insn(0xbf, 1, 6, 0, 0)]);
     prog.extend(ld_imm64(2, PSEUDO_MAP_FD, maps.programs as u32 as u64));

@@ -169,10 +169,7 @@ impl PodRegistry {
         };
         (0..PENDING_SLOTS as usize)
             .filter_map(|i| mapped.read_u64(i * stride + state_at))
-            .filter(|state| {
-                let phase = state & pending_phase::MASK;
-                phase == pending_phase::RECORDED || phase == pending_phase::WATCHED
-            })
+            .filter(|state| pending_phase::holds_a_connection(*state))
             .count()
     }
 

@@ -572,8 +572,7 @@ impl PodRegistry {
             .and_then(|m| Array::<MapData, PendingSlot>::try_from(m).ok())
         {
             for slot in old.iter().filter_map(Result::ok) {
-                let phase = slot.state & pending_phase::MASK;
-                if phase == pending_phase::RECORDED || phase == pending_phase::WATCHED {
+                if pending_phase::holds_a_connection(slot.state) {
                     copied += usize::from(self.maps.pending.insert(slot.key, slot.orig, 0).is_ok());
                 }
             }
