@@ -28,7 +28,7 @@ pub use socket::{
 /// a map's name (list the old name in `names::RETIRED_MAPS`) or to a type stored in a map: the
 /// node agent keeps its maps in a directory per layout, and an agent that finds only an older one
 /// builds new maps from its pod records and switches over.
-pub const MAP_LAYOUT_VERSION: u32 = 4;
+pub const MAP_LAYOUT_VERSION: u32 = 5;
 
 /// The most pods one node attachment serves. Bounds the per-CPU counter array (one slot per pod)
 /// and the pod configuration map.

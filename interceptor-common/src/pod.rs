@@ -13,9 +13,12 @@ pub struct PortBitmap {
 impl PortBitmap {
     pub const EMPTY: Self = Self { bits: [0; 8192] };
 
+    /// Whether bit `port` is set. `port` must come straight from a 16-bit value the verifier
+    /// knows the range of (a narrowed context field): verifiers before 6.19 do not bound the
+    /// result of a byte swap (`u16::from_be`), and rejected `bits[swapped >> 3]` as an "unbounded
+    /// memory access". Hence `PodConfig::outbound_ignore_ports_be`.
     #[inline(always)]
     pub fn contains(&self, port: u16) -> bool {
-        // `port >> 3` is at most 8191, so the verifier can prove the index in bounds.
         self.bits[(port >> 3) as usize] & (1 << (port & 7)) != 0
     }
 
@@ -70,7 +73,10 @@ pub struct PodConfig {
     /// cost a scan of the pod's few addresses in cache lines already loaded, where a hash map
     /// keyed by (pod, address) cost about 40 ns per connection.
     pub local_addrs: [Ip6Addr; MAX_LOCAL_ADDRS_PER_POD as usize],
-    pub outbound_ignore_ports: PortBitmap,
+    /// Indexed by the port in network order, as connect4/6 read it from their context: no byte
+    /// swap on the per-connection path (see `PortBitmap::contains`).
+    pub outbound_ignore_ports_be: PortBitmap,
+    /// Indexed by the port in host order, as sk_lookup reads it.
     pub inbound_ignore_ports: PortBitmap,
     /// Only meaningful with `flags::HAS_PORTS_TO_REDIRECT`.
     pub redirect_ports: PortBitmap,

@@ -10,6 +10,9 @@
 //! established. A connect that never completes (refused, timed out) leaves its slot taken: after
 //! `CONNECT_SLOT_STALE_NS`, longer than TCP's connect attempts last, the next connect with that
 //! index takes it over.
+//!
+//! `SLOTS` false is the variant for kernels without BPF atomics (before 5.12, whose verifier
+//! rejects compare-and-exchange with "BPF_STX uses reserved fields"): the LRU map alone.
 use interceptor_common::{CONNECT_SLOT_STALE_NS, CONNECT_SLOTS, OrigDst};
 
 use crate::{
@@ -20,7 +23,10 @@ use crate::{
 /// Records `orig` for the socket with `socket_cookie`: in its slot if it can take it, else in
 /// `ICPT_CONNECTING`. `Err(errno)` when neither took it.
 #[inline(always)]
-pub fn record(socket_cookie: u64, orig: &OrigDst) -> Result<(), i32> {
+pub fn record<const SLOTS: bool>(socket_cookie: u64, orig: &OrigDst) -> Result<(), i32> {
+    if !SLOTS {
+        return CONNECTING.insert(socket_cookie, orig, 0);
+    }
     if let Some(slot) = CONNECT_SLOT_ARRAY.get_ptr_mut(index(socket_cookie)) {
         // SAFETY: the helper has no arguments and no preconditions.
         let now = unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns() };
@@ -44,7 +50,10 @@ pub fn record(socket_cookie: u64, orig: &OrigDst) -> Result<(), i32> {
 /// Takes the original destination recorded for the socket with `socket_cookie` out of its slot
 /// or out of `ICPT_CONNECTING`. None for a socket connect4/6 did not redirect.
 #[inline(always)]
-pub fn take(socket_cookie: u64) -> Option<OrigDst> {
+pub fn take<const SLOTS: bool>(socket_cookie: u64) -> Option<OrigDst> {
+    if !SLOTS {
+        return take_from_lru(socket_cookie);
+    }
     if let Some(slot) = CONNECT_SLOT_ARRAY.get_ptr_mut(index(socket_cookie)) {
         // SAFETY: as in `record`. The value is copied between reading the cookie and giving the
         // slot back: if the slot was taken over meanwhile (its connect was older than
@@ -57,6 +66,11 @@ pub fn take(socket_cookie: u64) -> Option<OrigDst> {
             }
         }
     }
+    take_from_lru(socket_cookie)
+}
+
+#[inline(always)]
+fn take_from_lru(socket_cookie: u64) -> Option<OrigDst> {
     // SAFETY: `CONNECTING` is preallocated: the element stays memory of the map, and the value
     // is copied at once. Only if the map is full and another CPU evicts and reuses this very
     // element during the copy can it mix two entries (`OrigDst` is valid for every bit

@@ -42,12 +42,27 @@ const LOOPBACK_IFINDEX: u32 = 1;
 
 #[sk_lookup]
 pub fn icpt_sk_lookup(ctx: SkLookupContext) -> u32 {
-    match try_sk_lookup(&ctx) {
+    sk_lookup::<true>(&ctx)
+}
+
+/// For kernels whose sk_lookup context has no `ingress_ifindex` (before 5.17; the verifier
+/// rejects the read with "invalid bpf_context access off=64 size=4"): the pod talking to itself
+/// is told by the source address alone, a loopback one or one of the pod's own. Over lo, a
+/// connection's source is always one of these: an address of the namespace's own.
+#[sk_lookup]
+pub fn icpt_sklkp_addr(ctx: SkLookupContext) -> u32 {
+    sk_lookup::<false>(&ctx)
+}
+
+/// `BY_IFINDEX`: whether loopback is told by the ingress interface or by the source address.
+#[inline(always)]
+fn sk_lookup<const BY_IFINDEX: bool>(ctx: &SkLookupContext) -> u32 {
+    match try_sk_lookup::<BY_IFINDEX>(ctx) {
         Ok(()) => SK_PASS,
         // The proxy is not listening: the connection is refused, as with iptables REDIRECT to a
         // closed port, instead of reaching the app around the proxy.
         Err(e) => {
-            e.log(&ctx, names::PROG_SK_LOOKUP);
+            e.log(ctx, names::PROG_SK_LOOKUP);
             SK_DROP
         }
     }
@@ -56,7 +71,7 @@ pub fn icpt_sk_lookup(ctx: SkLookupContext) -> u32 {
 /// Steers the connection, or leaves it to the kernel's own lookup. An error means it was to be
 /// steered and cannot be.
 #[inline(always)]
-fn try_sk_lookup(ctx: &SkLookupContext) -> Result<(), Error> {
+fn try_sk_lookup<const BY_IFINDEX: bool>(ctx: &SkLookupContext) -> Result<(), Error> {
     let lookup: *mut bpf_sk_lookup = ctx.lookup;
     // SAFETY: `lookup` is the context the kernel passed to this run, valid throughout it; the
     // verifier checks the field read.
@@ -98,7 +113,7 @@ fn try_sk_lookup(ctx: &SkLookupContext) -> Result<(), Error> {
     // ctx ptr").
     // SAFETY: a field read of this run's context, checked by the verifier.
     let local_port = unsafe { core::ptr::read_volatile(&raw const (*lookup).local_port) };
-    let decision = decide(ctx, pod, netns_cookie, remote, local_port as u16);
+    let decision = decide::<BY_IFINDEX>(ctx, pod, netns_cookie, remote, local_port as u16);
     if decision != Decision::Steered {
         count(pod.slot, decision);
         return Ok(());
@@ -139,7 +154,7 @@ fn steer(ctx: &SkLookupContext, netns_cookie: u64, is_ip4: bool) -> bool {
 }
 
 #[inline(always)]
-fn decide(
+fn decide<const BY_IFINDEX: bool>(
     ctx: &SkLookupContext,
     pod: &PodConfig,
     netns_cookie: u64,
@@ -151,8 +166,13 @@ fn decide(
     // veth address arrives with the veth's ifindex). iptables' PREROUTING never sees these. The
     // pod's own program lets lo through before the tail call; the check stays for a program of
     // an older agent during an upgrade.
-    // SAFETY: a field read of this run's context, checked by the verifier.
-    if unsafe { (*lookup).ingress_ifindex } == LOOPBACK_IFINDEX || pod.is_own_address(remote) {
+    let over_lo = if BY_IFINDEX {
+        // SAFETY: a field read of this run's context, checked by the verifier.
+        (unsafe { (*lookup).ingress_ifindex }) == LOOPBACK_IFINDEX
+    } else {
+        remote.is_loopback_or_unspecified()
+    };
+    if over_lo || pod.is_own_address(remote) {
         return Decision::InboundFromPod;
     }
     if pod.inbound_ignore_ports.contains(local_port) {

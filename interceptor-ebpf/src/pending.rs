@@ -16,6 +16,10 @@
 //! rewritten during the copy by another connection cannot hold the reader's key: a connection's
 //! own slot changes only through its own sock_ops runs, which the socket's lock orders with its
 //! getsockopt.
+//!
+//! `SLOTS` false is the variant for kernels without BPF atomics (before 5.12): the LRU map
+//! alone. Readers (`find`) look in both either way, so programs of both variants can run side by
+//! side (during an upgrade).
 use interceptor_common::{
     PENDING_SLOT_STALE_SECS, PendingKey, PendingOrigDst, PendingSlot, pending_phase as phase,
 };
@@ -28,7 +32,10 @@ use crate::{
 /// Records the connection with `key`: in its slot if it can take it, else in `ICPT_PENDING`.
 /// `Err(errno)` when neither took it.
 #[inline(always)]
-pub fn record(key: &PendingKey, orig: &PendingOrigDst) -> Result<(), i32> {
+pub fn record<const SLOTS: bool>(key: &PendingKey, orig: &PendingOrigDst) -> Result<(), i32> {
+    if !SLOTS {
+        return PENDING.insert(key, orig, 0);
+    }
     if let Some(slot) = PENDING_SLOT_ARRAY.get_ptr_mut(key.slot_index()) {
         let now = coarse_secs();
         // SAFETY: `slot` points at a slot of a preallocated array, memory of the map for its
@@ -95,7 +102,10 @@ pub fn find(key: &PendingKey, isn_next: Option<u32>) -> Option<PendingOrigDst> {
 /// The proxy side of the connection is established: if it is recorded, keep its slot until the
 /// proxy's socket closes (no take-over by age). Whether it is recorded.
 #[inline(always)]
-pub fn watch(key: &PendingKey, isn_next: u32) -> bool {
+pub fn watch<const SLOTS: bool>(key: &PendingKey, isn_next: u32) -> bool {
+    if !SLOTS {
+        return find_in_lru(key, isn_next);
+    }
     if let Some(slot) = PENDING_SLOT_ARRAY.get_ptr_mut(key.slot_index()) {
         // SAFETY: as in `record`.
         unsafe {
@@ -116,7 +126,11 @@ pub fn watch(key: &PendingKey, isn_next: u32) -> bool {
 
 /// The proxy's socket of the connection closed: nobody can ask about it any more.
 #[inline(always)]
-pub fn forget(key: &PendingKey, isn_next: u32) {
+pub fn forget<const SLOTS: bool>(key: &PendingKey, isn_next: u32) {
+    if !SLOTS {
+        let _ = PENDING.remove(key);
+        return;
+    }
     if let Some(slot) = PENDING_SLOT_ARRAY.get_ptr_mut(key.slot_index()) {
         // SAFETY: as in `record`.
         unsafe {

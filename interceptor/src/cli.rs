@@ -53,6 +53,17 @@ pub enum Command {
     Validate(ValidateArgs),
     /// Install or remove the CNI plugin on this node.
     Cni(CniArgs),
+    /// What this kernel offers the eBPF programs: each probed feature, each program variant
+    /// loaded (and so verified) with the verifier's reason when it refuses one, and which
+    /// backend `--mode auto` picks. Attaches nothing.
+    Kernel(KernelArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct KernelArgs {
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -348,6 +359,11 @@ pub struct StatusArgs {
     /// Where to find the node agent (its API socket), whose pods are shown too.
     #[arg(long, default_value = crate::agent::DEFAULT_STATE_DIR)]
     pub agent_state_dir: PathBuf,
+
+    /// Where the node agent pins its links: the programs they run (and so each hook's variant)
+    /// are read from there.
+    #[arg(long, default_value = crate::agent::DEFAULT_BPFFS)]
+    pub agent_bpffs: PathBuf,
 }
 
 /// The proxy-init flags. List flags take comma-separated values and may be repeated.

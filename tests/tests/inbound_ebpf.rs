@@ -246,6 +246,17 @@ fn loopback_is_decided_by_the_pods_own_program_and_counted_there() {
         Landing::Failed("connect:ECONNREFUSED".into())
     );
 
+    // Without `ingress_ifindex` (kernels before 5.17, or taken away) the pod's program is the tail
+    // call alone: loopback fails closed with everything else, never around the proxy.
+    let features = interceptor::ebpf::features::KernelFeatures::get();
+    if !features.has(interceptor::ebpf::features::Feature::IngressIfindex) {
+        let app = fixture.in_pod().uid(APP_UID);
+        assert_eq!(
+            app.connect("127.0.0.1:80"),
+            Landing::Failed("connect:ECONNREFUSED".into())
+        );
+        return;
+    }
     // ...but loopback never reaches the tail call: the pod still talks to itself, and the
     // lookups are counted in the pod's slot all the same.
     let mut from_pod = || {

@@ -1,6 +1,7 @@
 //! Running the command line's commands (their flags are in `cli`).
 pub mod agent;
 pub mod cni;
+pub mod kernel;
 pub mod run;
 pub mod status;
 pub mod validate;
@@ -37,6 +38,7 @@ pub fn main() -> std::process::ExitCode {
         crate::cli::Command::Uninstall(args) => agent::uninstall(args),
         crate::cli::Command::Validate(args) => validate::validate(args),
         crate::cli::Command::Cni(args) => cni::cni(args),
+        crate::cli::Command::Kernel(args) => kernel::kernel(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

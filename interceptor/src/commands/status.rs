@@ -45,11 +45,15 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
     let health = agent
         .as_ref()
         .map(|_| crate::agent::api::health(&socket).map_err(|e| e.to_string()));
+    // What the kernel runs at each hook, from the agent's pinned links: there with or without
+    // a running agent.
+    let agent_programs = crate::ebpf::pinned_programs(&args.agent_bpffs);
     if args.json {
         let agent = agent.map(|pods| {
             serde_json::json!({
                 "socket": socket,
                 "pods": pods,
+                "programs": agent_programs,
                 "problems": match &health {
                     Some(Ok(health)) => health.problems.clone(),
                     Some(Err(e)) => vec![format!("asking the agent: {e}")],
@@ -79,6 +83,9 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
             }
             Some(Err(e)) => println!("  health unknown: {e}"),
             None => {}
+        }
+        for p in &agent_programs {
+            print_program(p);
         }
         crate::commands::agent::print_pods(pods, false);
         for pod in pods {
@@ -175,7 +182,7 @@ fn print_report(r: &InstanceReport) {
         state.cgroup.display()
     );
     for p in &state.programs {
-        println!("  program {:<16} id {:<6} {}", p.name, p.id, p.attach_type);
+        print_program(p);
     }
     if let Some(pending) = r.pending_orig_dst {
         println!("  original destinations waiting for the proxy: {pending}");
@@ -223,4 +230,16 @@ fn print_report(r: &InstanceReport) {
             }
         }
     }
+}
+
+/// One program and its variant, with why that one where it is not the hook's first choice.
+pub(crate) fn print_program(p: &crate::ebpf::ProgramState) {
+    let variant = if p.variant.is_empty() {
+        String::new()
+    } else if p.reason.is_empty() {
+        format!(" variant {}", p.variant)
+    } else {
+        format!(" variant {} ({})", p.variant, p.reason)
+    };
+    println!("  program {:<16} id {:<6} {}{variant}", p.name, p.id, p.attach_type);
 }

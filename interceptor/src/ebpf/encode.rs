@@ -109,8 +109,8 @@ pub(super) fn pod_config(
         inbound_port: config.incoming_proxy_port,
         local_addr_count: 0,
         local_addrs: [Ip6Addr::UNSPECIFIED; MAX_LOCAL_ADDRS_PER_POD as usize],
-        outbound_ignore_ports: port_bitmap(&config.outbound_ports_to_ignore),
-        inbound_ignore_ports: port_bitmap(&config.inbound_ports_to_ignore),
+        outbound_ignore_ports_be: port_bitmap(&config.outbound_ports_to_ignore, u16::to_be),
+        inbound_ignore_ports: port_bitmap(&config.inbound_ports_to_ignore, |port| port),
         redirect_ports,
     };
     write_addresses(&mut pod, addresses);
@@ -136,11 +136,12 @@ pub(super) fn own_addresses(config: &PodConfig) -> BTreeSet<IpAddr> {
         .collect()
 }
 
-/// A port set as the programs test it: one bit per port.
-pub(super) fn port_bitmap(ports: &crate::config::PortSet) -> PortBitmap {
+/// A port set as the programs test it: one bit per port, the port in the byte order `order`
+/// gives it (the order the program reads the port in).
+pub(super) fn port_bitmap(ports: &crate::config::PortSet, order: fn(u16) -> u16) -> PortBitmap {
     let mut bitmap = PortBitmap::EMPTY;
     for port in ports.ports() {
-        bitmap.insert(port);
+        bitmap.insert(order(port));
     }
     bitmap
 }
@@ -182,10 +183,12 @@ mod tests {
             },
             PortRange::single(65535),
         ]);
-        let bitmap = super::port_bitmap(&set);
+        let host = super::port_bitmap(&set, |port| port);
+        let network = super::port_bitmap(&set, u16::to_be);
         for port in 1..=65535u16 {
-            assert_eq!(bitmap.contains(port), set.contains(port), "port {port}");
+            assert_eq!(host.contains(port), set.contains(port), "port {port}");
+            assert_eq!(network.contains(port.to_be()), set.contains(port), "port {port}");
         }
-        assert!(super::port_bitmap(&PortSet::default()).is_empty());
+        assert!(super::port_bitmap(&PortSet::default(), u16::to_be).is_empty());
     }
 }

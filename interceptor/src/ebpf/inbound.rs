@@ -70,6 +70,8 @@ pub(super) fn load_inbound(
         name: names::PROG_POD_LOOKUP.into(),
         id: program_id(program.as_fd()).map_err(attach_error)?,
         attach_type: "sk_lookup".into(),
+        variant: loader.variant().into(),
+        reason: String::new(),
     };
     let path = inbound_link_path(links_dir, netns_cookie);
     let attach_type = bpf_attach_type::BPF_SK_LOOKUP;

@@ -16,6 +16,8 @@ use interceptor_sys::bpf_attach_type;
 
 use super::{
     EbpfError, LoadOptions, OBJECT,
+    features::{Feature, KernelFeatures},
+    variants::{self, Chosen, Hook, Variant},
     kernel_log::{self, KernelLog},
     links::{self, LinkProblem, PinError, PinnedLink, Target},
     maps::PodMaps,
@@ -28,48 +30,18 @@ pub struct ProgramState {
     pub name: String,
     pub id: u32,
     pub attach_type: String,
+    /// Which of the hook's variants runs (`slots`, `lru`, ...; see `variants`). Absent in the
+    /// state of an older run.
+    #[serde(default)]
+    pub variant: String,
+    /// Why not a better one: what this kernel lacks. Empty for the hook's first choice.
+    #[serde(default)]
+    pub reason: String,
 }
 
-/// The node-wide programs. The sk_lookup one is attached to no hook: each pod's own program
-/// tail-calls it (see `pod_lookup`).
-const PROGRAMS: [(&str, &str); 7] = [
-    (names::PROG_CONNECT4, "cgroup/connect4"),
-    (names::PROG_CONNECT6, "cgroup/connect6"),
-    (names::PROG_SOCKOPS, "sock_ops"),
-    (names::PROG_GETSOCKOPT, "cgroup/getsockopt"),
-    (names::PROG_PEERNAME4, "cgroup/getpeername4"),
-    (names::PROG_PEERNAME6, "cgroup/getpeername6"),
-    (names::PROG_SK_LOOKUP, "sk_lookup, tail-called"),
-];
-
-/// The node's links: each program and the cgroup hook it attaches to.
-const CGROUP_LINKS: [(&str, bpf_attach_type); 6] = [
-    (
-        names::PROG_CONNECT4,
-        bpf_attach_type::BPF_CGROUP_INET4_CONNECT,
-    ),
-    (
-        names::PROG_CONNECT6,
-        bpf_attach_type::BPF_CGROUP_INET6_CONNECT,
-    ),
-    (names::PROG_SOCKOPS, bpf_attach_type::BPF_CGROUP_SOCK_OPS),
-    (
-        names::PROG_GETSOCKOPT,
-        bpf_attach_type::BPF_CGROUP_GETSOCKOPT,
-    ),
-    (
-        names::PROG_PEERNAME4,
-        bpf_attach_type::BPF_CGROUP_INET4_GETPEERNAME,
-    ),
-    (
-        names::PROG_PEERNAME6,
-        bpf_attach_type::BPF_CGROUP_INET6_GETPEERNAME,
-    ),
-];
-
-/// Where the node's link for `program` is pinned.
-fn link_path(links_dir: &Path, program: &str) -> PathBuf {
-    links_dir.join(format!("link_{program}"))
+/// Where the node's link for `hook` is pinned.
+fn link_path(links_dir: &Path, hook: Hook) -> PathBuf {
+    links_dir.join(format!("link_{}", hook.link_name()))
 }
 
 pub(super) struct Attached {
@@ -79,6 +51,8 @@ pub(super) struct Attached {
     persistent: bool,
     // Dropping `Ebpf` unloads the programs (those still in a link stay until it goes).
     ebpf: Ebpf,
+    /// The program loaded for each hook, in `Hook::ALL` order.
+    chosen: Vec<(Hook, Variant, Chosen)>,
     /// Reads the programs' log, when it was asked for.
     _kernel_log: Option<KernelLog>,
 }
@@ -94,34 +68,34 @@ impl Attached {
             .map_max_entries(names::MAP_PENDING, options.orig_dst_capacity)
             .load(OBJECT)?;
         let kernel_log = log_wanted.then(|| KernelLog::start(&mut ebpf)).flatten();
+        let chosen = variants::choose(KernelFeatures::get()).map_err(EbpfError::Unsupported)?;
+        variants::log(&chosen);
         let program_error = |name| move |source| EbpfError::Program { name, source };
-
-        for name in [
-            names::PROG_CONNECT4,
-            names::PROG_CONNECT6,
-            names::PROG_PEERNAME4,
-            names::PROG_PEERNAME6,
-        ] {
-            let connect: &mut CgroupSockAddr = program(&mut ebpf, name)?;
-            connect.load().map_err(program_error(name))?;
+        for (hook, variant, _) in &chosen {
+            let name = variant.program;
+            match hook {
+                Hook::Connect4 | Hook::Connect6 | Hook::PeerName4 | Hook::PeerName6 => {
+                    program::<CgroupSockAddr>(&mut ebpf, name)?.load()
+                }
+                Hook::SockOps => program::<SockOps>(&mut ebpf, name)?.load(),
+                Hook::GetSockopt => program::<CgroupSockopt>(&mut ebpf, name)?.load(),
+                Hook::SkLookup => program::<SkLookup>(&mut ebpf, name)?.load(),
+            }
+            .map_err(program_error(name))?;
         }
-        let sockops: &mut SockOps = program(&mut ebpf, names::PROG_SOCKOPS)?;
-        sockops.load().map_err(program_error(names::PROG_SOCKOPS))?;
-        let getsockopt: &mut CgroupSockopt = program(&mut ebpf, names::PROG_GETSOCKOPT)?;
-        getsockopt
-            .load()
-            .map_err(program_error(names::PROG_GETSOCKOPT))?;
         // Loaded and verified once, for every pod; swapping it in replaces it for all pods at
         // once (a restarted or upgraded agent).
-        let sk_lookup: &mut SkLookup = program(&mut ebpf, names::PROG_SK_LOOKUP)?;
-        sk_lookup
-            .load()
-            .map_err(program_error(names::PROG_SK_LOOKUP))?;
+        let sk_lookup_name = chosen
+            .iter()
+            .find(|(hook, _, _)| *hook == Hook::SkLookup)
+            .map(|(_, variant, _)| variant.program)
+            .expect("choose gives every hook a program");
+        let sk_lookup: &mut SkLookup = program(&mut ebpf, sk_lookup_name)?;
         let sk_lookup_fd = sk_lookup
             .fd()
-            .map_err(program_error(names::PROG_SK_LOOKUP))?
+            .map_err(program_error(sk_lookup_name))?
             .try_clone()
-            .map_err(|e| program_error(names::PROG_SK_LOOKUP)(ProgramError::IOError(e)))?;
+            .map_err(|e| program_error(sk_lookup_name)(ProgramError::IOError(e)))?;
         let map_error = |source| EbpfError::Map {
             map: names::MAP_SK_LOOKUP_PROG,
             source,
@@ -143,6 +117,7 @@ impl Attached {
                 links: Vec::new(),
                 persistent: options.persistent,
                 ebpf,
+                chosen,
                 _kernel_log: kernel_log,
             },
             maps,
@@ -162,13 +137,14 @@ impl Attached {
                 source,
             }
         };
-        for (name, attach_type) in CGROUP_LINKS {
+        let links: Vec<_> = self.cgroup_links().collect();
+        for (hook, attach_type, name) in links {
             let program = self.ebpf.program(name).ok_or(EbpfError::Missing {
                 kind: "program",
                 name,
             })?;
             let fd = program.fd().map_err(attach_error(name))?;
-            let path = link_path(&self.links_dir, name);
+            let path = link_path(&self.links_dir, hook);
             let link = if self.persistent {
                 let target = Target::cgroup(cgroup.as_fd(), cgroup_path)
                     .map_err(|e| attach_error(name)(ProgramError::IOError(e)))?;
@@ -203,10 +179,9 @@ impl Attached {
                 }];
             }
         };
-        CGROUP_LINKS
-            .iter()
-            .filter_map(|&(name, attach_type)| {
-                let path = link_path(&self.links_dir, name);
+        self.cgroup_links()
+            .filter_map(|(hook, attach_type, name)| {
+                let path = link_path(&self.links_dir, hook);
                 let program_id = self.ebpf.program(name)?.info().ok()?.id();
                 links::check(&path, attach_type, target.id, program_id)
             })
@@ -219,18 +194,66 @@ impl Attached {
     }
 
     pub(super) fn programs(&self) -> Vec<ProgramState> {
-        PROGRAMS
+        self.chosen
             .iter()
-            .filter_map(|(name, attach_type)| {
-                let info = self.ebpf.program(name)?.info().ok()?;
+            .filter_map(|(hook, variant, chosen)| {
+                let info = self.ebpf.program(variant.program)?.info().ok()?;
                 Some(ProgramState {
-                    name: (*name).to_owned(),
+                    name: variant.program.to_owned(),
                     id: info.id(),
-                    attach_type: (*attach_type).to_owned(),
+                    attach_type: hook.describe().to_owned(),
+                    variant: chosen.variant.clone(),
+                    reason: chosen.reason.clone(),
                 })
             })
             .collect()
     }
+
+    /// The cgroup hooks, their attach types and the programs loaded for them.
+    fn cgroup_links(&self) -> impl Iterator<Item = (Hook, bpf_attach_type, &'static str)> + '_ {
+        self.chosen.iter().filter_map(|(hook, variant, _)| {
+            Some((*hook, hook.attach_type()?, variant.program))
+        })
+    }
+
+    /// Whether each pod's own sk_lookup program may tell loopback by the interface.
+    pub(super) fn loopback_by_ifindex(&self) -> bool {
+        self.chosen
+            .iter()
+            .any(|(_, variant, _)| variant.needs.contains(&Feature::IngressIfindex))
+    }
+}
+
+/// The programs an agent's pinned links under `links_dir` run, read from the kernel (the
+/// program's name says its variant), with why that variant where this kernel explains it.
+/// Hooks with no link pinned are left out.
+pub fn pinned_programs(links_dir: &Path) -> Vec<ProgramState> {
+    let now = variants::choose(KernelFeatures::get()).unwrap_or_default();
+    variants::VARIANTS
+        .iter()
+        .filter_map(|variant| {
+            let attach_type = variant.hook.attach_type()?;
+            let link = interceptor_sys::obj_get(&link_path(links_dir, variant.hook)).ok()??;
+            let prog_id = interceptor_sys::link_info(link.as_fd()).ok()?.prog_id;
+            let prog = interceptor_sys::prog_fd_by_id(prog_id).ok()?;
+            let info = interceptor_sys::prog_info(prog.as_fd()).ok()?;
+            if info.name != variant.program || attach_type as u32 == 0 {
+                return None;
+            }
+            let reason = now
+                .iter()
+                .find(|(_, v, _)| v.program == variant.program)
+                .map(|(_, _, chosen)| chosen.reason.clone())
+                .unwrap_or_default();
+            Some(ProgramState {
+                name: info.name,
+                id: info.id,
+                attach_type: variant.hook.describe().to_owned(),
+                variant: variant.name.to_owned(),
+                reason,
+            })
+        })
+        .collect()
 }
 
 /// A loader that creates the shared maps pinned in `pin_dir`, or opens them there when they
@@ -253,11 +276,66 @@ pub(super) fn probe(pin_dir: &Path) -> Result<(), EbpfError> {
         persistent: false,
         max_pods: interceptor_common::MAX_PODS,
     })?;
-    let pod_lookup = PodLookupLoader::new(pin_dir)
+    let pod_lookup = PodLookupLoader::new(pin_dir, attached.loopback_by_ifindex())
         .and_then(|loader| loader.load(NetnsCookie(0), PodSlot(0)))
         .map_err(EbpfError::PodLookup)?;
     drop((pod_lookup, maps, attached));
     Ok(())
+}
+
+/// Whether one program variant loads (verifies) on this kernel.
+#[derive(Clone, Debug, Serialize)]
+pub struct VariantLoad {
+    pub hook: &'static str,
+    pub program: &'static str,
+    pub variant: &'static str,
+    /// The verifier's (or the kernel's) reason, when it refused it: the last lines of its log.
+    pub refused: Option<String>,
+}
+
+/// Loads every variant of every program, whatever this kernel's features, on throwaway maps in
+/// `pin_dir`: what `interceptor kernel` and the kernel matrix report.
+pub(super) fn load_every_variant(pin_dir: &Path) -> Result<Vec<VariantLoad>, EbpfError> {
+    let mut ebpf = loader(pin_dir)
+        .map_max_entries(names::MAP_CONNECTING, 1)
+        .map_max_entries(names::MAP_PENDING, 1)
+        .load(OBJECT)?;
+    Ok(variants::VARIANTS
+        .iter()
+        .map(|variant| {
+            let name = variant.program;
+            let loaded = match variant.hook {
+                Hook::Connect4 | Hook::Connect6 | Hook::PeerName4 | Hook::PeerName6 => {
+                    program::<CgroupSockAddr>(&mut ebpf, name).map(|p| p.load())
+                }
+                Hook::SockOps => program::<SockOps>(&mut ebpf, name).map(|p| p.load()),
+                Hook::GetSockopt => program::<CgroupSockopt>(&mut ebpf, name).map(|p| p.load()),
+                Hook::SkLookup => program::<SkLookup>(&mut ebpf, name).map(|p| p.load()),
+            };
+            let refused = match loaded {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(verifier_reason(&EbpfError::Program { name, source: e })),
+                Err(e) => Some(e.to_string()),
+            };
+            VariantLoad {
+                hook: variant.hook.describe(),
+                program: name,
+                variant: variant.name,
+                refused,
+            }
+        })
+        .collect())
+}
+
+/// The end of a refusal's message, where the verifier says what it refused.
+fn verifier_reason(error: &EbpfError) -> String {
+    let text = format!("{error:#}");
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("processed ") && !l.starts_with("verification time"))
+        .collect();
+    lines[lines.len().saturating_sub(3)..].join(" | ")
 }
 
 /// Refuses maps pinned in `pin_dir` that are not the maps the object declares (another type,

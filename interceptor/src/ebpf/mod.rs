@@ -3,6 +3,7 @@
 //! agent) both go through [`EbpfNode`].
 use interceptor_common::NetnsCookie;
 mod encode;
+pub mod features;
 mod inbound;
 mod kernel_log;
 mod links;
@@ -11,6 +12,7 @@ mod loader;
 mod maps;
 mod pod_lookup;
 mod pods;
+pub mod variants;
 
 use std::{
     net::IpAddr,
@@ -20,7 +22,7 @@ use std::{
 use aya::{maps::MapError, programs::ProgramError};
 use interceptor_common::counters::{COUNTERS_PER_POD, Decision};
 pub use links::{LinkProblem, PinError, remove_ours};
-pub use loader::ProgramState;
+pub use loader::{ProgramState, VariantLoad, pinned_programs};
 pub use pods::{FillLevels, InMaps, PodRegistry, read_counters};
 
 use crate::config::InterceptionConfig;
@@ -71,6 +73,10 @@ pub enum EbpfError {
     Netns(#[from] crate::netns::NetnsError),
     #[error(transparent)]
     Pin(#[from] links::PinError),
+    #[error(
+        "the eBPF programs cannot run on this kernel: {0}. Use --mode iptables (or auto, which falls back to it)"
+    )]
+    Unsupported(String),
     #[error("a pod's sk_lookup program: {0}")]
     PodLookup(std::io::Error),
     #[error("pod with netns cookie {0} is already registered")]
@@ -174,8 +180,9 @@ impl LoadOptions {
     }
 }
 
-/// Whether the eBPF backend can work here: every program loads and verifies, the shared maps can
-/// be created and pinned, and namespace cookies can be read (Linux 5.14). Nothing is attached.
+/// Whether the eBPF backend can work here: each hook has a program variant this kernel offers
+/// what it needs (`variants`), which loads and verifies, the shared maps can be created and
+/// pinned, and namespace cookies can be read (Linux 5.14). Nothing is attached.
 pub fn probe() -> Result<(), String> {
     let bpffs = Path::new(crate::bpffs::BPFFS_ROOT);
     crate::bpffs::ensure_bpffs(bpffs).map_err(|e| e.to_string())?;
@@ -189,11 +196,27 @@ pub fn probe() -> Result<(), String> {
         let _ = std::fs::remove_file(pin_dir.join(name));
     }
     let _ = std::fs::remove_dir(&pin_dir);
-    result?;
-    crate::netns::PodNetns::open(Path::new("/proc/self/ns/net"))
-        .and_then(|ns| ns.cookie())
-        .map(drop)
-        .map_err(|e| e.to_string())
+    result
+}
+
+/// Loads every program variant on throwaway maps and says which the kernel refuses, and why.
+pub fn load_every_variant() -> Result<Vec<VariantLoad>, EbpfError> {
+    let bpffs = Path::new(crate::bpffs::BPFFS_ROOT);
+    crate::bpffs::ensure_bpffs(bpffs).map_err(|e| EbpfError::PinDir {
+        path: bpffs.to_owned(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    let pin_dir = bpffs
+        .join("interceptor-probe")
+        .join(format!("variants-{}", std::process::id()));
+    std::fs::create_dir_all(&pin_dir).map_err(|source| EbpfError::PinDir {
+        path: pin_dir.clone(),
+        source,
+    })?;
+    let result = loader::load_every_variant(&pin_dir);
+    crate::state::remove_pins(&pin_dir);
+    let _ = std::fs::remove_dir(&pin_dir);
+    result
 }
 
 /// The programs loaded and attached once for a node, and the pods they serve. Dropping it
@@ -213,10 +236,8 @@ impl EbpfNode {
             source,
         })?;
         let loaded = loader::Attached::load(&options).and_then(|(attached, maps)| {
-            Ok(Self {
-                attached,
-                pods: PodRegistry::new(maps, &options)?,
-            })
+            let pods = PodRegistry::new(maps, &options, attached.loopback_by_ifindex())?;
+            Ok(Self { attached, pods })
         });
         // The maps are pinned as they are created, before a program the verifier refuses: a
         // process that pinned them for itself alone takes them away again, as dropping the

@@ -95,7 +95,37 @@ struct Maps {
 /// 32: r0 = SK_DROP                 ; it is not: refuse rather than let the app be reached
 /// 33: exit                         ;   around the proxy
 /// ```
-fn instructions(maps: &Maps, netns_cookie: NetnsCookie, slot: PodSlot) -> Vec<Insn> {
+///
+/// Without `loopback_by_ifindex` (kernels before 5.17 have no `ingress_ifindex` in the context,
+/// and the verifier refuses the read) it is instructions 16 to 33: the shared program tells
+/// loopback by the source address.
+fn instructions(
+    maps: &Maps,
+    netns_cookie: NetnsCookie,
+    slot: PodSlot,
+    loopback_by_ifindex: bool,
+) -> Vec<Insn> {
+    let mut prog = Vec::new();
+    if loopback_by_ifindex {
+        prog.extend(let_loopback_through(maps, slot));
+    }
+    prog.push(insn(0xbf, 6, 1, 0, 0));
+    prog.extend(lookup_u32(maps.lookup_pod, 0));
+    prog.push(insn(0x15, 0, 0, 8, 0));
+    prog.extend(ld_imm64(1, 0, netns_cookie.0));
+    prog.extend([insn(0x7b, 0, 1, 0, 0), insn(0xbf, 1, 6, 0, 0)]);
+    prog.extend(ld_imm64(2, PSEUDO_MAP_FD, maps.programs as u32 as u64));
+    prog.extend([
+        insn(0xb7, 3, 0, 0, 0),
+        insn(0x85, 0, 0, 0, BPF_FUNC_TAIL_CALL),
+        insn(0xb7, 0, 0, 0, SK_DROP),
+        insn(0x95, 0, 0, 0, 0),
+    ]);
+    prog
+}
+
+/// Instructions 0 to 15 above.
+fn let_loopback_through(maps: &Maps, slot: PodSlot) -> Vec<Insn> {
     let from_pod = (Decision::InboundFromPod as usize * size_of::<u64>()) as i16;
     let mut prog = vec![
         insn(0x61, 2, 1, sk_lookup_ctx::INGRESS_IFINDEX, 0),
@@ -112,18 +142,6 @@ fn instructions(maps: &Maps, netns_cookie: NetnsCookie, slot: PodSlot) -> Vec<In
         insn(0xb7, 0, 0, 0, SK_PASS),
         insn(0x95, 0, 0, 0, 0),
     ]);
-    prog.push(insn(0xbf, 6, 1, 0, 0));
-    prog.extend(lookup_u32(maps.lookup_pod, 0));
-    prog.push(insn(0x15, 0, 0, 8, 0));
-    prog.extend(ld_imm64(1, 0, netns_cookie.0));
-    prog.extend([insn(0x7b, 0, 1, 0, 0), insn(0xbf, 1, 6, 0, 0)]);
-    prog.extend(ld_imm64(2, PSEUDO_MAP_FD, maps.programs as u32 as u64));
-    prog.extend([
-        insn(0xb7, 3, 0, 0, 0),
-        insn(0x85, 0, 0, 0, BPF_FUNC_TAIL_CALL),
-        insn(0xb7, 0, 0, 0, SK_DROP),
-        insn(0x95, 0, 0, 0, 0),
-    ]);
     prog
 }
 
@@ -133,10 +151,13 @@ pub(super) struct PodLookupLoader {
     lookup_pod: OwnedFd,
     programs: OwnedFd,
     counters: OwnedFd,
+    /// Whether the kernel's sk_lookup context has `ingress_ifindex` (and the shared program
+    /// uses it).
+    loopback_by_ifindex: bool,
 }
 
 impl PodLookupLoader {
-    pub(super) fn new(pin_dir: &Path) -> io::Result<Self> {
+    pub(super) fn new(pin_dir: &Path, loopback_by_ifindex: bool) -> io::Result<Self> {
         let open = |name: &str| {
             let path = pin_dir.join(name);
             interceptor_sys::obj_get(&path)?.ok_or_else(|| {
@@ -150,7 +171,18 @@ impl PodLookupLoader {
             lookup_pod: open(names::MAP_LOOKUP_POD)?,
             programs: open(names::MAP_SK_LOOKUP_PROG)?,
             counters: open(names::MAP_COUNTERS)?,
+            loopback_by_ifindex,
         })
+    }
+
+    /// Which program it loads: `ifindex` lets loopback through itself, `address` leaves that to
+    /// the shared program.
+    pub(super) fn variant(&self) -> &'static str {
+        if self.loopback_by_ifindex {
+            "ifindex"
+        } else {
+            "address"
+        }
     }
 
     /// Loads (and so verifies) the lookup program of the pod with `netns_cookie`, whose counters
@@ -161,7 +193,7 @@ impl PodLookupLoader {
             programs: self.programs.as_raw_fd(),
             counters: self.counters.as_raw_fd(),
         };
-        let insns = instructions(&maps, netns_cookie, slot);
+        let insns = instructions(&maps, netns_cookie, slot, self.loopback_by_ifindex);
         interceptor_sys::prog_load(&ProgLoad {
             prog_type: bpf_prog_type::BPF_PROG_TYPE_SK_LOOKUP,
             expected_attach_type: Some(bpf_attach_type::BPF_SK_LOOKUP),
@@ -188,7 +220,25 @@ mod tests {
     };
 
     fn program() -> Vec<Insn> {
-        instructions(&MAPS, NetnsCookie(0x1122_3344_5566_7788), PodSlot(7))
+        instructions(&MAPS, NetnsCookie(0x1122_3344_5566_7788), PodSlot(7), true)
+    }
+
+    #[test]
+    fn without_ingress_ifindex_it_is_the_tail_call_alone() {
+        let with = program();
+        let without = instructions(&MAPS, NetnsCookie(0x1122_3344_5566_7788), PodSlot(7), false);
+        assert_eq!(without.len(), 18);
+        let same = |a: &Insn, b: &Insn| {
+            (a.code, a.dst_reg(), a.src_reg(), a.off, a.imm)
+                == (b.code, b.dst_reg(), b.src_reg(), b.off, b.imm)
+        };
+        assert!(with[16..].iter().zip(&without).all(|(a, b)| same(a, b)));
+        assert!(
+            without
+                .iter()
+                .all(|i| !(i.code == 0x61 && i.off == sk_lookup_ctx::INGRESS_IFINDEX)),
+            "reads no ingress_ifindex"
+        );
     }
 
     /// Where the conditional jump at `at` goes when taken.

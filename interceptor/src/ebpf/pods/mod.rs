@@ -133,7 +133,13 @@ pub struct PodRegistry {
 }
 
 impl PodRegistry {
-    pub(super) fn new(maps: PodMaps, options: &LoadOptions) -> Result<Self, EbpfError> {
+    /// `loopback_by_ifindex`: whether pods' own sk_lookup programs may read `ingress_ifindex`
+    /// (see `pod_lookup`).
+    pub(super) fn new(
+        maps: PodMaps,
+        options: &LoadOptions,
+        loopback_by_ifindex: bool,
+    ) -> Result<Self, EbpfError> {
         let subnet_entries = maps.subnets.keys().filter(Result::is_ok).count();
         Ok(Self {
             maps,
@@ -142,7 +148,7 @@ impl PodRegistry {
             links_dir: options.links_dir.clone(),
             persistent: options.persistent,
             max_pods: options.max_pods.min(MAX_PODS),
-            pod_lookup: PodLookupLoader::new(&options.pin_dir).map_err(EbpfError::PodLookup)?,
+            pod_lookup: PodLookupLoader::new(&options.pin_dir, loopback_by_ifindex).map_err(EbpfError::PodLookup)?,
             subnet_entries,
         })
     }

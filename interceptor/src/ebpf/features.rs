@@ -1,0 +1,234 @@
+//! What this kernel offers the programs, probed once per process by loading a few instructions
+//! that use each feature (as `bpftool feature probe` does), never guessed from a version:
+//! distributions backport features, and RHEL 9's 5.14 is not upstream's 5.14.
+//!
+//! `INTERCEPTOR_KERNEL_FEATURES` takes features away for tests: `-atomics,-ingress_ifindex`
+//! makes the loader act as on a kernel without them (it picks the variants made for such
+//! kernels), `-all` takes away every feature a variant can do without. It can only take away,
+//! never pretend a feature is there.
+use std::{collections::BTreeSet, fmt, sync::OnceLock};
+
+use interceptor_sys::{ProgLoad, bpf_attach_type, bpf_insn as Insn, bpf_prog_type, insn};
+use serde::{Deserialize, Serialize};
+
+/// The variable that takes features away (tests, and a user working around a kernel bug).
+pub const FEATURES_ENV: &str = "INTERCEPTOR_KERNEL_FEATURES";
+
+/// A kernel feature the programs use, with the upstream version that brought it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Feature {
+    /// BPF compare-and-exchange and exchange (`BPF_ATOMIC`, Linux 5.12): the slot arrays.
+    Atomics,
+    /// `bpf_sk_lookup.ingress_ifindex` (Linux 5.17): loopback told by the interface.
+    IngressIfindex,
+    /// `bpf_get_netns_cookie` in sock_ops (Linux 5.15): which pod a connection is in.
+    NetnsCookieSockops,
+    /// `bpf_get_netns_cookie` in cgroup/getsockopt (Linux 5.15): which pod asks.
+    NetnsCookieGetsockopt,
+    /// `getsockopt(SO_NETNS_COOKIE)` (Linux 5.14): the agent learns a pod's key.
+    SoNetnsCookie,
+}
+
+impl Feature {
+    pub const ALL: [Feature; 5] = [
+        Feature::Atomics,
+        Feature::IngressIfindex,
+        Feature::NetnsCookieSockops,
+        Feature::NetnsCookieGetsockopt,
+        Feature::SoNetnsCookie,
+    ];
+
+    /// The features some program variant does without (what `-all` takes away).
+    pub const OPTIONAL: [Feature; 2] = [Feature::Atomics, Feature::IngressIfindex];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Feature::Atomics => "atomics",
+            Feature::IngressIfindex => "ingress_ifindex",
+            Feature::NetnsCookieSockops => "netns_cookie_sockops",
+            Feature::NetnsCookieGetsockopt => "netns_cookie_getsockopt",
+            Feature::SoNetnsCookie => "so_netns_cookie",
+        }
+    }
+
+    /// What it is, for users: names the upstream kernel that brought it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Feature::Atomics => "BPF atomic compare-and-exchange (Linux 5.12)",
+            Feature::IngressIfindex => "the sk_lookup context's ingress_ifindex (Linux 5.17)",
+            Feature::NetnsCookieSockops => "bpf_get_netns_cookie in sock_ops (Linux 5.15)",
+            Feature::NetnsCookieGetsockopt => {
+                "bpf_get_netns_cookie in cgroup/getsockopt (Linux 5.15)"
+            }
+            Feature::SoNetnsCookie => "the SO_NETNS_COOKIE socket option (Linux 5.14)",
+        }
+    }
+
+    fn probe(self) -> bool {
+        match self {
+            Feature::Atomics => loads(
+                bpf_prog_type::BPF_PROG_TYPE_SOCKET_FILTER,
+                None,
+                &compare_exchange_on_stack(),
+            ),
+            Feature::IngressIfindex => loads(
+                bpf_prog_type::BPF_PROG_TYPE_SK_LOOKUP,
+                Some(bpf_attach_type::BPF_SK_LOOKUP),
+                &[
+                    insn(0x61, 2, 1, interceptor_common::sk_lookup_ctx::INGRESS_IFINDEX, 0),
+                    insn(0xb7, 0, 0, 0, 1),
+                    insn(0x95, 0, 0, 0, 0),
+                ],
+            ),
+            Feature::NetnsCookieSockops => loads(
+                bpf_prog_type::BPF_PROG_TYPE_SOCK_OPS,
+                None,
+                &netns_cookie_of_ctx(),
+            ),
+            Feature::NetnsCookieGetsockopt => loads(
+                bpf_prog_type::BPF_PROG_TYPE_CGROUP_SOCKOPT,
+                Some(bpf_attach_type::BPF_CGROUP_GETSOCKOPT),
+                &netns_cookie_of_ctx(),
+            ),
+            Feature::SoNetnsCookie => {
+                crate::netns::PodNetns::open(std::path::Path::new("/proc/self/ns/net"))
+                    .and_then(|ns| ns.cookie())
+                    .is_ok()
+            }
+        }
+    }
+}
+
+impl fmt::Display for Feature {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The features of this kernel, less those taken away by [`FEATURES_ENV`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelFeatures {
+    /// What the probes found.
+    pub probed: BTreeSet<Feature>,
+    /// Taken away by [`FEATURES_ENV`].
+    pub taken_away: BTreeSet<Feature>,
+}
+
+impl KernelFeatures {
+    /// This kernel's, probed on first use.
+    pub fn get() -> &'static KernelFeatures {
+        static FEATURES: OnceLock<KernelFeatures> = OnceLock::new();
+        FEATURES.get_or_init(|| {
+            let probed = Feature::ALL.into_iter().filter(|f| f.probe()).collect();
+            let taken_away = match std::env::var(FEATURES_ENV) {
+                Ok(value) => taken_away(&value).unwrap_or_else(|e| {
+                    tracing::warn!(variable = FEATURES_ENV, %value, error = %e, "ignored");
+                    BTreeSet::new()
+                }),
+                Err(_) => BTreeSet::new(),
+            };
+            KernelFeatures { probed, taken_away }
+        })
+    }
+
+    pub fn has(&self, feature: Feature) -> bool {
+        self.probed.contains(&feature) && !self.taken_away.contains(&feature)
+    }
+
+    /// Why `feature` is missing, for a log line or `status`.
+    pub fn why_missing(&self, feature: Feature) -> String {
+        if self.probed.contains(&feature) {
+            format!("{} taken away by {FEATURES_ENV}", feature.describe())
+        } else {
+            format!("this kernel has no {}", feature.describe())
+        }
+    }
+}
+
+/// Parses `-a,-b` or `-all`.
+fn taken_away(value: &str) -> Result<BTreeSet<Feature>, String> {
+    let mut away = BTreeSet::new();
+    for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let name = item.strip_prefix('-').ok_or_else(|| {
+            format!("{item:?}: features can only be taken away, as -{item}")
+        })?;
+        if name == "all" {
+            away.extend(Feature::OPTIONAL);
+            continue;
+        }
+        let feature = Feature::ALL
+            .into_iter()
+            .find(|f| f.name() == name)
+            .ok_or_else(|| {
+                let known: Vec<_> = Feature::ALL.iter().map(|f| f.name()).collect();
+                format!("{name:?} is not a feature; known: all, {}", known.join(", "))
+            })?;
+        away.insert(feature);
+    }
+    Ok(away)
+}
+
+fn loads(prog_type: bpf_prog_type, attach: Option<bpf_attach_type>, insns: &[Insn]) -> bool {
+    interceptor_sys::prog_load(&ProgLoad {
+        prog_type,
+        expected_attach_type: attach,
+        name: "icpt_probe",
+        insns,
+        license: c"GPL",
+    })
+    .is_ok()
+}
+
+/// `*(u64 *)(r10 - 8) = 0; r0 = 0; r0 = cmpxchg(r10 - 8, r0, r1); r0 = 0; exit`: before 5.12 the
+/// verifier refuses the atomic's `imm` ("BPF_STX uses reserved fields").
+fn compare_exchange_on_stack() -> [Insn; 6] {
+    const BPF_CMPXCHG: i32 = 0xf0 | 0x01;
+    [
+        insn(0x7a, 10, 0, -8, 0),
+        insn(0xb7, 0, 0, 0, 0),
+        insn(0xb7, 1, 0, 0, 1),
+        insn(0xdb, 10, 1, -8, BPF_CMPXCHG),
+        insn(0xb7, 0, 0, 0, 0),
+        insn(0x95, 0, 0, 0, 0),
+    ]
+}
+
+/// `call bpf_get_netns_cookie(ctx); r0 = 1; exit`: "unknown func bpf_get_netns_cookie#122"
+/// where the program type may not call it.
+fn netns_cookie_of_ctx() -> [Insn; 3] {
+    const BPF_FUNC_GET_NETNS_COOKIE: i32 = 122;
+    [
+        insn(0x85, 0, 0, 0, BPF_FUNC_GET_NETNS_COOKIE),
+        insn(0xb7, 0, 0, 0, 1),
+        insn(0x95, 0, 0, 0, 0),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn features_are_taken_away_by_name_or_all() {
+        assert_eq!(
+            taken_away("-atomics, -ingress_ifindex").unwrap(),
+            BTreeSet::from([Feature::Atomics, Feature::IngressIfindex])
+        );
+        assert_eq!(
+            taken_away("-all").unwrap(),
+            BTreeSet::from(Feature::OPTIONAL)
+        );
+        assert_eq!(taken_away("").unwrap(), BTreeSet::new());
+        assert!(taken_away("atomics").unwrap_err().contains("-atomics"));
+        assert!(taken_away("-atomic").unwrap_err().contains("known: all, atomics"));
+    }
+
+    #[test]
+    fn names_round_trip_through_serde() {
+        for feature in Feature::ALL {
+            let json = serde_json::to_string(&feature).unwrap();
+            assert_eq!(json, format!("\"{}\"", feature.name()));
+        }
+    }
+}
