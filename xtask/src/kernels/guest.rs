@@ -27,9 +27,10 @@ pub struct GuestCommand {
     pub timeout: Duration,
 }
 
-/// How each command ended, by slug: its exit status, or `None` if the guest never got to it.
+/// How each command ended, by slug: its exit status (`None` if the guest never got to it) and
+/// how long it ran.
 pub struct GuestResult {
-    pub statuses: Vec<(String, Option<i32>)>,
+    pub statuses: Vec<(String, Option<i32>, u64)>,
     pub elapsed: Duration,
 }
 
@@ -100,11 +101,17 @@ pub fn run(
     let statuses = commands
         .iter()
         .map(|c| {
-            let status = recorded.lines().find_map(|line| {
-                let (slug, code) = line.split_once(' ')?;
-                (slug == c.slug).then(|| code.trim().parse().ok())?
+            let ended = recorded.lines().find_map(|line| {
+                let mut fields = line.split_whitespace();
+                (fields.next()? == c.slug).then_some(())?;
+                let code = fields.next()?.parse().ok()?;
+                Some((code, fields.next()?.parse().ok()?))
             });
-            (c.slug.clone(), status)
+            (
+                c.slug.clone(),
+                ended.map(|(code, _)| code),
+                ended.map_or(0, |(_, secs)| secs),
+            )
         })
         .collect::<Vec<_>>();
     ensure!(
@@ -139,7 +146,7 @@ uname -r > {dir}/ready
         let args: String = c.args.iter().map(|a| format!(" {}", quote(a))).collect();
         let _ = writeln!(
             script,
-            "env {env}timeout -s KILL {secs} {binary}{args} > {dir}/{slug}.log 2>&1; echo \"{slug} $?\" >> {dir}/status",
+            "start=$(date +%s); env {env}timeout -s KILL {secs} {binary}{args} > {dir}/{slug}.log 2>&1; echo \"{slug} $? $(($(date +%s) - start))\" >> {dir}/status",
             secs = c.timeout.as_secs(),
             binary = quote(&c.binary.display().to_string()),
             slug = c.slug,

@@ -170,12 +170,12 @@ fn run_kernel(
             Some((slug, listed)) => {
                 let log =
                     std::fs::read_to_string(dir.join(format!("{slug}.log"))).unwrap_or_default();
-                let status = result
+                let (status, secs) = result
                     .statuses
                     .iter()
-                    .find(|(s, _)| *s == slug)
-                    .and_then(|(_, status)| *status);
-                report.from_log(&log, &listed, status)
+                    .find(|(s, _, _)| *s == slug)
+                    .map_or((None, 0), |(_, status, secs)| (*status, *secs));
+                report.from_log(&log, &listed, status, secs)
             }
         })
         .collect();
@@ -205,25 +205,20 @@ fn list_tests(binary: &Path, filters: &[String]) -> anyhow::Result<Vec<String>> 
         .collect())
 }
 
-/// Builds the workspace's binaries (the tests run them beside themselves) and the kernel tests;
-/// returns the tests' executables by target name, from cargo's JSON messages.
+/// Builds the kernel tests and the binaries they run beside themselves, as `cargo xtask test`
+/// builds them (the same command: nothing is rebuilt after the host tests); returns the tests'
+/// executables by target name, from cargo's JSON messages.
 fn build_test_binaries(path: &OsString) -> anyhow::Result<HashMap<String, PathBuf>> {
-    cmd::run(
-        cmd::cargo()
-            .current_dir(workspace_root())
-            .args([
-                "build",
-                "--workspace",
-                "--exclude",
-                "interceptor-ebpf",
-                "--bins",
-            ])
-            .env("PATH", path),
-    )?;
     let messages = cmd::output(
         cmd::cargo()
             .current_dir(workspace_root())
-            .args(["test", "-p", "interceptor-tests", "--no-run"])
+            .args([
+                "test",
+                "--workspace",
+                "--exclude",
+                "interceptor-ebpf",
+                "--no-run",
+            ])
             .args(["--message-format", "json-render-diagnostics"])
             .env("PATH", path),
     )
@@ -234,11 +229,14 @@ fn build_test_binaries(path: &OsString) -> anyhow::Result<HashMap<String, PathBu
             continue;
         };
         let target = &message["target"];
-        let is_test = target["kind"]
-            .as_array()
-            .is_some_and(|kinds| kinds.iter().any(|k| k == "test"));
+        let is_kernel_test = message["package_id"]
+            .as_str()
+            .is_some_and(|id| id.contains("#interceptor-tests@"))
+            && target["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|k| k == "test"));
         if message["reason"] == "compiler-artifact"
-            && is_test
+            && is_kernel_test
             && let (Some(name), Some(executable)) =
                 (target["name"].as_str(), message["executable"].as_str())
         {

@@ -26,6 +26,8 @@ pub struct RunReport {
     pub ignored: u32,
     /// Tests that failed, or never finished (`timed out`), each with the first lines of why.
     pub failures: Vec<Failure>,
+    /// How long the binary ran in the guest.
+    pub secs: u64,
     /// Set when the binary did not run to its end (killed at its timeout, guest stopped).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub incomplete: Option<String>,
@@ -67,6 +69,7 @@ impl RunReport {
             expectation: label,
             reason,
             ran: false,
+            secs: 0,
             passed: 0,
             failed: 0,
             ignored: 0,
@@ -77,8 +80,15 @@ impl RunReport {
     }
 
     /// A run from its log, given the tests it was to run (`--list`) and its exit status.
-    pub fn from_log(mut self, log: &str, listed: &[String], status: Option<i32>) -> Self {
+    pub fn from_log(
+        mut self,
+        log: &str,
+        listed: &[String],
+        status: Option<i32>,
+        secs: u64,
+    ) -> Self {
         self.ran = true;
+        self.secs = secs;
         let mut finished = Vec::new();
         for line in log.lines() {
             if let Some(rest) = line.strip_prefix("test ") {
@@ -136,21 +146,31 @@ pub fn describe(expectation: &Expectation) -> (&'static str, Option<&'static str
     }
 }
 
-/// The first lines of a failed test's output: its panic message (a verifier's rejection is in
-/// it), from libtest's `---- <test> stdout ----` section.
+/// Why a test failed, from libtest's `---- <test> stdout ----` section: the panic's first
+/// lines and, for a program the verifier rejected, the verifier's verdict (the line before its
+/// `verification time` line) rather than the whole log.
 fn why_it_failed(log: &str, test: &str) -> String {
     let header = format!("---- {test} stdout ----");
     let Some(start) = log.find(&header) else {
         return String::new();
     };
-    log[start + header.len()..]
+    let section: Vec<&str> = log[start + header.len()..]
         .lines()
-        .skip_while(|line| line.trim().is_empty())
         .take_while(|line| !line.starts_with("---- ") && !line.starts_with("note: run with"))
         .filter(|line| !line.trim().is_empty())
-        .take(8)
-        .collect::<Vec<_>>()
-        .join("\n")
+        .collect();
+    let verdict = section
+        .iter()
+        .position(|line| line.starts_with("verification time"))
+        .and_then(|at| at.checked_sub(1))
+        .map(|at| section[at]);
+    let mut why: Vec<&str> = section
+        .iter()
+        .take(if verdict.is_some() { 2 } else { 8 })
+        .copied()
+        .collect();
+    why.extend(verdict);
+    why.join("\n")
 }
 
 /// The table at the end of the output: kernel, run, counts.
@@ -158,8 +178,8 @@ pub fn table(kernels: &[KernelReport]) -> String {
     let mut out = String::from("\nkernel matrix:\n");
     let _ = writeln!(
         out,
-        "{:<22} {:<58} {:>6} {:>6} {:>7}  note",
-        "kernel", "test binary", "passed", "failed", "ignored"
+        "{:<22} {:<58} {:>6} {:>6} {:>7} {:>5}  note",
+        "kernel", "test binary", "passed", "failed", "ignored", "secs"
     );
     for kernel in kernels {
         let name = format!("{} ({}s)", kernel.release, kernel.guest_secs);
@@ -173,8 +193,8 @@ pub fn table(kernels: &[KernelReport]) -> String {
             };
             let _ = writeln!(
                 out,
-                "{name:<22} {:<58} {:>6} {:>6} {:>7}  {note}",
-                run.run, run.passed, run.failed, run.ignored
+                "{name:<22} {:<58} {:>6} {:>6} {:>7} {:>5}  {note}",
+                run.run, run.passed, run.failed, run.ignored, run.secs
             );
         }
     }
@@ -197,10 +217,15 @@ mod tests {
     #[test]
     fn a_finished_log_gives_counts_and_why_tests_failed() {
         let log = "running 3 tests\ntest a ... ok\ntest b ... FAILED\ntest c ... ignored, slow\nvariant: connect4 cmpxchg loaded\n\nfailures:\n\n---- b stdout ----\nthread 'b' panicked at tests/tests/x.rs:3:5:\nverifier: R1 unbounded memory access\nnote: run with `RUST_BACKTRACE=1`\n\ntest result: FAILED. 1 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out\n";
-        let run = report().from_log(log, &[], Some(101));
+        let run = report().from_log(log, &[], Some(101), 1);
         assert_eq!((run.passed, run.failed, run.ignored), (1, 1, 1));
         assert_eq!(run.failures[0].test, "b");
         assert!(run.failures[0].why.contains("unbounded memory access"));
+        let verifier = "---- v stdout ----\nthread 'v' panicked at x.rs:1:1:\nload eBPF: loading program p\n0: (bf) r6 = r1\n461: (71) r3 = *(u8 *)(r4 +536)\nR4 unbounded memory access, make sure to bounds check any such access\nverification time 21923 usec\nstack depth 88\n\n";
+        assert_eq!(
+            why_it_failed(verifier, "v"),
+            "thread 'v' panicked at x.rs:1:1:\nload eBPF: loading program p\nR4 unbounded memory access, make sure to bounds check any such access"
+        );
         assert_eq!(run.variants, ["variant: connect4 cmpxchg loaded"]);
         assert!(run.incomplete.is_none() && run.is_failure());
     }
@@ -208,7 +233,7 @@ mod tests {
     #[test]
     fn a_killed_run_fails_the_tests_it_never_finished() {
         let listed = ["a".to_owned(), "b".to_owned()];
-        let run = report().from_log("running 2 tests\ntest a ... ok\n", &listed, Some(137));
+        let run = report().from_log("running 2 tests\ntest a ... ok\n", &listed, Some(137), 1);
         assert_eq!((run.passed, run.failed), (1, 1));
         assert_eq!(run.failures[0].test, "b");
         assert_eq!(run.incomplete.as_deref(), Some("killed at its timeout"));
