@@ -226,10 +226,11 @@ impl Apt {
         resolved: &Resolved,
         kernels_dir: &Path,
     ) -> anyhow::Result<Kernel> {
-        let root = kernels_dir.join(format!("{}_{}", resolved.package, resolved.version));
+        let name = format!("{}_{}", resolved.package, resolved.version);
+        let root = kernels_dir.join(&name);
         if !root.join(".complete").exists() {
             let debs = self.download(resolved)?;
-            let partial = root.with_extension("partial");
+            let partial = kernels_dir.join(format!("{name}.partial"));
             let _ = fs::remove_dir_all(&partial);
             fs::create_dir_all(&partial)?;
             for deb in &debs {

@@ -175,7 +175,7 @@ fn run_kernel(
                     .iter()
                     .find(|(s, _, _)| *s == slug)
                     .map_or((None, 0), |(_, status, secs)| (*status, *secs));
-                report.from_log(&log, &listed, status, secs)
+                report.with_log(&log, &listed, status, secs)
             }
         })
         .collect();

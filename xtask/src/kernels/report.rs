@@ -80,7 +80,7 @@ impl RunReport {
     }
 
     /// A run from its log, given the tests it was to run (`--list`) and its exit status.
-    pub fn from_log(
+    pub fn with_log(
         mut self,
         log: &str,
         listed: &[String],
@@ -217,7 +217,7 @@ mod tests {
     #[test]
     fn a_finished_log_gives_counts_and_why_tests_failed() {
         let log = "running 3 tests\ntest a ... ok\ntest b ... FAILED\ntest c ... ignored, slow\nvariant: connect4 cmpxchg loaded\n\nfailures:\n\n---- b stdout ----\nthread 'b' panicked at tests/tests/x.rs:3:5:\nverifier: R1 unbounded memory access\nnote: run with `RUST_BACKTRACE=1`\n\ntest result: FAILED. 1 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out\n";
-        let run = report().from_log(log, &[], Some(101), 1);
+        let run = report().with_log(log, &[], Some(101), 1);
         assert_eq!((run.passed, run.failed, run.ignored), (1, 1, 1));
         assert_eq!(run.failures[0].test, "b");
         assert!(run.failures[0].why.contains("unbounded memory access"));
@@ -233,7 +233,7 @@ mod tests {
     #[test]
     fn a_killed_run_fails_the_tests_it_never_finished() {
         let listed = ["a".to_owned(), "b".to_owned()];
-        let run = report().from_log("running 2 tests\ntest a ... ok\n", &listed, Some(137), 1);
+        let run = report().with_log("running 2 tests\ntest a ... ok\n", &listed, Some(137), 1);
         assert_eq!((run.passed, run.failed), (1, 1));
         assert_eq!(run.failures[0].test, "b");
         assert_eq!(run.incomplete.as_deref(), Some("killed at its timeout"));
