@@ -7,6 +7,7 @@ use std::{
     ffi::OsString,
     fmt::Write as _,
     fs,
+    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -77,6 +78,9 @@ pub fn run(
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
+        // vng runs QEMU through a shell and virtme-run: a group of their own lets a guest that
+        // overruns be stopped whole.
+        .process_group(0)
         .spawn()
         .context("could not start vng (virtme-ng)")?;
     let deadline = BOOT_ALLOWANCE + commands.iter().map(|c| c.timeout).sum::<Duration>();
@@ -89,7 +93,9 @@ pub fn run(
                 "kernels: {} did not power off within {deadline:?}: stopping it",
                 kernel.release
             );
-            let _ = vng.kill();
+            let group = i32::try_from(vng.id()).expect("pids fit in i32");
+            // SAFETY: kill has no memory preconditions; the group is the one vng leads.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
             let _ = vng.wait();
             break;
         }
