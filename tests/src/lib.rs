@@ -50,3 +50,23 @@ pub fn unique_name(tag: &str) -> String {
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
 }
+
+/// Polls `read` until it returns `expected`, for up to 30 s (the kernel tests also run in slow
+/// emulated guests), then asserts with the last value read. For what the kernel does after the
+/// call that caused it returns, e.g. a map entry removed when a peer's close is processed.
+#[track_caller]
+pub fn eventually_eq<T: PartialEq + std::fmt::Debug>(
+    what: &str,
+    expected: T,
+    mut read: impl FnMut() -> T,
+) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let value = read();
+        if value == expected || std::time::Instant::now() > deadline {
+            assert_eq!(value, expected, "{what} (after waiting up to 30 s)");
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

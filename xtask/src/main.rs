@@ -2,6 +2,7 @@
 
 mod cmd;
 mod image;
+mod kernels;
 mod kit;
 mod setup;
 mod test;
@@ -30,6 +31,19 @@ enum Task {
         /// Passed to the test binaries, e.g. `cargo xtask test -- --test-threads 4`.
         #[arg(last = true)]
         test_args: Vec<OsString>,
+    },
+    /// Run the kernel tests in guests of Debian's kernels 5.10, 6.1, 6.12 and the newest in
+    /// trixie-backports, under QEMU (results in target/kernels/results.json). Needs root.
+    Kernels {
+        /// Also the runs beyond the load-and-behaviour core `cargo xtask test` runs.
+        #[arg(long)]
+        full: bool,
+        /// Only this series (5.10, 6.1, 6.12, newest); may be repeated.
+        #[arg(long = "kernel")]
+        series: Vec<String>,
+        /// libtest's --test-threads in each guest.
+        #[arg(long, default_value_t = 2)]
+        test_threads: u32,
     },
     /// Run setup, build, then a self-contained demo of interception on this machine
     /// (`tests/src/bin/demo.rs`). Needs root.
@@ -67,6 +81,19 @@ fn run(task: Task) -> anyhow::Result<()> {
             cargo_args,
             test_args,
         } => test::run(&cargo_args, &test_args),
+        Task::Kernels {
+            full,
+            series,
+            test_threads,
+        } => test::kernels(&kernels::Options {
+            scope: if full {
+                kernels::Scope::Full
+            } else {
+                kernels::Scope::Core
+            },
+            series,
+            test_threads,
+        }),
         Task::Demo => kit::run("demo", &[]),
         Task::Bench { args } => kit::run("bench", &args),
         Task::Image => image::build().map(drop),

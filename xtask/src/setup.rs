@@ -46,7 +46,7 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
 pub fn run() -> anyhow::Result<OsString> {
     let install_root = cargo_install_root()?;
     let path = path_with(&install_root.join("bin"))?;
-    debian_packages(&path)?;
+    debian_packages(DEBIAN_PACKAGES, &path)?;
     rust_src()?;
     bpf_linker(&install_root, &path)?;
     let validator = kubernetes_validate()?;
@@ -62,39 +62,44 @@ pub fn run() -> anyhow::Result<OsString> {
 /// Kubernetes 1.31, in a virtual environment of the workspace's (it validates offline: the
 /// schemas ship with it). Returns its `bin` directory.
 fn kubernetes_validate() -> anyhow::Result<PathBuf> {
-    const VERSION: &str = "1.31.0";
+    python_tool("kubernetes-validate", "kubernetes-validate", "1.31.0")
+}
+
+/// `package` at `version` from PyPI in a virtual environment of its own under `target/tools`,
+/// installed unless `bin/<command> --version` already reports that version. Returns its `bin`
+/// directory.
+pub fn python_tool(package: &str, command: &str, version: &str) -> anyhow::Result<PathBuf> {
     let venv = crate::workspace_root()
         .join("target")
         .join("tools")
-        .join("kubernetes-validate");
+        .join(package);
     let bin = venv.join("bin");
-    let installed = Command::new(bin.join("kubernetes-validate"))
+    let installed = Command::new(bin.join(command))
         .arg("--version")
         .output()
-        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains(VERSION));
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains(version));
     if installed {
-        println!("kubernetes-validate {VERSION}: present");
+        println!("{package} {version}: present");
         return Ok(bin);
     }
-    println!(
-        "kubernetes-validate {VERSION}: installing into {}...",
-        venv.display()
-    );
-    cmd::run(Command::new("python3").args(["-m", "venv"]).arg(&venv)).context(
-        "creating a Python virtual environment (python3 -m venv) for kubernetes-validate",
-    )?;
+    println!("{package} {version}: installing into {}...", venv.display());
+    cmd::run(Command::new("python3").args(["-m", "venv"]).arg(&venv)).with_context(|| {
+        format!("creating a Python virtual environment (python3 -m venv) for {package}")
+    })?;
     cmd::run(
         Command::new(bin.join("pip"))
             .args(["install", "--quiet", "--disable-pip-version-check"])
-            .arg(format!("kubernetes-validate=={VERSION}")),
+            .arg(format!("{package}=={version}")),
     )
-    .context("installing kubernetes-validate from PyPI")?;
+    .with_context(|| format!("installing {package} from PyPI"))?;
     Ok(bin)
 }
 
-fn debian_packages(path: &OsStr) -> anyhow::Result<()> {
+/// Installs with apt-get the packages of `wanted` (binary on PATH or absolute path, Debian
+/// package) whose binary is missing.
+pub fn debian_packages(wanted: &[(&str, &str)], path: &OsStr) -> anyhow::Result<()> {
     let missing = |path| -> Vec<&str> {
-        DEBIAN_PACKAGES
+        wanted
             .iter()
             .map(|(bin, _)| *bin)
             .filter(|bin| {
@@ -108,11 +113,11 @@ fn debian_packages(path: &OsStr) -> anyhow::Result<()> {
     };
     let bins = missing(path);
     if bins.is_empty() {
-        let all: Vec<&str> = DEBIAN_PACKAGES.iter().map(|(bin, _)| *bin).collect();
+        let all: Vec<&str> = wanted.iter().map(|(bin, _)| *bin).collect();
         println!("{}: present", all.join(", "));
         return Ok(());
     }
-    let mut packages: Vec<&str> = DEBIAN_PACKAGES
+    let mut packages: Vec<&str> = wanted
         .iter()
         .filter(|(bin, _)| bins.contains(bin))
         .map(|(_, package)| *package)
@@ -302,12 +307,12 @@ fn path_with(bin: &Path) -> anyhow::Result<OsString> {
 }
 
 /// `path` with `dir` first.
-fn path_with_dir(dir: &Path, path: &OsStr) -> anyhow::Result<OsString> {
+pub fn path_with_dir(dir: &Path, path: &OsStr) -> anyhow::Result<OsString> {
     env::join_paths(std::iter::once(dir.to_owned()).chain(env::split_paths(path)))
         .with_context(|| format!("{} cannot go on PATH", dir.display()))
 }
 
-fn find_on_path(name: &str, path: &OsStr) -> Option<PathBuf> {
+pub fn find_on_path(name: &str, path: &OsStr) -> Option<PathBuf> {
     env::split_paths(path)
         .map(|dir| dir.join(name))
         .find(|file| {

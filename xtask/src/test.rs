@@ -4,15 +4,10 @@ use std::ffi::OsString;
 
 use anyhow::{Context as _, ensure};
 
-use crate::{cmd, setup, workspace_root};
+use crate::{cmd, kernels, setup, workspace_root};
 
 pub fn run(cargo_args: &[OsString], test_args: &[OsString]) -> anyhow::Result<()> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let euid = unsafe { libc::geteuid() };
-    ensure!(
-        euid == 0,
-        "the kernel tests need root: run as root, e.g. sudo -E cargo xtask test"
-    );
+    ensure_root()?;
     let path = setup::run()?;
     clippy(&path)?;
     // The tests load and run the image the DaemonSet runs.
@@ -23,15 +18,48 @@ pub fn run(cargo_args: &[OsString], test_args: &[OsString]) -> anyhow::Result<()
         // interceptor-ebpf only builds for the BPF target, through interceptor's build.rs.
         .args(["test", "--workspace", "--exclude", "interceptor-ebpf"])
         .args(cargo_args)
-        .env("PATH", path)
+        .env("PATH", &path)
         .env("INTERCEPTOR_IMAGE", image)
         // Turns every "skipped: not privileged" into a failure, so a green run means the
         // kernel tests really ran.
         .env("INTERCEPTOR_REQUIRE_PRIVILEGED", "1");
+    let filtered = !cargo_args.is_empty() || !test_args.is_empty();
     if !test_args.is_empty() {
         cargo_test.arg("--").args(test_args);
     }
-    cmd::run(&mut cargo_test).context("tests failed; the output above names them")
+    cmd::run(&mut cargo_test).context("tests failed; the output above names them")?;
+    if filtered {
+        println!("kernel matrix: skipped for a filtered run (`cargo xtask kernels` runs it)");
+        return Ok(());
+    }
+    kernels::run(
+        &path,
+        &kernels::Options {
+            scope: kernels::Scope::Core,
+            series: Vec::new(),
+            test_threads: DEFAULT_GUEST_TEST_THREADS,
+        },
+    )
+}
+
+/// `cargo xtask kernels`: the kernel matrix alone.
+pub fn kernels(options: &kernels::Options) -> anyhow::Result<()> {
+    ensure_root()?;
+    let path = setup::run()?;
+    kernels::run(&path, options)
+}
+
+/// libtest threads in a guest of two vCPUs.
+const DEFAULT_GUEST_TEST_THREADS: u32 = 2;
+
+fn ensure_root() -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    ensure!(
+        euid == 0,
+        "the kernel tests need root: run as root, e.g. sudo -E cargo xtask test"
+    );
+    Ok(())
 }
 
 /// Clippy with warnings as errors: the host crates, then the eBPF crate for its own target

@@ -1,0 +1,246 @@
+//! What the matrix runs in each guest: one table of test runs, each with what it needs of the
+//! kernel. A run a kernel cannot support is listed with the reason and reported, never dropped.
+
+/// The eBPF programs' kernel features, as `INTERCEPTOR_KERNEL_FEATURES` sets them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Features {
+    /// What the kernel offers: the programs' best variants.
+    Native,
+    /// `-all`: every feature forced off, so the fallback variants load and run.
+    AllOff,
+}
+
+impl Features {
+    pub fn env_value(self) -> Option<&'static str> {
+        match self {
+            Self::Native => None,
+            Self::AllOff => Some("-all"),
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Native => "native",
+            Self::AllOff => "-all",
+        }
+    }
+}
+
+/// Which command runs it: `cargo xtask test` runs the core on every kernel, `cargo xtask
+/// kernels --full` also the rest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Core,
+    Full,
+}
+
+/// What a run needs of the kernel.
+#[derive(Clone, Copy, Debug)]
+pub enum Needs {
+    /// Nothing beyond what every kernel of the matrix has (the iptables backend).
+    Any,
+    /// The eBPF programs load: SO_NETNS_COOKIE (5.14), `bpf_get_netns_cookie` in sockopt
+    /// programs (5.15) and the rest of the README's requirements.
+    Ebpf,
+}
+
+/// Minimum kernel of the eBPF backend, and why.
+const EBPF_MIN: (u32, u32) = (5, 15);
+const EBPF_REASON: &str = "the eBPF programs need 5.15 (SO_NETNS_COOKIE 5.14, bpf_get_netns_cookie in cgroup/getsockopt 5.15): only the iptables backend works here";
+
+pub struct TestRun {
+    /// The test target (`tests/tests/<binary>.rs`).
+    pub binary: &'static str,
+    /// libtest name filters (substrings; a test matching any runs); none: every test.
+    pub filters: &'static [&'static str],
+    /// libtest `--skip` filters: tests another run of the table covers.
+    pub skip: &'static [&'static str],
+    pub features: Features,
+    pub scope: Scope,
+    pub needs: Needs,
+    /// Runs on kernels it does not support too, for what it prints; its failures there are
+    /// expected.
+    pub informative: bool,
+    /// Built by another change: run only where the binary exists.
+    pub optional: bool,
+    /// Killed after this long in the guest (software emulation is about ten times slower).
+    pub timeout_secs: u64,
+}
+
+impl TestRun {
+    /// Names the run in reports: the binary, its filters' purpose, its features.
+    pub fn id(&self) -> String {
+        let mut id = self.binary.to_owned();
+        if let [first, ..] = self.filters {
+            id.push_str(&format!("[{}]", first.trim_end_matches("::")));
+        }
+        if self.features != Features::Native {
+            id.push_str(&format!(" {}", self.features.label()));
+        }
+        id
+    }
+}
+
+const fn run(
+    binary: &'static str,
+    filters: &'static [&'static str],
+    features: Features,
+    needs: Needs,
+) -> TestRun {
+    TestRun {
+        binary,
+        filters,
+        skip: &[],
+        features,
+        scope: Scope::Core,
+        needs,
+        informative: false,
+        optional: false,
+        timeout_secs: 300,
+    }
+}
+
+/// `--mode auto` choosing eBPF: only where the programs load.
+const AUTO_MODE_PICKS_EBPF: &str = "auto_mode_uses_ebpf_when_the_kernel_allows_it";
+/// 3,000 connections: minutes under emulation.
+const THOUSANDS: &str = "thousands_of_short_connections_all_get_their_original_destination";
+
+const fn full(run: TestRun) -> TestRun {
+    TestRun {
+        scope: Scope::Full,
+        ..run
+    }
+}
+
+/// The load-and-behaviour core (in `cargo xtask test`: what fits its time budget on every
+/// kernel), plainly and with every feature forced off; then, with `--full`, the rest of the
+/// behaviour table, the agent's and the CNI plugin's main paths.
+pub const RUNS: &[TestRun] = &[
+    TestRun {
+        informative: true,
+        optional: true,
+        ..run("kernel_support", &[], Features::Native, Needs::Ebpf)
+    },
+    TestRun {
+        skip: &[THOUSANDS],
+        ..run("outbound_ebpf", &[], Features::Native, Needs::Ebpf)
+    },
+    run("inbound_ebpf", &[], Features::Native, Needs::Ebpf),
+    run("socket_paths", &[], Features::Native, Needs::Ebpf),
+    run("dual_stack", &[], Features::Native, Needs::Ebpf),
+    run(
+        "behaviour_table",
+        &["ebpf::ipv4::"],
+        Features::Native,
+        Needs::Ebpf,
+    ),
+    TestRun {
+        skip: &[AUTO_MODE_PICKS_EBPF],
+        ..run("iptables", &[], Features::Native, Needs::Any)
+    },
+    run(
+        "iptables",
+        &[AUTO_MODE_PICKS_EBPF],
+        Features::Native,
+        Needs::Ebpf,
+    ),
+    run(
+        "behaviour_table",
+        &["iptables_legacy::ipv4::"],
+        Features::Native,
+        Needs::Any,
+    ),
+    TestRun {
+        skip: &[THOUSANDS],
+        ..run("outbound_ebpf", &[], Features::AllOff, Needs::Ebpf)
+    },
+    run("inbound_ebpf", &[], Features::AllOff, Needs::Ebpf),
+    run(
+        "behaviour_table",
+        &["ebpf::ipv4::"],
+        Features::AllOff,
+        Needs::Ebpf,
+    ),
+    full(run(
+        "outbound_ebpf",
+        &[THOUSANDS],
+        Features::Native,
+        Needs::Ebpf,
+    )),
+    full(run(
+        "behaviour_table",
+        &["ebpf::ipv4_mapped_on_ipv6::", "ebpf::ipv6::"],
+        Features::Native,
+        Needs::Ebpf,
+    )),
+    full(run(
+        "behaviour_table",
+        &[
+            "iptables_legacy::ipv4_mapped_on_ipv6::",
+            "iptables_legacy::ipv6::",
+            "iptables_nft::",
+        ],
+        Features::Native,
+        Needs::Any,
+    )),
+    full(run(
+        "socket_paths",
+        &["ebpf"],
+        Features::AllOff,
+        Needs::Ebpf,
+    )),
+    full(run("dual_stack", &[], Features::AllOff, Needs::Ebpf)),
+    full(run(
+        "behaviour_table",
+        &["ebpf::ipv4_mapped_on_ipv6::", "ebpf::ipv6::"],
+        Features::AllOff,
+        Needs::Ebpf,
+    )),
+    full(run(
+        "agent",
+        &[
+            "pods_registered_through_the_api_are_intercepted_until_removed",
+            "a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back",
+        ],
+        Features::Native,
+        Needs::Ebpf,
+    )),
+    full(run(
+        "cni",
+        &[
+            "pods_added_by_the_runtime_are_intercepted_from_their_first_connect",
+            "only_the_pods_linkerd_injected_are_meshed_each_with_its_own_annotations",
+        ],
+        Features::Native,
+        Needs::Ebpf,
+    )),
+];
+
+/// What a kernel is expected to do with a run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Expectation {
+    /// Every test passes.
+    Pass,
+    /// Runs, but its failures are expected and reported only.
+    Informative(&'static str),
+    /// Not run: the kernel cannot support it.
+    Impossible(&'static str),
+}
+
+pub fn expectation(run: &TestRun, kernel: (u32, u32)) -> Expectation {
+    let supported = match run.needs {
+        Needs::Any => true,
+        Needs::Ebpf => kernel >= EBPF_MIN,
+    };
+    match (supported, run.informative) {
+        (true, _) => Expectation::Pass,
+        (false, true) => Expectation::Informative(EBPF_REASON),
+        (false, false) => Expectation::Impossible(EBPF_REASON),
+    }
+}
+
+/// `(major, minor)` of a release such as `6.1.0-50-amd64`.
+pub fn major_minor(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
