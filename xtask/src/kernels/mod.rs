@@ -85,6 +85,10 @@ pub fn run(path: &OsString, options: &Options) -> anyhow::Result<()> {
     print!("{}", report::table(&reports));
     let json = kernels_dir.join("results.json");
     report::write_json(&reports, &json)?;
+    let table = kernels_dir.join("supported-kernels.md");
+    std::fs::write(&table, report::supported_kernels(&reports))
+        .with_context(|| format!("could not write {}", table.display()))?;
+    println!("kernels: the README's supported-kernels table is in {}", table.display());
     println!("kernel matrix results: {}", json.display());
     let failed: Vec<String> = reports
         .iter()
@@ -125,9 +129,6 @@ fn run_kernel(
         let report =
             report::RunReport::not_run(run.id(), run.binary, run.features.label(), &expectation);
         let Some(binary) = binaries.get(run.binary) else {
-            if run.optional {
-                continue;
-            }
             bail!(
                 "no test binary {} was built: is tests/tests/{0}.rs gone? Update kernels::plan::RUNS",
                 run.binary
@@ -145,6 +146,8 @@ fn run_kernel(
         args.extend([
             "--test-threads".to_owned(),
             options.test_threads.to_string(),
+            // What passing tests print too: kernel_support's record of the kernel.
+            "--show-output".to_owned(),
         ]);
         let mut env = vec![("INTERCEPTOR_REQUIRE_PRIVILEGED", "1".to_owned())];
         if let Some(value) = run.features.env_value() {

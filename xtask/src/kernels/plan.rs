@@ -58,11 +58,6 @@ pub struct TestRun {
     pub features: Features,
     pub scope: Scope,
     pub needs: Needs,
-    /// Runs on kernels it does not support too, for what it prints; its failures there are
-    /// expected.
-    pub informative: bool,
-    /// Built by another change: run only where the binary exists.
-    pub optional: bool,
     /// Killed after this long in the guest (software emulation is about ten times slower).
     pub timeout_secs: u64,
 }
@@ -94,8 +89,6 @@ const fn run(
         features,
         scope: Scope::Core,
         needs,
-        informative: false,
-        optional: false,
         timeout_secs: 300,
     }
 }
@@ -116,11 +109,9 @@ const fn full(run: TestRun) -> TestRun {
 /// kernel), plainly and with every feature forced off; then, with `--full`, the rest of the
 /// behaviour table, the agent's and the CNI plugin's main paths.
 pub const RUNS: &[TestRun] = &[
-    TestRun {
-        informative: true,
-        optional: true,
-        ..run("kernel_support", &[], Features::Native, Needs::Ebpf)
-    },
+    // Every variant loads exactly where the feature probes say it can, and `--mode auto` picks
+    // eBPF exactly where every hook has one: on every kernel, whatever it supports.
+    run("kernel_support", &[], Features::Native, Needs::Any),
     TestRun {
         skip: &[THOUSANDS],
         ..run("outbound_ebpf", &[], Features::Native, Needs::Ebpf)
@@ -221,8 +212,6 @@ pub const RUNS: &[TestRun] = &[
 pub enum Expectation {
     /// Every test passes.
     Pass,
-    /// Runs, but its failures are expected and reported only.
-    Informative(&'static str),
     /// Not run: the kernel cannot support it.
     Impossible(&'static str),
 }
@@ -232,10 +221,10 @@ pub fn expectation(run: &TestRun, kernel: (u32, u32)) -> Expectation {
         Needs::Any => true,
         Needs::Ebpf => kernel >= EBPF_MIN,
     };
-    match (supported, run.informative) {
-        (true, _) => Expectation::Pass,
-        (false, true) => Expectation::Informative(EBPF_REASON),
-        (false, false) => Expectation::Impossible(EBPF_REASON),
+    if supported {
+        Expectation::Pass
+    } else {
+        Expectation::Impossible(EBPF_REASON)
     }
 }
 

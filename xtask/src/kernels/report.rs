@@ -15,9 +15,9 @@ pub struct RunReport {
     pub run: String,
     pub binary: String,
     pub features: &'static str,
-    /// `pass`, `informative` or `impossible`.
+    /// `pass` or `impossible`.
     pub expectation: &'static str,
-    /// Why a run is informative or impossible on this kernel.
+    /// Why a run is impossible on this kernel.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<&'static str>,
     pub ran: bool,
@@ -31,7 +31,8 @@ pub struct RunReport {
     /// Set when the binary did not run to its end (killed at its timeout, guest stopped).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub incomplete: Option<String>,
-    /// The binary's `variant:` lines (kernel_support: which program variants load).
+    /// The binary's `variant:`, `feature:` and `auto:` lines (kernel_support: which features
+    /// the probes found, which program variants load, what `--mode auto` picks).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub variants: Vec<String>,
 }
@@ -107,7 +108,10 @@ impl RunReport {
                         });
                     }
                 }
-            } else if line.starts_with("variant:") {
+            } else if ["variant:", "feature:", "auto:"]
+                .iter()
+                .any(|p| line.starts_with(p))
+            {
                 self.variants.push(line.to_owned());
             }
         }
@@ -141,7 +145,6 @@ impl RunReport {
 pub fn describe(expectation: &Expectation) -> (&'static str, Option<&'static str>) {
     match expectation {
         Expectation::Pass => ("pass", None),
-        Expectation::Informative(reason) => ("informative", Some(reason)),
         Expectation::Impossible(reason) => ("impossible", Some(reason)),
     }
 }
@@ -173,6 +176,74 @@ fn why_it_failed(log: &str, test: &str) -> String {
     why.join("\n")
 }
 
+/// `key=value` of a kernel_support line (values run to the next ` key=`; the last one, `refused`
+/// or `why`, to the end of the line).
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    let Some(start) = line.find(&format!(" {key}=")) else {
+        return "";
+    };
+    let value = &line[start + key.len() + 2..];
+    if matches!(key, "refused" | "why") {
+        return value;
+    }
+    value.split(' ').next().unwrap_or_default()
+}
+
+/// The README's supported-kernels table, from what kernel_support printed on each kernel (its
+/// plain run): the variant each hook runs (the first that loads, in order of preference), the
+/// features the probes did not find, and the backend `--mode auto` picks.
+pub fn supported_kernels(kernels: &[KernelReport]) -> String {
+    let hooks = [
+        ("cgroup/connect4", "connect4/6"),
+        ("sock_ops", "sock_ops"),
+        ("cgroup/getsockopt", "getsockopt"),
+        ("sk_lookup,", "sk_lookup"),
+    ];
+    let mut out = String::from("| kernel | ");
+    for (_, name) in hooks {
+        let _ = write!(out, "{name} | ");
+    }
+    out.push_str("kernel lacks | `--mode auto` |\n|---|");
+    out.push_str(&"---|".repeat(hooks.len() + 2));
+    out.push('\n');
+    for kernel in kernels {
+        let Some(run) = kernel
+            .runs
+            .iter()
+            .find(|r| r.binary == "kernel_support" && r.features == "native" && r.ran)
+        else {
+            continue;
+        };
+        let _ = write!(out, "| {} ({}) | ", kernel.version, kernel.suite);
+        for (hook, _) in hooks {
+            let runs = run
+                .variants
+                .iter()
+                .filter(|l| l.starts_with("variant:") && field(l, "hook").starts_with(hook))
+                .find(|l| field(l, "loads") == "true")
+                .map_or("refused", |l| field(l, "variant"));
+            let _ = write!(out, "{runs} | ");
+        }
+        let lacks: Vec<&str> = run
+            .variants
+            .iter()
+            .filter(|l| l.starts_with("feature:") && field(l, "present") == "false")
+            .map(|l| field(l, "name"))
+            .collect();
+        let auto = run
+            .variants
+            .iter()
+            .find(|l| l.starts_with("auto:"))
+            .map_or("", |l| field(l, "backend"));
+        let _ = writeln!(
+            out,
+            "{} | {auto} |",
+            if lacks.is_empty() { "-".to_owned() } else { lacks.join(", ") }
+        );
+    }
+    out
+}
+
 /// The table at the end of the output: kernel, run, counts.
 pub fn table(kernels: &[KernelReport]) -> String {
     let mut out = String::from("\nkernel matrix:\n");
@@ -186,7 +257,6 @@ pub fn table(kernels: &[KernelReport]) -> String {
         for run in &kernel.runs {
             let note = match (run.expectation, &run.incomplete) {
                 ("impossible", _) => "not run: impossible on this kernel".to_owned(),
-                ("informative", _) => "informative: failures expected".to_owned(),
                 (_, Some(why)) => why.clone(),
                 _ if run.failed > 0 => "FAILED".to_owned(),
                 _ => String::new(),
@@ -228,6 +298,37 @@ mod tests {
         );
         assert_eq!(run.variants, ["variant: connect4 cmpxchg loaded"]);
         assert!(run.incomplete.is_none() && run.is_failure());
+    }
+
+    #[test]
+    fn the_supported_kernels_table_shows_the_first_variant_that_loads() {
+        let mut run = report().with_log(
+            "test a ... ok\n\
+             feature: kernel=5.10 name=atomics present=false\n\
+             variant: kernel=5.10 hook=cgroup/connect4 program=icpt_connect4 variant=slots loads=false refused=BPF_STX uses reserved fields\n\
+             variant: kernel=5.10 hook=cgroup/connect4 program=icpt_conn4_lru variant=lru loads=true refused=\n\
+             auto: kernel=5.10 backend=iptables taken_away= why=no cookie\n\
+             test result: ok. 1 passed; 0 failed\n",
+            &[],
+            Some(0),
+            1,
+        );
+        run.binary = "kernel_support".into();
+        let kernel = KernelReport {
+            series: "5.10",
+            package: "p".into(),
+            version: "5.10.262-1".into(),
+            suite: "bullseye-security".into(),
+            release: "5.10.0-46-amd64".into(),
+            guest_secs: 1,
+            runs: vec![run],
+        };
+        let table = supported_kernels(&[kernel]);
+        let row = table.lines().nth(2).unwrap();
+        assert_eq!(
+            row,
+            "| 5.10.262-1 (bullseye-security) | lru | refused | refused | refused | atomics | iptables |"
+        );
     }
 
     #[test]
