@@ -209,12 +209,16 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         UnixListener::bind(&socket).with_context(|| format!("binding {}", socket.display()))?;
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("chmod 0600 {}", socket.display()))?;
+    let (backend, pods) = {
+        let agent = lock(&agent);
+        (agent.backend.kind(), agent.pods.len())
+    };
     info!(
         socket = %socket.display(),
-        backend = %lock(&agent).backend.kind(),
+        %backend,
         cgroup = %cgroup.display(),
         bpffs = %paths.bpffs.display(),
-        pods = lock(&agent).pods.len(),
+        pods,
         "agent ready"
     );
 
