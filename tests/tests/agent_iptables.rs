@@ -239,7 +239,10 @@ fn an_iptables_agent_meshes_pods_added_through_the_cni_plugin() {
         .arg(&network.bin_dir)
         .arg("--agent-socket")
         .arg(home.socket())
-        .args(["--linkerd", r#"{"inbound-ports-to-ignore": ["4190", "4191"]}"#])
+        .args([
+            "--linkerd",
+            r#"{"inbound-ports-to-ignore": ["4190", "4191"]}"#,
+        ])
         .output()
         .unwrap();
     assert!(installed.status.success(), "{}", stderr(&installed));
@@ -296,7 +299,10 @@ fn an_ebpf_agent_takes_over_the_pods_an_iptables_agent_meshed() {
     assert_eq!(pods[0]["netns_cookie"], cookie);
     assert_eq!(pods[0]["inbound_listener"], true, "{:#}", pods[0]);
     let log_text = std::fs::read_to_string(&log).unwrap();
-    assert!(log_text.contains("took over a pod from iptables"), "{log_text}");
+    assert!(
+        log_text.contains("took over a pod from iptables"),
+        "{log_text}"
+    );
     let before = pods[0]["counters"]["outbound_redirected"].as_u64().unwrap();
     assert_meshed(&fixture);
     let after = &home.pods()[0]["counters"];
@@ -320,4 +326,30 @@ fn an_ebpf_agent_takes_over_the_pods_an_iptables_agent_meshed() {
         "the pinned eBPF state is left alone, and said so: {log_text}"
     );
     agent.stop();
+}
+
+/// `daemon --mode auto` (the default) says in one line which backend it chose and why; on this
+/// kernel every program loads, so it is eBPF, and the agent reports it.
+#[test]
+fn an_agent_in_auto_mode_says_which_backend_and_why() {
+    if !privileged("an_agent_in_auto_mode_says_which_backend_and_why") {
+        return;
+    }
+    let fixture = PodFixture::new("aiptauto");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let log = home.log_path();
+    let agent = home.start_logged(&log, &["--mode", "auto"]);
+    let health = interceptor::agent::api::health(&home.socket()).unwrap();
+    assert_eq!(health.backend, interceptor::agent::api::Backend::Ebpf);
+    agent.stop();
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    let chosen: Vec<&str> = log_text
+        .lines()
+        .filter(|l| l.contains("auto mode"))
+        .collect();
+    assert_eq!(chosen.len(), 1, "{log_text}");
+    assert!(
+        chosen[0].contains("backend") && chosen[0].contains("ebpf"),
+        "{log_text}"
+    );
 }

@@ -117,13 +117,8 @@ impl Backend {
                     PodBackend::Iptables(chains) => Some(chains.mode),
                     PodBackend::Ebpf => None,
                 };
-                pods.remove(
-                    record.netns_cookie,
-                    &record.netns,
-                    record.config.ipv6,
-                    mode,
-                )
-                .map_err(|e| e.to_string())
+                pods.remove(record.netns_cookie, &record.netns, record.config.ipv6, mode)
+                    .map_err(|e| e.to_string())
             }
         }
     }
@@ -194,7 +189,11 @@ impl Backend {
 
     /// Applies a pod's new addresses (the eBPF programs treat them as the pod's own; the chains
     /// need nothing: `-o lo` covers them).
-    pub fn set_addresses(&mut self, cookie: NetnsCookie, addresses: &[IpAddr]) -> Result<(), String> {
+    pub fn set_addresses(
+        &mut self,
+        cookie: NetnsCookie,
+        addresses: &[IpAddr],
+    ) -> Result<(), String> {
         match self {
             Self::Ebpf(node) => node
                 .pods()
@@ -228,9 +227,9 @@ impl Backend {
     /// in force (eBPF: its entries in the maps; iptables: its chains, read with iptables-save).
     pub fn differs(&self, record: &PodRecord, in_maps: Option<&InMaps>) -> Option<String> {
         match (self, &record.backend, in_maps) {
-            (Self::Ebpf(node), _, Some(in_maps)) => node
-                .pods_ref()
-                .entries_differ(record.netns_cookie, in_maps),
+            (Self::Ebpf(node), _, Some(in_maps)) => {
+                node.pods_ref().entries_differ(record.netns_cookie, in_maps)
+            }
             (Self::Iptables(pods), PodBackend::Iptables(chains), _) => {
                 pods.differs(&record.netns, record.config.ipv6, chains)
             }

@@ -6,11 +6,7 @@
 //! The chains are the state: a pod's record keeps them as `iptables-save` listed them once they
 //! were written, and a restarted agent compares that with what the namespace holds, writing them
 //! again only when they differ (missing, or another configuration's).
-use std::{
-    collections::BTreeMap,
-    net::IpAddr,
-    path::Path,
-};
+use std::{collections::BTreeMap, net::IpAddr, path::Path};
 
 use interceptor_common::NetnsCookie;
 use serde::{Deserialize, Serialize};

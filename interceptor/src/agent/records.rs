@@ -158,7 +158,11 @@ mod tests {
         assert_eq!(loaded[0].meta.name.as_deref(), Some("web"));
         assert_eq!(loaded[0].config.outbound_ports_to_ignore.to_string(), "25");
         assert_eq!(loaded[0].config.proxy_uid, Some(2102));
-        assert_eq!(loaded[0].backend, PodBackend::Ebpf, "an older record is eBPF's");
+        assert_eq!(
+            loaded[0].backend,
+            PodBackend::Ebpf,
+            "an older record is eBPF's"
+        );
         let rewritten: serde_json::Value =
             serde_json::from_slice(&fs::read(dir.join("42.json")).unwrap()).unwrap();
         assert!(rewritten.get("args").is_none(), "{rewritten}");

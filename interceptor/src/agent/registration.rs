@@ -12,8 +12,8 @@ use tracing::{info, warn};
 
 use super::{
     Agent, Refusal,
-    backend::identify,
     api::{Backend, ErrorKind, Health, PodAdd, PodInfo},
+    backend::identify,
     lock,
     records::{PodBackend, PodRecord},
 };

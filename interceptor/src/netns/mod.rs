@@ -236,3 +236,19 @@ impl PodNetns {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_inode_key_cannot_be_a_cookie() {
+        use std::os::unix::fs::MetadataExt as _;
+        let netns = PodNetns::open(Path::new("/proc/self/ns/net")).unwrap();
+        let key = netns.inode_key().unwrap();
+        let inode = std::fs::metadata("/proc/self/ns/net").unwrap().ino();
+        assert_eq!(key.0, INODE_KEY_BIT | inode);
+        assert!(key.0 >= 1 << 63, "real cookies count up from 1");
+        assert_eq!(netns.inode_key().unwrap(), key, "stable");
+    }
+}
