@@ -184,6 +184,13 @@ fn an_iptables_agent_meshes_pods_with_proxy_inits_chains_through_restarts() {
     // again, and the pod is the same.
     let packets = redirected_packets(&fixture.pod.path());
     assert!(packets >= 1);
+    // Only its names change: nothing is written again.
+    home.mesh(
+        &fixture.pod.path(),
+        &["--name", "web2", "--namespace", "shop"],
+    );
+    assert_eq!(home.pods()[0]["meta"]["name"], "web2");
+    assert_eq!(redirected_packets(&fixture.pod.path()), packets);
     agent.kill();
     let log = home.log_path();
     let agent = home.start_logged(&log, &args);
@@ -352,4 +359,32 @@ fn an_agent_in_auto_mode_says_which_backend_and_why() {
         chosen[0].contains("backend") && chosen[0].contains("ebpf"),
         "{log_text}"
     );
+}
+
+/// `--max-pods` bounds the iptables backend's pods as it bounds eBPF's: beyond it a pod is
+/// refused with pod_table_full and nothing is written in it.
+#[test]
+fn an_iptables_agent_refuses_pods_beyond_max_pods() {
+    if !privileged("an_iptables_agent_refuses_pods_beyond_max_pods") {
+        return;
+    }
+    let fixture = PodFixture::new("aiptfull");
+    let second = interceptor_tests::Netns::new("aiptfull2");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home.start_with(&["--mode", "iptables", "-w", "--max-pods", "1"]);
+    home.mesh(&fixture.pod.path(), &[]);
+    let refused = home.add(
+        &second.path(),
+        &[],
+        &interceptor_tests::agent_home::LINKERD_FLAGS,
+    );
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("PodTableFull") && stderr(&refused).contains("--max-pods"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_no_chains(&second.path());
+    assert_eq!(home.pods().len(), 1);
+    agent.stop();
 }

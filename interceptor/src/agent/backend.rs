@@ -87,6 +87,14 @@ impl Backend {
                 Ok(PodBackend::Ebpf)
             }
             Self::Iptables(pods) => {
+                if let (None, Some(max)) = (previous, pods.full()) {
+                    return Err((
+                        ErrorKind::PodTableFull,
+                        format!(
+                            "this agent serves at most {max} pods (--max-pods): remove a pod first"
+                        ),
+                    ));
+                }
                 let install = |pods: &mut IptablesPods, config| {
                     pods.install(spec.netns_cookie, &spec.netns_path, config, &spec.addresses)
                 };

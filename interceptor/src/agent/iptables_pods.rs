@@ -37,15 +37,23 @@ pub struct IptablesSettings {
 /// their addresses, for display.
 pub struct IptablesPods {
     settings: IptablesSettings,
+    /// `--max-pods`, as the eBPF backend's pod table is bounded.
+    max_pods: u32,
     addresses: BTreeMap<NetnsCookie, Vec<IpAddr>>,
 }
 
 impl IptablesPods {
-    pub fn new(settings: IptablesSettings) -> Self {
+    pub fn new(settings: IptablesSettings, max_pods: u32) -> Self {
         Self {
             settings,
+            max_pods,
             addresses: BTreeMap::new(),
         }
+    }
+
+    /// `Some(max)` when `max` pods are meshed already: a new one is refused.
+    pub fn full(&self) -> Option<u32> {
+        (self.addresses.len() >= self.max_pods as usize).then_some(self.max_pods)
     }
 
     fn options(&self, netns: &Path, mode: IptablesMode, ipv6: bool) -> IptablesOptions {

@@ -176,7 +176,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
             {
                 warn!(bpffs = %paths.bpffs.display(), "an eBPF agent's pinned programs and maps are here: left alone (their programs keep intercepting the pods whose entries they hold); `interceptor uninstall` removes them");
             }
-            let pods = iptables_pods::IptablesPods::new(settings);
+            let pods = iptables_pods::IptablesPods::new(settings, options.max_pods);
             (backend::Backend::Iptables(pods), Vec::new())
         }
     };

@@ -101,12 +101,17 @@ impl Agent {
         let cookie = spec.netns_cookie;
         let existing = self.pods.get(&cookie).cloned();
         let existing_config = existing.as_ref().map(|r| r.config.clone());
+        // What is in force when only the pod's names change: nothing is written again.
+        let mut in_force = None;
         if let Some(existing) = &existing {
             let same = existing.config == spec.config;
             // A pod whose entries are not what its record says is written again.
             let settled = same && self.backend.problem(cookie).is_none();
             if settled && existing.meta == record.meta {
                 return Ok(Applied::Nothing);
+            }
+            if settled {
+                in_force = Some(existing.backend.clone());
             }
             if !same && !update {
                 return Err((
@@ -129,11 +134,16 @@ impl Agent {
             self.forget(stale, "its network namespace was replaced");
         }
         let is_new = existing.is_none();
-        record.backend = self.backend.apply(spec, existing_config.as_ref())?;
+        let names_only = in_force.is_some();
+        record.backend = match in_force {
+            Some(backend) => backend,
+            None => self.backend.apply(spec, existing_config.as_ref())?,
+        };
         crash_point!("agent-before-record");
         if let Err(e) = self.records.save(&record) {
             // Back to what was in force, so the maps and the records agree.
             let undone = match existing_config {
+                _ if names_only => Ok(()),
                 Some(config) => self
                     .backend
                     .apply(
