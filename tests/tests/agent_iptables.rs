@@ -216,6 +216,24 @@ fn an_iptables_agent_meshes_pods_with_proxy_inits_chains_through_restarts() {
     assert!(repair_log.contains("written again"), "{repair_log}");
     assert!(home.problems().is_empty(), "{:?}", home.problems());
 
+    // Chains removed while the agent runs: reported, and written again by a registration.
+    let cleanup = Command::new(BIN)
+        .args(["iptables-cleanup", "-w", "--netns", &pod_path(&fixture)])
+        .output()
+        .unwrap();
+    assert!(cleanup.status.success(), "{}", stderr(&cleanup));
+    let problems = home.problems();
+    assert!(
+        problems.len() == 1 && problems[0].contains("iptables chains are missing"),
+        "{problems:?}"
+    );
+    home.mesh(
+        &fixture.pod.path(),
+        &["--name", "web2", "--namespace", "shop"],
+    );
+    assert_chains_once(&fixture.pod.path());
+    assert!(home.problems().is_empty(), "{:?}", home.problems());
+
     // Removed: the chains are gone and the app's connects go where they were going.
     let removed = home.cli(&["pod", "remove", "--netns", &pod_path(&fixture)]);
     assert!(removed.status.success(), "{}", stderr(&removed));
@@ -293,7 +311,9 @@ fn an_ebpf_agent_takes_over_the_pods_an_iptables_agent_meshed() {
     let app = fixture.in_pod().uid(APP_UID);
     let log = home.log_path();
     let (lines, ebpf_agent) = std::thread::scope(|s| {
-        let load = s.spawn(|| check_load(&app, "3"));
+        // Longer than the agents' tests' loads: loading the programs as well as taking the
+        // pods back must fit in it, also on a busy machine.
+        let load = s.spawn(|| check_load(&app, "6"));
         std::thread::sleep(Duration::from_millis(200));
         let agent = home.start_logged(&log, &["--mode", "ebpf"]);
         assert!(!load.is_finished(), "the load outlasts the takeover");
@@ -362,10 +382,12 @@ fn an_agent_in_auto_mode_says_which_backend_and_why() {
 }
 
 /// `--max-pods` bounds the iptables backend's pods as it bounds eBPF's: beyond it a pod is
-/// refused with pod_table_full and nothing is written in it.
+/// refused with pod_table_full and nothing is written in it. `uninstall` removes the chains.
 #[test]
-fn an_iptables_agent_refuses_pods_beyond_max_pods() {
-    if !privileged("an_iptables_agent_refuses_pods_beyond_max_pods") {
+fn an_iptables_agent_refuses_pods_beyond_max_pods_and_uninstall_removes_its_chains() {
+    if !privileged(
+        "an_iptables_agent_refuses_pods_beyond_max_pods_and_uninstall_removes_its_chains",
+    ) {
         return;
     }
     let fixture = PodFixture::new("aiptfull");
@@ -387,4 +409,10 @@ fn an_iptables_agent_refuses_pods_beyond_max_pods() {
     assert_no_chains(&second.path());
     assert_eq!(home.pods().len(), 1);
     agent.stop();
+
+    // Uninstalled: the chains it wrote go with the records.
+    let uninstalled = home.cli(&["uninstall"]);
+    assert!(uninstalled.status.success(), "{}", stderr(&uninstalled));
+    assert_no_chains(&fixture.pod.path());
+    assert_eq!(home.records(), 0);
 }

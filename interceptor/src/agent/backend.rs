@@ -232,7 +232,8 @@ impl Backend {
     }
 
     /// The thorough check of one pod: what differs between what was written for it and what is
-    /// in force (eBPF: its entries in the maps; iptables: its chains, read with iptables-save).
+    /// in force (eBPF: its entries in `in_maps`, when given; iptables: its chains, read with
+    /// iptables-save).
     pub fn differs(&self, record: &PodRecord, in_maps: Option<&InMaps>) -> Option<String> {
         match (self, &record.backend, in_maps) {
             (Self::Ebpf(node), _, Some(in_maps)) => {

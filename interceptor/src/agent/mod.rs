@@ -339,8 +339,8 @@ fn remove_maps_dir(dir: &Path) {
 }
 
 /// Removes what an agent pinned and wrote, and nothing else: the pinned links first (the
-/// programs detach as the last reference goes), then the maps, the pod records, the socket and
-/// the lock. A pin that is not ours (checked as the agent checks it before use) stops the
+/// programs detach as the last reference goes), then the maps, the chains the iptables backend
+/// wrote in pods that still exist, the pod records, the socket and the lock. A pin that is not ours (checked as the agent checks it before use) stops the
 /// uninstall with an error naming it, and is left in place. Returns what was removed.
 pub fn uninstall(paths: &AgentPaths) -> anyhow::Result<Vec<PathBuf>> {
     let mut removed = Vec::new();
@@ -375,6 +375,20 @@ pub fn uninstall(paths: &AgentPaths) -> anyhow::Result<Vec<PathBuf>> {
     };
     let records = Records::open(&paths.records())?;
     for record in records.load_all() {
+        // What the iptables backend wrote in a pod that still exists goes too.
+        if let records::PodBackend::Iptables(chains) = &record.backend
+            && record.netns.exists()
+        {
+            let options = crate::iptables::IptablesOptions {
+                mode: chains.mode,
+                wait: true,
+                ipv6: record.config.ipv6,
+                netns: Some(record.netns.clone()),
+            };
+            crate::iptables::cleanup(&options).with_context(|| {
+                format!("removing the iptables chains in {}", record.netns.display())
+            })?;
+        }
         remove(
             paths
                 .records()

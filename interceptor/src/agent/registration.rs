@@ -105,8 +105,10 @@ impl Agent {
         let mut in_force = None;
         if let Some(existing) = &existing {
             let same = existing.config == spec.config;
-            // A pod whose entries are not what its record says is written again.
-            let settled = same && self.backend.problem(cookie).is_none();
+            // A pod whose entries (or chains) are not what its record says is written again.
+            let settled = same
+                && self.backend.problem(cookie).is_none()
+                && self.backend.differs(existing, None).is_none();
             if settled && existing.meta == record.meta {
                 return Ok(Applied::Nothing);
             }
