@@ -273,7 +273,8 @@ pub enum PodCommand {
 pub enum Mode {
     /// cgroup/connect4, cgroup/connect6, sock_ops, cgroup/getsockopt and sk_lookup programs.
     Ebpf,
-    /// proxy-init's nat-table chains; writes them and exits.
+    /// proxy-init's nat-table chains: `run` writes them and exits; the node agent writes them in
+    /// each registered pod's network namespace.
     Iptables,
     /// eBPF when every program loads on this kernel with these privileges, else iptables.
     Auto,
