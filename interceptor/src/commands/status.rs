@@ -50,12 +50,12 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
             serde_json::json!({
                 "socket": socket,
                 "pods": pods,
-                "backend": health.as_ref().and_then(|h| h.as_ref().ok()).map(|h| h.backend),
                 "problems": match &health {
                     Some(Ok(health)) => health.problems.clone(),
                     Some(Err(e)) => vec![format!("asking the agent: {e}")],
                     None => Vec::new(),
                 },
+                "backend": health.as_ref().and_then(|h| h.as_ref().ok()).map(|h| h.backend),
             })
         });
         println!(
