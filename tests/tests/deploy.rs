@@ -561,6 +561,8 @@ impl Drop for AgentPod {
             .arg(&self.state_dir)
             .output();
         let _ = std::fs::remove_dir(self.bpffs.join("interceptor"));
+        // Where `--mode auto` probed (the probe removes its own directory in it).
+        let _ = std::fs::remove_dir(self.bpffs.join("interceptor-probe"));
         let _ = std::fs::remove_dir(&self.bpffs);
     }
 }
