@@ -103,19 +103,55 @@ pub struct PodMeta {
     pub uid: Option<String>,
 }
 
-/// A registered pod, as `pod list` and `pod get` show it.
+/// Which backend intercepts a pod (and which one an agent uses): the eBPF programs, or
+/// proxy-init's nat-table chains in the pod's network namespace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Records and answers from agents that predate the choice are eBPF.
+    #[default]
+    Ebpf,
+    Iptables,
+}
+
+impl Backend {
+    /// `ebpf` or `iptables`, as in metrics labels and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ebpf => "ebpf",
+            Self::Iptables => "iptables",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A registered pod, as `pod list` and `pod get` show it. What only the eBPF maps know (the
+/// counter slot, the counters, whether the proxy's inbound listener is known) is absent for a
+/// pod the iptables backend meshes: not zero, unknown.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PodInfo {
     pub netns: PathBuf,
+    /// The pod's key: its netns cookie, or where the kernel cannot tell it (before Linux 5.14,
+    /// iptables backend only) a key derived from the namespace's inode.
     pub netns_cookie: NetnsCookie,
     pub meta: PodMeta,
-    pub slot: PodSlot,
+    #[serde(default)]
+    pub backend: Backend,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<PodSlot>,
     /// The configuration as proxy-init's flags, for display.
     pub args: Vec<String>,
     pub config: InterceptionConfig,
     pub addresses: Vec<String>,
-    pub inbound_listener: bool,
-    pub counters: BTreeMap<String, u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inbound_listener: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counters: Option<BTreeMap<String, u64>>,
     /// Why the pod's interception is not exactly what its configuration asks for, when it is
     /// not (see [`Health`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -127,6 +163,9 @@ pub struct PodInfo {
 pub struct Health {
     /// What is not in force as configured; empty when all is.
     pub problems: Vec<String>,
+    /// The agent's backend.
+    #[serde(default)]
+    pub backend: Backend,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

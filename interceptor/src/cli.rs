@@ -172,6 +172,16 @@ pub struct DaemonArgs {
     #[command(flatten)]
     pub location: AgentLocationArgs,
 
+    /// Interception backend: the eBPF programs; proxy-init's nat-table chains written in each
+    /// registered pod's network namespace; or auto: eBPF when every program loads and verifies
+    /// on this kernel, else iptables (one log line says which and why).
+    #[arg(long, value_enum, default_value_t = Mode::Auto)]
+    pub mode: Mode,
+
+    /// How the iptables backend runs iptables.
+    #[command(flatten)]
+    pub iptables: IptablesArgs,
+
     /// The cgroup v2 directory the programs attach to (on Kubernetes typically the kubepods
     /// cgroup) [default: the root of the cgroup2 mount].
     #[arg(long)]
@@ -274,7 +284,8 @@ pub enum PodCommand {
 pub enum Mode {
     /// cgroup/connect4, cgroup/connect6, sock_ops, cgroup/getsockopt and sk_lookup programs.
     Ebpf,
-    /// proxy-init's nat-table chains; writes them and exits.
+    /// proxy-init's nat-table chains: `run` writes them and exits; the node agent writes them in
+    /// each registered pod's network namespace.
     Iptables,
     /// eBPF when every program loads on this kernel with these privileges, else iptables.
     Auto,

@@ -171,10 +171,17 @@ impl AgentHome {
         } else {
             &["--reconcile-ms", "100"][..]
         };
+        // The backend the test asks for, eBPF unless it says otherwise: never one a probe chose.
+        let mode = if extra.contains(&"--mode") {
+            &[][..]
+        } else {
+            &["--mode", "ebpf"][..]
+        };
         let child = Command::new(&self.binary)
             .arg("daemon")
             .args(self.location())
             .args(["--cgroup", &self.cgroup.display().to_string()])
+            .args(mode)
             .args(reconcile)
             .args(["--log-level", level])
             .args(extra)

@@ -598,8 +598,9 @@ fn metrics_count_decisions_per_pod_and_ready_answers() {
     for line in [
         r#"interceptor_decisions_total{namespace="shop",pod="web",direction="outbound",reason="redirected"} 1"#,
         r#"interceptor_decisions_total{namespace="shop",pod="web",direction="inbound",reason="exempt_ignored_port"} 1"#,
-        "interceptor_pods_registered 1",
-        "interceptor_pod_registration_seconds_count 1",
+        r#"interceptor_pods_registered{backend="ebpf"} 1"#,
+        r#"interceptor_pod_registration_seconds_count{backend="ebpf"} 1"#,
+        r#"interceptor_backend_info{backend="ebpf"} 1"#,
         r#"interceptor_map_entries{map="pending_orig_dst"} 0"#,
         r#"interceptor_map_entries{map="listeners"} 2"#,
         "interceptor_build_info{version=",
@@ -779,7 +780,7 @@ fn hundreds_of_pods_come_and_go_without_leaving_anything_behind() {
 
         let (_, metrics) = http_get(&addr, "/metrics");
         for line in [
-            "interceptor_pods_registered 0",
+            r#"interceptor_pods_registered{backend="ebpf"} 0"#,
             r#"interceptor_map_entries{map="listeners"} 0"#,
             r#"interceptor_map_entries{map="pending_orig_dst"} 0"#,
         ] {

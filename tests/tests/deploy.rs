@@ -226,6 +226,11 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
         panic!("the agent container runs {args:?}, not `daemon`");
     };
     assert!(daemon.kubernetes, "--kubernetes");
+    assert_eq!(
+        daemon.mode,
+        interceptor::cli::Mode::Auto,
+        "eBPF where it loads, else iptables"
+    );
     let metrics = daemon.metrics_addr.expect("--metrics-addr");
     assert_eq!(
         agent["ports"][0],
@@ -556,6 +561,8 @@ impl Drop for AgentPod {
             .arg(&self.state_dir)
             .output();
         let _ = std::fs::remove_dir(self.bpffs.join("interceptor"));
+        // Where `--mode auto` probed (the probe removes its own directory in it).
+        let _ = std::fs::remove_dir(self.bpffs.join("interceptor-probe"));
         let _ = std::fs::remove_dir(&self.bpffs);
     }
 }

@@ -109,7 +109,8 @@ fn render(agent: &Agent) -> String {
             (None, Some(name)) => vec![("pod".to_owned(), name.clone())],
             _ => vec![("netns".to_owned(), info.netns.display().to_string())],
         };
-        for (name, value) in &info.counters {
+        // Pods the iptables backend meshes have no counters: no series, rather than zeros.
+        for (name, value) in info.counters.iter().flatten() {
             let (direction, reason) = direction_and_reason(name);
             let mut labels = pod.clone();
             labels.push(("direction".into(), direction.into()));
@@ -122,10 +123,21 @@ fn render(agent: &Agent) -> String {
         "Connections decided per pod, direction and reason (from the kernel's per-CPU counters)",
         decisions,
     );
+    let backend = agent.backend.kind().name();
+    let info = Family::<Labels, Gauge<i64>>::default();
+    info.get_or_create(&vec![("backend".to_owned(), backend.to_owned())])
+        .set(1);
+    registry.register(
+        "backend_info",
+        "The agent's interception backend: ebpf (the programs) or iptables (proxy-init's chains in each pod's namespace)",
+        info,
+    );
+    // The series whose meaning depends on the backend carry it as a label.
+    let by_backend = registry.sub_registry_with_label(("backend".into(), backend.into()));
     let pods = Gauge::<i64>::default();
     pods.set(agent.pods.len() as i64);
-    registry.register("pods_registered", "Pods registered with this agent", pods);
-    registry.register(
+    by_backend.register("pods_registered", "Pods registered with this agent", pods);
+    by_backend.register(
         "pod_registration_seconds",
         "Time from a pod add request to its interception being in force",
         agent.registration_seconds.clone(),
@@ -142,21 +154,23 @@ fn render(agent: &Agent) -> String {
             kube.lookups(),
         );
     }
-    let fill = Family::<Labels, Gauge<i64>>::default();
-    let levels = agent.node.pods_ref().fill_levels();
-    for (map, entries) in [
-        ("pending_orig_dst", levels.pending),
-        ("connecting", levels.connecting),
-        ("listeners", levels.listeners),
-    ] {
-        fill.get_or_create(&vec![("map".to_owned(), map.to_owned())])
-            .set(entries as i64);
+    if let Some(node) = agent.backend.ebpf() {
+        let fill = Family::<Labels, Gauge<i64>>::default();
+        let levels = node.pods_ref().fill_levels();
+        for (map, entries) in [
+            ("pending_orig_dst", levels.pending),
+            ("connecting", levels.connecting),
+            ("listeners", levels.listeners),
+        ] {
+            fill.get_or_create(&vec![("map".to_owned(), map.to_owned())])
+                .set(entries as i64);
+        }
+        registry.register(
+            "map_entries",
+            "Entries in the agent's maps (original destinations of connections whose proxy side has not closed, in their slots and in the LRU map behind them; connects in progress whose slot was taken, in the LRU map behind the slots; proxy listeners)",
+            fill,
+        );
     }
-    registry.register(
-        "map_entries",
-        "Entries in the agent's maps (original destinations of connections whose proxy side has not closed, in their slots and in the LRU map behind them; connects in progress whose slot was taken, in the LRU map behind the slots; proxy listeners)",
-        fill,
-    );
     let build = Family::<Labels, Gauge<i64>>::default();
     build
         .get_or_create(&vec![(

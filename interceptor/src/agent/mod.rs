@@ -6,8 +6,14 @@
 //! programs on the pinned maps, swaps them into the pinned links (`BPF_LINK_UPDATE`, no moment
 //! without a program on a hook) and takes its pods back from the maps and the pod records
 //! (`records`), keeping their slots and counters. Only `interceptor uninstall` detaches.
+//!
+//! Where the programs cannot load, the agent's backend is iptables instead (`--mode`, see
+//! `backend`): each pod gets proxy-init's chains in its namespace, behind the same API, records,
+//! restore and metrics.
 pub use interceptor_api as api;
 use interceptor_common::{NetnsCookie, names};
+mod backend;
+mod iptables_pods;
 pub mod kube_pods;
 mod metrics;
 mod reconcile;
@@ -36,6 +42,9 @@ use tokio::{
     signal::unix::{SignalKind, signal},
 };
 use tracing::{info, warn};
+
+pub use backend::BackendChoice;
+pub use iptables_pods::IptablesSettings;
 
 use crate::{
     crash_points::crash_point,
@@ -110,7 +119,7 @@ impl AgentPaths {
 
 /// The agent's view: the node (programs and maps) and what it knows of each pod.
 struct Agent {
-    node: EbpfNode,
+    backend: backend::Backend,
     records: Records,
     pods: BTreeMap<NetnsCookie, PodRecord>,
     registration_seconds: prometheus_client::metrics::histogram::Histogram,
@@ -125,6 +134,8 @@ struct Agent {
 
 /// How the agent runs.
 pub struct AgentOptions {
+    /// eBPF, or proxy-init's chains in each pod's namespace.
+    pub backend: BackendChoice,
     pub cgroup: PathBuf,
     pub orig_dst_capacity: u32,
     pub reconcile_every: Duration,
@@ -152,31 +163,25 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
             paths.lock_agent(true)?.context("taking the agent lock")?
         }
     };
-    let bpffs_root = paths.bpffs.parent().unwrap_or(Path::new("/"));
-    crate::bpffs::ensure_bpffs(bpffs_root)?;
-    let maps_dir = paths.maps_dir(options.map_layout);
-    // Maps of another layout: the previous agent's programs run on them until ours replace
-    // them in the links, so ours must find every pod in the new maps before that. (Ours may
-    // exist already: a migration that was cut short is simply done again.)
-    let older: Vec<PathBuf> = paths
-        .all_maps_dirs()
-        .into_iter()
-        .filter(|d| *d != maps_dir)
-        .collect();
-    let migrating = !older.is_empty();
-    let node = EbpfNode::load(LoadOptions {
-        orig_dst_capacity: options.orig_dst_capacity,
-        pin_dir: maps_dir.clone(),
-        links_dir: paths.bpffs.clone(),
-        persistent: true,
-        max_pods: options.max_pods,
-    })
-    .context("loading the eBPF programs")?;
     let records = Records::open(&paths.records())
         .with_context(|| format!("opening {}", paths.records().display()))?;
     let (netns_watch, mut deleted) = watch::NetnsWatch::start()?;
+    let (backend, older) = match options.backend {
+        BackendChoice::Ebpf => {
+            let (node, older) = load_ebpf(&paths, &options)?;
+            (backend::Backend::Ebpf(Box::new(node)), older)
+        }
+        BackendChoice::Iptables(settings) => {
+            if paths.bpffs.join("link_icpt_connect4").exists() || !paths.all_maps_dirs().is_empty()
+            {
+                warn!(bpffs = %paths.bpffs.display(), "an eBPF agent's pinned programs and maps are here: left alone (their programs keep intercepting the pods whose entries they hold); `interceptor uninstall` removes them");
+            }
+            let pods = iptables_pods::IptablesPods::new(settings, options.max_pods);
+            (backend::Backend::Iptables(pods), Vec::new())
+        }
+    };
     let mut agent = Agent {
-        node,
+        backend,
         records,
         pods: BTreeMap::new(),
         registration_seconds: metrics::registration_histogram(),
@@ -185,31 +190,8 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         netns_watch,
         cgroup: cgroup.to_owned(),
     };
-    // Original destinations the replaced programs record until the switch: copied before it,
-    // and again after it for those recorded meanwhile.
-    let import_in_flight = |agent: &mut Agent| {
-        older
-            .iter()
-            .map(|dir| agent.node.pods().import_in_flight(dir))
-            .sum::<usize>()
-    };
-    if migrating {
-        info!(from = ?older, to = %maps_dir.display(), "the map layout changed: building new maps from the pod records, then switching the links over");
-        agent.restore(true)?;
-        import_in_flight(&mut agent);
-        crash_point!("migration-built");
-    }
-    agent
-        .node
-        .attach(cgroup)
-        .with_context(|| format!("attaching to cgroup {}", cgroup.display()))?;
-    if migrating {
-        crash_point!("migration-switched");
-        let copied = import_in_flight(&mut agent);
-        for dir in &older {
-            remove_maps_dir(dir);
-        }
-        info!(in_flight_copied = copied, "map layout migration done");
+    if agent.backend.ebpf().is_some() {
+        start_ebpf(&mut agent, cgroup, &older)?;
     } else {
         agent.restore(false)?;
     }
@@ -227,11 +209,16 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         UnixListener::bind(&socket).with_context(|| format!("binding {}", socket.display()))?;
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("chmod 0600 {}", socket.display()))?;
+    let (backend, pods) = {
+        let agent = lock(&agent);
+        (agent.backend.kind(), agent.pods.len())
+    };
     info!(
         socket = %socket.display(),
+        %backend,
         cgroup = %cgroup.display(),
         bpffs = %paths.bpffs.display(),
-        pods = lock(&agent).pods.len(),
+        pods,
         "agent ready"
     );
 
@@ -256,6 +243,73 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         pods = lock(&agent).pods.len(),
         "agent exiting; interception stays in force (pinned) until the next agent takes over"
     );
+    Ok(())
+}
+
+/// Loads the programs on the pinned maps. Returns the node and the directories of older map
+/// layouts found pinned (to migrate from).
+fn load_ebpf(
+    paths: &AgentPaths,
+    options: &AgentOptions,
+) -> anyhow::Result<(EbpfNode, Vec<PathBuf>)> {
+    let bpffs_root = paths.bpffs.parent().unwrap_or(Path::new("/"));
+    crate::bpffs::ensure_bpffs(bpffs_root)?;
+    let maps_dir = paths.maps_dir(options.map_layout);
+    // Maps of another layout: the previous agent's programs run on them until ours replace
+    // them in the links, so ours must find every pod in the new maps before that. (Ours may
+    // exist already: a migration that was cut short is simply done again.)
+    let older: Vec<PathBuf> = paths
+        .all_maps_dirs()
+        .into_iter()
+        .filter(|d| *d != maps_dir)
+        .collect();
+    if !older.is_empty() {
+        info!(from = ?older, to = %maps_dir.display(), "the map layout changed: building new maps from the pod records, then switching the links over");
+    }
+    let node = EbpfNode::load(LoadOptions {
+        orig_dst_capacity: options.orig_dst_capacity,
+        pin_dir: maps_dir,
+        links_dir: paths.bpffs.clone(),
+        persistent: true,
+        max_pods: options.max_pods,
+    })
+    .context("loading the eBPF programs")?;
+    Ok((node, older))
+}
+
+/// Takes the pods back into the loaded node's maps and swaps its programs into the pinned
+/// links; with `older` map layouts, builds the new maps first and copies what is in flight.
+fn start_ebpf(agent: &mut Agent, cgroup: &Path, older: &[PathBuf]) -> anyhow::Result<()> {
+    let migrating = !older.is_empty();
+    // Original destinations the replaced programs record until the switch: copied before it,
+    // and again after it for those recorded meanwhile.
+    let import_in_flight = |agent: &mut Agent| match agent.backend.ebpf_mut() {
+        Some(node) => older
+            .iter()
+            .map(|dir| node.pods().import_in_flight(dir))
+            .sum::<usize>(),
+        None => 0,
+    };
+    if migrating {
+        agent.restore(true)?;
+        import_in_flight(agent);
+        crash_point!("migration-built");
+    }
+    if let Some(node) = agent.backend.ebpf_mut() {
+        node.attach(cgroup)
+            .with_context(|| format!("attaching to cgroup {}", cgroup.display()))?;
+    }
+    if migrating {
+        crash_point!("migration-switched");
+        let copied = import_in_flight(agent);
+        for dir in older {
+            remove_maps_dir(dir);
+        }
+        info!(in_flight_copied = copied, "map layout migration done");
+    } else {
+        agent.restore(false)?;
+    }
+    agent.take_over_iptables_pods();
     Ok(())
 }
 
@@ -285,8 +339,8 @@ fn remove_maps_dir(dir: &Path) {
 }
 
 /// Removes what an agent pinned and wrote, and nothing else: the pinned links first (the
-/// programs detach as the last reference goes), then the maps, the pod records, the socket and
-/// the lock. A pin that is not ours (checked as the agent checks it before use) stops the
+/// programs detach as the last reference goes), then the maps, the chains the iptables backend
+/// wrote in pods that still exist, the pod records, the socket and the lock. A pin that is not ours (checked as the agent checks it before use) stops the
 /// uninstall with an error naming it, and is left in place. Returns what was removed.
 pub fn uninstall(paths: &AgentPaths) -> anyhow::Result<Vec<PathBuf>> {
     let mut removed = Vec::new();
@@ -321,6 +375,20 @@ pub fn uninstall(paths: &AgentPaths) -> anyhow::Result<Vec<PathBuf>> {
     };
     let records = Records::open(&paths.records())?;
     for record in records.load_all() {
+        // What the iptables backend wrote in a pod that still exists goes too.
+        if let records::PodBackend::Iptables(chains) = &record.backend
+            && record.netns.exists()
+        {
+            let options = crate::iptables::IptablesOptions {
+                mode: chains.mode,
+                wait: true,
+                ipv6: record.config.ipv6,
+                netns: Some(record.netns.clone()),
+            };
+            crate::iptables::cleanup(&options).with_context(|| {
+                format!("removing the iptables chains in {}", record.netns.display())
+            })?;
+        }
         remove(
             paths
                 .records()

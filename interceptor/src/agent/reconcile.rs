@@ -16,7 +16,7 @@ use std::{
 use interceptor_common::NetnsCookie;
 use tracing::warn;
 
-use super::{Agent, lock};
+use super::{Agent, backend::identify_lenient, lock};
 use crate::netns::PodNetns;
 
 /// Starts a reconciliation on a blocking thread unless one is still running.
@@ -33,18 +33,18 @@ pub(super) fn start(agent: &Arc<Mutex<Agent>>, running: &Arc<AtomicBool>) {
 
 fn reconcile(agent: &Mutex<Agent>) {
     restore_missing_pins(&lock(agent));
-    let pods: Vec<(NetnsCookie, PathBuf)> = lock(agent)
-        .pods
-        .iter()
-        .map(|(cookie, record)| (*cookie, record.netns.clone()))
-        .collect();
+    let (kind, pods): (_, Vec<(NetnsCookie, PathBuf)>) = {
+        let agent = lock(agent);
+        let pods = agent
+            .pods
+            .iter()
+            .map(|(cookie, record)| (*cookie, record.netns.clone()))
+            .collect();
+        (agent.backend.kind(), pods)
+    };
     for (cookie, path) in pods {
-        // One switch into the namespace for both; a failed address dump alone must not pass
-        // for a gone namespace.
-        let current = PodNetns::open(&path).and_then(|n| match n.cookie_and_addresses() {
-            Ok((c, addresses)) => Ok((c, Some(addresses))),
-            Err(_) => n.cookie().map(|c| (c, None)),
-        });
+        // One switch into the namespace for both.
+        let current = PodNetns::open(&path).and_then(|n| identify_lenient(kind, &n));
         let mut agent = lock(agent);
         // Removed or replaced through the API meanwhile.
         if agent.pods.get(&cookie).map(|r| &r.netns) != Some(&path) {
@@ -52,10 +52,9 @@ fn reconcile(agent: &Mutex<Agent>) {
         }
         match current {
             Ok((c, addresses)) if c == cookie => {
-                let pods = agent.node.pods();
                 if let Some(addresses) = addresses
-                    && pods.addresses(cookie) != addresses
-                    && let Err(e) = pods.set_addresses(cookie, &addresses)
+                    && agent.backend.addresses(cookie) != addresses
+                    && let Err(e) = agent.backend.set_addresses(cookie, &addresses)
                 {
                     warn!(netns = %path.display(), error = %e, "updating pod addresses: the previous ones stay in force");
                 }
@@ -69,7 +68,10 @@ fn reconcile(agent: &Mutex<Agent>) {
 /// A pin removed by hand (or by a cleanup script) while the agent runs leaves the attachment
 /// held by this process only: pinned again here, the next restart or crash does not end it.
 fn restore_missing_pins(agent: &Agent) {
-    let (pinned, failed) = agent.node.restore_missing_pins();
+    let Some(node) = agent.backend.ebpf() else {
+        return;
+    };
+    let (pinned, failed) = node.restore_missing_pins();
     for path in pinned {
         warn!(path = %path.display(), "a link's pin was removed while the agent held the link; pinned it again");
     }

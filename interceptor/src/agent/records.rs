@@ -11,7 +11,10 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::api::PodMeta;
+use super::{
+    api::{Backend, PodMeta},
+    iptables_pods::ChainsInForce,
+};
 use crate::config::InterceptionConfig;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -20,6 +23,27 @@ pub struct PodRecord {
     pub netns_cookie: NetnsCookie,
     pub meta: PodMeta,
     pub config: InterceptionConfig,
+    /// Which backend meshed the pod.
+    pub backend: PodBackend,
+}
+
+/// Which backend meshed a pod, and for iptables what it wrote. Records of agents that predate
+/// the choice are eBPF.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum PodBackend {
+    #[default]
+    Ebpf,
+    Iptables(ChainsInForce),
+}
+
+impl PodBackend {
+    pub fn kind(&self) -> Backend {
+        match self {
+            Self::Ebpf => Backend::Ebpf,
+            Self::Iptables(_) => Backend::Iptables,
+        }
+    }
 }
 
 /// A record as read: `config`, or proxy-init's flags (`args`) from an older agent.
@@ -33,6 +57,8 @@ struct Stored {
     config: Option<InterceptionConfig>,
     #[serde(default)]
     args: Vec<String>,
+    #[serde(default)]
+    backend: PodBackend,
 }
 
 pub struct Records {
@@ -103,6 +129,7 @@ impl Records {
             netns_cookie: stored.netns_cookie,
             meta: stored.meta,
             config,
+            backend: stored.backend,
         };
         if older {
             self.save(&record)?;
@@ -131,6 +158,11 @@ mod tests {
         assert_eq!(loaded[0].meta.name.as_deref(), Some("web"));
         assert_eq!(loaded[0].config.outbound_ports_to_ignore.to_string(), "25");
         assert_eq!(loaded[0].config.proxy_uid, Some(2102));
+        assert_eq!(
+            loaded[0].backend,
+            PodBackend::Ebpf,
+            "an older record is eBPF's"
+        );
         let rewritten: serde_json::Value =
             serde_json::from_slice(&fs::read(dir.join("42.json")).unwrap()).unwrap();
         assert!(rewritten.get("args").is_none(), "{rewritten}");

@@ -12,13 +12,14 @@ use tracing::{info, warn};
 
 use super::{
     Agent, Refusal,
-    api::{ErrorKind, Health, PodAdd, PodInfo},
+    api::{Backend, ErrorKind, Health, PodAdd, PodInfo},
+    backend::identify,
     lock,
-    records::PodRecord,
+    records::{PodBackend, PodRecord},
 };
 use crate::{
     crash_points::crash_point,
-    ebpf::{EbpfError, PodSpec, listener::find_listeners},
+    ebpf::{PodSpec, listener::find_listeners},
     netns::PodNetns,
 };
 
@@ -39,7 +40,8 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
         .map_err(|e| (ErrorKind::InvalidConfig, e.to_string()))?;
     let unknown = |e: crate::netns::NetnsError| (ErrorKind::UnknownNetns, e.to_string());
     let netns = PodNetns::open(&add.netns).map_err(unknown)?;
-    let (cookie, addresses) = netns.cookie_and_addresses().map_err(unknown)?;
+    let backend = lock(agent).backend.kind();
+    let (cookie, addresses) = identify(backend, &netns).map_err(unknown)?;
     let spec = PodSpec {
         netns_path: add.netns.clone(),
         netns_cookie: cookie,
@@ -51,14 +53,20 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
         netns_cookie: cookie,
         meta: add.meta.clone(),
         config,
+        backend: PodBackend::default(),
     };
-    let applied = lock(agent).apply(&spec, &record, add.update)?;
+    let applied = lock(agent).apply(&spec, record, add.update)?;
     if applied != Applied::Nothing {
-        // Its configuration is in force, so a listen() from here on is caught by sock_ops; one
-        // made before is looked for now, in /proc, without the lock.
-        let found = find_listeners(&netns, spec.config.incoming_proxy_port);
-        let mut agent = lock(agent);
-        agent.adopt_listeners(cookie, found, applied == Applied::NewPod)?;
+        let agent = if backend == Backend::Ebpf {
+            // Its configuration is in force, so a listen() from here on is caught by sock_ops;
+            // one made before is looked for now, in /proc, without the lock.
+            let found = find_listeners(&netns, spec.config.incoming_proxy_port);
+            let mut agent = lock(agent);
+            agent.adopt_listeners(cookie, found, applied == Applied::NewPod)?;
+            agent
+        } else {
+            lock(agent)
+        };
         agent
             .registration_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -69,11 +77,13 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
             namespace = add.meta.namespace.as_deref().unwrap_or("-"),
             uid = add.meta.uid.as_deref().unwrap_or("-"),
             config = %spec.config,
+            %backend,
             micros = started.elapsed().as_micros() as u64,
             "pod registered"
         );
     }
-    if add.takeover_iptables {
+    // With the iptables backend the chains are ours: there is nothing to take over.
+    if add.takeover_iptables && backend == Backend::Ebpf {
         take_over_from_iptables(&add.netns)?;
     }
     Ok(lock(agent).info(cookie).into_iter().collect())
@@ -85,18 +95,25 @@ impl Agent {
     fn apply(
         &mut self,
         spec: &PodSpec,
-        record: &PodRecord,
+        mut record: PodRecord,
         update: bool,
     ) -> Result<Applied, Refusal> {
         let cookie = spec.netns_cookie;
         let existing = self.pods.get(&cookie).cloned();
         let existing_config = existing.as_ref().map(|r| r.config.clone());
+        // What is in force when only the pod's names change: nothing is written again.
+        let mut in_force = None;
         if let Some(existing) = &existing {
             let same = existing.config == spec.config;
-            // A pod whose entries are not what its record says is written again.
-            let settled = same && self.node.pods_ref().problem(cookie).is_none();
+            // A pod whose entries (or chains) are not what its record says is written again.
+            let settled = same
+                && self.backend.problem(cookie).is_none()
+                && self.backend.differs(existing, None).is_none();
             if settled && existing.meta == record.meta {
                 return Ok(Applied::Nothing);
+            }
+            if settled {
+                in_force = Some(existing.backend.clone());
             }
             if !same && !update {
                 return Err((
@@ -119,26 +136,28 @@ impl Agent {
             self.forget(stale, "its network namespace was replaced");
         }
         let is_new = existing.is_none();
-        if is_new {
-            self.node.pods().register(spec)
-        } else {
-            self.node.pods().update(spec)
-        }
-        .map_err(refusal)?;
+        let names_only = in_force.is_some();
+        record.backend = match in_force {
+            Some(backend) => backend,
+            None => self.backend.apply(spec, existing_config.as_ref())?,
+        };
         crash_point!("agent-before-record");
-        if let Err(e) = self.records.save(record) {
+        if let Err(e) = self.records.save(&record) {
             // Back to what was in force, so the maps and the records agree.
             let undone = match existing_config {
-                _ if is_new => self.node.pods().remove(cookie),
+                _ if names_only => Ok(()),
                 Some(config) => self
-                    .node
-                    .pods()
-                    .update(&PodSpec {
-                        config,
-                        ..spec.clone()
-                    })
-                    .map(drop),
-                None => Ok(()),
+                    .backend
+                    .apply(
+                        &PodSpec {
+                            config,
+                            ..spec.clone()
+                        },
+                        Some(&spec.config),
+                    )
+                    .map(drop)
+                    .map_err(|(_, message)| message),
+                None => self.backend.remove(&record),
             };
             if let Err(undo) = undone {
                 warn!(netns = %record.netns.display(), error = %undo, "undoing a change whose record could not be saved");
@@ -149,7 +168,7 @@ impl Agent {
             ));
         }
         self.netns_watch.watch(&record.netns);
-        self.pods.insert(cookie, record.clone());
+        self.pods.insert(cookie, record);
         Ok(if is_new {
             Applied::NewPod
         } else {
@@ -165,7 +184,10 @@ impl Agent {
         found: Vec<crate::ebpf::listener::Listening>,
         is_new: bool,
     ) -> Result<(), Refusal> {
-        let Err(e) = self.node.pods().adopt_listeners(cookie, found) else {
+        let Some(node) = self.backend.ebpf_mut() else {
+            return Ok(());
+        };
+        let Err(e) = node.pods().adopt_listeners(cookie, found) else {
             return Ok(());
         };
         if is_new {
@@ -195,10 +217,11 @@ impl Agent {
             return Ok(Vec::new());
         };
         let info = self.info(cookie);
-        self.node
-            .pods()
-            .remove(cookie)
-            .map_err(|e| (ErrorKind::Internal, e.to_string()))?;
+        if let Some(record) = self.pods.get(&cookie) {
+            self.backend
+                .remove(record)
+                .map_err(|e| (ErrorKind::Internal, e))?;
+        }
         crash_point!("agent-before-record-removal");
         let _ = self.records.remove(cookie);
         self.pods.remove(&cookie);
@@ -208,7 +231,7 @@ impl Agent {
 
     /// Removes a pod whose namespace is gone, whatever state it is in.
     pub(super) fn forget(&mut self, cookie: NetnsCookie, why: &str) {
-        if let Err(e) = self.node.pods().remove(cookie) {
+        if let Err(e) = self.backend.forget(cookie) {
             warn!(netns_cookie = %cookie, error = %e, "removing a pod's map entries");
         }
         let _ = self.records.remove(cookie);
@@ -219,7 +242,7 @@ impl Agent {
 
     /// Every pod's information; the listener map is walked once, not once per pod.
     pub(super) fn all_info(&self) -> Vec<PodInfo> {
-        let listening = self.node.pods_ref().listening_cookies();
+        let listening = self.backend.listening();
         self.pods
             .keys()
             .filter_map(|c| self.info_with(*c, &listening))
@@ -227,66 +250,54 @@ impl Agent {
     }
 
     pub(super) fn info(&self, cookie: NetnsCookie) -> Option<PodInfo> {
-        self.info_with(cookie, &self.node.pods_ref().listening_cookies())
+        self.info_with(cookie, &self.backend.listening())
     }
 
     fn info_with(&self, cookie: NetnsCookie, listening: &BTreeSet<NetnsCookie>) -> Option<PodInfo> {
         let record = self.pods.get(&cookie)?;
-        let pods = self.node.pods_ref();
-        let counters = pods
-            .counters(cookie)
-            .ok()
-            .flatten()
-            .map(|c| c.named().map(|(k, v)| (k.to_owned(), v)).collect())
-            .unwrap_or_default();
+        let details = self.backend.details(cookie, listening)?;
         Some(PodInfo {
             netns: record.netns.clone(),
             netns_cookie: cookie,
             meta: record.meta.clone(),
-            slot: pods.slot(cookie)?,
+            backend: record.backend.kind(),
+            slot: details.slot,
             args: record.config.to_args(),
             config: record.config.clone(),
-            addresses: pods
-                .addresses(cookie)
-                .iter()
-                .map(ToString::to_string)
-                .collect(),
-            inbound_listener: listening.contains(&cookie),
-            counters,
-            problem: pods.problem(cookie),
+            addresses: details.addresses.iter().map(ToString::to_string).collect(),
+            inbound_listener: details.inbound_listener,
+            counters: details.counters,
+            problem: details.problem,
         })
     }
 
     /// What is not in force as configured: the node's links, then each pod's entries. A
     /// `thorough` check (the API's, for `status` and tests) also walks the address and subnet
-    /// maps, the pins and the records for anything that belongs to no registered pod; `/ready`,
-    /// polled often, does not.
+    /// maps, the pins and the records for anything that belongs to no registered pod, and
+    /// reads every iptables pod's chains; `/ready`, polled often, does not.
     pub(super) fn health(&self, thorough: bool) -> Health {
-        let mut problems: Vec<String> = self
-            .node
-            .link_problems(&self.cgroup)
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        let pods = self.node.pods_ref();
+        let backend = self.backend.kind();
+        let mut problems = self.backend.node_problems(&self.cgroup);
         for (cookie, record) in &self.pods {
-            if let Some(problem) = pods.problem(*cookie) {
+            if let Some(problem) = self.backend.problem(*cookie) {
                 problems.push(format!("pod {}: {problem}", record.netns.display()));
             }
         }
         if !thorough {
-            return Health { problems };
+            return Health { problems, backend };
         }
-        let in_maps = pods.in_maps();
-        for (cookie, record) in &self.pods {
-            if let Some(difference) = pods.entries_differ(*cookie, &in_maps) {
+        let in_maps = self.backend.in_maps();
+        for record in self.pods.values() {
+            if let Some(difference) = self.backend.differs(record, in_maps.as_ref()) {
                 problems.push(format!("pod {}: {difference}", record.netns.display()));
             }
         }
-        for cookie in self.unregistered(&in_maps) {
-            problems.push(format!(
-                "the maps or pins hold entries for netns cookie {cookie}, which is not a registered pod"
-            ));
+        if let Some(in_maps) = &in_maps {
+            for cookie in self.unregistered(in_maps) {
+                problems.push(format!(
+                    "the maps or pins hold entries for netns cookie {cookie}, which is not a registered pod"
+                ));
+            }
         }
         let recorded: BTreeSet<NetnsCookie> = self
             .records
@@ -300,23 +311,12 @@ impl Agent {
                 "netns cookie {cookie} has a pod record but is not registered, or the other way round"
             ));
         }
-        Health { problems }
+        Health { problems, backend }
     }
 }
 
-/// The API's error kind for a registration the maps refused (nothing was changed).
-fn refusal(e: EbpfError) -> Refusal {
-    let kind = match &e {
-        EbpfError::NoFreeSlot(_) => ErrorKind::PodTableFull,
-        EbpfError::Netns(_) => ErrorKind::UnknownNetns,
-        e if e.is_capacity() => ErrorKind::TableFull,
-        _ => ErrorKind::Internal,
-    };
-    (kind, e.to_string())
-}
-
 /// Called once the pod is intercepted by the programs: its iptables chains can go.
-fn take_over_from_iptables(netns: &Path) -> Result<(), Refusal> {
+pub(super) fn take_over_from_iptables(netns: &Path) -> Result<(), Refusal> {
     remove_iptables_chains(netns).map_err(|e| {
         (
             ErrorKind::Internal,

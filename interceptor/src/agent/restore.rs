@@ -10,10 +10,15 @@ use std::collections::BTreeSet;
 use anyhow::bail;
 use tracing::{info, warn};
 
-use super::{Agent, records::PodRecord};
+use super::{
+    Agent,
+    backend::{Backend, identify},
+    records::{PodBackend, PodRecord},
+    registration::take_over_from_iptables,
+};
 use crate::{
     crash_points::crash_point,
-    ebpf::{InMaps, PodSpec},
+    ebpf::{InMaps, PodSpec, listener::find_listeners},
     netns::PodNetns,
 };
 
@@ -23,69 +28,152 @@ enum NotRestored {
     Gone(String),
     /// The maps refused it; nothing of it is in force.
     Refused(String),
+    /// It stays as the previous agent left it, and so does its record: the pod is reported
+    /// (a record without a registered pod) and tried again at the next start.
+    Kept(String),
 }
 
 impl Agent {
     /// Takes back the pods of the previous agent: every record whose namespace still exists
-    /// with the same cookie keeps its slot and counters. With `migrating`, the maps are new
-    /// ones the links do not use yet, and a pod they cannot take stops the start-up before
+    /// with the same key. eBPF pods keep their slot and counters; with `migrating`, the maps are
+    /// new ones the links do not use yet, and a pod they cannot take stops the start-up before
     /// anything is switched: the previous programs and maps keep every pod intercepted.
+    ///
+    /// A record of the other backend is brought over: an eBPF agent registers a pod the
+    /// iptables backend meshed (its chains are removed by [`Self::take_over_iptables_pods`],
+    /// once the programs are attached); an iptables agent writes chains for a pod eBPF meshed,
+    /// and leaves the pinned eBPF state alone.
     pub(super) fn restore(&mut self, migrating: bool) -> anyhow::Result<()> {
-        let mut in_maps = self.node.pods_ref().in_maps();
+        let mut in_maps = self.backend.in_maps();
         for record in self.records.load_all() {
             let cookie = record.netns_cookie;
-            match self.restore_one(&record, &mut in_maps, migrating) {
-                Ok(()) => {
+            let netns = record.netns.clone();
+            match self.restore_one(record, in_maps.as_mut(), migrating) {
+                Ok(record) => {
                     self.netns_watch.watch(&record.netns);
                     self.pods.insert(cookie, record);
                     crash_point!("restore-pod");
                 }
                 Err(NotRestored::Refused(why)) if migrating => bail!(
                     "building the new maps: pod {} cannot be registered in them: {why}. Nothing was switched: every pod stays intercepted by the previous programs and maps. Remove the pod or fix the cause, then start the agent again",
-                    record.netns.display()
+                    netns.display()
                 ),
+                Err(NotRestored::Kept(why)) => {
+                    warn!(netns = %netns.display(), netns_cookie = %cookie, "pod left as it was, not restored: {why}");
+                }
                 Err(NotRestored::Gone(why) | NotRestored::Refused(why)) => {
-                    warn!(netns = %record.netns.display(), netns_cookie = %cookie, "not restoring pod: {why}");
-                    let _ = self.node.pods().purge(cookie);
+                    warn!(netns = %netns.display(), netns_cookie = %cookie, "not restoring pod: {why}");
+                    if let Some(node) = self.backend.ebpf_mut() {
+                        let _ = node.pods().purge(cookie);
+                    }
                     let _ = self.records.remove(cookie);
                 }
             }
         }
-        self.remove_leftovers(&in_maps);
-        info!(pods = self.pods.len(), "pods restored from the pinned maps");
+        if let Some(in_maps) = &in_maps {
+            self.remove_leftovers(in_maps);
+        }
+        info!(pods = self.pods.len(), backend = %self.backend.kind(), "pods restored");
         Ok(())
     }
 
     /// Restores one pod; `migrating`: into new maps, where no pod is yet (nothing to repair).
+    /// Returns its record as it stands now.
     fn restore_one(
         &mut self,
-        record: &PodRecord,
-        in_maps: &mut InMaps,
+        mut record: PodRecord,
+        in_maps: Option<&mut InMaps>,
         migrating: bool,
-    ) -> Result<(), NotRestored> {
+    ) -> Result<PodRecord, NotRestored> {
         let gone = |e: crate::netns::NetnsError| NotRestored::Gone(e.to_string());
         let netns = PodNetns::open(&record.netns).map_err(gone)?;
-        let (cookie, addresses) = netns.cookie_and_addresses().map_err(gone)?;
+        let (cookie, addresses) = identify(self.backend.kind(), &netns).map_err(gone)?;
         if cookie != record.netns_cookie {
             return Err(NotRestored::Gone(
                 "its network namespace was replaced".into(),
             ));
         }
-        let spec = PodSpec {
-            netns_path: record.netns.clone(),
-            netns_cookie: cookie,
-            addresses,
-            config: record.config.clone(),
-        };
-        let repaired = self
-            .node
-            .pods()
-            .restore(&spec, in_maps)
-            .map_err(|e| NotRestored::Refused(e.to_string()))?;
-        if let Some(what) = repaired.filter(|_| !migrating) {
-            warn!(netns = %record.netns.display(), netns_cookie = %cookie, "pod restored, repaired: {what}");
+        let path = record.netns.display().to_string();
+        match (&mut self.backend, in_maps) {
+            (Backend::Ebpf(node), Some(in_maps)) => {
+                let spec = PodSpec {
+                    netns_path: record.netns.clone(),
+                    netns_cookie: cookie,
+                    addresses,
+                    config: record.config.clone(),
+                };
+                let repaired = node
+                    .pods()
+                    .restore(&spec, in_maps)
+                    .map_err(|e| NotRestored::Refused(e.to_string()))?;
+                if let Some(what) = repaired.filter(|_| !migrating) {
+                    warn!(netns = %path, netns_cookie = %cookie, "pod restored, repaired: {what}");
+                }
+            }
+            (Backend::Iptables(pods), _) => {
+                let recorded = match &record.backend {
+                    PodBackend::Iptables(chains) => Some(chains),
+                    PodBackend::Ebpf => None,
+                };
+                let (chains, written) = pods
+                    .restore(cookie, &record.netns, &record.config, &addresses, recorded)
+                    .map_err(|e| NotRestored::Kept(format!("writing its iptables chains: {e}")))?;
+                match &record.backend {
+                    PodBackend::Ebpf => {
+                        info!(netns = %path, netns_cookie = %cookie, "pod meshed by eBPF: its iptables chains are written; its pinned eBPF state is left alone");
+                    }
+                    PodBackend::Iptables(_) if written => {
+                        warn!(netns = %path, netns_cookie = %cookie, "pod restored, repaired: its iptables chains were missing or not those recorded, and are written again");
+                    }
+                    PodBackend::Iptables(_) => {}
+                }
+                if written {
+                    record.backend = PodBackend::Iptables(chains);
+                    if let Err(e) = self.records.save(&record) {
+                        warn!(netns = %path, error = %e, "saving the pod record");
+                    }
+                }
+            }
+            (Backend::Ebpf(_), None) => unreachable!("the eBPF backend has maps"),
         }
-        Ok(())
+        Ok(record)
+    }
+
+    /// Moves the pods the iptables backend meshed, registered in the maps by
+    /// [`Self::restore`], to the programs alone: their proxy's existing listener is adopted,
+    /// then their chains are removed (the programs already intercept them, so there is no
+    /// moment without interception) and their records say eBPF. Called once the programs are
+    /// attached.
+    pub(super) fn take_over_iptables_pods(&mut self) {
+        let meshed_by_iptables: Vec<PodRecord> = self
+            .pods
+            .values()
+            .filter(|r| matches!(r.backend, PodBackend::Iptables(_)))
+            .cloned()
+            .collect();
+        for mut record in meshed_by_iptables {
+            let cookie = record.netns_cookie;
+            let Some(node) = self.backend.ebpf_mut() else {
+                return;
+            };
+            let found = PodNetns::open(&record.netns)
+                .map(|netns| find_listeners(&netns, record.config.incoming_proxy_port))
+                .unwrap_or_default();
+            if let Err(e) = node.pods().adopt_listeners(cookie, found) {
+                warn!(netns = %record.netns.display(), error = %e, "not taking over a pod from iptables (its proxy's listener could not be adopted): its chains stay in force");
+                continue;
+            }
+            if let Err((_, e)) = take_over_from_iptables(&record.netns) {
+                warn!(netns = %record.netns.display(), "{e}");
+                continue;
+            }
+            record.backend = PodBackend::Ebpf;
+            if let Err(e) = self.records.save(&record) {
+                warn!(netns = %record.netns.display(), error = %e, "saving the pod record");
+            }
+            info!(netns = %record.netns.display(), netns_cookie = %cookie, "took over a pod from iptables: the programs intercept it, its chains are removed");
+            self.pods.insert(cookie, record);
+        }
     }
 
     /// Removes what the maps and pins hold for pods without a record: a configuration, address
@@ -96,7 +184,10 @@ impl Agent {
                 netns_cookie = %cookie,
                 "removing what the maps and pins hold for a pod without a record"
             );
-            if let Err(e) = self.node.pods().purge(cookie) {
+            let Some(node) = self.backend.ebpf_mut() else {
+                return;
+            };
+            if let Err(e) = node.pods().purge(cookie) {
                 warn!(netns_cookie = %cookie, error = %e, "removing a pod's leftovers");
             }
         }
@@ -105,7 +196,10 @@ impl Agent {
     /// The pods the maps (`in_maps`: the address and subnet entries, read once) or the pins hold
     /// something of, and that are not registered.
     pub(super) fn unregistered(&self, in_maps: &InMaps) -> BTreeSet<NetnsCookie> {
-        let pods = self.node.pods_ref();
+        let Some(node) = self.backend.ebpf() else {
+            return BTreeSet::new();
+        };
+        let pods = node.pods_ref();
         pods.cookies_in_maps()
             .into_iter()
             .chain(in_maps.cookies())

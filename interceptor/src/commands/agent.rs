@@ -5,23 +5,37 @@ use anyhow::{Context as _, bail};
 
 use crate::{
     agent::{
-        self, AgentPaths,
+        self, AgentPaths, BackendChoice, IptablesSettings,
         api::{self, ClientError, PodAdd, PodInfo, PodMeta, Request},
     },
     cgroup,
-    cli::{AgentLocationArgs, DaemonArgs, PodArgs, PodCommand, parse_pod_config},
+    cli::{AgentLocationArgs, DaemonArgs, Mode, PodArgs, PodCommand, parse_pod_config},
 };
 
 pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
     crate::crash_points::arm();
     // Requests run on a few blocking threads: keep them from holding an arena each.
     interceptor_sys::limit_malloc_arenas(2);
-    let cgroup = match args.cgroup {
-        Some(path) => path,
-        None => cgroup::cgroup2_root()?,
+    let (backend, cgroup) = match super::choose_backend(args.mode) {
+        Mode::Iptables => (
+            BackendChoice::Iptables(IptablesSettings {
+                mode: args.iptables.iptables_mode,
+                wait: args.iptables.use_wait_flag,
+            }),
+            // Nothing is attached to a cgroup: proxy-init's chains live in each pod's namespace.
+            args.cgroup.unwrap_or_default(),
+        ),
+        _ => {
+            let cgroup = match args.cgroup {
+                Some(path) => path,
+                None => cgroup::cgroup2_root()?,
+            };
+            cgroup::open_cgroup2(&cgroup)?;
+            (BackendChoice::Ebpf, cgroup)
+        }
     };
-    cgroup::open_cgroup2(&cgroup)?;
     let options = agent::AgentOptions {
+        backend,
         cgroup,
         orig_dst_capacity: args.orig_dst_capacity,
         reconcile_every: Duration::from_millis(args.reconcile_ms),
@@ -85,7 +99,7 @@ pub fn pod(args: PodArgs) -> anyhow::Result<()> {
             } else {
                 print_pods(&pods, false);
                 for pod in &pods {
-                    for (name, value) in &pod.counters {
+                    for (name, value) in pod.counters.iter().flatten() {
                         println!("    {name:<34} {value}");
                     }
                 }
@@ -119,12 +133,18 @@ pub fn print_pods(pods: &[PodInfo], json: bool) {
             Some(uid) => format!("{name} (uid {uid})"),
             None => name,
         };
+        // What the iptables backend does not have is not shown.
+        let slot = pod.slot.map(|s| format!(" slot {s}")).unwrap_or_default();
+        let listener = match pod.inbound_listener {
+            Some(true) => " listener yes",
+            Some(false) => " listener no",
+            None => "",
+        };
         println!(
-            "{} {name} netns cookie {} slot {} listener {} addresses {}: {}",
+            "{} {name} netns cookie {} backend {}{slot}{listener} addresses {}: {}",
             pod.netns.display(),
             pod.netns_cookie,
-            pod.slot,
-            if pod.inbound_listener { "yes" } else { "no" },
+            pod.backend,
             pod.addresses.join(","),
             pod.args.join(" ")
         );

@@ -7,9 +7,34 @@ pub mod status;
 pub mod validate;
 
 use clap::Parser as _;
-use tracing::info;
+use tracing::{info, warn};
 
-use crate::{cli::IptablesCleanupArgs, iptables};
+use crate::{
+    cli::{IptablesCleanupArgs, Mode},
+    ebpf, iptables,
+};
+
+/// The backend `mode` asks for: `auto` is eBPF when every program loads and verifies on this
+/// kernel with these privileges (probed by loading them), else iptables, said in one log line
+/// with the reason.
+pub fn choose_backend(mode: Mode) -> Mode {
+    if mode != Mode::Auto {
+        return mode;
+    }
+    match ebpf::probe() {
+        Ok(()) => {
+            info!(
+                backend = "ebpf",
+                "auto mode: every eBPF program loads and verifies on this kernel"
+            );
+            Mode::Ebpf
+        }
+        Err(reason) => {
+            warn!(backend = "iptables", %reason, "auto mode: eBPF cannot be used here, falling back to iptables");
+            Mode::Iptables
+        }
+    }
+}
 
 /// The `interceptor` binary: parse, set up logging, run the command.
 pub fn main() -> std::process::ExitCode {

@@ -26,22 +26,7 @@ use crate::{
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = args.interception.config();
-    let backend = match args.mode {
-        Mode::Auto => match ebpf::probe() {
-            Ok(()) => {
-                info!(
-                    backend = "ebpf",
-                    "auto mode: every eBPF program loads and verifies on this kernel"
-                );
-                Mode::Ebpf
-            }
-            Err(reason) => {
-                warn!(backend = "iptables", %reason, "auto mode: eBPF cannot be used here, falling back to iptables");
-                Mode::Iptables
-            }
-        },
-        mode => mode,
-    };
+    let backend = super::choose_backend(args.mode);
     match backend {
         Mode::Iptables => run_iptables(&config, &args),
         _ => run_ebpf(config, args).await,

@@ -59,6 +59,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
                     Some(Err(e)) => vec![format!("asking the agent: {e}")],
                     None => Vec::new(),
                 },
+                "backend": health.as_ref().and_then(|h| h.as_ref().ok()).map(|h| h.backend),
             })
         });
         println!(
@@ -70,7 +71,15 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if let Some(pods) = &agent {
-        println!("node agent at {}: {} pods", socket.display(), pods.len());
+        match &health {
+            Some(Ok(health)) => println!(
+                "node agent at {} (backend {}): {} pods",
+                socket.display(),
+                health.backend,
+                pods.len()
+            ),
+            _ => println!("node agent at {}: {} pods", socket.display(), pods.len()),
+        }
         match &health {
             Some(Ok(health)) if health.problems.is_empty() => {
                 println!("  interception in force as configured");
@@ -90,7 +99,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
         crate::commands::agent::print_pods(pods, false);
         for pod in pods {
             println!("  {}:", pod.netns.display());
-            for (name, value) in &pod.counters {
+            for (name, value) in pod.counters.iter().flatten() {
                 println!("    {name:<34} {value}");
             }
         }

@@ -18,7 +18,10 @@ pub use rules::{
 use crate::config::InterceptionConfig;
 
 /// Which iptables binaries to run: legacy, nft or plain `iptables`, as proxy-init offers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum IptablesMode {
     #[default]
     Legacy,

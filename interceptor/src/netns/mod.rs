@@ -26,6 +26,12 @@ pub enum NetnsError {
     },
     #[error("{path} is not a network namespace")]
     NotNetns { path: PathBuf },
+    /// `getsockopt(SO_NETNS_COOKIE)` is ENOPROTOOPT: the kernel is older than 5.14 and cannot
+    /// name a namespace by its cookie, which the eBPF backend keys its maps by.
+    #[error(
+        "network namespace {path}: this kernel cannot tell a namespace's cookie (SO_NETNS_COOKIE needs Linux 5.14), which the eBPF backend needs; use the iptables backend (--mode iptables or auto)"
+    )]
+    NoCookie { path: PathBuf },
     #[error("{call} in network namespace {path}: {source}")]
     Syscall {
         call: &'static str,
@@ -117,9 +123,40 @@ impl PodNetns {
     }
 
     /// The kernel's 64-bit identity of the namespace, the same value `bpf_get_netns_cookie`
-    /// returns in the eBPF programs. Needs Linux 5.14 (`SO_NETNS_COOKIE`).
+    /// returns in the eBPF programs. Needs Linux 5.14 (`SO_NETNS_COOKIE`): before, the error is
+    /// [`NetnsError::NoCookie`].
     pub fn cookie(&self) -> Result<NetnsCookie, NetnsError> {
         self.run_inside(|| self.cookie_here())
+    }
+
+    /// The namespace's key for a backend that needs no cookie in the kernel (iptables): its
+    /// cookie, or, where the kernel cannot tell it (5.10 to 5.13), [`Self::inode_key`]. The
+    /// addresses come with it, as with [`Self::cookie_and_addresses`].
+    pub fn key_and_addresses(&self) -> Result<(NetnsCookie, Vec<IpAddr>), NetnsError> {
+        self.run_inside(|| {
+            let key = match self.cookie_here() {
+                Err(NetnsError::NoCookie { .. }) => self.inode_key()?,
+                other => other?,
+            };
+            Ok((key, self.addresses_here()?))
+        })
+    }
+
+    /// An agent-internal key derived from the namespace file's inode, for kernels without
+    /// `SO_NETNS_COOKIE` (before 5.14): the inode with the top bit set. Real cookies count up
+    /// from 1 and never reach 2^63, so the two kinds cannot collide. The kernel knows nothing of
+    /// this key (no eBPF program can use it), and an inode can be reused by a namespace created
+    /// after this one is gone, so a replaced namespace at the same path may go unnoticed until
+    /// the path disappears; the iptables backend's chains live and die with the namespace
+    /// itself, which makes that harmless.
+    pub fn inode_key(&self) -> Result<NetnsCookie, NetnsError> {
+        use std::os::unix::fs::MetadataExt as _;
+        let metadata = self.file.metadata().map_err(|e| NetnsError::Syscall {
+            call: "fstat",
+            path: self.path.clone(),
+            source: nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+        })?;
+        Ok(NetnsCookie(INODE_KEY_BIT | metadata.ino()))
     }
 
     /// [`Self::cookie`], from a thread already inside the namespace.
@@ -139,10 +176,13 @@ impl PodNetns {
             })?;
             let cookie =
                 interceptor_sys::netns::socket_netns_cookie(std::os::fd::AsFd::as_fd(&sock))
-                    .map_err(|e| NetnsError::Syscall {
-                        call: "getsockopt(SO_NETNS_COOKIE)",
-                        path,
-                        source: nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+                    .map_err(|e| match e.raw_os_error() {
+                        Some(libc::ENOPROTOOPT) => NetnsError::NoCookie { path: path.clone() },
+                        errno => NetnsError::Syscall {
+                            call: "getsockopt(SO_NETNS_COOKIE)",
+                            path,
+                            source: nix::Error::from_raw(errno.unwrap_or(libc::EIO)),
+                        },
                     })?;
             Ok(NetnsCookie(cookie))
         }
@@ -166,6 +206,9 @@ impl PodNetns {
         Ok(all)
     }
 }
+
+/// Set in [`PodNetns::inode_key`]'s keys: a real netns cookie never has it.
+pub const INODE_KEY_BIT: u64 = 1 << 63;
 
 /// `RTMGRP_IPV4_IFADDR` and `RTMGRP_IPV6_IFADDR` from `<linux/rtnetlink.h>`.
 const RTMGRP_IPV4_IFADDR: u32 = 0x10;
@@ -191,5 +234,21 @@ impl PodNetns {
                 })?;
             Ok(fd)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_inode_key_cannot_be_a_cookie() {
+        use std::os::unix::fs::MetadataExt as _;
+        let netns = PodNetns::open(Path::new("/proc/self/ns/net")).unwrap();
+        let key = netns.inode_key().unwrap();
+        let inode = std::fs::metadata("/proc/self/ns/net").unwrap().ino();
+        assert_eq!(key.0, INODE_KEY_BIT | inode);
+        assert!(key.0 >= 1 << 63, "real cookies count up from 1");
+        assert_eq!(netns.inode_key().unwrap(), key, "stable");
     }
 }

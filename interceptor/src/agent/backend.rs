@@ -1,0 +1,296 @@
+//! The agent's backend, chosen once per node (`daemon --mode`): the eBPF node (programs attached
+//! once to the cgroup, pods as map entries keyed by their netns cookie) or the iptables pod set
+//! (proxy-init's chains in each pod's namespace). Registration, restore, reconciliation, health
+//! and metrics ask this for what differs between the two, and branch nowhere else.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    path::Path,
+};
+
+use interceptor_common::{NetnsCookie, PodSlot};
+
+use super::{
+    Refusal,
+    api::{Backend as Kind, ErrorKind},
+    iptables_pods::{IptablesPods, IptablesSettings},
+    records::{PodBackend, PodRecord},
+};
+use crate::{
+    config::InterceptionConfig,
+    ebpf::{EbpfError, EbpfNode, InMaps, PodSpec},
+    iptables::IptablesError,
+    netns::{NetnsError, PodNetns},
+};
+
+/// Which backend an agent is to use, once `--mode auto` is resolved.
+#[derive(Clone, Copy, Debug)]
+pub enum BackendChoice {
+    Ebpf,
+    Iptables(IptablesSettings),
+}
+
+pub enum Backend {
+    /// Boxed: the node is large, and there is one per agent.
+    Ebpf(Box<EbpfNode>),
+    Iptables(IptablesPods),
+}
+
+/// What the backend knows of a pod beyond its record; `None` where the backend has no such
+/// thing (the iptables backend has no counter slot, counters or listener map).
+pub struct PodDetails {
+    pub slot: Option<PodSlot>,
+    pub counters: Option<BTreeMap<String, u64>>,
+    pub inbound_listener: Option<bool>,
+    pub addresses: Vec<IpAddr>,
+    pub problem: Option<String>,
+}
+
+impl Backend {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Self::Ebpf(_) => Kind::Ebpf,
+            Self::Iptables(_) => Kind::Iptables,
+        }
+    }
+
+    pub fn ebpf(&self) -> Option<&EbpfNode> {
+        match self {
+            Self::Ebpf(node) => Some(node),
+            Self::Iptables(_) => None,
+        }
+    }
+
+    pub fn ebpf_mut(&mut self) -> Option<&mut EbpfNode> {
+        match self {
+            Self::Ebpf(node) => Some(node),
+            Self::Iptables(_) => None,
+        }
+    }
+
+    /// Puts `spec`'s configuration in force: a new pod, or a change to a registered one whose
+    /// configuration in force is `previous`. If it fails, what was in force stays: eBPF changes
+    /// are made before break; iptables removes what a failed run added, so the previous
+    /// configuration's chains are written again. Returns what the record keeps.
+    pub fn apply(
+        &mut self,
+        spec: &PodSpec,
+        previous: Option<&InterceptionConfig>,
+    ) -> Result<PodBackend, Refusal> {
+        match self {
+            Self::Ebpf(node) => {
+                match previous {
+                    None => node.pods().register(spec),
+                    Some(_) => node.pods().update(spec),
+                }
+                .map_err(ebpf_refusal)?;
+                Ok(PodBackend::Ebpf)
+            }
+            Self::Iptables(pods) => {
+                if let (None, Some(max)) = (previous, pods.full()) {
+                    return Err((
+                        ErrorKind::PodTableFull,
+                        format!(
+                            "this agent serves at most {max} pods (--max-pods): remove a pod first"
+                        ),
+                    ));
+                }
+                let install = |pods: &mut IptablesPods, config| {
+                    pods.install(spec.netns_cookie, &spec.netns_path, config, &spec.addresses)
+                };
+                match install(pods, &spec.config) {
+                    Ok(chains) => Ok(PodBackend::Iptables(chains)),
+                    Err(e) => {
+                        if let Some(previous) = previous
+                            && let Err(undo) = install(pods, previous)
+                        {
+                            tracing::error!(netns = %spec.netns_path.display(), error = %undo, "writing a pod's previous iptables chains again after a change failed: the pod is not intercepted");
+                        }
+                        Err(iptables_refusal(e))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes a registered pod out of interception.
+    pub fn remove(&mut self, record: &PodRecord) -> Result<(), String> {
+        match self {
+            Self::Ebpf(node) => node
+                .pods()
+                .remove(record.netns_cookie)
+                .map_err(|e| e.to_string()),
+            Self::Iptables(pods) => {
+                let mode = match &record.backend {
+                    PodBackend::Iptables(chains) => Some(chains.mode),
+                    PodBackend::Ebpf => None,
+                };
+                pods.remove(record.netns_cookie, &record.netns, record.config.ipv6, mode)
+                    .map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// Forgets a pod whose namespace is gone or was replaced.
+    pub fn forget(&mut self, cookie: NetnsCookie) -> Result<(), String> {
+        match self {
+            Self::Ebpf(node) => node.pods().remove(cookie).map_err(|e| e.to_string()),
+            Self::Iptables(pods) => {
+                pods.forget(cookie);
+                Ok(())
+            }
+        }
+    }
+
+    /// Why a pod's state is not what was written, as far as can be told cheaply (the eBPF
+    /// registry's own check; the iptables chains are read only by [`Self::differs`]).
+    pub fn problem(&self, cookie: NetnsCookie) -> Option<String> {
+        self.ebpf().and_then(|node| node.pods_ref().problem(cookie))
+    }
+
+    /// The pods whose proxy's inbound listener the eBPF maps hold (read once for many pods).
+    pub fn listening(&self) -> BTreeSet<NetnsCookie> {
+        self.ebpf()
+            .map(|node| node.pods_ref().listening_cookies())
+            .unwrap_or_default()
+    }
+
+    /// What the backend knows of a registered pod; `None` if the eBPF registry does not have it.
+    pub fn details(
+        &self,
+        cookie: NetnsCookie,
+        listening: &BTreeSet<NetnsCookie>,
+    ) -> Option<PodDetails> {
+        match self {
+            Self::Ebpf(node) => {
+                let pods = node.pods_ref();
+                let counters = pods
+                    .counters(cookie)
+                    .ok()
+                    .flatten()
+                    .map(|c| c.named().map(|(k, v)| (k.to_owned(), v)).collect())
+                    .unwrap_or_default();
+                Some(PodDetails {
+                    slot: Some(pods.slot(cookie)?),
+                    counters: Some(counters),
+                    inbound_listener: Some(listening.contains(&cookie)),
+                    addresses: pods.addresses(cookie),
+                    problem: pods.problem(cookie),
+                })
+            }
+            Self::Iptables(pods) => Some(PodDetails {
+                slot: None,
+                counters: None,
+                inbound_listener: None,
+                addresses: pods.addresses(cookie),
+                problem: None,
+            }),
+        }
+    }
+
+    pub fn addresses(&self, cookie: NetnsCookie) -> Vec<IpAddr> {
+        match self {
+            Self::Ebpf(node) => node.pods_ref().addresses(cookie),
+            Self::Iptables(pods) => pods.addresses(cookie),
+        }
+    }
+
+    /// Applies a pod's new addresses (the eBPF programs treat them as the pod's own; the chains
+    /// need nothing: `-o lo` covers them).
+    pub fn set_addresses(
+        &mut self,
+        cookie: NetnsCookie,
+        addresses: &[IpAddr],
+    ) -> Result<(), String> {
+        match self {
+            Self::Ebpf(node) => node
+                .pods()
+                .set_addresses(cookie, addresses)
+                .map_err(|e| e.to_string()),
+            Self::Iptables(pods) => {
+                pods.set_addresses(cookie, addresses);
+                Ok(())
+            }
+        }
+    }
+
+    /// What is wrong with the node's own attachment (eBPF: its cgroup links).
+    pub fn node_problems(&self, cgroup: &Path) -> Vec<String> {
+        self.ebpf()
+            .map(|node| {
+                node.link_problems(cgroup)
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The eBPF maps' address and subnet entries, read once for a thorough check or a restore.
+    pub fn in_maps(&self) -> Option<InMaps> {
+        self.ebpf().map(|node| node.pods_ref().in_maps())
+    }
+
+    /// The thorough check of one pod: what differs between what was written for it and what is
+    /// in force (eBPF: its entries in `in_maps`, when given; iptables: its chains, read with
+    /// iptables-save).
+    pub fn differs(&self, record: &PodRecord, in_maps: Option<&InMaps>) -> Option<String> {
+        match (self, &record.backend, in_maps) {
+            (Self::Ebpf(node), _, Some(in_maps)) => {
+                node.pods_ref().entries_differ(record.netns_cookie, in_maps)
+            }
+            (Self::Iptables(pods), PodBackend::Iptables(chains), _) => {
+                pods.differs(&record.netns, record.config.ipv6, chains)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A pod's key and addresses, for a backend of `kind` (run without the agent's lock: it
+/// switches into the namespace). eBPF keys pods by their netns cookie, which the programs read
+/// in the kernel (Linux 5.14; before, [`NetnsError::NoCookie`]); the iptables backend uses the
+/// cookie too, or where the kernel cannot tell it a key derived from the namespace's inode
+/// ([`PodNetns::inode_key`]).
+pub fn identify(kind: Kind, netns: &PodNetns) -> Result<(NetnsCookie, Vec<IpAddr>), NetnsError> {
+    match kind {
+        Kind::Ebpf => netns.cookie_and_addresses(),
+        Kind::Iptables => netns.key_and_addresses(),
+    }
+}
+
+/// [`identify`], with the addresses only when they can be read: a failed address dump alone
+/// must not pass for a gone namespace.
+pub fn identify_lenient(
+    kind: Kind,
+    netns: &PodNetns,
+) -> Result<(NetnsCookie, Option<Vec<IpAddr>>), NetnsError> {
+    if let Ok((key, addresses)) = identify(kind, netns) {
+        return Ok((key, Some(addresses)));
+    }
+    match netns.cookie() {
+        Err(NetnsError::NoCookie { .. }) if kind == Kind::Iptables => netns.inode_key(),
+        other => other,
+    }
+    .map(|key| (key, None))
+}
+
+/// The API's error kind for a registration the maps refused (nothing was changed).
+pub fn ebpf_refusal(e: EbpfError) -> Refusal {
+    let kind = match &e {
+        EbpfError::NoFreeSlot(_) => ErrorKind::PodTableFull,
+        EbpfError::Netns(_) => ErrorKind::UnknownNetns,
+        e if e.is_capacity() => ErrorKind::TableFull,
+        _ => ErrorKind::Internal,
+    };
+    (kind, e.to_string())
+}
+
+/// The API's error kind for chains iptables refused (a failure removes what it added).
+fn iptables_refusal(e: IptablesError) -> Refusal {
+    let kind = match &e {
+        IptablesError::Netns { .. } => ErrorKind::UnknownNetns,
+        _ => ErrorKind::Internal,
+    };
+    (kind, format!("writing the pod's iptables chains: {e}"))
+}

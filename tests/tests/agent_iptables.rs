@@ -1,0 +1,418 @@
+//! The node agent with the iptables backend (`daemon --mode iptables`), as it runs where the eBPF
+//! programs cannot load: each pod registered through `pod add` or the CNI plugin gets proxy-init's
+//! chains in its own namespace, the contract holds (outbound on the proxy with its original
+//! destination from conntrack, inbound on the inbound port, the proxy's UID exempt), a restart
+//! keeps the pods without writing again what is in force, removal takes the chains away, and an
+//! eBPF agent takes the pods over (and an iptables agent back) with no connection bypassing the
+//! proxy. Each test has its own agent, state directory, bpffs directory, namespaces and cgroup.
+use std::{path::Path, process::Command, time::Duration};
+
+use interceptor_tests::{
+    Landing, PodFixture,
+    agent_home::{
+        AgentHome, UNREACHABLE, all_reached_the_proxy, check_load, free_loopback_addr, http_get,
+        stderr,
+    },
+    cni_network::{CniNetwork, injected},
+    privileged,
+    scenario::{APP_UID, PROXY_UID, Servers},
+};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_interceptor-under-test");
+const PLUGIN: &str = env!("CARGO_BIN_EXE_interceptor-cni-under-test");
+
+/// The pod's nat table as `save` (`iptables-legacy-save`, `ip6tables-legacy-save`) lists it,
+/// with each rule's packet counters when `counters`.
+fn nat(pod: &Path, save: &str, counters: bool) -> String {
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net={}", pod.display()))
+        .arg(save)
+        .args(["-t", "nat"]);
+    if counters {
+        cmd.arg("-c");
+    }
+    let out = cmd.output().expect("run iptables-save");
+    assert!(out.status.success(), "{save}: {}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// How many jumps to `chain` there are from `from` in the listing.
+fn jumps(listing: &str, from: &str, chain: &str) -> usize {
+    listing
+        .lines()
+        .filter(|l| l.contains(&format!("-A {from} ")) && l.ends_with(&format!("-j {chain}")))
+        .count()
+}
+
+/// proxy-init's chains are in the pod, once, in both families.
+fn assert_chains_once(pod: &Path) {
+    for save in ["iptables-legacy-save", "ip6tables-legacy-save"] {
+        let listing = nat(pod, save, false);
+        assert_eq!(
+            jumps(&listing, "PREROUTING", "PROXY_INIT_REDIRECT"),
+            1,
+            "{save}:\n{listing}"
+        );
+        assert_eq!(
+            jumps(&listing, "OUTPUT", "PROXY_INIT_OUTPUT"),
+            1,
+            "{save}:\n{listing}"
+        );
+        assert!(
+            listing.contains("proxy-init/redirect-all-outgoing-to-proxy-port"),
+            "{save}:\n{listing}"
+        );
+    }
+}
+
+fn assert_no_chains(pod: &Path) {
+    for save in ["iptables-legacy-save", "ip6tables-legacy-save"] {
+        let listing = nat(pod, save, false);
+        assert!(!listing.contains("PROXY_INIT"), "{save}:\n{listing}");
+    }
+}
+
+/// The app's connect lands on the outbound proxy with its original destination (conntrack's
+/// SO_ORIGINAL_DST), the proxy's own connect is not redirected, and inbound connections reach
+/// the inbound proxy except on an ignored port.
+fn assert_meshed(fixture: &PodFixture) {
+    let app = fixture.in_pod().uid(APP_UID);
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+    assert_eq!(
+        app.connect("[2001:db8::2]:1404").proxy_orig().to_string(),
+        "[2001:db8::2]:1404"
+    );
+    assert_eq!(
+        fixture
+            .in_pod()
+            .uid(PROXY_UID)
+            .connect("10.77.0.2:80")
+            .server_name(),
+        "remote-80",
+        "the proxy's UID is exempt"
+    );
+    match fixture.on_remote().connect("10.77.0.1:80") {
+        Landing::Proxy {
+            name,
+            orig: Ok(orig),
+            ..
+        } => {
+            assert_eq!(name, "inbound");
+            assert_eq!(orig.to_string(), "10.77.0.1:80");
+        }
+        other => panic!("expected the inbound proxy, got {other:?}"),
+    }
+    assert_eq!(
+        fixture.on_remote().connect("10.77.0.1:4190").server_name(),
+        "app-4190",
+        "an ignored inbound port reaches the app"
+    );
+}
+
+/// The packets the outbound redirect rule has matched: reset if the chain is written again.
+fn redirected_packets(pod: &Path) -> u64 {
+    let listing = nat(pod, "iptables-legacy-save", true);
+    let line = listing
+        .lines()
+        .find(|l| l.contains("redirect-all-outgoing-to-proxy-port"))
+        .unwrap_or_else(|| panic!("no outbound redirect rule:\n{listing}"));
+    line.trim_start_matches('[')
+        .split(':')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no counters on {line}"))
+}
+
+fn pod_path(fixture: &PodFixture) -> String {
+    fixture.pod.path().display().to_string()
+}
+
+#[test]
+fn an_iptables_agent_meshes_pods_with_proxy_inits_chains_through_restarts() {
+    if !privileged("an_iptables_agent_meshes_pods_with_proxy_inits_chains_through_restarts") {
+        return;
+    }
+    let fixture = PodFixture::new("aipt");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let addr = free_loopback_addr();
+    let args = ["--mode", "iptables", "-w", "--metrics-addr", &addr];
+    let agent = home.start_with(&args);
+    home.mesh(
+        &fixture.pod.path(),
+        &["--name", "web", "--namespace", "shop"],
+    );
+    assert_chains_once(&fixture.pod.path());
+    assert_meshed(&fixture);
+    assert!(
+        !home.bpffs.join("link_icpt_connect4").exists(),
+        "nothing of eBPF is loaded"
+    );
+
+    let pods = home.pods();
+    assert_eq!(pods.len(), 1);
+    assert_eq!(pods[0]["backend"], "iptables");
+    assert_eq!(pods[0]["meta"]["name"], "web");
+    for absent in ["counters", "slot", "inbound_listener"] {
+        assert!(pods[0].get(absent).is_none(), "{absent}: {:#}", pods[0]);
+    }
+    assert!(home.problems().is_empty(), "{:?}", home.problems());
+
+    let (_, body) = http_get(&addr, "/metrics");
+    for line in [
+        r#"interceptor_backend_info{backend="iptables"} 1"#,
+        r#"interceptor_pods_registered{backend="iptables"} 1"#,
+        r#"interceptor_pod_registration_seconds_count{backend="iptables"} 1"#,
+    ] {
+        assert!(body.contains(line), "{line} not in:\n{body}");
+    }
+    for absent in ["interceptor_decisions_total{", "interceptor_map_entries"] {
+        assert!(!body.contains(absent), "{absent} in:\n{body}");
+    }
+    let (status, _) = http_get(&addr, "/ready");
+    assert!(status.contains(" 200 "), "{status}");
+
+    // A restart: the chains in force are left as they are (their counters go on), not written
+    // again, and the pod is the same.
+    let packets = redirected_packets(&fixture.pod.path());
+    assert!(packets >= 1);
+    // Only its names change: nothing is written again.
+    home.mesh(
+        &fixture.pod.path(),
+        &["--name", "web2", "--namespace", "shop"],
+    );
+    assert_eq!(home.pods()[0]["meta"]["name"], "web2");
+    assert_eq!(redirected_packets(&fixture.pod.path()), packets);
+    agent.kill();
+    let log = home.log_path();
+    let agent = home.start_logged(&log, &args);
+    assert_eq!(home.pods()[0]["netns_cookie"], pods[0]["netns_cookie"]);
+    assert_eq!(redirected_packets(&fixture.pod.path()), packets);
+    assert_chains_once(&fixture.pod.path());
+    assert_meshed(&fixture);
+    let restart_log = std::fs::read_to_string(&log).unwrap();
+    assert!(!restart_log.contains("written again"), "{restart_log}");
+
+    // Chains removed while no agent ran are written again by the next one.
+    agent.kill();
+    let cleanup = Command::new(BIN)
+        .args(["iptables-cleanup", "-w", "--netns", &pod_path(&fixture)])
+        .output()
+        .unwrap();
+    assert!(cleanup.status.success(), "{}", stderr(&cleanup));
+    assert_no_chains(&fixture.pod.path());
+    let agent = home.start_logged(&log, &args);
+    assert_chains_once(&fixture.pod.path());
+    assert_meshed(&fixture);
+    let repair_log = std::fs::read_to_string(&log).unwrap();
+    assert!(repair_log.contains("written again"), "{repair_log}");
+    assert!(home.problems().is_empty(), "{:?}", home.problems());
+
+    // Chains removed while the agent runs: reported, and written again by a registration.
+    let cleanup = Command::new(BIN)
+        .args(["iptables-cleanup", "-w", "--netns", &pod_path(&fixture)])
+        .output()
+        .unwrap();
+    assert!(cleanup.status.success(), "{}", stderr(&cleanup));
+    let problems = home.problems();
+    assert!(
+        problems.len() == 1 && problems[0].contains("iptables chains are missing"),
+        "{problems:?}"
+    );
+    home.mesh(
+        &fixture.pod.path(),
+        &["--name", "web2", "--namespace", "shop"],
+    );
+    assert_chains_once(&fixture.pod.path());
+    assert!(home.problems().is_empty(), "{:?}", home.problems());
+
+    // Removed: the chains are gone and the app's connects go where they were going.
+    let removed = home.cli(&["pod", "remove", "--netns", &pod_path(&fixture)]);
+    assert!(removed.status.success(), "{}", stderr(&removed));
+    assert!(home.pods().is_empty());
+    assert_no_chains(&fixture.pod.path());
+    assert_eq!(
+        fixture.in_pod().uid(APP_UID).connect(UNREACHABLE),
+        Landing::Failed("connect:ECONNREFUSED".into())
+    );
+    agent.stop();
+}
+
+#[test]
+fn an_iptables_agent_meshes_pods_added_through_the_cni_plugin() {
+    if !privileged("an_iptables_agent_meshes_pods_added_through_the_cni_plugin") {
+        return;
+    }
+    let fixture = PodFixture::new("aiptcni");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home.start_with(&["--mode", "iptables", "-w"]);
+    let network = CniNetwork::new("aiptcni-node");
+    let installed = Command::new(BIN)
+        .args(["cni", "install", "--plugin", PLUGIN])
+        .arg("--conf-dir")
+        .arg(&network.conf_dir)
+        .arg("--bin-dir")
+        .arg(&network.bin_dir)
+        .arg("--agent-socket")
+        .arg(home.socket())
+        .args([
+            "--linkerd",
+            r#"{"inbound-ports-to-ignore": ["4190", "4191"]}"#,
+        ])
+        .output()
+        .unwrap();
+    assert!(installed.status.success(), "{}", stderr(&installed));
+
+    network
+        .add("web", &fixture.pod.path(), &injected())
+        .unwrap_or_else(|e| panic!("ADD: {e}"));
+    let pods = home.pods();
+    assert_eq!(pods.len(), 1, "{pods:#?}");
+    assert_eq!(pods[0]["backend"], "iptables");
+    assert_eq!(pods[0]["meta"]["namespace"], "shop");
+    assert_chains_once(&fixture.pod.path());
+    assert_meshed(&fixture);
+
+    network
+        .del("web", &fixture.pod.path())
+        .unwrap_or_else(|e| panic!("DEL: {e}"));
+    assert!(home.pods().is_empty());
+    assert_no_chains(&fixture.pod.path());
+    agent.stop();
+}
+
+/// An agent upgraded onto a kernel that loads eBPF (here: started with `--mode ebpf`) takes
+/// over the pods an iptables agent meshed: registered in the maps first, their chains removed
+/// after, under load, with no connection bypassing the proxy. An iptables agent started after it
+/// (a downgrade) writes their chains again and leaves the pinned eBPF state alone.
+#[test]
+fn an_ebpf_agent_takes_over_the_pods_an_iptables_agent_meshed() {
+    if !privileged("an_ebpf_agent_takes_over_the_pods_an_iptables_agent_meshed") {
+        return;
+    }
+    let fixture = PodFixture::new("aiptup");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let iptables_agent = home.start_with(&["--mode", "iptables", "-w"]);
+    home.mesh(&fixture.pod.path(), &["--name", "web"]);
+    assert_chains_once(&fixture.pod.path());
+    let cookie = home.pods()[0]["netns_cookie"].clone();
+    iptables_agent.stop();
+
+    let app = fixture.in_pod().uid(APP_UID);
+    let log = home.log_path();
+    let (lines, ebpf_agent) = std::thread::scope(|s| {
+        // Longer than the agents' tests' loads: loading the programs as well as taking the
+        // pods back must fit in it, also on a busy machine.
+        let load = s.spawn(|| check_load(&app, "6"));
+        std::thread::sleep(Duration::from_millis(200));
+        let agent = home.start_logged(&log, &["--mode", "ebpf"]);
+        assert!(!load.is_finished(), "the load outlasts the takeover");
+        (load.join().expect("load"), agent)
+    });
+    all_reached_the_proxy(&lines);
+    assert_no_chains(&fixture.pod.path());
+    let pods = home.pods();
+    assert_eq!(pods[0]["backend"], "ebpf");
+    assert_eq!(pods[0]["netns_cookie"], cookie);
+    assert_eq!(pods[0]["inbound_listener"], true, "{:#}", pods[0]);
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log_text.contains("took over a pod from iptables"),
+        "{log_text}"
+    );
+    let before = pods[0]["counters"]["outbound_redirected"].as_u64().unwrap();
+    assert_meshed(&fixture);
+    let after = &home.pods()[0]["counters"];
+    assert!(
+        after["outbound_redirected"].as_u64().unwrap() > before,
+        "the programs intercept now: {after}"
+    );
+    assert!(home.problems().is_empty(), "{:?}", home.problems());
+    ebpf_agent.stop();
+
+    // Back to iptables: chains again, the pinned programs left in place.
+    let agent = home.start_logged(&log, &["--mode", "iptables", "-w"]);
+    let pods: Vec<Value> = home.pods();
+    assert_eq!(pods[0]["backend"], "iptables");
+    assert_chains_once(&fixture.pod.path());
+    assert_meshed(&fixture);
+    assert!(home.bpffs.join("link_icpt_connect4").exists());
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log_text.contains("left alone"),
+        "the pinned eBPF state is left alone, and said so: {log_text}"
+    );
+    agent.stop();
+}
+
+/// `daemon --mode auto` (the default) says in one line which backend it chose and why; on this
+/// kernel every program loads, so it is eBPF, and the agent reports it.
+#[test]
+fn an_agent_in_auto_mode_says_which_backend_and_why() {
+    if !privileged("an_agent_in_auto_mode_says_which_backend_and_why") {
+        return;
+    }
+    let fixture = PodFixture::new("aiptauto");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let log = home.log_path();
+    let agent = home.start_logged(&log, &["--mode", "auto"]);
+    let health = interceptor::agent::api::health(&home.socket()).unwrap();
+    assert_eq!(health.backend, interceptor::agent::api::Backend::Ebpf);
+    agent.stop();
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    let chosen: Vec<&str> = log_text
+        .lines()
+        .filter(|l| l.contains("auto mode"))
+        .collect();
+    assert_eq!(chosen.len(), 1, "{log_text}");
+    assert!(
+        chosen[0].contains("backend") && chosen[0].contains("ebpf"),
+        "{log_text}"
+    );
+}
+
+/// `--max-pods` bounds the iptables backend's pods as it bounds eBPF's: beyond it a pod is
+/// refused with pod_table_full and nothing is written in it. `uninstall` removes the chains.
+#[test]
+fn an_iptables_agent_refuses_pods_beyond_max_pods_and_uninstall_removes_its_chains() {
+    if !privileged(
+        "an_iptables_agent_refuses_pods_beyond_max_pods_and_uninstall_removes_its_chains",
+    ) {
+        return;
+    }
+    let fixture = PodFixture::new("aiptfull");
+    let second = interceptor_tests::Netns::new("aiptfull2");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home.start_with(&["--mode", "iptables", "-w", "--max-pods", "1"]);
+    home.mesh(&fixture.pod.path(), &[]);
+    let refused = home.add(
+        &second.path(),
+        &[],
+        &interceptor_tests::agent_home::LINKERD_FLAGS,
+    );
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("PodTableFull") && stderr(&refused).contains("--max-pods"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_no_chains(&second.path());
+    assert_eq!(home.pods().len(), 1);
+    agent.stop();
+
+    // Uninstalled: the chains it wrote go with the records.
+    let uninstalled = home.cli(&["uninstall"]);
+    assert!(uninstalled.status.success(), "{}", stderr(&uninstalled));
+    assert_no_chains(&fixture.pod.path());
+    assert_eq!(home.records(), 0);
+}
