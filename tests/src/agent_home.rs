@@ -84,6 +84,8 @@ pub struct AgentHome {
     /// The `interceptor` binary it runs: the tests' build ([`interceptor_bin`]) unless
     /// [`Self::with_binary`] says otherwise.
     pub binary: PathBuf,
+    /// Environment the agent runs with, beyond this process's ([`Self::with_env`]).
+    pub env: Vec<(String, String)>,
 }
 
 impl AgentHome {
@@ -96,7 +98,15 @@ impl AgentHome {
             bpffs: bpffs_root.join("interceptor-tests").join(&name),
             cgroup: cgroup.to_owned(),
             binary: interceptor_bin(),
+            env: Vec::new(),
         }
+    }
+
+    /// Runs the agent with `key=value` in its environment (e.g. `INTERCEPTOR_KERNEL_FEATURES`,
+    /// to take away what the eBPF programs need).
+    pub fn with_env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_owned(), value.to_owned()));
+        self
     }
 
     /// Runs `binary` (e.g. the release `interceptor` the bench measures) instead.
@@ -186,6 +196,7 @@ impl AgentHome {
             .args(["--log-level", level])
             .args(extra)
             .env("FAILPOINTS", failpoints)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stderr(stderr)
             .spawn()
             .unwrap_or_else(|e| panic!("start {}: {e}", self.binary.display()));

@@ -134,7 +134,10 @@ fn run_kernel(
                 run.binary
             );
         };
-        if matches!(expectation, plan::Expectation::Impossible(_)) {
+        if matches!(
+            expectation,
+            plan::Expectation::Impossible(_) | plan::Expectation::Covered(_)
+        ) {
             reports.push((report, None));
             continue;
         }

@@ -15,9 +15,9 @@ pub struct RunReport {
     pub run: String,
     pub binary: String,
     pub features: &'static str,
-    /// `pass` or `impossible`.
+    /// `pass`, `impossible` or `covered`.
     pub expectation: &'static str,
-    /// Why a run is impossible on this kernel.
+    /// Why a run is impossible, or not needed, on this kernel.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<&'static str>,
     pub ran: bool,
@@ -146,6 +146,7 @@ pub fn describe(expectation: &Expectation) -> (&'static str, Option<&'static str
     match expectation {
         Expectation::Pass => ("pass", None),
         Expectation::Impossible(reason) => ("impossible", Some(reason)),
+        Expectation::Covered(reason) => ("covered", Some(reason)),
     }
 }
 
@@ -257,6 +258,7 @@ pub fn table(kernels: &[KernelReport]) -> String {
         for run in &kernel.runs {
             let note = match (run.expectation, &run.incomplete) {
                 ("impossible", _) => "not run: impossible on this kernel".to_owned(),
+                ("covered", _) => "not run in the core here: covered elsewhere".to_owned(),
                 (_, Some(why)) => why.clone(),
                 _ if run.failed > 0 => "FAILED".to_owned(),
                 _ => String::new(),
