@@ -42,7 +42,7 @@ enum Task {
         #[arg(long = "kernel")]
         series: Vec<String>,
         /// libtest's --test-threads in each guest.
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = test::DEFAULT_GUEST_TEST_THREADS)]
         test_threads: u32,
     },
     /// Run setup, build, then a self-contained demo of interception on this machine

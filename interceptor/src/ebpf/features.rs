@@ -56,12 +56,12 @@ impl Feature {
     pub fn describe(self) -> &'static str {
         match self {
             Feature::Atomics => "BPF atomic compare-and-exchange (Linux 5.12)",
-            Feature::IngressIfindex => "the sk_lookup context's ingress_ifindex (Linux 5.17)",
+            Feature::IngressIfindex => "ingress_ifindex in the sk_lookup context (Linux 5.17)",
             Feature::NetnsCookieSockops => "bpf_get_netns_cookie in sock_ops (Linux 5.15)",
             Feature::NetnsCookieGetsockopt => {
                 "bpf_get_netns_cookie in cgroup/getsockopt (Linux 5.15)"
             }
-            Feature::SoNetnsCookie => "the SO_NETNS_COOKIE socket option (Linux 5.14)",
+            Feature::SoNetnsCookie => "SO_NETNS_COOKIE socket option (Linux 5.14)",
         }
     }
 

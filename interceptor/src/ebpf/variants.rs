@@ -275,7 +275,10 @@ mod tests {
             ]
         );
         let (_, _, sk_lookup) = &chosen[6];
-        assert!(sk_lookup.reason.contains("ingress_ifindex (Linux 5.17)"), "{sk_lookup:?}");
+        assert!(
+            sk_lookup.reason.contains("sk_lookup context (Linux 5.17)"),
+            "{sk_lookup:?}"
+        );
     }
 
     #[test]
