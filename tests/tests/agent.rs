@@ -807,21 +807,50 @@ fn status_shows_the_agents_pods() {
     let home = AgentHome::new(&fixture.cgroup.path);
     let _agent = home.start_meshing(&fixture.pod.path(), &["--name", "web"]);
     let state_dir = home.state_dir.display().to_string();
+    let bpffs = home.bpffs.display().to_string();
     let out = Command::new(BIN)
         .args(["status", "--json", "--agent-state-dir", &state_dir])
+        .args(["--agent-bpffs", &bpffs])
         .output()
         .unwrap();
     let json: Value = serde_json::from_slice(&out.stdout).expect("status --json");
     let pods = json["agent"]["pods"].as_array().expect("the agent's pods");
     assert_eq!(pods.len(), 1);
     assert_eq!(pods[0]["meta"]["name"], "web");
+    // What its pinned links run, hook by hook, read from the kernel: the variants this
+    // kernel's features pick.
+    let programs: Vec<(&str, &str)> = json["agent"]["programs"]
+        .as_array()
+        .expect("the agent's programs")
+        .iter()
+        .map(|p| (p["name"].as_str().unwrap(), p["variant"].as_str().unwrap()))
+        .collect();
+    let chosen =
+        interceptor::ebpf::variants::choose(interceptor::ebpf::features::KernelFeatures::get())
+            .expect("the eBPF programs run here");
+    let attached: Vec<(&str, &str)> = chosen
+        .iter()
+        .filter(|(hook, _, _)| hook.attach_type().is_some())
+        .map(|(_, v, _)| (v.program, v.name))
+        .collect();
+    assert_eq!(programs, attached);
     let out = Command::new(BIN)
-        .args(["status", "--agent-state-dir", &state_dir])
+        .args([
+            "status",
+            "--agent-state-dir",
+            &state_dir,
+            "--agent-bpffs",
+            &bpffs,
+        ])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("node agent at") && text.contains("outbound_redirected"),
+        "{text}"
+    );
+    assert!(
+        text.contains("program icpt_connect4") || text.contains("program icpt_conn4_lru"),
         "{text}"
     );
 }

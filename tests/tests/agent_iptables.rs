@@ -7,6 +7,7 @@
 //! proxy. Each test has its own agent, state directory, bpffs directory, namespaces and cgroup.
 use std::{path::Path, process::Command, time::Duration};
 
+use interceptor::ebpf::features::{FEATURES_ENV, KernelFeatures};
 use interceptor_tests::{
     Landing, PodFixture,
     agent_home::{
@@ -17,7 +18,6 @@ use interceptor_tests::{
     privileged,
     scenario::{APP_UID, PROXY_UID, Servers},
 };
-use interceptor::ebpf::features::{FEATURES_ENV, KernelFeatures};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_interceptor-under-test");
@@ -395,8 +395,8 @@ fn an_agent_in_auto_mode_meshes_pods_with_iptables_where_ebpf_cannot_run() {
     }
     let fixture = PodFixture::new("aiptfall");
     let _servers = Servers::start(&fixture);
-    let home = AgentHome::new(&fixture.cgroup.path)
-        .with_env(FEATURES_ENV, "-netns_cookie_getsockopt");
+    let home =
+        AgentHome::new(&fixture.cgroup.path).with_env(FEATURES_ENV, "-netns_cookie_getsockopt");
     let log = home.log_path();
     let agent = home.start_logged(&log, &["--mode", "auto", "-w"]);
     let health = interceptor::agent::api::health(&home.socket()).unwrap();

@@ -117,25 +117,40 @@ fn run_meshes_a_pod_reports_status_and_detaches_on_sigterm() {
     let report = status(&instance);
     assert_eq!(report["backend"], "ebpf");
     assert_eq!(report["cgroup"], fixture.cgroup.path.display().to_string());
-    let programs: Vec<&str> = report["programs"]
+    // One program per hook (the sk_lookup one loaded once and tail-called by every pod's own),
+    // the variant this kernel's features pick, and why where it is not the first choice.
+    let programs: Vec<(&str, &str, &str)> = report["programs"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| p["name"].as_str().unwrap())
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap(),
+                p["variant"].as_str().unwrap(),
+                p["reason"].as_str().unwrap(),
+            )
+        })
         .collect();
-    assert_eq!(
-        programs,
-        [
-            "icpt_connect4",
-            "icpt_connect6",
-            "icpt_sockops",
-            "icpt_getsockopt",
-            "icpt_peername4",
-            "icpt_peername6",
-            // Loaded once and tail-called by every pod's own sk_lookup program.
-            "icpt_sk_lookup"
-        ]
-    );
+    let chosen =
+        interceptor::ebpf::variants::choose(interceptor::ebpf::features::KernelFeatures::get())
+            .expect("the eBPF programs run here");
+    let expected: Vec<(&str, &str, &str)> = chosen
+        .iter()
+        .map(|(_, v, c)| (v.program, v.name, c.reason.as_str()))
+        .collect();
+    assert_eq!(programs, expected);
+    let text = Command::new(BIN)
+        .args(["status", "--instance", &instance])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    for (name, variant, _) in &programs {
+        assert!(
+            text.lines()
+                .any(|l| l.contains(name) && l.contains(&format!("variant {variant}"))),
+            "{name} {variant}: {text}"
+        );
+    }
     assert_eq!(
         report["pods"][0]["netns"],
         fixture.pod.path().display().to_string()

@@ -250,5 +250,8 @@ pub(crate) fn print_program(p: &crate::ebpf::ProgramState) {
     } else {
         format!(" variant {} ({})", p.variant, p.reason)
     };
-    println!("  program {:<16} id {:<6} {}{variant}", p.name, p.id, p.attach_type);
+    println!(
+        "  program {:<16} id {:<6} {}{variant}",
+        p.name, p.id, p.attach_type
+    );
 }

@@ -187,7 +187,11 @@ mod tests {
         let network = super::port_bitmap(&set, u16::to_be);
         for port in 1..=65535u16 {
             assert_eq!(host.contains(port), set.contains(port), "port {port}");
-            assert_eq!(network.contains(port.to_be()), set.contains(port), "port {port}");
+            assert_eq!(
+                network.contains(port.to_be()),
+                set.contains(port),
+                "port {port}"
+            );
         }
         assert!(super::port_bitmap(&PortSet::default(), u16::to_be).is_empty());
     }

@@ -76,7 +76,13 @@ impl Feature {
                 bpf_prog_type::BPF_PROG_TYPE_SK_LOOKUP,
                 Some(bpf_attach_type::BPF_SK_LOOKUP),
                 &[
-                    insn(0x61, 2, 1, interceptor_common::sk_lookup_ctx::INGRESS_IFINDEX, 0),
+                    insn(
+                        0x61,
+                        2,
+                        1,
+                        interceptor_common::sk_lookup_ctx::INGRESS_IFINDEX,
+                        0,
+                    ),
                     insn(0xb7, 0, 0, 0, 1),
                     insn(0x95, 0, 0, 0, 0),
                 ],
@@ -150,9 +156,9 @@ impl KernelFeatures {
 fn taken_away(value: &str) -> Result<BTreeSet<Feature>, String> {
     let mut away = BTreeSet::new();
     for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let name = item.strip_prefix('-').ok_or_else(|| {
-            format!("{item:?}: features can only be taken away, as -{item}")
-        })?;
+        let name = item
+            .strip_prefix('-')
+            .ok_or_else(|| format!("{item:?}: features can only be taken away, as -{item}"))?;
         if name == "all" {
             away.extend(Feature::OPTIONAL);
             continue;
@@ -162,7 +168,10 @@ fn taken_away(value: &str) -> Result<BTreeSet<Feature>, String> {
             .find(|f| f.name() == name)
             .ok_or_else(|| {
                 let known: Vec<_> = Feature::ALL.iter().map(|f| f.name()).collect();
-                format!("{name:?} is not a feature; known: all, {}", known.join(", "))
+                format!(
+                    "{name:?} is not a feature; known: all, {}",
+                    known.join(", ")
+                )
             })?;
         away.insert(feature);
     }
@@ -221,7 +230,11 @@ mod tests {
         );
         assert_eq!(taken_away("").unwrap(), BTreeSet::new());
         assert!(taken_away("atomics").unwrap_err().contains("-atomics"));
-        assert!(taken_away("-atomic").unwrap_err().contains("known: all, atomics"));
+        assert!(
+            taken_away("-atomic")
+                .unwrap_err()
+                .contains("known: all, atomics")
+        );
     }
 
     #[test]

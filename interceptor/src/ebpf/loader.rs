@@ -17,11 +17,11 @@ use interceptor_sys::bpf_attach_type;
 use super::{
     EbpfError, LoadOptions, OBJECT,
     features::{Feature, KernelFeatures},
-    variants::{self, Chosen, Hook, Variant},
     kernel_log::{self, KernelLog},
     links::{self, LinkProblem, PinError, PinnedLink, Target},
     maps::PodMaps,
     pod_lookup::PodLookupLoader,
+    variants::{self, Chosen, Hook, Variant},
 };
 
 /// One loaded program, as `status` reports it.
@@ -211,9 +211,9 @@ impl Attached {
 
     /// The cgroup hooks, their attach types and the programs loaded for them.
     fn cgroup_links(&self) -> impl Iterator<Item = (Hook, bpf_attach_type, &'static str)> + '_ {
-        self.chosen.iter().filter_map(|(hook, variant, _)| {
-            Some((*hook, hook.attach_type()?, variant.program))
-        })
+        self.chosen
+            .iter()
+            .filter_map(|(hook, variant, _)| Some((*hook, hook.attach_type()?, variant.program)))
     }
 
     /// Whether each pod's own sk_lookup program may tell loopback by the interface.
@@ -333,7 +333,9 @@ fn verifier_reason(error: &EbpfError) -> String {
     let lines: Vec<&str> = text
         .lines()
         .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with("processed ") && !l.starts_with("verification time"))
+        .filter(|l| {
+            !l.is_empty() && !l.starts_with("processed ") && !l.starts_with("verification time")
+        })
         .collect();
     lines[lines.len().saturating_sub(3)..].join(" | ")
 }

@@ -88,7 +88,10 @@ pub fn run(path: &OsString, options: &Options) -> anyhow::Result<()> {
     let table = kernels_dir.join("supported-kernels.md");
     std::fs::write(&table, report::supported_kernels(&reports))
         .with_context(|| format!("could not write {}", table.display()))?;
-    println!("kernels: the README's supported-kernels table is in {}", table.display());
+    println!(
+        "kernels: the README's supported-kernels table is in {}",
+        table.display()
+    );
     println!("kernel matrix results: {}", json.display());
     let failed: Vec<String> = reports
         .iter()

@@ -190,7 +190,12 @@ pub const RUNS: &[TestRun] = &[
         Needs::Ebpf,
     )),
     full(run("dual_stack", &[], Features::AllOff, Needs::Ebpf)),
-    full(run("behaviour_table", &["ebpf::"], Features::AllOff, Needs::Ebpf)),
+    full(run(
+        "behaviour_table",
+        &["ebpf::"],
+        Features::AllOff,
+        Needs::Ebpf,
+    )),
     full(run(
         "agent",
         &[

@@ -239,7 +239,11 @@ pub fn supported_kernels(kernels: &[KernelReport]) -> String {
         let _ = writeln!(
             out,
             "{} | {auto} |",
-            if lacks.is_empty() { "-".to_owned() } else { lacks.join(", ") }
+            if lacks.is_empty() {
+                "-".to_owned()
+            } else {
+                lacks.join(", ")
+            }
         );
     }
     out

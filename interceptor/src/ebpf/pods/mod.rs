@@ -148,7 +148,8 @@ impl PodRegistry {
             links_dir: options.links_dir.clone(),
             persistent: options.persistent,
             max_pods: options.max_pods.min(MAX_PODS),
-            pod_lookup: PodLookupLoader::new(&options.pin_dir, loopback_by_ifindex).map_err(EbpfError::PodLookup)?,
+            pod_lookup: PodLookupLoader::new(&options.pin_dir, loopback_by_ifindex)
+                .map_err(EbpfError::PodLookup)?,
             subnet_entries,
         })
     }
