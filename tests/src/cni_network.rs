@@ -58,6 +58,22 @@ impl CniNetwork {
         json!({"cniVersion": "1.0.0", "name": "lo-net", "plugins": [{"type": "loopback"}]})
     }
 
+    /// `interceptor cni install` of `plugin` into this network, for the agent at
+    /// `agent_socket`: add the Linkerd settings, then run it.
+    pub fn install(&self, interceptor: &Path, plugin: &Path, agent_socket: &Path) -> Command {
+        let mut install = Command::new(interceptor);
+        install
+            .args(["cni", "install", "--plugin"])
+            .arg(plugin)
+            .arg("--conf-dir")
+            .arg(&self.conf_dir)
+            .arg("--bin-dir")
+            .arg(&self.bin_dir)
+            .arg("--agent-socket")
+            .arg(agent_socket);
+        install
+    }
+
     /// The primary network's configuration as it is now.
     pub fn conflist(&self) -> Value {
         let path = self.conf_dir.join(PRIMARY);

@@ -257,14 +257,8 @@ fn an_iptables_agent_meshes_pods_added_through_the_cni_plugin() {
     let home = AgentHome::new(&fixture.cgroup.path);
     let agent = home.start_with(&["--mode", "iptables", "-w"]);
     let network = CniNetwork::new("aiptcni-node");
-    let installed = Command::new(BIN)
-        .args(["cni", "install", "--plugin", PLUGIN])
-        .arg("--conf-dir")
-        .arg(&network.conf_dir)
-        .arg("--bin-dir")
-        .arg(&network.bin_dir)
-        .arg("--agent-socket")
-        .arg(home.socket())
+    let installed = network
+        .install(Path::new(BIN), Path::new(PLUGIN), &home.socket())
         .args([
             "--linkerd",
             r#"{"inbound-ports-to-ignore": ["4190", "4191"]}"#,

@@ -195,15 +195,8 @@ fn node_agent(interceptor: &Path, pod: &PodFixture, app: &Probe) -> anyhow::Resu
             home.socket().display()
         ),
     );
-    let installed = Command::new(interceptor)
-        .args(["cni", "install", "--plugin"])
-        .arg(&plugin)
-        .arg("--conf-dir")
-        .arg(&network.conf_dir)
-        .arg("--bin-dir")
-        .arg(&network.bin_dir)
-        .arg("--agent-socket")
-        .arg(home.socket())
+    let installed = network
+        .install(interceptor, &plugin, &home.socket())
         .args(["--linkerd", linkerd])
         .status()
         .context("running cni install")?;
