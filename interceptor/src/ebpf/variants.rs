@@ -161,42 +161,53 @@ pub struct Chosen {
 }
 
 /// The programs to load on a kernel with `features`, one per hook in [`Hook::ALL`] order, or
-/// why the eBPF backend cannot work there.
+/// everything that keeps the eBPF backend from working there.
 pub fn choose(features: &KernelFeatures) -> Result<Vec<(Hook, Variant, Chosen)>, String> {
+    let mut missing = Vec::new();
     if !features.has(Feature::SoNetnsCookie) {
-        return Err(format!(
+        missing.push(format!(
             "pods are keyed by their network namespace's cookie, and {}",
             features.why_missing(Feature::SoNetnsCookie)
         ));
     }
-    Hook::ALL
-        .into_iter()
-        .map(|hook| {
-            let mut passed_over = Vec::new();
-            for variant in VARIANTS.iter().filter(|v| v.hook == hook) {
-                match variant.needs.iter().find(|f| !features.has(**f)) {
-                    None => {
-                        let chosen = Chosen {
-                            program: variant.program.to_owned(),
-                            variant: variant.name.to_owned(),
-                            reason: passed_over.join("; "),
-                        };
-                        return Ok((hook, *variant, chosen));
-                    }
-                    Some(missing) => passed_over.push(format!(
+    let mut chosen = Vec::new();
+    for hook in Hook::ALL {
+        let mut passed_over = Vec::new();
+        let found = VARIANTS.iter().filter(|v| v.hook == hook).find(|variant| {
+            match variant.needs.iter().find(|f| !features.has(**f)) {
+                None => true,
+                Some(lacking) => {
+                    passed_over.push(format!(
                         "not {}: {}",
                         variant.name,
-                        features.why_missing(*missing)
-                    )),
+                        features.why_missing(*lacking)
+                    ));
+                    false
                 }
             }
-            Err(format!(
-                "no {} program works here: {}",
+        });
+        match found {
+            Some(variant) => chosen.push((
+                hook,
+                *variant,
+                Chosen {
+                    program: variant.program.to_owned(),
+                    variant: variant.name.to_owned(),
+                    reason: passed_over.join("; "),
+                },
+            )),
+            None => missing.push(format!(
+                "no {} program works here ({})",
                 hook.describe(),
                 passed_over.join("; ")
-            ))
-        })
-        .collect()
+            )),
+        }
+    }
+    if missing.is_empty() {
+        Ok(chosen)
+    } else {
+        Err(missing.join("; "))
+    }
 }
 
 /// One line saying which variant runs at each hook, and why where it is not the first choice.
@@ -287,6 +298,15 @@ mod tests {
         assert!(err.contains("cgroup/getsockopt"), "{err}");
         let err = choose(&features(&[Feature::SoNetnsCookie])).unwrap_err();
         assert!(err.contains("SO_NETNS_COOKIE"), "{err}");
+        // Everything missing is named, as on 5.10.
+        let err = choose(&features(&Feature::ALL)).unwrap_err();
+        for named in [
+            "SO_NETNS_COOKIE",
+            "no sock_ops program",
+            "no cgroup/getsockopt program",
+        ] {
+            assert!(err.contains(named), "{named}: {err}");
+        }
     }
 
     #[test]
