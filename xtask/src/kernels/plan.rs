@@ -102,9 +102,11 @@ const AUTO_MODE_PICKS_EBPF: &str = "auto_mode_uses_ebpf_when_the_kernel_allows_i
 /// 3,000 connections: minutes under emulation.
 const THOUSANDS: &str = "thousands_of_short_connections_all_get_their_original_destination";
 
+/// `--full` has the time: whole tables of iptables rows take many minutes under emulation.
 const fn full(run: TestRun) -> TestRun {
     TestRun {
         scope: Scope::Full,
+        timeout_secs: 1800,
         ..run
     }
 }
