@@ -234,10 +234,14 @@ pub fn pinned_programs(links_dir: &Path) -> Vec<ProgramState> {
         .filter_map(|variant| {
             let attach_type = variant.hook.attach_type()?;
             let link = interceptor_sys::obj_get(&link_path(links_dir, variant.hook)).ok()??;
-            let prog_id = interceptor_sys::link_info(link.as_fd()).ok()?.prog_id;
-            let prog = interceptor_sys::prog_fd_by_id(prog_id).ok()?;
+            let link = interceptor_sys::link_info(link.as_fd()).ok()?;
+            // Only a link on this variant's hook running this variant's program.
+            if link.attach_type != attach_type as u32 {
+                return None;
+            }
+            let prog = interceptor_sys::prog_fd_by_id(link.prog_id).ok()?;
             let info = interceptor_sys::prog_info(prog.as_fd()).ok()?;
-            if info.name != variant.program || attach_type as u32 == 0 {
+            if info.name != variant.program {
                 return None;
             }
             let reason = now
