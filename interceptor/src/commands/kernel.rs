@@ -45,7 +45,7 @@ pub fn kernel(args: KernelArgs) -> anyhow::Result<()> {
                 taken_away: features.taken_away.contains(&f),
             })
             .collect(),
-        variants: ebpf::load_every_variant()?,
+        variants: ebpf::load_every_variant().map_err(anyhow::Error::msg)?,
         auto_backend: if probe.is_ok() { "ebpf" } else { "iptables" },
         ebpf_unusable: probe.err(),
     };

@@ -73,15 +73,7 @@ impl Attached {
         let program_error = |name| move |source| EbpfError::Program { name, source };
         for (hook, variant, _) in &chosen {
             let name = variant.program;
-            match hook {
-                Hook::Connect4 | Hook::Connect6 | Hook::PeerName4 | Hook::PeerName6 => {
-                    program::<CgroupSockAddr>(&mut ebpf, name)?.load()
-                }
-                Hook::SockOps => program::<SockOps>(&mut ebpf, name)?.load(),
-                Hook::GetSockopt => program::<CgroupSockopt>(&mut ebpf, name)?.load(),
-                Hook::SkLookup => program::<SkLookup>(&mut ebpf, name)?.load(),
-            }
-            .map_err(program_error(name))?;
+            load_variant(&mut ebpf, *hook, name)?.map_err(program_error(name))?;
         }
         // Loaded and verified once, for every pod; swapping it in replaces it for all pods at
         // once (a restarted or upgraded agent).
@@ -308,15 +300,7 @@ pub(super) fn load_every_variant(pin_dir: &Path) -> Result<Vec<VariantLoad>, Ebp
         .iter()
         .map(|variant| {
             let name = variant.program;
-            let loaded = match variant.hook {
-                Hook::Connect4 | Hook::Connect6 | Hook::PeerName4 | Hook::PeerName6 => {
-                    program::<CgroupSockAddr>(&mut ebpf, name).map(|p| p.load())
-                }
-                Hook::SockOps => program::<SockOps>(&mut ebpf, name).map(|p| p.load()),
-                Hook::GetSockopt => program::<CgroupSockopt>(&mut ebpf, name).map(|p| p.load()),
-                Hook::SkLookup => program::<SkLookup>(&mut ebpf, name).map(|p| p.load()),
-            };
-            let refused = match loaded {
+            let refused = match load_variant(&mut ebpf, variant.hook, name) {
                 Ok(Ok(())) => None,
                 Ok(Err(e)) => Some(verifier_reason(&EbpfError::Program { name, source: e })),
                 Err(e) => Some(e.to_string()),
@@ -329,6 +313,23 @@ pub(super) fn load_every_variant(pin_dir: &Path) -> Result<Vec<VariantLoad>, Ebp
             }
         })
         .collect())
+}
+
+/// Loads (and so verifies) the object's program `name`, as the program type of `hook`. The outer
+/// error: the object has no such program; the inner one: the kernel refused it.
+fn load_variant(
+    ebpf: &mut Ebpf,
+    hook: Hook,
+    name: &'static str,
+) -> Result<Result<(), ProgramError>, EbpfError> {
+    Ok(match hook {
+        Hook::Connect4 | Hook::Connect6 | Hook::PeerName4 | Hook::PeerName6 => {
+            program::<CgroupSockAddr>(ebpf, name)?.load()
+        }
+        Hook::SockOps => program::<SockOps>(ebpf, name)?.load(),
+        Hook::GetSockopt => program::<CgroupSockopt>(ebpf, name)?.load(),
+        Hook::SkLookup => program::<SkLookup>(ebpf, name)?.load(),
+    })
 }
 
 /// The end of a refusal's message, where the verifier says what it refused.

@@ -184,38 +184,33 @@ impl LoadOptions {
 /// what it needs (`variants`), which loads and verifies, the shared maps can be created and
 /// pinned, and namespace cookies can be read (Linux 5.14). Nothing is attached.
 pub fn probe() -> Result<(), String> {
+    with_throwaway_pins("probe", |pin_dir| {
+        loader::probe(pin_dir).map_err(|e| e.to_string())
+    })
+}
+
+/// Loads every program variant on throwaway maps and says which the kernel refuses, and why.
+pub fn load_every_variant() -> Result<Vec<VariantLoad>, String> {
+    with_throwaway_pins("variants", |pin_dir| {
+        loader::load_every_variant(pin_dir).map_err(|e| e.to_string())
+    })
+}
+
+/// Runs `load` with a pin directory of this process's own on the machine's bpffs, and removes
+/// whatever it pinned there afterwards.
+fn with_throwaway_pins<T>(
+    tag: &str,
+    load: impl FnOnce(&Path) -> Result<T, String>,
+) -> Result<T, String> {
     let bpffs = Path::new(crate::bpffs::BPFFS_ROOT);
     crate::bpffs::ensure_bpffs(bpffs).map_err(|e| e.to_string())?;
     let pin_dir = bpffs
         .join("interceptor-probe")
-        .join(std::process::id().to_string());
+        .join(format!("{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&pin_dir)
         .map_err(|e| format!("creating {}: {e}", pin_dir.display()))?;
-    let result = loader::probe(&pin_dir).map_err(|e| e.to_string());
-    for name in interceptor_common::names::SHARED_MAPS {
-        let _ = std::fs::remove_file(pin_dir.join(name));
-    }
-    let _ = std::fs::remove_dir(&pin_dir);
-    result
-}
-
-/// Loads every program variant on throwaway maps and says which the kernel refuses, and why.
-pub fn load_every_variant() -> Result<Vec<VariantLoad>, EbpfError> {
-    let bpffs = Path::new(crate::bpffs::BPFFS_ROOT);
-    crate::bpffs::ensure_bpffs(bpffs).map_err(|e| EbpfError::PinDir {
-        path: bpffs.to_owned(),
-        source: std::io::Error::other(e.to_string()),
-    })?;
-    let pin_dir = bpffs
-        .join("interceptor-probe")
-        .join(format!("variants-{}", std::process::id()));
-    std::fs::create_dir_all(&pin_dir).map_err(|source| EbpfError::PinDir {
-        path: pin_dir.clone(),
-        source,
-    })?;
-    let result = loader::load_every_variant(&pin_dir);
+    let result = load(&pin_dir);
     crate::state::remove_pins(&pin_dir);
-    let _ = std::fs::remove_dir(&pin_dir);
     result
 }
 
