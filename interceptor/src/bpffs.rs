@@ -17,8 +17,8 @@ pub enum BpffsError {
     Mount { path: PathBuf, source: nix::Error },
 }
 
-/// Mounts a bpffs on `path` unless one is there already.
-pub fn ensure_bpffs(path: &Path) -> Result<(), BpffsError> {
+/// Mounts a bpffs on `path` unless one is there already; whether it mounted one.
+pub fn ensure_bpffs(path: &Path) -> Result<bool, BpffsError> {
     let is_bpffs = |p: &Path| {
         File::open(p)
             .ok()
@@ -26,7 +26,7 @@ pub fn ensure_bpffs(path: &Path) -> Result<(), BpffsError> {
             .is_some_and(|fs| fs.filesystem_type().0 == BPF_FS_MAGIC)
     };
     if is_bpffs(path) {
-        return Ok(());
+        return Ok(false);
     }
     fs::create_dir_all(path).map_err(|source| BpffsError::Create {
         path: path.to_owned(),
@@ -42,5 +42,6 @@ pub fn ensure_bpffs(path: &Path) -> Result<(), BpffsError> {
     .map_err(|source| BpffsError::Mount {
         path: path.to_owned(),
         source,
-    })
+    })?;
+    Ok(true)
 }

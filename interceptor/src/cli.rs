@@ -57,6 +57,9 @@ pub enum Command {
     /// loaded (and so verified) with the verifier's reason when it refuses one, and which
     /// backend `--mode auto` picks. Attaches nothing.
     Kernel(KernelArgs),
+    /// Mount a bpffs on a directory unless one is there already (the DaemonSet's init
+    /// container runs it, privileged, so that the agent itself needs no privileged mode).
+    MountBpffs(MountBpffsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -64,6 +67,13 @@ pub struct KernelArgs {
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct MountBpffsArgs {
+    /// Where the bpffs goes.
+    #[arg(default_value = crate::bpffs::BPFFS_ROOT)]
+    pub path: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -197,9 +207,10 @@ pub struct DaemonArgs {
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     pub reconcile_ms: u64,
 
-    /// Serve Prometheus metrics (`/metrics`) and readiness (`/ready`) here, e.g.
-    /// 127.0.0.1:9990.
-    #[arg(long)]
+    /// Serve Prometheus metrics (`/metrics`), readiness (`/ready`) and liveness (`/live`) here,
+    /// e.g. 127.0.0.1:9990. An IPv6 address may come without brackets (`fd00::1:9990`, as
+    /// `$(HOST_IP):9990` expands): the part after the last colon is the port.
+    #[arg(long, value_parser = parse_listen_addr)]
     pub metrics_addr: Option<std::net::SocketAddr>,
 
     /// Pods this agent serves at most; a registration beyond is refused (pod_table_full).
@@ -469,3 +480,16 @@ pub fn parse_pod_config(args: &[String]) -> Result<InterceptionConfig, String> {
 #[cfg(test)]
 #[path = "cli_tests.rs"]
 mod tests;
+
+/// `IP:PORT`, `[IPv6]:PORT`, or an IPv6 address and port without brackets (what a Kubernetes
+/// `$(HOST_IP):PORT` gives on an IPv6 node): the port is after the last colon.
+pub fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(addr) = s.parse() {
+        return Ok(addr);
+    }
+    let invalid = || format!("{s:?} is not an address and port (e.g. 127.0.0.1:9990, [::1]:9990)");
+    let (ip, port) = s.rsplit_once(':').ok_or_else(invalid)?;
+    let ip: std::net::IpAddr = ip.parse().map_err(|_| invalid())?;
+    let port: u16 = port.parse().map_err(|_| invalid())?;
+    Ok(std::net::SocketAddr::new(ip, port))
+}

@@ -174,3 +174,17 @@ fn pod_configuration_errors_are_the_cli_messages() {
     let err = parse_pod_config(&["-p".into(), "4143".into()]).unwrap_err();
     assert!(err.contains("--outgoing-proxy-port"), "{err}");
 }
+
+#[test]
+fn listen_addresses_take_ipv6_with_or_without_brackets() {
+    use super::parse_listen_addr;
+    let addr = |s: &str| parse_listen_addr(s).map(|a| a.to_string());
+    assert_eq!(addr("10.0.0.7:9990").as_deref(), Ok("10.0.0.7:9990"));
+    assert_eq!(addr("[fd00::7]:9990").as_deref(), Ok("[fd00::7]:9990"));
+    // `$(HOST_IP):9990` on an IPv6 node.
+    assert_eq!(addr("fd00::7:9990").as_deref(), Ok("[fd00::7]:9990"));
+    assert_eq!(addr("::1:9990").as_deref(), Ok("[::1]:9990"));
+    for bad in ["10.0.0.7", "fd00::7", "node:9990", "10.0.0.7:99999", ""] {
+        assert!(parse_listen_addr(bad).is_err(), "{bad}");
+    }
+}

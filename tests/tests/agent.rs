@@ -1025,6 +1025,9 @@ fn status_and_ready_say_when_interception_is_not_as_configured() {
     assert!(ready.contains(" 503 "), "{ready}");
     let missing = format!("its sk_lookup link: {}: no link pinned", pod_link.display());
     assert!(body.contains(&missing), "{body}");
+    // Not ready is not dead: the liveness probe does not restart an agent for a pod's drift.
+    let (live, body) = http_get(&addr, "/live");
+    assert!(live.contains(" 200 ") && body == "live\n", "{live} {body}");
     let text = unpin_and_read_status(&pod_link);
     assert!(
         text.contains("DEGRADED") && text.contains(&format!("problem: {missing}")),

@@ -49,13 +49,25 @@ fn run(cmd: &mut Command, input: Option<&str>) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// The rendered manifests, and the same as JSON objects (through the validator's own PyYAML:
-/// `cargo xtask setup` puts its virtual environment first on PATH).
+/// The kustomizations users apply: the base and each platform's overlay.
+const KUSTOMIZATIONS: [&str; 3] = [
+    "deploy/kubernetes",
+    "deploy/overlays/gke",
+    "deploy/overlays/k3s",
+];
+
+/// The base's rendered manifests, and the same as JSON objects.
 fn rendered() -> (String, Vec<Value>) {
+    rendered_from("deploy/kubernetes")
+}
+
+/// A kustomization's rendered manifests, and the same as JSON objects (through the validator's
+/// own PyYAML: `cargo xtask setup` puts its virtual environment first on PATH).
+fn rendered_from(kustomization: &str) -> (String, Vec<Value>) {
     let yaml = run(
         Command::new("kubectl")
             .arg("kustomize")
-            .arg(workspace_root().join("deploy/kubernetes")),
+            .arg(workspace_root().join(kustomization)),
         None,
     );
     let json = run(
@@ -84,8 +96,12 @@ fn container<'a>(daemonset: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no container {name}"))
 }
 
-/// A container's arguments, with `$(VAR)` replaced by the ConfigMap value its env names, or the
-/// pod's `namespace` for a `metadata.namespace` field reference, as the kubelet does.
+/// The node address `status.hostIP` gives in [`args_of`].
+const HOST_IP: &str = "fd00::7";
+
+/// A container's arguments, with `$(VAR)` replaced by the ConfigMap value its env names, the
+/// pod's `namespace` for a `metadata.namespace` field reference, or [`HOST_IP`] for
+/// `status.hostIP`, as the kubelet does.
 fn args_of(container: &Value, config: &BTreeMap<String, String>, namespace: &str) -> Vec<String> {
     let env: BTreeMap<String, String> = container["env"]
         .as_array()
@@ -99,6 +115,8 @@ fn args_of(container: &Value, config: &BTreeMap<String, String>, namespace: &str
                 None if from["fieldRef"]["fieldPath"] == "metadata.namespace" => {
                     namespace.to_owned()
                 }
+                // An IPv6 node's address, as the kubelet expands it (no brackets).
+                None if from["fieldRef"]["fieldPath"] == "status.hostIP" => HOST_IP.to_owned(),
                 None => return None,
             };
             Some((e["name"].as_str().unwrap().to_owned(), value))
@@ -120,33 +138,37 @@ fn args_of(container: &Value, config: &BTreeMap<String, String>, namespace: &str
 
 #[test]
 fn the_manifests_validate_against_kubernetes_1_31_strictly() {
-    let (yaml, _) = rendered();
-    let file = std::env::temp_dir().join(format!("{}.yaml", unique_name("manifests")));
-    std::fs::write(&file, &yaml).unwrap();
-    let out = run(
-        Command::new("kubernetes-validate")
-            .args(["--strict", "--kubernetes-version", "1.31.0"])
-            .arg(&file),
-        None,
-    );
-    let _ = std::fs::remove_file(&file);
-    for kind in [
-        "namespace",
-        "serviceaccount",
-        "role",
-        "rolebinding",
-        "clusterrole",
-        "clusterrolebinding",
-        "configmap",
-        "daemonset",
-    ] {
-        assert!(
-            out.lines()
-                .any(|l| l.contains("passed") && l.contains(&format!("resource {kind}/"))),
-            "{kind} not validated: {out}"
+    for kustomization in KUSTOMIZATIONS {
+        let (yaml, _) = rendered_from(kustomization);
+        let file = std::env::temp_dir().join(format!("{}.yaml", unique_name("manifests")));
+        std::fs::write(&file, &yaml).unwrap();
+        let out = run(
+            Command::new("kubernetes-validate")
+                .args(["--strict", "--kubernetes-version", "1.31.0"])
+                .arg(&file),
+            None,
         );
+        let _ = std::fs::remove_file(&file);
+        for kind in [
+            "namespace",
+            "serviceaccount",
+            "role",
+            "rolebinding",
+            "clusterrole",
+            "clusterrolebinding",
+            "configmap",
+            "resourcequota",
+            "daemonset",
+        ] {
+            assert!(
+                out.lines()
+                    .any(|l| l.contains("passed") && l.contains(&format!("resource {kind}/"))),
+                "{kustomization}: {kind} not validated: {out}"
+            );
+        }
     }
 
+    let (yaml, _) = rendered();
     // The same validator refuses what the schema does not know, so a pass means something.
     let bad = yaml.replace("hostPID: true", "hostPID: true\n      hostPIDs: true");
     let bad_file = std::env::temp_dir().join(format!("{}.yaml", unique_name("bad-manifests")));
@@ -183,6 +205,17 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
         daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
         1
     );
+    assert_eq!(pod["nodeSelector"], json!({"kubernetes.io/os": "linux"}));
+    // Admitted where system-node-critical is limited to quotas (GKE): one scoped to that class.
+    let quota = find(&objects, "ResourceQuota");
+    assert_eq!(
+        quota["spec"]["scopeSelector"]["matchExpressions"],
+        json!([{"operator": "In", "scopeName": "PriorityClass", "values": ["system-node-critical"]}])
+    );
+    // Neither meshed nor sent to Linkerd's webhooks, as linkerd-cni's namespace.
+    let labels = &find(&objects, "Namespace")["metadata"]["labels"];
+    assert_eq!(labels["linkerd.io/inject"], "disabled");
+    assert_eq!(labels["config.linkerd.io/admission-webhooks"], "disabled");
     // The API access, for the DaemonSet's account: pods get/list/watch and the `kubernetes`
     // Service for the agent, and get of this DaemonSet, in its namespace, for the installer;
     // nothing more.
@@ -232,6 +265,8 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
         "eBPF where it loads, else iptables"
     );
     let metrics = daemon.metrics_addr.expect("--metrics-addr");
+    // The node's own address only (status.hostIP), not every interface of the host.
+    assert_eq!(metrics.ip().to_string(), HOST_IP, "{metrics}");
     assert_eq!(
         agent["ports"][0],
         json!({"name": "metrics", "containerPort": metrics.port(), "protocol": "TCP"})
@@ -246,19 +281,58 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
         agent["readinessProbe"]["httpGet"],
         json!({"path": "/ready", "port": "metrics"})
     );
-    let cgroup = daemon.cgroup.expect("--cgroup");
-    assert!(
-        cgroup.starts_with("/host/sys/fs/cgroup"),
-        "{}",
-        cgroup.display()
+    for probe in ["startupProbe", "livenessProbe"] {
+        assert_eq!(
+            agent[probe]["httpGet"],
+            json!({"path": "/live", "port": "metrics"}),
+            "{probe}"
+        );
+    }
+    // No cgroup to configure: the kubelet's pod cgroup, found under the host's cgroup2 mount.
+
+    // Not privileged: the capabilities it uses, AppArmor unconfined as Cilium's agent, the
+    // runtime's seccomp profile, spc_t under SELinux.
+    let security = &agent["securityContext"];
+    assert_eq!(security.get("privileged"), None, "{security}");
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(
+        security["capabilities"],
+        json!({"drop": ["ALL"], "add": ["BPF", "PERFMON", "NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE", "SYS_RESOURCE"]})
     );
+    assert_eq!(security["appArmorProfile"], json!({"type": "Unconfined"}));
+    assert_eq!(
+        security["seccompProfile"],
+        json!({"type": "RuntimeDefault"})
+    );
+    assert_eq!(security["seLinuxOptions"]["type"], "spc_t");
     let mounts: BTreeMap<String, Value> = agent["volumeMounts"]
         .as_array()
         .unwrap()
         .iter()
         .map(|m| (m["mountPath"].as_str().unwrap().to_owned(), m.clone()))
         .collect();
-    assert_eq!(mounts["/sys/fs/bpf"]["mountPropagation"], "Bidirectional");
+    assert_eq!(mounts["/sys/fs/bpf"]["mountPropagation"], "HostToContainer");
+    // The host's bpffs is mounted, where the node has none, by a privileged init container that
+    // does nothing else.
+    let init = daemonset["spec"]["template"]["spec"]["initContainers"]
+        .as_array()
+        .expect("initContainers");
+    assert_eq!(init.len(), 1);
+    let mount = &init[0];
+    assert_eq!(mount["securityContext"], json!({"privileged": true}));
+    assert_eq!(
+        mount["volumeMounts"],
+        json!([{"name": "bpffs", "mountPath": "/sys/fs/bpf", "mountPropagation": "Bidirectional"}])
+    );
+    let args = args_of(mount, &config, namespace);
+    let cli = interceptor::cli::Cli::try_parse_from(
+        std::iter::once("interceptor".to_owned()).chain(args.clone()),
+    )
+    .unwrap_or_else(|e| panic!("the init container's arguments {args:?}: {e}"));
+    let interceptor::cli::Command::MountBpffs(bpffs) = cli.command else {
+        panic!("the init container runs {args:?}, not `mount-bpffs`");
+    };
+    assert_eq!(bpffs.path, Path::new("/sys/fs/bpf"));
     for netns in ["/run/netns", "/var/run/netns"] {
         assert_eq!(
             mounts[netns]["mountPropagation"], "HostToContainer",
@@ -297,6 +371,15 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
         })
     );
     assert_eq!(kubeconfig, None, "the pod's service account");
+    let security = &installer["securityContext"];
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(
+        security["seccompProfile"],
+        json!({"type": "RuntimeDefault"})
+    );
+    assert_eq!(security["seLinuxOptions"]["type"], "spc_t");
     let linkerd: Value = serde_json::from_str(&config["linkerd"]).unwrap();
     let conf: interceptor_cni::NetConf = serde_json::from_value(json!({
         "cniVersion": "1.0.0", "name": "k8s", "type": "interceptor-cni", "linkerd": linkerd,
@@ -306,6 +389,66 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
         .unwrap_or_else(|e| panic!("the ConfigMap's linkerd block: {e}"));
     assert_eq!(settings.config.incoming_proxy_port, 4143);
     assert_eq!(settings.config.proxy_uid, Some(2102));
+    // Linkerd's default proxy listens on IPv4 only (linkerd-cni writes "ipv6": false).
+    assert!(!settings.config.ipv6, "the ConfigMap meshes IPv4 only");
+}
+
+/// Each platform's overlay moves the host's CNI directories, and changes nothing else: the
+/// same containers, mounted at the same paths in them.
+#[test]
+fn each_platform_overlay_moves_only_the_cni_directories() {
+    let (_, base) = rendered();
+    for (kustomization, bin, conf) in [
+        (
+            "deploy/overlays/gke",
+            "/home/kubernetes/bin",
+            "/etc/cni/net.d",
+        ),
+        (
+            "deploy/overlays/k3s",
+            "/var/lib/rancher/k3s/data/cni",
+            "/var/lib/rancher/k3s/agent/etc/cni/net.d",
+        ),
+    ] {
+        let (_, overlay) = rendered_from(kustomization);
+        let volumes = |objects: &[Value]| -> BTreeMap<String, Value> {
+            find(objects, "DaemonSet")["spec"]["template"]["spec"]["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| {
+                    (
+                        v["name"].as_str().unwrap().to_owned(),
+                        v["hostPath"]["path"].clone(),
+                    )
+                })
+                .collect()
+        };
+        let mut expected = volumes(&base);
+        expected.insert("cni-bin".into(), json!(bin));
+        expected.insert("cni-conf".into(), json!(conf));
+        assert_eq!(volumes(&overlay), expected, "{kustomization}");
+        let without_volumes = |objects: &[Value]| -> Vec<Value> {
+            objects
+                .iter()
+                .cloned()
+                .map(|mut o| {
+                    if o["kind"] == "DaemonSet" {
+                        o["spec"]["template"]["spec"]
+                            .as_object_mut()
+                            .unwrap()
+                            .remove("volumes");
+                    }
+                    o
+                })
+                .collect()
+        };
+        assert_eq!(
+            without_volumes(&overlay),
+            without_volumes(&base),
+            "{kustomization}"
+        );
+    }
 }
 
 /// A podman with an image store of the test's own, running containers with the tests' runc
@@ -417,20 +560,20 @@ impl AgentPod {
         std::fs::create_dir_all(&bpffs).unwrap();
 
         let (_, objects) = rendered();
-        let cgroup2 = interceptor::cgroup::cgroup2_root().unwrap();
         let mut config = find(&objects, "ConfigMap").clone();
-        config["data"]["cgroup"] = json!(
-            Path::new("/host/sys/fs/cgroup")
-                .join(cgroup.strip_prefix(&cgroup2).unwrap())
-                .display()
-                .to_string()
-        );
+        // The pods here connect over both families (the proxies listen on both): the one line
+        // a cluster whose Linkerd runs with disableIPv6=false changes.
+        let linkerd = config["data"]["linkerd"].as_str().unwrap();
+        assert!(linkerd.contains(r#""ipv6": false"#), "{linkerd}");
+        config["data"]["linkerd"] = json!(linkerd.replace(r#""ipv6": false"#, r#""ipv6": true"#));
         let daemonset = find(&objects, "DaemonSet");
         let namespace = daemonset["metadata"]["namespace"].as_str().unwrap();
         let mut spec = daemonset["spec"]["template"]["spec"].clone();
+        // The host's cgroup2 mount is the test's own cgroup: no kubelet pod cgroup is found
+        // under it, so the agent attaches there, never at the machine's root.
         let host_paths = [
             ("/sys/fs/bpf", bpffs.clone()),
-            ("/sys/fs/cgroup", cgroup2.clone()),
+            ("/sys/fs/cgroup", cgroup.to_owned()),
             ("/run/interceptor", state_dir.clone()),
             ("/opt/cni/bin", network.bin_dir.clone()),
             ("/etc/cni/net.d", network.conf_dir.clone()),
@@ -445,7 +588,9 @@ impl AgentPod {
         let metrics = free_port();
         let data: BTreeMap<String, String> =
             serde_json::from_value(config["data"].clone()).unwrap();
-        for container in spec["containers"].as_array_mut().unwrap() {
+        let mut containers = spec["initContainers"].as_array().unwrap().clone();
+        containers.extend(spec["containers"].as_array().unwrap().iter().cloned());
+        for container in &mut containers {
             // The kubelet expands `$(VAR)` in arguments; podman 4 does not.
             let mut args = args_of(container, &data, namespace);
             // No API server here to ask whether the DaemonSet is being deleted: without
@@ -462,6 +607,7 @@ impl AgentPod {
                 let value = match env["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
                     Some("spec.nodeName") => "test-node",
                     Some("metadata.namespace") => namespace,
+                    Some("status.hostIP") => "127.0.0.1",
                     _ => continue,
                 };
                 *env = json!({"name": env["name"], "value": value});
@@ -477,10 +623,19 @@ impl AgentPod {
                 }
             }
         }
+        let init = spec["initContainers"].as_array().unwrap().len();
+        spec["containers"] = json!(containers.split_off(init));
+        spec["initContainers"] = json!(containers);
         let name = unique_name("interceptor");
         let pod = json!({
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "interceptor"}},
+            "metadata": {
+                "name": name,
+                "labels": {"app.kubernetes.io/name": "interceptor"},
+                // Podman 4.3 removes a finished init container ("once", the default) racing
+                // its exit (containers/podman#18477); "always" keeps it, as the kubelet does.
+                "annotations": {"io.podman.annotations.init.container.type": "always"},
+            },
             "spec": spec,
         });
         let yaml = network.root.join("pod.json");
@@ -537,6 +692,23 @@ impl AgentPod {
             String::from_utf8_lossy(&logs.stdout),
             String::from_utf8_lossy(&logs.stderr)
         )
+    }
+
+    /// The effective capabilities of a container's process, from the kernel (`CapEff`).
+    fn capabilities(&self, container: &str) -> u64 {
+        let pid = run(
+            self.podman
+                .command(&["inspect", "--format", "{{.State.Pid}}"])
+                .arg(format!("{}-{container}", self.pod_name())),
+            None,
+        );
+        let status = std::fs::read_to_string(format!("/proc/{}/status", pid.trim())).unwrap();
+        let hex = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .unwrap()
+            .trim();
+        u64::from_str_radix(hex, 16).unwrap()
     }
 
     fn pod_name(&self) -> String {
@@ -611,6 +783,22 @@ fn the_daemonsets_pod_meshes_pods_and_keeps_them_meshed_through_a_replay() {
     let agent_pod = AgentPod::new(podman, &fixture.cgroup.path);
     agent_pod.play(false);
     assert!(agent_pod.network.bin_dir.join("interceptor-cni").is_file());
+    // Not privileged: the agent runs with exactly the capabilities the DaemonSet lists
+    // (CAP_NET_ADMIN 12, NET_RAW 13, SYS_PTRACE 19, SYS_ADMIN 21, SYS_RESOURCE 24, PERFMON 38,
+    // BPF 39), the installer with its two (DAC_OVERRIDE 1, FOWNER 3); those of them this
+    // machine's bounding set has (it withholds CAP_SYS_RESOURCE).
+    let bounding = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("CapBnd:"))
+        .map(|hex| u64::from_str_radix(hex.trim(), 16).unwrap())
+        .unwrap();
+    let bits = |caps: &[u32]| caps.iter().fold(0u64, |all, cap| all | 1 << cap) & bounding;
+    assert_eq!(
+        agent_pod.capabilities("agent"),
+        bits(&[12, 13, 19, 21, 24, 38, 39])
+    );
+    assert_eq!(agent_pod.capabilities("install-cni"), bits(&[1, 3]));
 
     let result = agent_pod
         .network
@@ -704,4 +892,42 @@ fn logs_carry_no_colour_codes_off_a_terminal_and_json_is_one_object_per_line() {
         json.contains("\"message\":\"CNI plugin uninstalled\""),
         "{json}"
     );
+}
+
+/// The DaemonSet's init container, `interceptor mount-bpffs`: a bpffs on a directory that has
+/// none, and nothing where one is mounted already (the node's own, or its previous run's).
+#[test]
+fn the_init_container_mounts_a_bpffs_only_where_there_is_none() {
+    if !privileged("the_init_container_mounts_a_bpffs_only_where_there_is_none") {
+        return;
+    }
+    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+    let dir = std::env::temp_dir().join(unique_name("mount-bpffs"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let is_bpffs =
+        |path: &Path| nix::sys::statfs::statfs(path).unwrap().filesystem_type().0 == BPF_FS_MAGIC;
+    let mount_bpffs = || {
+        let out = Command::new(interceptor_tests::agent_home::interceptor_bin())
+            .arg("mount-bpffs")
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stderr).unwrap()
+    };
+    assert!(!is_bpffs(&dir));
+    let first = mount_bpffs();
+    let mounted = is_bpffs(&dir);
+    let second = mount_bpffs();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let count = mounts
+        .lines()
+        .filter(|l| l.contains(&format!(" {} ", dir.display())))
+        .count();
+    while nix::mount::umount(&dir).is_ok() {}
+    let _ = std::fs::remove_dir(&dir);
+    assert!(mounted, "{first}");
+    assert!(first.contains("bpffs mounted"), "{first}");
+    assert!(second.contains("already mounted"), "{second}");
+    assert_eq!(count, 1, "mounted once: {mounts}");
 }

@@ -45,7 +45,7 @@ impl PodsSkipped {
     }
 }
 
-/// Serves `/metrics` and `/ready` on `addr` from a thread of its own.
+/// Serves `/metrics`, `/ready` and `/live` on `addr` from a thread of its own.
 pub fn serve(addr: SocketAddr, agent: Arc<Mutex<Agent>>) -> anyhow::Result<()> {
     let server = tiny_http::Server::http(addr)
         .map_err(|e| anyhow::anyhow!("{e}"))
@@ -74,6 +74,13 @@ pub fn serve(addr: SocketAddr, agent: Arc<Mutex<Agent>>) -> anyhow::Result<()> {
                         }
                         tiny_http::Response::from_string(body).with_status_code(503)
                     }
+                }
+                // The liveness probe: answered once the agent's state can be locked, so an agent
+                // stuck holding it (it would serve no registration either) is restarted, and
+                // one that is merely not ready (a pod's interception drifted) is not.
+                "/live" => {
+                    drop(super::lock(&agent));
+                    tiny_http::Response::from_string("live\n")
                 }
                 _ => tiny_http::Response::from_string("not found\n").with_status_code(404),
             };

@@ -64,6 +64,7 @@ pub fn main() -> std::process::ExitCode {
         crate::cli::Command::Validate(args) => validate::validate(args),
         crate::cli::Command::Cni(args) => cni::cni(args),
         crate::cli::Command::Kernel(args) => kernel::kernel(args),
+        crate::cli::Command::MountBpffs(args) => mount_bpffs(&args.path),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -72,6 +73,17 @@ pub fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// `interceptor mount-bpffs`: one line saying whether it mounted one or found one.
+fn mount_bpffs(path: &std::path::Path) -> anyhow::Result<()> {
+    let mounted = crate::bpffs::ensure_bpffs(path)?;
+    if mounted {
+        info!(path = %path.display(), "bpffs mounted");
+    } else {
+        info!(path = %path.display(), "a bpffs is already mounted here");
+    }
+    Ok(())
 }
 
 /// `interceptor iptables-cleanup`.
