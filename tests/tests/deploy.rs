@@ -216,9 +216,9 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
     let labels = &find(&objects, "Namespace")["metadata"]["labels"];
     assert_eq!(labels["linkerd.io/inject"], "disabled");
     assert_eq!(labels["config.linkerd.io/admission-webhooks"], "disabled");
-    // The API access, for the DaemonSet's account: pods get/list/watch, namespaces get and the `kubernetes`
-    // Service for the agent, and get of this DaemonSet, in its namespace, for the installer;
-    // nothing more.
+    // The API access, for the DaemonSet's account: pods get/list/watch, namespaces get and the
+    // `kubernetes` Service for the agent, and get of this DaemonSet, in its namespace, for the
+    // installer; nothing more.
     assert_eq!(pod["automountServiceAccountToken"], true);
     let namespace = daemonset["metadata"]["namespace"].as_str().unwrap();
     let account = json!([{"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": namespace}]);
