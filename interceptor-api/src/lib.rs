@@ -191,6 +191,10 @@ pub struct KubePod {
     /// It has a `linkerd-init` init container, which writes iptables rules for its proxy.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub linkerd_init: bool,
+    /// Its namespace's `config.linkerd.io/*` annotations, for those the pod does not set (as
+    /// linkerd-cni falls back to them); read for a pod Linkerd injected.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub namespace_annotations: BTreeMap<String, String>,
 }
 
 /// Why a request was refused; nothing was changed.

@@ -188,7 +188,8 @@ enum Plan {
 
 /// Whether the pod is meshed ([`Pods`]) and with which settings: the conflist's, with the pod's
 /// `config.linkerd.io/*` annotations applied when the runtime passed them (or the agent read
-/// them), and linkerd-cni's rule for Linkerd's control-plane pods.
+/// them), its namespace's under them (from the agent's view of the API), and linkerd-cni's rule
+/// for Linkerd's control-plane pods.
 fn plan(inv: &Invocation) -> Result<Plan, CniError> {
     let mut settings = settings(inv)?;
     let pods = pod_selection(&inv.conf, &inv.cni_args)
@@ -223,10 +224,12 @@ fn plan(inv: &Invocation) -> Result<Plan, CniError> {
     {
         return Ok(Plan::Skip(reason));
     }
-    settings.config = annotations::apply(&settings.config, &pod.annotations).map_err(|e| {
+    let annotations =
+        annotations::with_namespace_defaults(&pod.annotations, &pod.namespace_annotations);
+    settings.config = annotations::apply(&settings.config, &annotations).map_err(|e| {
         error(
             code::INVALID_CONFIG,
-            "invalid linkerd annotation on the pod",
+            "invalid linkerd annotation on the pod or its namespace",
             e.to_string(),
         )
     })?;

@@ -13,6 +13,8 @@
 //!   alone).
 //! - It never reads `linkerd.io/inject`: the injector does not inject a pod whose
 //!   `linkerd.io/inject` is `disabled`, and one injected by hand has a proxy to serve it.
+//! - A `config.linkerd.io/*` annotation the pod does not have is taken from its namespace
+//!   ([`with_namespace_defaults`]).
 //! - Per-pod settings: `skip-outbound-ports` replaces the list, `skip-inbound-ports` adds to it
 //!   (as linkerd-cni does since its 1.6.3, and the injector's `linkerd-init`),
 //!   `skip-subnets` replaces the inbound subnets, `proxy-uid` and `proxy-gid` replace the IDs
@@ -46,6 +48,10 @@ pub const CONTROL_PORT: &str = "config.linkerd.io/control-port";
 pub const CONTROL_PLANE_COMPONENT: &str = "linkerd.io/control-plane-component";
 /// linkerd-cni's API server ports when the `kubernetes` Service cannot be read.
 pub const DEFAULT_API_SERVER_PORTS: [u16; 2] = [443, 6443];
+
+/// The prefix of Linkerd's configuration annotations: the only ones a namespace gives its pods
+/// ([`with_namespace_defaults`]).
+pub const CONFIG_PREFIX: &str = "config.linkerd.io/";
 
 /// The annotations [`apply`] reads.
 pub const CONFIG_ANNOTATIONS: [&str; 9] = [
@@ -188,6 +194,23 @@ pub fn apply(
         }
     }
     Ok(config)
+}
+
+/// What [`apply`] reads for a pod: its own annotations, and its namespace's
+/// `config.linkerd.io/*` ones where the pod has no value of its own (none, or an empty one), as
+/// linkerd-cni falls back to them key by key. Nothing else comes from the namespace (never
+/// `linkerd.io/inject` or the like): whether a pod is meshed is its own.
+pub fn with_namespace_defaults(
+    pod: &BTreeMap<String, String>,
+    namespace: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut annotations = pod.clone();
+    for (name, value) in namespace {
+        if name.starts_with(CONFIG_PREFIX) && pod.get(name).is_none_or(|v| v.trim().is_empty()) {
+            annotations.insert(name.clone(), value.clone());
+        }
+    }
+    annotations
 }
 
 /// linkerd-cni's rule for a control-plane pod: its connections to the Kubernetes API server's

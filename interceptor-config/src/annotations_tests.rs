@@ -189,3 +189,45 @@ fn a_pod_with_a_linkerd_init_container_is_left_to_it() {
         }
     );
 }
+
+#[test]
+fn a_namespaces_config_annotations_apply_where_the_pod_has_none_of_its_own() {
+    let namespace = pod(&[
+        (SKIP_OUTBOUND_PORTS, "3306"),
+        (PROXY_UID, "2103"),
+        (SKIP_SUBNETS, "10.0.0.0/8"),
+        ("linkerd.io/inject", "enabled"),
+        (PROXY_VERSION, "edge-24.11.8"),
+        (
+            "config.alpha.linkerd.io/proxy-wait-before-exit-seconds",
+            "5",
+        ),
+    ]);
+    let own = pod(&[
+        (PROXY_VERSION, "stable-2.14.10"),
+        (SKIP_OUTBOUND_PORTS, "25"),
+        (PROXY_UID, " "),
+    ]);
+    let merged = with_namespace_defaults(&own, &namespace);
+    assert_eq!(
+        merged,
+        pod(&[
+            (PROXY_VERSION, "stable-2.14.10"),
+            // The pod's own value wins, key by key; an empty one is no value.
+            (SKIP_OUTBOUND_PORTS, "25"),
+            (PROXY_UID, "2103"),
+            (SKIP_SUBNETS, "10.0.0.0/8"),
+        ])
+    );
+    let config = apply(&InterceptionConfig::linkerd(), &merged).unwrap();
+    assert_eq!(config.outbound_ports_to_ignore.to_string(), "25");
+    assert_eq!(config.proxy_uid, Some(2103));
+    // Only config.linkerd.io/* comes from the namespace: it never decides whether a pod is
+    // meshed.
+    assert_eq!(
+        decide(&with_namespace_defaults(&pod(&[]), &namespace)),
+        Decision::Skip {
+            reason: SkipReason::NotInjected
+        }
+    );
+}

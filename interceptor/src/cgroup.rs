@@ -82,6 +82,114 @@ pub fn open_cgroup2(path: &Path) -> Result<File, CgroupError> {
     Ok(file)
 }
 
+/// The cgroup2 hierarchy at `dir`: `dir` itself, or on a hybrid host (cgroup v1 controllers
+/// at /sys/fs/cgroup, cgroup2 beside them) its `unified` directory. A host's /sys/fs/cgroup
+/// mounted in a container is either, and the DaemonSet cannot know which.
+pub fn cgroup2_at(dir: &Path) -> Result<PathBuf, CgroupError> {
+    match open_cgroup2(dir) {
+        Ok(_) => Ok(dir.to_owned()),
+        Err(e @ CgroupError::NotCgroup2 { .. }) => {
+            let unified = dir.join("unified");
+            open_cgroup2(&unified).map(|_| unified).map_err(|_| e)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// How deep below the directory it is given [`find_kubepods`] looks: kind's
+/// `kubelet.slice/kubelet-kubepods.slice` and a custom `--cgroup-root` such as `/k8s/kubepods`
+/// are two levels down.
+const KUBEPODS_SEARCH_DEPTH: usize = 3;
+
+/// What [`find_kubepods`] found under a cgroup2 directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KubepodsSearch {
+    /// The one shallowest directory named like the kubelet's pod cgroup.
+    Found(PathBuf),
+    /// None within the depth searched.
+    NotFound,
+    /// Several equally shallow ones (e.g. a node whose cgroup driver changed).
+    Ambiguous(Vec<PathBuf>),
+}
+
+impl KubepodsSearch {
+    /// Where to attach: the kubelet's pod cgroup when there is one, else `dir` itself, where
+    /// every pod's sockets are seen (the programs select pods by netns cookie, so a socket
+    /// outside a meshed pod costs one map lookup).
+    pub fn attach_at(&self, dir: &Path) -> PathBuf {
+        match self {
+            Self::Found(path) => path.clone(),
+            Self::NotFound | Self::Ambiguous(_) => dir.to_owned(),
+        }
+    }
+}
+
+impl std::fmt::Display for KubepodsSearch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Found(_) => f.write_str("the kubelet's pod cgroup"),
+            Self::NotFound => write!(
+                f,
+                "no kubepods or *kubepods.slice directory within {KUBEPODS_SEARCH_DEPTH} levels: \
+                 attaching where every pod's sockets are seen"
+            ),
+            Self::Ambiguous(paths) => write!(
+                f,
+                "several equally shallow pod cgroups ({}): attaching where every pod's sockets \
+                 are seen",
+                paths
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+}
+
+/// The kubelet's pod cgroup under `dir` (a cgroup2 directory, or any directory tree): the
+/// shallowest directory, breadth first and at most [`KUBEPODS_SEARCH_DEPTH`] levels down, named
+/// `kubepods` (cgroupfs driver, custom cgroup roots) or ending in `kubepods.slice` (systemd
+/// driver; kind's `kubelet-kubepods.slice`). Pod cgroups are not descended into. Directories
+/// that cannot be read are passed over.
+pub fn find_kubepods(dir: &Path) -> KubepodsSearch {
+    let mut level = vec![dir.to_owned()];
+    for _ in 0..KUBEPODS_SEARCH_DEPTH {
+        let mut found = Vec::new();
+        let mut next = Vec::new();
+        for parent in &level {
+            let Ok(entries) = std::fs::read_dir(parent) else {
+                continue;
+            };
+            for entry in entries.filter_map(Result::ok) {
+                // Not following symbolic links: a cgroup tree has none.
+                if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                if name == "kubepods" || name.ends_with("kubepods.slice") {
+                    found.push(entry.path());
+                } else if !is_pod_cgroup(&name) {
+                    next.push(entry.path());
+                }
+            }
+        }
+        found.sort();
+        match found.len() {
+            0 => level = next,
+            1 => return KubepodsSearch::Found(found.remove(0)),
+            _ => return KubepodsSearch::Ambiguous(found),
+        }
+    }
+    KubepodsSearch::NotFound
+}
+
+/// A pod's cgroup: cgroupfs `pod<uid>`, systemd `kubepods-<qos>-pod<uid>.slice`.
+fn is_pod_cgroup(name: &str) -> bool {
+    name.starts_with("pod") || name.contains("-pod")
+}
+
 /// The directory of the cgroup with id `id` (on cgroup2, the directory's inode number), found by
 /// walking the cgroup2 hierarchy; `None` when it is gone or cannot be read.
 pub fn path_of_id(id: u64) -> Option<PathBuf> {
@@ -119,6 +227,122 @@ mod tests {
             find_cgroup2_mount(mountinfo),
             Some(PathBuf::from("/sys/fs/cgroup/unified"))
         );
+    }
+
+    /// A directory tree with `dirs` (relative paths) made under a fresh temporary directory,
+    /// removed on drop.
+    struct Tree(PathBuf);
+
+    impl Tree {
+        fn new(dirs: &[&str]) -> Self {
+            use std::sync::atomic::{AtomicU32, Ordering};
+            static NEXT: AtomicU32 = AtomicU32::new(0);
+            let root = std::env::temp_dir().join(format!(
+                "icpt-kubepods-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ));
+            for dir in dirs {
+                std::fs::create_dir_all(root.join(dir)).unwrap();
+            }
+            std::fs::create_dir_all(&root).unwrap();
+            Self(root)
+        }
+
+        fn search(&self) -> KubepodsSearch {
+            match find_kubepods(&self.0) {
+                KubepodsSearch::Found(path) => {
+                    KubepodsSearch::Found(path.strip_prefix(&self.0).unwrap().to_owned())
+                }
+                KubepodsSearch::Ambiguous(paths) => KubepodsSearch::Ambiguous(
+                    paths
+                        .iter()
+                        .map(|p| p.strip_prefix(&self.0).unwrap().to_owned())
+                        .collect(),
+                ),
+                KubepodsSearch::NotFound => KubepodsSearch::NotFound,
+            }
+        }
+    }
+
+    impl Drop for Tree {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn found(path: &str) -> KubepodsSearch {
+        KubepodsSearch::Found(PathBuf::from(path))
+    }
+
+    #[test]
+    fn finds_the_kubelets_pod_cgroup_whatever_the_driver() {
+        // systemd driver.
+        let systemd = Tree::new(&[
+            "system.slice/containerd.service",
+            "user.slice/user-1000.slice/session-1.scope",
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-a.scope",
+            "kubepods.slice/kubepods-pod2.slice/cri-containerd-b.scope",
+        ]);
+        assert_eq!(systemd.search(), found("kubepods.slice"));
+        // cgroupfs driver (k3s too).
+        let cgroupfs = Tree::new(&[
+            "kubepods/besteffort/pod1/a",
+            "kubepods/pod2/b",
+            "init.scope",
+        ]);
+        assert_eq!(cgroupfs.search(), found("kubepods"));
+        // kind: the kubelet's own slice first.
+        let kind = Tree::new(&[
+            "kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice",
+            "system.slice/containerd.service",
+        ]);
+        assert_eq!(kind.search(), found("kubelet.slice/kubelet-kubepods.slice"));
+        // A custom --cgroup-root.
+        let custom = Tree::new(&["k8s/kubepods/burstable/pod1", "k8s/other"]);
+        assert_eq!(custom.search(), found("k8s/kubepods"));
+        // Given the pod cgroup itself: nothing below is named like it.
+        let itself = Tree::new(&["besteffort/pod1/a", "pod2/b"]);
+        assert_eq!(itself.search(), KubepodsSearch::NotFound);
+        assert_eq!(
+            KubepodsSearch::NotFound.attach_at(&itself.0),
+            itself.0,
+            "attached at the directory given"
+        );
+    }
+
+    #[test]
+    fn the_shallowest_wins_and_a_tie_or_nothing_means_the_directory_given() {
+        let shallow = Tree::new(&["kubepods.slice", "a/b/kubepods"]);
+        assert_eq!(shallow.search(), found("kubepods.slice"));
+        let tie = Tree::new(&["kubepods", "kubepods.slice"]);
+        assert_eq!(
+            tie.search(),
+            KubepodsSearch::Ambiguous(vec!["kubepods".into(), "kubepods.slice".into()])
+        );
+        assert_eq!(tie.search().attach_at(&tie.0), tie.0);
+        // Deeper than the search goes, or inside a pod's cgroup: not found.
+        let deep = Tree::new(&["a/b/c/kubepods", "pod1/kubepods", "x-pod2.slice/kubepods"]);
+        assert_eq!(deep.search(), KubepodsSearch::NotFound);
+        // A file of that name is no cgroup.
+        let file = Tree::new(&["a"]);
+        std::fs::write(file.0.join("kubepods"), "").unwrap();
+        assert_eq!(file.search(), KubepodsSearch::NotFound);
+    }
+
+    #[test]
+    fn the_cgroup2_hierarchy_is_the_directory_or_its_unified_one() {
+        let root = cgroup2_root().expect("a cgroup2 mount");
+        assert_eq!(cgroup2_at(&root).unwrap(), root);
+        // This machine kind is hybrid: cgroup2 at /sys/fs/cgroup/unified, v1 beside it.
+        if root.file_name().is_some_and(|n| n == "unified") {
+            assert_eq!(cgroup2_at(root.parent().unwrap()).unwrap(), root);
+        }
+        let plain = std::env::temp_dir();
+        assert!(matches!(
+            cgroup2_at(&plain),
+            Err(CgroupError::NotCgroup2 { path }) if path == plain
+        ));
     }
 
     #[test]

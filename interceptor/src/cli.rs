@@ -197,6 +197,14 @@ pub struct DaemonArgs {
     #[arg(long)]
     pub cgroup: Option<PathBuf>,
 
+    /// Attach to the kubelet's pod cgroup, found at start under this cgroup2 directory (on
+    /// Kubernetes the host's cgroup2 mount): the shallowest `kubepods` or `*kubepods.slice`
+    /// directory within 3 levels, whatever the cgroup driver; this directory itself when there
+    /// is none, or several. On a hybrid host (cgroup v1 here), its `unified` directory.
+    /// Instead of --cgroup.
+    #[arg(long, value_name = "CGROUP2_DIR", conflicts_with = "cgroup")]
+    pub kubepods_under: Option<PathBuf>,
+
     /// Capacity of each map of original destinations (connections not yet read by a proxy).
     #[arg(long, default_value_t = interceptor_common::DEFAULT_PENDING_ORIG_DST_CAPACITY,
           value_parser = clap::value_parser!(u32).range(1..))]

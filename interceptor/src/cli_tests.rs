@@ -188,3 +188,21 @@ fn listen_addresses_take_ipv6_with_or_without_brackets() {
         assert!(parse_listen_addr(bad).is_err(), "{bad}");
     }
 }
+
+#[test]
+fn the_daemon_takes_a_cgroup_or_a_directory_to_find_the_kubelets_in_not_both() {
+    let daemon = |args: &[&str]| {
+        let mut argv = vec!["interceptor", "daemon"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).map(|cli| match cli.command {
+            Command::Daemon(daemon) => (daemon.cgroup, daemon.kubepods_under),
+            other => panic!("unexpected command {other:?}"),
+        })
+    };
+    assert_eq!(
+        daemon(&["--kubepods-under", "/host/sys/fs/cgroup"]).unwrap(),
+        (None, Some(PathBuf::from("/host/sys/fs/cgroup")))
+    );
+    let both = daemon(&["--cgroup", "/a", "--kubepods-under", "/b"]).unwrap_err();
+    assert!(both.to_string().contains("cannot be used with"), "{both}");
+}

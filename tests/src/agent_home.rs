@@ -187,10 +187,17 @@ impl AgentHome {
         } else {
             &["--mode", "ebpf"][..]
         };
+        // Its cgroup, unless the test has the agent find the kubelet's.
+        let cgroup = self.cgroup.display().to_string();
+        let cgroup = if extra.contains(&"--kubepods-under") {
+            &[][..]
+        } else {
+            &["--cgroup", cgroup.as_str()][..]
+        };
         let child = Command::new(&self.binary)
             .arg("daemon")
             .args(self.location())
-            .args(["--cgroup", &self.cgroup.display().to_string()])
+            .args(cgroup)
             .args(mode)
             .args(reconcile)
             .args(["--log-level", level])

@@ -4,10 +4,11 @@
 //! No `kube-apiserver` can be installed on these machines (Debian has none, and only crates.io,
 //! PyPI and npm are reachable), so this small HTTP server answers as the API server does, in
 //! its shapes: the object or a `NotFound` Status naming it for a GET of a namespaced object
-//! (`/api/v1/...` and `/apis/GROUP/VERSION/...`), a `PodList` for the list of pods, a chunked
-//! stream of watch events. It can end the watch streams (a client watches again), refuse every
-//! request (401 or 403, as when the caller's account or role is deleted), close connections
-//! without an answer, or keep them open without one (the API is down).
+//! (`/api/v1/...` and `/apis/GROUP/VERSION/...`) or of a Namespace, a `PodList` for the list of
+//! pods, a chunked stream of watch events. It can end the watch streams (a client watches
+//! again), refuse every request (401 or 403, as when the caller's account or role is deleted) or
+//! those of some paths (403, as a role without a rule for them), close connections without an
+//! answer, or keep them open without one (the API is down).
 use std::{
     io::{BufRead as _, BufReader, Write as _},
     net::{TcpListener, TcpStream},
@@ -50,6 +51,8 @@ pub struct ApiState {
     pub requests: Vec<String>,
     watches: Vec<Sender<WatchEvent>>,
     pub mode: Mode,
+    /// Requests of these paths are forbidden (403), as for a role without a rule for them.
+    pub forbidden: Vec<String>,
 }
 
 impl ApiState {
@@ -162,6 +165,26 @@ pub fn daemonset(namespace: &str, name: &str) -> Value {
     })
 }
 
+/// A Namespace as the API server returns it, with `annotations`.
+pub fn namespace(name: &str, annotations: &[(&str, &str)]) -> Value {
+    let annotations: serde_json::Map<String, Value> = annotations
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), Value::from(*v)))
+        .collect();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": name,
+            "uid": format!("uid-ns-{name}"),
+            "resourceVersion": "5",
+            "annotations": annotations,
+        },
+        "spec": { "finalizers": ["kubernetes"] },
+        "status": { "phase": "Active" },
+    })
+}
+
 /// The resource name of `kind` in a path (`Pod` → `pods`, `DaemonSet` → `daemonsets`).
 fn plural(kind: &str) -> String {
     format!("{}s", kind.to_lowercase())
@@ -187,7 +210,12 @@ fn serve(mut stream: TcpStream, state: &Mutex<ApiState>) {
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     let mut guard = state.lock().unwrap();
     guard.requests.push(target.clone());
-    match guard.mode {
+    let mode = if guard.forbidden.iter().any(|p| p == path) {
+        Mode::Refuse(403)
+    } else {
+        guard.mode
+    };
+    match mode {
         Mode::Answer => {}
         Mode::Down => return,
         Mode::Silent => {
@@ -245,6 +273,29 @@ fn serve(mut stream: TcpStream, state: &Mutex<ApiState>) {
                 "items": items,
             }),
         );
+    } else if let Some(name) = path
+        .strip_prefix("/api/v1/namespaces/")
+        .filter(|name| !name.contains('/'))
+    {
+        let found = guard
+            .objects
+            .iter()
+            .find(|o| o["kind"] == "Namespace" && o["metadata"]["name"] == name)
+            .cloned();
+        drop(guard);
+        match found {
+            Some(object) => respond(&mut stream, "200 OK", &object),
+            None => respond(
+                &mut stream,
+                "404 Not Found",
+                &json!({
+                    "apiVersion": "v1", "kind": "Status", "status": "Failure",
+                    "reason": "NotFound", "code": 404,
+                    "message": format!("namespaces \"{name}\" not found"),
+                    "details": { "name": name, "kind": "namespaces" },
+                }),
+            ),
+        }
     } else if let Some((api_version, namespace, resource, name)) = object_path(path) {
         let found = guard
             .objects

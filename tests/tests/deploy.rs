@@ -290,6 +290,11 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
         );
     }
     // No cgroup to configure: the kubelet's pod cgroup, found under the host's cgroup2 mount.
+    assert_eq!(daemon.cgroup, None, "no --cgroup to get right");
+    assert_eq!(
+        daemon.kubepods_under.as_deref(),
+        Some(Path::new("/host/sys/fs/cgroup"))
+    );
 
     // Not privileged: the capabilities it uses, AppArmor unconfined as Cilium's agent, the
     // runtime's seccomp profile, spc_t under SELinux.

@@ -16,7 +16,7 @@ use interceptor_tests::{
     Landing, Netns, PodFixture,
     agent_home::{Agent, AgentHome, free_loopback_addr, http_get},
     cni_network::CniNetwork,
-    fake_api::{FakeApi, Mode, WatchEvent},
+    fake_api::{self, FakeApi, Mode, WatchEvent},
     privileged,
     scenario::{APP_UID, PROXY_UID},
 };
@@ -59,10 +59,16 @@ fn labelled_pod(
 
 const INJECTED: (&str, &str) = ("linkerd.io/proxy-version", "edge-24.11.8");
 
-/// The stand-in API server with `pods` and the `kubernetes` Service, as a cluster whose API
-/// server listens on 8443 behind the Service's 443.
+/// The stand-in API server with `pods` (in namespace `shop`, without annotations) and the
+/// `kubernetes` Service, as a cluster whose API server listens on 8443 behind the Service's 443.
 fn api_with(pods: Vec<Value>) -> FakeApi {
+    api_with_namespace(&[], pods)
+}
+
+/// [`api_with`], namespace `shop` with `annotations`.
+fn api_with_namespace(annotations: &[(&str, &str)], pods: Vec<Value>) -> FakeApi {
     let mut objects = pods;
+    objects.push(fake_api::namespace("shop", annotations));
     objects.push(json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": { "name": "kubernetes", "namespace": "default" },
@@ -337,20 +343,12 @@ fn a_control_plane_pod_reaches_the_api_server_around_its_proxy() {
     let fixture = PodFixture::new("kubecp");
     let home = AgentHome::new(&fixture.cgroup.path);
     let (_agent, metrics) = agent_watching(&api, &home);
-    let outbound_ignored = |name: &str| {
-        home.pods()
-            .iter()
-            .find(|p| p["meta"]["name"] == name)
-            .map(|p| p["config"]["outbound_ports_to_ignore"].clone())
-            .unwrap_or_else(|| panic!("{name} is not registered: {:?}", home.pods()))
-    };
-
     // The runtime passed no annotations: the agent's view gives them and the label.
     let network = network_without_annotations(&home);
     network
         .add("destination", &fixture.pod.path(), &json!(null))
         .expect("ADD of a control-plane pod");
-    assert_eq!(outbound_ignored("destination"), "443,8443");
+    assert_eq!(outbound_ignored(&home, "destination"), "443,8443");
     assert_eq!(api.requests_with("/services/kubernetes"), 1);
     let _proxy =
         fixture
@@ -378,13 +376,13 @@ fn a_control_plane_pod_reaches_the_api_server_around_its_proxy() {
             &json!({ INJECTED.0: INJECTED.1 }),
         )
         .expect("ADD of a control-plane pod whose annotations the runtime passed");
-    assert_eq!(outbound_ignored("identity"), "443,8443");
+    assert_eq!(outbound_ignored(&home, "identity"), "443,8443");
     // Any other injected pod keeps the conflist's list.
     let web = Netns::new("kubecp-web");
     annotated
         .add("web", &web.path(), &json!({ INJECTED.0: INJECTED.1 }))
         .expect("ADD of an injected pod");
-    assert_eq!(outbound_ignored("web"), "");
+    assert_eq!(outbound_ignored(&home, "web"), "");
     // A pod with a linkerd-init init container is left to it, as linkerd-cni leaves it.
     let legacy = Netns::new("kubecp-legacy");
     annotated
@@ -408,4 +406,140 @@ fn a_control_plane_pod_reaches_the_api_server_around_its_proxy() {
         .expect_err("an injected pod the API cannot tell about must wait");
     assert!(error.contains("\"code\":11"), "{error}");
     assert!(error.contains("control"), "{error}");
+}
+
+const SKIP_OUTBOUND: &str = "config.linkerd.io/skip-outbound-ports";
+
+/// How many times the agent read namespace `shop`.
+fn namespace_reads(api: &FakeApi) -> usize {
+    api.state()
+        .requests
+        .iter()
+        .filter(|r| *r == "/api/v1/namespaces/shop")
+        .count()
+}
+
+fn outbound_ignored(home: &AgentHome, name: &str) -> Value {
+    home.pods()
+        .iter()
+        .find(|p| p["meta"]["name"] == name)
+        .map(|p| p["config"]["outbound_ports_to_ignore"].clone())
+        .unwrap_or_else(|| panic!("{name} is not registered: {:?}", home.pods()))
+}
+
+/// linkerd-cni's fallback: a `config.linkerd.io/*` annotation a pod does not have is read from
+/// its namespace, whether the runtime passed the pod's annotations or the agent read them; the
+/// pod's own wins, key by key; nothing else comes from the namespace.
+#[test]
+fn a_namespaces_config_annotations_apply_to_its_pods_under_their_own() {
+    if !privileged("a_namespaces_config_annotations_apply_to_its_pods_under_their_own") {
+        return;
+    }
+    let api = api_with_namespace(
+        &[(SKIP_OUTBOUND, "1404"), ("linkerd.io/inject", "enabled")],
+        vec![
+            pod("web", NODE, &[INJECTED]),
+            pod("own", NODE, &[INJECTED, (SKIP_OUTBOUND, "25")]),
+            pod("passed", NODE, &[INJECTED]),
+            pod("plain", NODE, &[]),
+        ],
+    );
+    let fixture = PodFixture::new("kubens");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let (_agent, _) = agent_watching(&api, &home);
+
+    // The agent read the pod (the runtime passed no annotations): the namespace's value.
+    network_without_annotations(&home)
+        .add("web", &fixture.pod.path(), &json!(null))
+        .expect("ADD of an injected pod");
+    assert_eq!(outbound_ignored(&home, "web"), "1404");
+    // The runtime passed them: the pod's own wins; without one, the namespace's.
+    let annotated = network_with_annotations(&home, "kubens-cni");
+    let own = Netns::new("kubens-own");
+    annotated
+        .add(
+            "own",
+            &own.path(),
+            &json!({ INJECTED.0: INJECTED.1, SKIP_OUTBOUND: "25" }),
+        )
+        .expect("ADD of an injected pod with its own annotation");
+    assert_eq!(outbound_ignored(&home, "own"), "25");
+    let passed = Netns::new("kubens-passed");
+    annotated
+        .add("passed", &passed.path(), &json!({ INJECTED.0: INJECTED.1 }))
+        .expect("ADD of an injected pod whose annotations the runtime passed");
+    assert_eq!(outbound_ignored(&home, "passed"), "1404");
+    // The namespace's linkerd.io/inject does not mesh a pod Linkerd did not inject.
+    let plain = Netns::new("kubens-plain");
+    annotated
+        .add("plain", &plain.path(), &json!({}))
+        .expect("ADD of a pod Linkerd did not inject");
+    assert!(
+        home.pods().iter().all(|p| p["meta"]["name"] != "plain"),
+        "{:?}",
+        home.pods()
+    );
+    assert_eq!(namespace_reads(&api), 1, "the namespace is kept a while");
+
+    // In force: the namespace's ignored port goes around the proxy, others to it.
+    let _proxy =
+        fixture
+            .in_pod()
+            .uid(PROXY_UID)
+            .listen(&["proxy", "127.0.0.1:4140", "--name", "outbound"]);
+    let app = fixture.in_pod().uid(APP_UID);
+    assert_eq!(
+        app.connect("192.0.2.2:1404"),
+        Landing::Failed("connect:ECONNREFUSED".into())
+    );
+    assert_eq!(
+        app.connect("192.0.2.2:1405").proxy_orig().to_string(),
+        "192.0.2.2:1405"
+    );
+}
+
+/// A namespace the agent may not read (its role without `get` on namespaces): its pods are
+/// meshed by their own annotations. One the API does not answer for: the pod waits (11), as for
+/// the pod itself, and is meshed with the namespace's annotations once the API answers.
+#[test]
+fn a_forbidden_namespace_leaves_pods_their_own_annotations_and_an_unanswered_one_waits() {
+    if !privileged(
+        "a_forbidden_namespace_leaves_pods_their_own_annotations_and_an_unanswered_one_waits",
+    ) {
+        return;
+    }
+    let pods = || vec![pod("web", NODE, &[INJECTED])];
+    let annotations = [(SKIP_OUTBOUND, "1404")];
+
+    let api = api_with_namespace(&annotations, pods());
+    api.state().forbidden.push("/api/v1/namespaces/shop".into());
+    let fixture = PodFixture::new("kubensforbid");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let (agent, _) = agent_watching(&api, &home);
+    network_without_annotations(&home)
+        .add("web", &fixture.pod.path(), &json!(null))
+        .expect("ADD of an injected pod in a namespace the agent may not read");
+    assert_eq!(outbound_ignored(&home, "web"), "");
+    assert_eq!(namespace_reads(&api), 1);
+    agent.kill();
+    drop(home);
+
+    let api = api_with_namespace(&annotations, pods());
+    let fixture = PodFixture::new("kubensdown");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let (_agent, _) = agent_watching(&api, &home);
+    let network = network_without_annotations(&home);
+    // The pod is in the watch's cache; the namespace has not been read.
+    api.state().mode = Mode::Down;
+    let error = network
+        .add("web", &fixture.pod.path(), &json!(null))
+        .expect_err("the namespace unanswered: the pod must wait");
+    assert!(error.contains("\"code\":11"), "{error}");
+    assert!(error.contains("namespace shop"), "{error}");
+    assert!(home.pods().is_empty());
+    api.state().mode = Mode::Answer;
+    network
+        .add("web", &fixture.pod.path(), &json!(null))
+        .expect("ADD once the API answers");
+    assert_eq!(outbound_ignored(&home, "web"), "1404");
 }

@@ -17,6 +17,15 @@
 //! lookup fails and the plugin answers CNI error 11 (try again later): a pod that may need
 //! meshing never starts unmeshed.
 //!
+//! For a pod Linkerd injected, the agent also gives its namespace's `config.linkerd.io/*`
+//! annotations, which the plugin applies under the pod's own, as linkerd-cni falls back to them.
+//! The Namespace is read with a GET (RBAC: `get` on `namespaces`) and kept for
+//! [`NAMESPACE_TTL`]. It is read within the pod lookup's deadline; no answer in time is error 11
+//! again, unless an earlier answer is kept (however old: namespace annotations seldom change). A
+//! Namespace the agent may not read (forbidden) or that is not there is taken as one without
+//! annotations, with a warning: the pod is meshed by its own annotations rather than held back
+//! by a missing RBAC rule.
+//!
 //! The agent's own work never depends on the API: without it (no credentials, API down), the
 //! agent runs, and only these lookups fail, each saying why.
 use std::{
@@ -26,13 +35,16 @@ use std::{
     time::Duration,
 };
 
+use tokio::time::Instant;
+
 use futures::StreamExt as _;
 use interceptor_api::KubePod;
 use interceptor_config::annotations::{
-    CONTROL_PLANE_COMPONENT, DEFAULT_API_SERVER_PORTS, LINKERD_INIT_CONTAINER,
+    self, CONFIG_PREFIX, CONTROL_PLANE_COMPONENT, DEFAULT_API_SERVER_PORTS, Decision,
+    LINKERD_INIT_CONTAINER,
 };
 use k8s_openapi::{
-    api::core::v1::{Pod, Service},
+    api::core::v1::{Namespace, Pod, Service},
     apimachinery::pkg::util::intstr::IntOrString,
 };
 use kube::{
@@ -53,8 +65,13 @@ pub struct KubeOptions {
     pub node_name: Option<String>,
 }
 
-/// How long a lookup may take: well inside the plugin's patience and the kubelet's.
+/// How long a lookup may take (the pod and its namespace): well inside the plugin's patience and
+/// the kubelet's.
 const LOOKUP_DEADLINE: Duration = Duration::from_secs(3);
+
+/// How long a namespace's `config.linkerd.io/*` annotations are kept: a change to them reaches
+/// the pods started this long after it at the latest.
+const NAMESPACE_TTL: Duration = Duration::from_secs(10);
 
 /// What the agent keeps of a pod.
 #[derive(Clone, Debug)]
@@ -67,10 +84,15 @@ struct Facts {
 
 type Key = (String, String);
 
+/// A namespace's `config.linkerd.io/*` annotations and when they were read.
+type NamespaceConfig = (Instant, BTreeMap<String, String>);
+
 pub struct KubePods {
     /// The client, or why there is none.
     client: Result<Client, String>,
     cache: Mutex<HashMap<Key, Facts>>,
+    /// By namespace name.
+    namespaces: Mutex<HashMap<String, NamespaceConfig>>,
     /// Lookups by where they were answered: `cache`, `api`, `failed`.
     lookups: Family<Vec<(String, String)>, Counter>,
 }
@@ -88,6 +110,7 @@ impl KubePods {
         let pods = Arc::new(Self {
             client,
             cache: Mutex::new(HashMap::new()),
+            namespaces: Mutex::new(HashMap::new()),
             lookups: Family::default(),
         });
         match (&pods.client, options.node_name) {
@@ -109,14 +132,16 @@ impl KubePods {
     }
 
     /// The pod's annotations and control-plane label: from the watch's cache when it has the
-    /// pod (with this `uid`, if given), else from the API. For a control-plane pod, the API
-    /// server's ports too.
+    /// pod (with this `uid`, if given), else from the API. For a pod Linkerd injected, its
+    /// namespace's `config.linkerd.io/*` annotations; for a control-plane pod, the API server's
+    /// ports too.
     pub async fn pod(
         &self,
         namespace: &str,
         name: &str,
         uid: Option<&str>,
     ) -> Result<KubePod, String> {
+        let deadline = Instant::now() + LOOKUP_DEADLINE;
         let key = (namespace.to_owned(), name.to_owned());
         let cached = lock(&self.cache).get(&key).cloned();
         let facts = match cached.filter(|f| uid.is_none_or(|uid| uid == f.uid)) {
@@ -125,11 +150,17 @@ impl KubePods {
                 facts
             }
             None => {
-                let answer = self.get(namespace, name, uid).await;
+                let answer = self.get(namespace, name, uid, deadline).await;
                 self.count(if answer.is_ok() { "api" } else { "failed" });
                 answer?
             }
         };
+        // Only for a pod that will be meshed: one that is not is never held up by the API.
+        let namespace_annotations =
+            match annotations::decide_with_containers(&facts.annotations, facts.linkerd_init) {
+                Decision::Mesh => self.namespace_config(namespace, deadline).await?,
+                Decision::Skip { .. } => BTreeMap::new(),
+            };
         let api_server_ports = match facts.control_plane_component {
             Some(_) => self.api_server_ports().await,
             None => Vec::new(),
@@ -139,7 +170,58 @@ impl KubePods {
             control_plane_component: facts.control_plane_component,
             api_server_ports,
             linkerd_init: facts.linkerd_init,
+            namespace_annotations,
         })
+    }
+
+    /// The `config.linkerd.io/*` annotations of `namespace`: kept for [`NAMESPACE_TTL`], else
+    /// read by `deadline`. A namespace this agent may not read, or that is not there, has none
+    /// (with a warning). When the API does not answer, what it said last, however old; without
+    /// that, an error.
+    async fn namespace_config(
+        &self,
+        namespace: &str,
+        deadline: Instant,
+    ) -> Result<BTreeMap<String, String>, String> {
+        let kept = lock(&self.namespaces).get(namespace).cloned();
+        if let Some((read, annotations)) = &kept
+            && read.elapsed() < NAMESPACE_TTL
+        {
+            return Ok(annotations.clone());
+        }
+        let api: Api<Namespace> = Api::all(self.client.clone()?);
+        let answer = match tokio::time::timeout_at(deadline, api.get(namespace)).await {
+            Err(_) => Err(format!(
+                "the Kubernetes API did not answer within {} s for namespace {namespace}",
+                LOOKUP_DEADLINE.as_secs()
+            )),
+            Ok(Err(kube::Error::Api(status))) if status.is_forbidden() || status.is_not_found() => {
+                warn!(namespace, error = %status, "cannot read the namespace's config.linkerd.io annotations: its pods get their own only (the agent's role needs get on namespaces)");
+                Ok(BTreeMap::new())
+            }
+            Ok(Err(e)) => Err(format!(
+                "the Kubernetes API could not give namespace {namespace}: {e}"
+            )),
+            Ok(Ok(object)) => Ok(object
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(name, _)| name.starts_with(CONFIG_PREFIX))
+                .collect()),
+        };
+        match (answer, kept) {
+            (Ok(annotations), _) => {
+                lock(&self.namespaces)
+                    .insert(namespace.to_owned(), (Instant::now(), annotations.clone()));
+                Ok(annotations)
+            }
+            (Err(e), Some((_, annotations))) => {
+                warn!(namespace, error = %e, "using the namespace's config.linkerd.io annotations as last read");
+                Ok(annotations)
+            }
+            (Err(e), None) => Err(e),
+        }
     }
 
     /// The `kubernetes` Service's ports and target ports, as linkerd-cni reads them for a
@@ -170,10 +252,16 @@ impl KubePods {
         }
     }
 
-    async fn get(&self, namespace: &str, name: &str, uid: Option<&str>) -> Result<Facts, String> {
+    async fn get(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+        deadline: Instant,
+    ) -> Result<Facts, String> {
         let client = self.client.clone()?;
         let api: Api<Pod> = Api::namespaced(client, namespace);
-        let pod = match tokio::time::timeout(LOOKUP_DEADLINE, api.get_opt(name)).await {
+        let pod = match tokio::time::timeout_at(deadline, api.get_opt(name)).await {
             Err(_) => {
                 return Err(format!(
                     "the Kubernetes API did not answer within {} s for pod {namespace}/{name}",

@@ -26,9 +26,16 @@ pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
             args.cgroup.unwrap_or_default(),
         ),
         _ => {
-            let cgroup = match args.cgroup {
-                Some(path) => path,
-                None => cgroup::cgroup2_root()?,
+            let cgroup = match (args.cgroup, args.kubepods_under) {
+                (Some(path), _) => path,
+                (None, Some(dir)) => {
+                    let dir = cgroup::cgroup2_at(&dir)?;
+                    let search = cgroup::find_kubepods(&dir);
+                    let cgroup = search.attach_at(&dir);
+                    tracing::info!(cgroup = %cgroup.display(), under = %dir.display(), reason = %search, "attaching to this cgroup");
+                    cgroup
+                }
+                (None, None) => cgroup::cgroup2_root()?,
             };
             cgroup::open_cgroup2(&cgroup)?;
             (BackendChoice::Ebpf, cgroup)

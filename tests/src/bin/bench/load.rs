@@ -240,19 +240,23 @@ fn connload_command(
 }
 
 /// connload's report; any connection that failed or whose original destination was wrong fails
-/// the run: a bypass must never count as speed.
-fn checked_report(out: &str, case: &Case, mode: Mode) -> anyhow::Result<Value> {
+/// the run: a bypass must never count as speed. `what` names the run.
+fn checked_report(out: &str, what: &str) -> anyhow::Result<Value> {
     let json: Value =
         serde_json::from_str(out.trim()).with_context(|| format!("connload printed {out:?}"))?;
     let failures = json["failures"].as_f64().unwrap_or(f64::NAN);
     ensure!(
         failures == 0.0,
-        "{} ({case}): {failures} of {} connections failed, the first: {}",
-        mode.name(),
+        "{what}: {failures} of {} connections failed, the first: {}",
         json["conns"],
         json["first_failure"].as_str().unwrap_or("?")
     );
     Ok(json)
+}
+
+/// How a mode's run is named in errors.
+fn run_name(case: &Case, mode: Mode) -> String {
+    format!("{} ({case})", mode.name())
 }
 
 fn num(json: &Value, key: &str) -> anyhow::Result<f64> {
@@ -276,7 +280,7 @@ pub fn measure(
         .output()
         .context("could not start connload")?;
     ensure!(out.status.success(), "connload failed ({})", out.status);
-    let json = checked_report(&String::from_utf8_lossy(&out.stdout), case, mode)?;
+    let json = checked_report(&String::from_utf8_lossy(&out.stdout), &run_name(case, mode))?;
     Ok(Sample {
         conns: num(&json, "conns")?,
         rate: num(&json, "rate")?,
@@ -305,10 +309,8 @@ fn conntrack_entries(pod: &PodFixture) -> u64 {
 const SLICE_MS: f64 = 20.0;
 
 /// Every mode of `pods` at once, each in a connload process of its own, taking turns in slices
-/// of 20 ms for `seconds` in all: a ring of FIFOs passes the turn on (see connload's `ring`).
-/// Whatever else the machine does in a moment falls on all modes alike, which timed runs one
-/// after the other cannot give on a shared machine. The slices are then grouped into
-/// `repetitions` samples per mode, in order.
+/// of 20 ms for `seconds` in all (see [`interleave`]), grouped into `repetitions` samples per
+/// mode, in order.
 pub fn measure_interleaved(
     connload: &Path,
     pods: &[(Mode, &PodFixture)],
@@ -317,10 +319,40 @@ pub fn measure_interleaved(
     seconds: f64,
     repetitions: usize,
 ) -> anyhow::Result<Vec<Vec<Sample>>> {
+    let processes = pods
+        .iter()
+        .map(|(mode, pod)| {
+            (
+                run_name(case, *mode),
+                connload_command(connload, pod, client_cgroup, case, *mode),
+            )
+        })
+        .collect();
+    let mut samples = interleave(processes, seconds, repetitions)?;
+    for ((_, pod), mode_samples) in pods.iter().zip(&mut samples) {
+        let conntrack = conntrack_entries(pod);
+        for sample in mode_samples {
+            sample.conntrack = conntrack;
+        }
+    }
+    Ok(samples)
+}
+
+/// connload `processes` (each a name for errors and its command line, without the ring's
+/// arguments) at once, taking turns in slices of 20 ms for `seconds` in all: a ring of FIFOs
+/// passes the turn on (see connload's `ring`). Whatever else the machine does in a moment falls
+/// on all of them alike, which timed runs one after the other cannot give on a shared machine.
+/// The slices are grouped into `repetitions` samples per process, in order (their `conntrack`
+/// is left at 0).
+pub fn interleave(
+    processes: Vec<(String, Command)>,
+    seconds: f64,
+    repetitions: usize,
+) -> anyhow::Result<Vec<Vec<Sample>>> {
     let dir = std::env::temp_dir().join(interceptor_tests::unique_name("bench-ring"));
     std::fs::create_dir_all(&dir)?;
     let fifo = |i: usize| dir.join(format!("turn-{i}"));
-    for i in 0..=pods.len() {
+    for i in 0..=processes.len() {
         let path = std::ffi::CString::new(fifo(i).as_os_str().as_encoded_bytes())?;
         let _ = std::fs::remove_file(fifo(i));
         // SAFETY: a valid NUL-terminated path.
@@ -331,24 +363,13 @@ pub fn measure_interleaved(
             std::io::Error::last_os_error()
         );
     }
-    let result = run_ring(
-        connload,
-        pods,
-        client_cgroup,
-        case,
-        seconds,
-        repetitions,
-        &fifo,
-    );
+    let result = run_ring(processes, seconds, repetitions, &fifo);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
 fn run_ring(
-    connload: &Path,
-    pods: &[(Mode, &PodFixture)],
-    client_cgroup: &Path,
-    case: &Case,
+    processes: Vec<(String, Command)>,
     seconds: f64,
     repetitions: usize,
     fifo: &dyn Fn(usize) -> std::path::PathBuf,
@@ -371,8 +392,9 @@ fn run_ring(
         }
     }
     let mut children = Children(Vec::new());
-    for (i, (mode, pod)) in pods.iter().enumerate() {
-        let mut cmd = connload_command(connload, pod, client_cgroup, case, *mode);
+    let count = processes.len();
+    let mut names = Vec::new();
+    for (i, (name, mut cmd)) in processes.into_iter().enumerate() {
         cmd.arg("--ring-in")
             .arg(fifo(i))
             .arg("--ring-out")
@@ -384,11 +406,8 @@ fn run_ring(
         let mut line = String::new();
         stdout.read_line(&mut line)?;
         children.0.push((child, stdout));
-        ensure!(
-            line.trim() == "ready",
-            "connload for {} did not start",
-            mode.name()
-        );
+        ensure!(line.trim() == "ready", "connload for {name} did not start");
+        names.push(name);
     }
     let open = |path: std::path::PathBuf| {
         std::fs::OpenOptions::new()
@@ -396,7 +415,7 @@ fn run_ring(
             .write(true)
             .open(path)
     };
-    let (mut head, mut tail) = (open(fifo(0))?, open(fifo(pods.len()))?);
+    let (mut head, mut tail) = (open(fifo(0))?, open(fifo(count))?);
     let started = std::time::Instant::now();
     let mut token = [0u8];
     while started.elapsed().as_secs_f64() < seconds {
@@ -407,19 +426,14 @@ fn run_ring(
     tail.read_exact(&mut token)?;
 
     let mut samples = Vec::new();
-    for ((mode, pod), (child, stdout)) in pods.iter().zip(&mut children.0) {
+    for (name, (child, stdout)) in names.iter().zip(&mut children.0) {
         let mut out = String::new();
         stdout.read_to_string(&mut out)?;
         let status = child.wait()?;
-        ensure!(
-            status.success(),
-            "connload for {} failed ({status})",
-            mode.name()
-        );
-        let json = checked_report(&out, case, *mode)?;
+        ensure!(status.success(), "connload for {name} failed ({status})");
+        let json = checked_report(&out, name)?;
         let rounds: Vec<[f64; 3]> =
             serde_json::from_value(json["rounds"].clone()).context("connload's rounds")?;
-        let conntrack = conntrack_entries(pod);
         let per_sample = rounds.len().div_ceil(repetitions).max(1);
         let mode_samples = rounds
             .chunks(per_sample)
@@ -435,7 +449,7 @@ fn run_ring(
                     p50: num(&json, "p50_us")?,
                     p99: num(&json, "p99_us")?,
                     p999: num(&json, "p999_us")?,
-                    conntrack,
+                    conntrack: 0,
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;

@@ -15,6 +15,7 @@
 //! run. A connection that fails or reaches the proxy with a wrong original destination does.
 mod agent_sweep;
 mod load;
+mod outside;
 mod progstats;
 mod report;
 
@@ -56,8 +57,8 @@ fn main() -> ExitCode {
     about = "Measure what interception costs per connection, eBPF next to iptables (results in target/bench/, see docs/BENCHMARKS.md). Needs root."
 )]
 struct Args {
-    /// About a minute: outbound and inbound with one pinned worker, plus 3,000 ignored ports;
-    /// no worker/pinning/close matrix, no pod sweep.
+    /// About a minute: outbound and inbound with one pinned worker, plus 3,000 ignored ports and
+    /// sockets outside meshed pods; no worker/pinning/close matrix, no pod sweep.
     #[arg(long)]
     quick: bool,
     /// Only the node agent's pod sweep: 1, 100 and 1,000 registered pods, registration time and
@@ -316,6 +317,21 @@ fn run(args: &Args) -> anyhow::Result<()> {
         .map(|case| run_case(&mut lab, case, repetitions, seconds))
         .collect::<anyhow::Result<Vec<_>>>()?;
 
+    // Sockets outside meshed pods, in the cgroup the eBPF pod's programs are attached to.
+    let outside_results = if args.pods_only {
+        Vec::new()
+    } else {
+        let attached = lab.pod(Mode::Ebpf, 0)?.pod.cgroup.path.clone();
+        outside::run(
+            &lab.connload,
+            &attached,
+            &lab.client_cgroup.path,
+            repetitions,
+            seconds,
+            |line| println!("{line}"),
+        )?
+    };
+
     for case in &fin {
         matrix_results.push(run_case(&mut lab, case, repetitions, seconds)?);
     }
@@ -416,6 +432,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
                 "\n![ignored ports](ignored-ports.svg)\n"
             }
         );
+    }
+    if !outside_results.is_empty() {
+        md.push_str(&outside::section(&outside_results));
     }
     if let Some(sweep) = &pods {
         md.push_str(&pods_section(sweep, &out_dir)?);
