@@ -4,12 +4,15 @@
 //! the test's own, with no route out: the bridge and the pods' gateway live there.
 use std::{
     io::Write as _,
+    os::unix::net::{UnixListener, UnixStream},
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
 use interceptor_tests::{
-    Landing, Netns, PodFixture,
+    Cgroup, Landing, Netns, PodFixture,
     agent_home::{AgentHome, free_loopback_addr, http_get},
     cni_network::{POD_ANNOTATIONS, injected},
     privileged,
@@ -658,4 +661,124 @@ fn the_installer_declares_the_pod_annotations_capability() {
     assert_eq!(install(&["--pods", "some"]).code(), Some(2));
     assert_eq!(ours()["pods"], "all", "a refused install changes nothing");
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// An agent that takes connections and never answers (hung): each connection is accepted and
+/// held open, its request never read.
+struct SilentAgent {
+    dir: PathBuf,
+    held: Arc<Mutex<Vec<UnixStream>>>,
+}
+
+impl SilentAgent {
+    fn start() -> Self {
+        let dir = std::env::temp_dir().join(unique_name("cnisilent"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let listener = UnixListener::bind(dir.join("agent.sock")).unwrap();
+        let held = Arc::new(Mutex::new(Vec::new()));
+        let holder = held.clone();
+        // Blocked in accept once the test is done; the test process ends it.
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                holder.lock().unwrap().push(stream);
+            }
+        });
+        Self { dir, held }
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.join("agent.sock")
+    }
+
+    fn connections(&self) -> usize {
+        self.held.lock().unwrap().len()
+    }
+}
+
+impl Drop for SilentAgent {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A pod Linkerd did not inject is never held up by the agent: its notice to a hung agent is
+/// given up after its short deadline, and ADD succeeds.
+#[test]
+fn a_pod_not_injected_is_not_held_up_by_an_agent_that_never_answers() {
+    if !privileged("a_pod_not_injected_is_not_held_up_by_an_agent_that_never_answers") {
+        return;
+    }
+    let cgroup = Cgroup::new("cnisilentplain");
+    let home = AgentHome::new(&cgroup.path);
+    let node = Node::new(&home, 97);
+    let agent = SilentAgent::start();
+    let pod = Netns::new("cnisilentplain");
+    let started = Instant::now();
+    let (ok, out) = node.ours(
+        "ADD",
+        "plain",
+        Some(&pod.path()),
+        json!({
+            "agent_socket": agent.socket(),
+            "runtimeConfig": annotated(&[("app", "plain")]),
+        }),
+    );
+    let took = started.elapsed();
+    assert!(ok, "ADD: {out}");
+    assert!(took < Duration::from_millis(1500), "ADD took {took:?}");
+    assert_eq!(agent.connections(), 1, "the agent was asked");
+    let log = std::fs::read_to_string(&node.log).unwrap();
+    assert!(
+        log.contains("ADD: the agent was not told: the interceptor agent at")
+            && log.contains("did not answer within 250 ms"),
+        "{log}"
+    );
+}
+
+/// An injected pod against a hung agent: ADD answers 11 (try again later) within the plugin's
+/// deadlines, whether it was waiting for the pod's labels or for its registration; it never
+/// starts unmeshed, and never waits the runtime's own minutes.
+#[test]
+fn an_injected_pod_fails_with_try_again_later_when_the_agent_never_answers() {
+    if !privileged("an_injected_pod_fails_with_try_again_later_when_the_agent_never_answers") {
+        return;
+    }
+    let cgroup = Cgroup::new("cnisilentweb");
+    let home = AgentHome::new(&cgroup.path);
+    let node = Node::new(&home, 98);
+    let agent = SilentAgent::start();
+    let pod = Netns::new("cnisilentweb");
+    let add = |extra: Value| {
+        let mut conf = json!({
+            "agent_socket": agent.socket(),
+            "runtimeConfig": annotated(&[PROXY_VERSION]),
+        });
+        if let (Value::Object(conf), Value::Object(extra)) = (&mut conf, extra) {
+            conf.extend(extra);
+        }
+        let started = Instant::now();
+        let (ok, out) = node.ours("ADD", "web", Some(&pod.path()), conf);
+        (ok, out, started.elapsed())
+    };
+    // Side by side: the lookup of the pod's labels (10 s), and with "pods": "all" (no lookup)
+    // the registration (15 s).
+    let (lookup, registration) = std::thread::scope(|s| {
+        let lookup = s.spawn(|| add(json!({})));
+        let registration = s.spawn(|| add(json!({ "pods": "all" })));
+        (lookup.join().unwrap(), registration.join().unwrap())
+    });
+    for ((ok, out, took), deadline) in [(lookup, 10), (registration, 15)] {
+        assert!(!ok, "ADD against a silent agent: {out}");
+        assert_eq!(out["code"], 11, "{out}");
+        let details = out["details"].as_str().unwrap();
+        assert!(
+            details.contains(&format!("did not answer within {} ms", deadline * 1000)),
+            "{out}"
+        );
+        let deadline = Duration::from_secs(deadline);
+        assert!(
+            took >= deadline && took < deadline + Duration::from_secs(3),
+            "ADD took {took:?}, the deadline is {deadline:?}"
+        );
+    }
 }

@@ -53,8 +53,14 @@ pub struct KubeOptions {
     pub node_name: Option<String>,
 }
 
-/// How long a lookup may take: well inside the plugin's patience and the kubelet's.
+/// How long one read of the API may take. A lookup makes at most two in a row (the pod, then
+/// for a control-plane pod the `kubernetes` Service), which must fit inside the CNI plugin's
+/// wait for the answer, so that the plugin hears "unavailable" and why rather than timing out.
 const LOOKUP_DEADLINE: Duration = Duration::from_secs(3);
+const _: () = assert!(
+    2 * LOOKUP_DEADLINE.as_secs() < interceptor_cni::deadline::POD_ANNOTATIONS.as_secs(),
+    "the plugin must wait longer for a lookup than the agent's reads take"
+);
 
 /// What the agent keeps of a pod.
 #[derive(Clone, Debug)]
