@@ -11,7 +11,11 @@
 //!   others pass through untouched, never held up by the agent (see [`deadline`]).
 //! - DEL: unregister; succeeds when the pod or the agent is already gone.
 //! - CHECK: fails unless the pod is registered with this configuration.
-//! - STATUS: 50 when the agent cannot be reached.
+//! - STATUS: fails only when the plugin cannot work at all: its own configuration is not valid
+//!   (7). The agent down is not that: only the pods Linkerd injected wait for it (ADD answers
+//!   11), and a runtime that polls STATUS (containerd 2 for `cniVersion` 1.1.0 networks) would
+//!   otherwise mark the node NotReady and evict every pod on it. STATUS then succeeds and says
+//!   so in the log.
 //! - GC: unregisters pods whose container is not among `cni.dev/valid-attachments`.
 //! - VERSION.
 //!
@@ -52,7 +56,6 @@ pub mod code {
     pub const DECODE_FAILURE: u32 = 6;
     pub const INVALID_CONFIG: u32 = 7;
     pub const TRY_AGAIN_LATER: u32 = 11;
-    pub const NOT_AVAILABLE: u32 = 50;
     /// The agent refused the registration (the details say why).
     pub const AGENT_REFUSED: u32 = 100;
     /// CHECK: the pod is not registered, or with another configuration.
@@ -171,7 +174,7 @@ fn run(command: &str, stdin: &[u8]) -> Result<Option<String>, CniError> {
         "ADD" => add(&invocation, &log),
         "DEL" => del(&invocation, &log).map(|()| None),
         "CHECK" => check(&invocation).map(|()| None),
-        "STATUS" => status(&invocation).map(|()| None),
+        "STATUS" => status(&invocation, &log).map(|()| None),
         "GC" => gc(&invocation, &log).map(|()| None),
         other => Err(error(
             code::INVALID_ENV,
@@ -209,6 +212,12 @@ fn settings(inv: &Invocation) -> Result<PodSettings, CniError> {
         .map_err(|e| error(code::INVALID_CONFIG, "invalid linkerd configuration", e))
 }
 
+/// Which pods the configuration meshes.
+fn selection(inv: &Invocation) -> Result<Pods, CniError> {
+    pod_selection(&inv.conf, &inv.cni_args)
+        .map_err(|e| error(code::INVALID_CONFIG, "invalid plugin configuration", e))
+}
+
 /// What becomes of the pod.
 enum Plan {
     Mesh(PodSettings),
@@ -221,8 +230,7 @@ enum Plan {
 /// them), and linkerd-cni's rule for Linkerd's control-plane pods.
 fn plan(inv: &Invocation) -> Result<Plan, CniError> {
     let mut settings = settings(inv)?;
-    let pods = pod_selection(&inv.conf, &inv.cni_args)
-        .map_err(|e| error(code::INVALID_CONFIG, "invalid plugin configuration", e))?;
+    let pods = selection(inv)?;
     let passed = inv
         .conf
         .runtime_config
@@ -548,15 +556,18 @@ fn check(inv: &Invocation) -> Result<(), CniError> {
     }
 }
 
-fn status(inv: &Invocation) -> Result<(), CniError> {
-    match pods(inv)? {
-        Some(_) => Ok(()),
-        None => Err(error(
-            code::NOT_AVAILABLE,
-            "the interceptor agent is not running: pods cannot be meshed",
-            socket(inv).display().to_string(),
-        )),
+/// Ready unless the configuration is not valid (see the module's documentation); the agent is
+/// asked only to say in the log when it does not answer.
+fn status(inv: &Invocation, log: &Log) -> Result<(), CniError> {
+    settings(inv)?;
+    selection(inv)?;
+    if let Err(e) = interceptor_api::call_within(&socket(inv), &Request::List, deadline::STATUS) {
+        log.write(&format!(
+            "STATUS: ready, but the agent does not answer: pods Linkerd injected wait (ADD \
+             answers 11) until it does; other pods start: {e}"
+        ));
     }
+    Ok(())
 }
 
 fn gc(inv: &Invocation, log: &Log) -> Result<(), CniError> {

@@ -332,9 +332,6 @@ fn add_fails_with_try_again_later_when_the_agent_is_not_running() {
             .connect(UNREACHABLE),
         Landing::Failed("connect:ECONNREFUSED".into())
     );
-    let (ok, out) = node.ours("STATUS", "", None, json!({}));
-    assert!(!ok);
-    assert_eq!(out["code"], 50, "{out}");
     // DEL with the agent gone succeeds.
     let (ok, out) = node.ours("DEL", "down", Some(&pod.path()), json!({}));
     assert!(ok, "DEL: {out}");
@@ -661,6 +658,59 @@ fn the_installer_declares_the_pod_annotations_capability() {
     assert_eq!(install(&["--pods", "some"]).code(), Some(2));
     assert_eq!(ours()["pods"], "all", "a refused install changes nothing");
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// STATUS is about the plugin, not the agent: ready with the agent down (which only delays the
+/// pods Linkerd injected; a runtime polling STATUS must not take the node out of service for
+/// it), and failing with the invalid-configuration code for a configuration the plugin cannot
+/// work with, agent or not.
+#[test]
+fn status_is_ready_without_an_agent_and_fails_only_for_an_invalid_configuration() {
+    if !privileged("status_is_ready_without_an_agent_and_fails_only_for_an_invalid_configuration") {
+        return;
+    }
+    let cgroup = Cgroup::new("cnistatus");
+    let home = AgentHome::new(&cgroup.path);
+    let node = Node::new(&home, 96);
+    let invalid = [
+        (
+            json!({ "linkerd": { "incoming-proxy-prot": 4143 } }),
+            "incoming-proxy-prot",
+        ),
+        (
+            json!({ "linkerd": { "outbound-ports-to-ignore": ["99999"] } }),
+            "99999",
+        ),
+        (json!({ "pods": "some" }), "\"some\""),
+    ];
+    let refused = |node: &Node| {
+        for (conf, names) in &invalid {
+            let (ok, out) = node.ours("STATUS", "", None, conf.clone());
+            assert!(!ok, "STATUS of {conf}: {out}");
+            assert_eq!(out["code"], 7, "{out}");
+            assert!(out["details"].as_str().unwrap().contains(names), "{out}");
+        }
+    };
+
+    let (ok, out) = node.ours("STATUS", "", None, json!({}));
+    assert!(ok, "STATUS with the agent down: {out}");
+    let log = std::fs::read_to_string(&node.log).unwrap();
+    assert!(
+        log.contains("STATUS: ready, but the agent does not answer: pods Linkerd injected wait (ADD answers 11)"),
+        "{log}"
+    );
+    refused(&node);
+
+    let _agent = home.start();
+    let (ok, out) = node.ours("STATUS", "", None, json!({}));
+    assert!(ok, "STATUS: {out}");
+    let lines = |log: &str| log.matches("does not answer").count();
+    assert_eq!(
+        lines(&std::fs::read_to_string(&node.log).unwrap()),
+        lines(&log),
+        "nothing to say with the agent up"
+    );
+    refused(&node);
 }
 
 /// An agent that takes connections and never answers (hung): each connection is accepted and
