@@ -89,7 +89,8 @@ pub enum CniCommand {
         #[arg(long)]
         plugin: Option<PathBuf>,
         /// The plugin's `linkerd` block, as JSON (Linkerd's keys; missing ones take Linkerd's
-        /// defaults).
+        /// defaults, and `ipv6` false as linkerd-cni writes it: add `"ipv6": true` where
+        /// Linkerd's `disableIPv6` is false).
         #[arg(long, default_value = "{}")]
         linkerd: String,
         /// The agent's API socket, as the plugin reaches it.

@@ -425,6 +425,12 @@ impl AgentPod {
                 .display()
                 .to_string()
         );
+        // The load below connects over IPv6 too, which the plugin intercepts only when told,
+        // as on a cluster where Linkerd's disableIPv6 is false.
+        let mut linkerd: Value =
+            serde_json::from_str(config["data"]["linkerd"].as_str().unwrap()).unwrap();
+        linkerd["ipv6"] = json!(true);
+        config["data"]["linkerd"] = json!(linkerd.to_string());
         let daemonset = find(&objects, "DaemonSet");
         let namespace = daemonset["metadata"]["namespace"].as_str().unwrap();
         let mut spec = daemonset["spec"]["template"]["spec"].clone();
