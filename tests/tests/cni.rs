@@ -566,6 +566,7 @@ fn the_installer_keeps_the_plugin_chained_when_the_primary_cni_rewrites_its_file
     let primary = conf_dir.join("10-calico.conflist");
     let write_calico = || std::fs::write(&primary, calico.to_string()).unwrap();
     write_calico();
+    primary_plugins(&bin_dir, &["calico", "portmap"]);
     let dirs = |cmd: &mut Command| {
         cmd.args(["--conf-dir", &conf_dir.display().to_string()])
             .args(["--bin-dir", &bin_dir.display().to_string()]);
@@ -627,6 +628,7 @@ fn the_installer_declares_the_pod_annotations_capability() {
     let (conf_dir, bin_dir) = (root.join("net.d"), root.join("bin"));
     std::fs::create_dir_all(&conf_dir).unwrap();
     let primary = conf_dir.join("10-flannel.conflist");
+    primary_plugins(&bin_dir, &["flannel"]);
     std::fs::write(
         &primary,
         json!({"name": "cbr0", "cniVersion": "0.3.1", "plugins": [
@@ -657,6 +659,161 @@ fn the_installer_declares_the_pod_annotations_capability() {
     assert_eq!(ours()["capabilities"], json!({ POD_ANNOTATIONS: true }));
     assert_eq!(install(&["--pods", "some"]).code(), Some(2));
     assert_eq!(ours()["pods"], "all", "a refused install changes nothing");
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The primary network's plugins in the bin directory, as a node has them (stand-ins: the
+/// installer only looks for them).
+fn primary_plugins(bin_dir: &Path, kinds: &[&str]) {
+    std::fs::create_dir_all(bin_dir).unwrap();
+    for kind in kinds {
+        std::fs::write(bin_dir.join(kind), b"#!/bin/false\n").unwrap();
+    }
+}
+
+/// Every file under `dir`, with its bytes.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(snapshot(&path));
+        } else {
+            files.push((path.clone(), std::fs::read(&path).unwrap()));
+        }
+    }
+    files.sort();
+    files
+}
+
+/// How many times our plugin is chained in `primary`.
+fn chained(primary: &Path) -> usize {
+    std::fs::read(primary)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .and_then(|v| v["plugins"].as_array().cloned())
+        .map_or(0, |p| {
+            p.iter().filter(|p| p["type"] == "interceptor-cni").count()
+        })
+}
+
+/// A primary network whose plugins' binaries are not in `--bin-dir` (the DaemonSet's default
+/// `/opt/cni/bin` on GKE, say): `interceptor cni install` refuses, names what is missing and
+/// where, and writes nothing in either directory; with the binaries there it chains as before.
+#[test]
+fn the_installer_refuses_a_bin_dir_without_the_primarys_plugins_and_writes_nothing() {
+    let root = std::env::temp_dir().join(unique_name("cnimissing"));
+    let (conf_dir, bin_dir) = (root.join("net.d"), root.join("bin"));
+    std::fs::create_dir_all(&conf_dir).unwrap();
+    let primary = conf_dir.join("10-calico.conflist");
+    std::fs::write(
+        &primary,
+        json!({"name": "k8s-pod-network", "cniVersion": "0.3.1", "plugins": [
+            {"type": "calico", "ipam": {"type": "calico-ipam"}},
+            {"type": "portmap", "snat": true, "capabilities": {"portMappings": true}}]})
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        conf_dir.join("99-loopback.conf"),
+        r#"{"cniVersion":"0.3.1","name":"lo","type":"loopback"}"#,
+    )
+    .unwrap();
+    // portmap is there; calico, the primary plugin itself, is not.
+    primary_plugins(&bin_dir, &["portmap"]);
+    let install = || {
+        Command::new(env!("CARGO_BIN_EXE_interceptor-under-test"))
+            .args(["cni", "install", "--plugin", PLUGIN])
+            .args(["--conf-dir", &conf_dir.display().to_string()])
+            .args(["--bin-dir", &bin_dir.display().to_string()])
+            .output()
+            .unwrap()
+    };
+    let before = snapshot(&root);
+    let out = install();
+    assert!(!out.status.success(), "refused");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for expected in [
+        primary.display().to_string(),
+        bin_dir.display().to_string(),
+        ": calico;".to_owned(),
+        "--bin-dir".to_owned(),
+        "/home/kubernetes/bin".to_owned(),
+        "nothing was written".to_owned(),
+    ] {
+        assert!(stderr.contains(&expected), "{expected:?} not in {stderr}");
+    }
+    assert!(!stderr.contains("portmap"), "{stderr}");
+    assert_eq!(snapshot(&root), before, "both directories as they were");
+
+    primary_plugins(&bin_dir, &["calico"]);
+    let out = install();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(chained(&primary), 1);
+    assert_eq!(
+        std::fs::read(bin_dir.join("interceptor-cni")).unwrap(),
+        std::fs::read(PLUGIN).unwrap()
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// `interceptor cni install --watch` started before the primary's plugins are in the bin
+/// directory (the primary CNI's own installer still copying them) keeps running, writes nothing,
+/// and chains as soon as they appear.
+#[test]
+fn the_watching_installer_chains_once_the_primarys_plugins_appear() {
+    let root = std::env::temp_dir().join(unique_name("cniwatchbin"));
+    let (conf_dir, bin_dir) = (root.join("net.d"), root.join("bin"));
+    std::fs::create_dir_all(&conf_dir).unwrap();
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    let calico = json!({"name": "k8s-pod-network", "cniVersion": "0.3.1", "plugins": [
+        {"type": "calico", "ipam": {"type": "calico-ipam"}},
+        {"type": "portmap", "snat": true, "capabilities": {"portMappings": true}}]});
+    let primary = conf_dir.join("10-calico.conflist");
+    std::fs::write(&primary, calico.to_string()).unwrap();
+    let log = root.join("install.log");
+    let mut watching = Command::new(env!("CARGO_BIN_EXE_interceptor-under-test"))
+        .args(["cni", "install", "--watch", "--plugin", PLUGIN])
+        .args(["--conf-dir", &conf_dir.display().to_string()])
+        .args(["--bin-dir", &bin_dir.display().to_string()])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let before = snapshot(&conf_dir);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        watching.try_wait().unwrap().is_none(),
+        "the watching installer exited: {}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    assert_eq!(snapshot(&conf_dir), before, "nothing chained");
+    assert!(!bin_dir.join("interceptor-cni").exists());
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("not chained") && logged.contains("calico, portmap"),
+        "{logged}"
+    );
+
+    primary_plugins(&bin_dir, &["calico", "portmap"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while chained(&primary) != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "not chained once the plugins appeared: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(bin_dir.join("interceptor-cni").is_file());
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(watching.id() as i32, libc::SIGTERM) };
+    assert!(watching.wait().unwrap().success());
+    let back: Value = serde_json::from_slice(&std::fs::read(&primary).unwrap()).unwrap();
+    assert_eq!(back, calico);
     let _ = std::fs::remove_dir_all(&root);
 }
 
