@@ -9,10 +9,10 @@
 #![forbid(unsafe_code)]
 use std::{
     collections::BTreeMap,
-    io::{BufRead as _, BufReader, Write as _},
+    io::{Read as _, Write as _},
     os::unix::net::UnixStream,
     path::{Path, PathBuf},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 pub use interceptor_common::{NetnsCookie, PodSlot};
@@ -235,16 +235,42 @@ pub enum ClientError {
         path: PathBuf,
         io_error: std::io::Error,
     },
+    /// The agent took the connection but did not answer within the caller's deadline (it may
+    /// still act on the request).
+    #[error(
+        "the interceptor agent at {path} did not answer within {} ms ({step})",
+        deadline.as_millis()
+    )]
+    TimedOut {
+        path: PathBuf,
+        deadline: Duration,
+        step: &'static str,
+    },
     #[error("{message}")]
     Refused { kind: ErrorKind, message: String },
     #[error("talking to the interceptor agent at {path}: {detail}")]
     Protocol { path: PathBuf, detail: String },
 }
 
+/// How long [`call`], [`health`] and [`agent_running`] wait for the agent: connecting, sending
+/// and the answer together. Long enough for a registration on a busy node; callers that must
+/// not wait that long (the CNI plugin) pass their own deadline to [`call_within`].
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
+
 /// Sends one request to the agent and waits for its answer (registration answers only once the
-/// pod is intercepted).
+/// pod is intercepted), for up to [`DEFAULT_DEADLINE`].
 pub fn call(socket: &Path, request: &Request) -> Result<Vec<PodInfo>, ClientError> {
-    match exchange(socket, request)? {
+    call_within(socket, request, DEFAULT_DEADLINE)
+}
+
+/// [`call`], giving up after `deadline` (connecting, sending and the answer together) with
+/// [`ClientError::TimedOut`].
+pub fn call_within(
+    socket: &Path,
+    request: &Request,
+    deadline: Duration,
+) -> Result<Vec<PodInfo>, ClientError> {
+    match exchange(socket, request, deadline)? {
         Response::Ok { pods } => Ok(pods),
         other => Err(unexpected(socket, &other)),
     }
@@ -252,7 +278,7 @@ pub fn call(socket: &Path, request: &Request) -> Result<Vec<PodInfo>, ClientErro
 
 /// Asks the agent whether interception is in force as configured.
 pub fn health(socket: &Path) -> Result<Health, ClientError> {
-    match exchange(socket, &Request::Health)? {
+    match exchange(socket, &Request::Health, DEFAULT_DEADLINE)? {
         Response::Health(health) => Ok(health),
         other => Err(unexpected(socket, &other)),
     }
@@ -265,45 +291,101 @@ fn unexpected(socket: &Path, response: &Response) -> ClientError {
     }
 }
 
-fn exchange(socket: &Path, request: &Request) -> Result<Response, ClientError> {
+/// One request and its answer, all within `deadline`: the connect (which waits while the
+/// agent's accept backlog is full), the write and every read are each given what is left.
+fn exchange(socket: &Path, request: &Request, deadline: Duration) -> Result<Response, ClientError> {
+    let started = Instant::now();
     let protocol = |detail: String| ClientError::Protocol {
         path: socket.to_owned(),
         detail,
     };
-    let mut stream = UnixStream::connect(socket).map_err(|io_error| ClientError::Unreachable {
+    let timed_out = |step: &'static str| ClientError::TimedOut {
         path: socket.to_owned(),
-        io_error,
+        deadline,
+        step,
+    };
+    // What is left of the deadline, or the step that ran out of it.
+    let left = |step: &'static str| {
+        deadline
+            .checked_sub(started.elapsed())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| timed_out(step))
+    };
+    let is_timeout = |e: &std::io::Error| {
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        )
+    };
+    let mut stream = connect(socket, left("connecting")?).map_err(|io_error| {
+        if is_timeout(&io_error) {
+            timed_out("connecting")
+        } else {
+            ClientError::Unreachable {
+                path: socket.to_owned(),
+                io_error,
+            }
+        }
     })?;
-    stream.set_read_timeout(Some(Duration::from_secs(60))).ok();
     let mut line = serde_json::to_string(request).map_err(|e| protocol(e.to_string()))?;
     line.push('\n');
     stream
-        .write_all(line.as_bytes())
+        .set_write_timeout(Some(left("sending the request")?))
         .map_err(|e| protocol(e.to_string()))?;
-    let mut answer = String::new();
-    BufReader::new(&stream)
-        .read_line(&mut answer)
-        .map_err(|e| protocol(e.to_string()))?;
+    stream.write_all(line.as_bytes()).map_err(|e| {
+        if is_timeout(&e) {
+            timed_out("sending the request")
+        } else {
+            protocol(e.to_string())
+        }
+    })?;
+    // Read by hand rather than with `read_line`, so that an agent answering a byte at a time
+    // cannot stretch the deadline.
+    let mut answer = Vec::new();
+    let mut chunk = [0; 4096];
+    while !answer.contains(&b'\n') {
+        stream
+            .set_read_timeout(Some(left("waiting for the answer")?))
+            .map_err(|e| protocol(e.to_string()))?;
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if is_timeout(&e) => return Err(timed_out("waiting for the answer")),
+            Err(e) => return Err(protocol(e.to_string())),
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer);
     match serde_json::from_str(&answer).map_err(|e| protocol(format!("{e}: {answer:?}")))? {
         Response::Error { kind, message } => Err(ClientError::Refused { kind, message }),
         response => Ok(response),
     }
 }
 
+/// A connected stream, within `timeout`: on a Unix socket, `SO_SNDTIMEO` bounds a connect that
+/// waits for room in the listener's backlog (it then fails with `EAGAIN`).
+fn connect(socket: &Path, timeout: Duration) -> std::io::Result<UnixStream> {
+    let stream = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.connect(&socket2::SockAddr::unix(socket)?)?;
+    Ok(stream.into())
+}
+
 /// A Kubernetes pod's annotations and labels, as the agent has them (see
-/// [`Request::PodAnnotations`]).
+/// [`Request::PodAnnotations`]), waiting for up to `deadline`.
 pub fn pod_annotations(
     socket: &Path,
     namespace: &str,
     name: &str,
     uid: Option<&str>,
+    deadline: Duration,
 ) -> Result<KubePod, ClientError> {
     let request = Request::PodAnnotations {
         namespace: namespace.to_owned(),
         name: name.to_owned(),
         uid: uid.map(str::to_owned),
     };
-    match exchange(socket, &request)? {
+    match exchange(socket, &request, deadline)? {
         Response::Annotations(pod) => Ok(pod),
         other => Err(unexpected(socket, &other)),
     }
@@ -394,5 +476,116 @@ mod tests {
             r#"{"result":"error","kind":"pod_table_full","message":"full"}"#
         );
         assert!(serde_json::from_str::<Request>(r#"{"op":"explode"}"#).is_err());
+    }
+
+    /// A listening socket in a directory of the test's own, removed on drop.
+    struct Socket {
+        dir: PathBuf,
+    }
+
+    impl Socket {
+        fn new(tag: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("icpt-api-{tag}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            Self { dir }
+        }
+
+        fn path(&self) -> PathBuf {
+            self.dir.join("agent.sock")
+        }
+    }
+
+    impl Drop for Socket {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn within(deadline: Duration, call: impl FnOnce() -> ClientError) -> (ClientError, Duration) {
+        let started = Instant::now();
+        let e = call();
+        let took = started.elapsed();
+        assert!(
+            took >= deadline && took < deadline + Duration::from_secs(1),
+            "{e}: took {took:?} for a deadline of {deadline:?}"
+        );
+        (e, took)
+    }
+
+    /// An agent that takes the connection and never answers costs the caller its deadline, not
+    /// the default's minute.
+    #[test]
+    fn a_silent_agent_costs_the_caller_its_deadline() {
+        let socket = Socket::new("silent");
+        // Never accepted: the connection waits in the backlog, the request in its buffer.
+        let _listener = std::os::unix::net::UnixListener::bind(socket.path()).unwrap();
+        let deadline = Duration::from_millis(300);
+        let (e, _) = within(deadline, || {
+            call_within(&socket.path(), &Request::List, deadline).unwrap_err()
+        });
+        assert!(
+            matches!(
+                e,
+                ClientError::TimedOut {
+                    step: "waiting for the answer",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains("did not answer within 300 ms"),
+            "{e}"
+        );
+    }
+
+    /// A listener whose backlog is full makes a connect wait: the deadline bounds that too.
+    #[test]
+    fn a_full_backlog_costs_the_caller_its_deadline() {
+        let socket = Socket::new("backlog");
+        let listener =
+            socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None).unwrap();
+        listener
+            .bind(&socket2::SockAddr::unix(socket.path()).unwrap())
+            .unwrap();
+        // Room for one connection waiting to be accepted, which this one takes.
+        listener.listen(0).unwrap();
+        let _first = UnixStream::connect(socket.path()).unwrap();
+        let deadline = Duration::from_millis(300);
+        let (e, _) = within(deadline, || {
+            call_within(&socket.path(), &Request::List, deadline).unwrap_err()
+        });
+        assert!(
+            matches!(
+                e,
+                ClientError::TimedOut {
+                    step: "connecting",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn an_answer_within_the_deadline_is_taken_and_no_agent_is_unreachable() {
+        let socket = Socket::new("answer");
+        let listener = std::os::unix::net::UnixListener::bind(socket.path()).unwrap();
+        let agent = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut request = String::new();
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(&stream), &mut request)
+                .unwrap();
+            (&stream)
+                .write_all(b"{\"result\":\"ok\",\"pods\":[]}\n")
+                .unwrap();
+            request
+        });
+        let pods = call_within(&socket.path(), &Request::List, Duration::from_secs(5)).unwrap();
+        assert!(pods.is_empty());
+        assert_eq!(agent.join().unwrap(), "{\"op\":\"list\"}\n");
+        let gone = socket.dir.join("nobody.sock");
+        let e = call_within(&gone, &Request::List, Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(e, ClientError::Unreachable { .. }), "{e:?}");
     }
 }

@@ -152,6 +152,10 @@ pub struct PodSettings {
 /// `runtimeConfig.linkerd` and `CNI_ARGS` entries `linkerd.<key>=<value>`, later ones overriding
 /// earlier ones. Unknown keys, values of the wrong type and values that are not valid are errors
 /// naming them.
+///
+/// `ipv6` is false unless set, as linkerd-cni writes it unless Linkerd's `disableIPv6` is
+/// false: Linkerd's proxy then listens on IPv4 only, and a pod's IPv6 connections sent to it
+/// would find no listener. (proxy-init's `--ipv6`, and so `interceptor run`, default to true.)
 pub fn pod_settings(
     conf: &NetConf,
     cni_args: &BTreeMap<String, String>,
@@ -166,6 +170,7 @@ pub fn pod_settings(
         }
     }
     let mut config = InterceptionConfig::linkerd();
+    config.ipv6 = false;
     let mut simulate = false;
     for (name, value) in &merged {
         let kind = key(name).ok_or_else(|| {

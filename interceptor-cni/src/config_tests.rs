@@ -107,3 +107,27 @@ fn pod_annotations_passed_none_and_null_are_told_apart() {
             .unwrap();
     assert_eq!(passed["linkerd.io/proxy-version"], "v1");
 }
+
+/// linkerd-cni's default, not proxy-init's: Linkerd's proxy listens on IPv4 only unless
+/// `disableIPv6` is false, and then linkerd-cni writes `"ipv6": true`.
+#[test]
+fn ipv6_is_off_unless_the_configuration_turns_it_on() {
+    for (linkerd, args, ipv6) in [
+        ("{}", "", false),
+        (r#"{"ipv6":false}"#, "", false),
+        (r#"{"ipv6":true}"#, "", true),
+        (r#"{"ipv6":"true"}"#, "", true),
+        ("{}", "linkerd.ipv6=true", true),
+    ] {
+        let c = conf(&format!(
+            r#"{{"cniVersion":"1.0.0","name":"n","type":"t","linkerd":{linkerd}}}"#
+        ));
+        let settings = pod_settings(&c, &parse_cni_args(args).unwrap()).unwrap();
+        assert_eq!(settings.config.ipv6, ipv6, "{linkerd} {args}");
+    }
+    // Everything else is Linkerd's default.
+    let c = conf(r#"{"cniVersion":"1.0.0","name":"n","type":"t"}"#);
+    let mut expected = InterceptionConfig::linkerd();
+    expected.ipv6 = false;
+    assert_eq!(pod_settings(&c, &BTreeMap::new()).unwrap().config, expected);
+}

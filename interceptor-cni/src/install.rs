@@ -4,6 +4,11 @@
 //! atomic (a temp file renamed over), and the entry is never added twice. Watching the
 //! directory re-applies it when the primary CNI rewrites its file (Cilium and Calico do).
 //! Uninstalling removes exactly what installing added.
+//!
+//! Nothing is written unless every plugin of the primary configuration has its binary in the
+//! bin directory: a bin directory that is not the runtime's (GKE's and k3s's are not
+//! `/opt/cni/bin`) would otherwise get our binary, and our entry would be chained where the
+//! runtime cannot find it, failing every pod's ADD on the node, not only meshed ones.
 use std::{
     fs, io,
     path::{Path, PathBuf},
@@ -45,6 +50,18 @@ pub enum InstallError {
         "no CNI network configuration (*.conflist, *.conf) in {0}: install the primary CNI first"
     )]
     NoPrimary(PathBuf),
+    #[error(
+        "{conflist} chains plugins whose binaries are not in {bin_dir}: {}; nothing was written. \
+         The bin directory is probably not this distribution's (GKE uses /home/kubernetes/bin, \
+         k3s and RKE2 keep theirs under /var/lib/rancher/...): set --bin-dir to the directory \
+         the runtime takes its plugins from (the DaemonSet's overlays set it)",
+        missing.join(", ")
+    )]
+    MissingPlugins {
+        conflist: PathBuf,
+        bin_dir: PathBuf,
+        missing: Vec<String>,
+    },
 }
 
 fn io_error<'a>(
@@ -78,10 +95,39 @@ pub enum Applied {
 }
 
 impl Installer {
-    /// Copies the binary (when it differs) and chains our entry into the primary configuration.
+    /// Copies the binary (when it differs) and chains our entry into the primary configuration,
+    /// or, when the primary's plugins are not all in the bin directory, writes nothing.
     pub fn install(&self) -> Result<Applied, InstallError> {
+        let primary = primary(&self.conf_dir)?;
+        self.require_plugins(&primary, &read_json(&primary)?)?;
         self.copy_plugin()?;
         self.apply()
+    }
+
+    /// Refuses a primary configuration with a plugin whose binary is not a file of the bin
+    /// directory (ours aside: it is ours to put there).
+    fn require_plugins(&self, primary: &Path, conf: &Value) -> Result<(), InstallError> {
+        let types: Vec<&str> = match conf.get("plugins").and_then(Value::as_array) {
+            Some(plugins) => plugins.iter().filter_map(|p| p["type"].as_str()).collect(),
+            // A lone `.conf` is one plugin.
+            None => conf["type"].as_str().into_iter().collect(),
+        };
+        let mut missing: Vec<String> = Vec::new();
+        for kind in types {
+            // Joined as the runtime (Go's filepath.Join) joins it: never an absolute path.
+            let binary = self.bin_dir.join(kind.trim_start_matches('/'));
+            if kind != PLUGIN_TYPE && !binary.is_file() && !missing.iter().any(|m| m == kind) {
+                missing.push(kind.to_owned());
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(InstallError::MissingPlugins {
+            conflist: primary.to_owned(),
+            bin_dir: self.bin_dir.clone(),
+            missing,
+        })
     }
 
     fn copy_plugin(&self) -> Result<(), InstallError> {
@@ -99,17 +145,14 @@ impl Installer {
     pub fn apply(&self) -> Result<Applied, InstallError> {
         let primary = primary(&self.conf_dir)?;
         let mut list = read_json(&primary)?;
-        let mut target = primary.clone();
-        if primary.extension().is_some_and(|e| e == "conf") {
+        self.require_plugins(&primary, &list)?;
+        let converted = primary.extension().is_some_and(|e| e == "conf");
+        let target = if converted {
             list = conf_to_conflist(list);
-            target = primary.with_extension("conflist");
-            let state = json!({ "converted_from": primary.file_name().map(|n| n.to_string_lossy().into_owned()) });
-            write_atomically(
-                &self.conf_dir.join(STATE_FILE),
-                state.to_string().as_bytes(),
-                0o644,
-            )?;
-        }
+            primary.with_extension("conflist")
+        } else {
+            primary.clone()
+        };
         let plugins = plugins_mut(&mut list, &primary)?;
         let ours = plugins.iter().position(|p| p["type"] == PLUGIN_TYPE);
         match ours {
@@ -118,6 +161,14 @@ impl Installer {
             }
             Some(i) => plugins[i] = self.entry.clone(),
             None => plugins.push(self.entry.clone()),
+        }
+        if converted {
+            let state = json!({ "converted_from": primary.file_name().map(|n| n.to_string_lossy().into_owned()) });
+            write_atomically(
+                &self.conf_dir.join(STATE_FILE),
+                state.to_string().as_bytes(),
+                0o644,
+            )?;
         }
         write_json(&target, &list)?;
         if target != primary {

@@ -37,6 +37,32 @@ impl Dirs {
         }
     }
 
+    /// The primary network's plugins, where the runtime finds them.
+    fn binaries(&self, kinds: &[&str]) {
+        fs::create_dir_all(self.root.join("bin")).unwrap();
+        for kind in kinds {
+            fs::write(self.root.join("bin").join(kind), b"#!primary").unwrap();
+        }
+    }
+
+    /// Every file under the test's directories, with its bytes.
+    fn snapshot(&self) -> Vec<(PathBuf, Vec<u8>)> {
+        fn walk(dir: &Path, out: &mut Vec<(PathBuf, Vec<u8>)>) {
+            for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    walk(&path, out);
+                } else {
+                    out.push((path.clone(), fs::read(&path).unwrap()));
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.root, &mut out);
+        out.sort();
+        out
+    }
+
     fn files(&self) -> Vec<String> {
         let mut names: Vec<String> = fs::read_dir(self.root.join("net.d"))
             .unwrap()
@@ -83,6 +109,7 @@ fn chains_after_calico_and_flannel_lists_once_and_uninstalls_exactly() {
         ("10-flannel.conflist", flannel()),
     ] {
         let dirs = Dirs::new("list");
+        dirs.binaries(&["calico", "bandwidth", "portmap", "flannel"]);
         fs::write(
             dirs.conf(name),
             serde_json::to_vec_pretty(&original).unwrap(),
@@ -135,6 +162,7 @@ fn chains_after_calico_and_flannel_lists_once_and_uninstalls_exactly() {
 #[test]
 fn a_lone_conf_becomes_a_conflist_and_comes_back_on_uninstall() {
     let dirs = Dirs::new("conf");
+    dirs.binaries(&["cilium-cni"]);
     fs::write(
         dirs.conf("05-cilium.conf"),
         serde_json::to_vec(&cilium_conf()).unwrap(),
@@ -162,6 +190,7 @@ fn a_lone_conf_becomes_a_conflist_and_comes_back_on_uninstall() {
 #[test]
 fn a_rewrite_by_the_primary_cni_is_chained_again_and_our_entry_is_updated_in_place() {
     let dirs = Dirs::new("rewrite");
+    dirs.binaries(&["calico", "bandwidth", "portmap"]);
     let path = dirs.conf("10-calico.conflist");
     fs::write(&path, serde_json::to_vec(&calico()).unwrap()).unwrap();
     let mut installer = dirs.installer();
@@ -192,4 +221,59 @@ fn no_primary_configuration_is_a_clear_error() {
     fs::write(dirs.conf("10-bad.conflist"), b"{ not json").unwrap();
     let err = dirs.installer().install().unwrap_err();
     assert!(err.to_string().contains("10-bad.conflist"), "{err}");
+}
+
+#[test]
+fn a_primary_whose_plugins_are_not_in_the_bin_dir_is_refused_and_nothing_is_written() {
+    let dirs = Dirs::new("missing");
+    let path = dirs.conf("10-calico.conflist");
+    fs::write(&path, serde_json::to_vec_pretty(&calico()).unwrap()).unwrap();
+    let installer = dirs.installer();
+    let before = dirs.snapshot();
+    let err = installer.install().unwrap_err();
+    let text = err.to_string();
+    for expected in [
+        path.display().to_string(),
+        dirs.root.join("bin").display().to_string(),
+        "calico, bandwidth, portmap".to_owned(),
+        "--bin-dir".to_owned(),
+        "/home/kubernetes/bin".to_owned(),
+    ] {
+        assert!(text.contains(&expected), "{expected:?} not in {text}");
+    }
+    assert_eq!(dirs.snapshot(), before, "nothing written");
+    assert!(!dirs.root.join("bin").exists());
+    // The watch's re-apply refuses the same way.
+    assert!(matches!(
+        installer.apply(),
+        Err(InstallError::MissingPlugins { .. })
+    ));
+    assert_eq!(dirs.snapshot(), before);
+
+    // One still missing is named alone.
+    dirs.binaries(&["calico", "bandwidth"]);
+    match installer.install() {
+        Err(InstallError::MissingPlugins { missing, .. }) => assert_eq!(missing, ["portmap"]),
+        other => panic!("{other:?}"),
+    }
+    assert!(!dirs.root.join("bin/interceptor-cni").exists());
+    assert_eq!(read(&path), calico());
+    dirs.binaries(&["portmap"]);
+    assert_eq!(installer.install().unwrap(), Applied::Written(path.clone()));
+    assert!(dirs.root.join("bin/interceptor-cni").is_file());
+}
+
+#[test]
+fn a_lone_conf_whose_plugin_is_not_in_the_bin_dir_is_refused_and_nothing_is_written() {
+    let dirs = Dirs::new("missingconf");
+    fs::write(
+        dirs.conf("05-cilium.conf"),
+        serde_json::to_vec(&cilium_conf()).unwrap(),
+    )
+    .unwrap();
+    let before = dirs.snapshot();
+    let err = dirs.installer().install().unwrap_err();
+    assert!(err.to_string().contains("cilium-cni"), "{err}");
+    assert_eq!(dirs.snapshot(), before);
+    assert_eq!(dirs.files(), ["05-cilium.conf"], "no state file either");
 }

@@ -4,13 +4,18 @@
 //! force. It passes `prevResult` through unchanged and talks to the agent over its API, so it
 //! builds without aya or the eBPF toolchain.
 //!
-//! - ADD: register (or update) the pod; the agent unreachable is error 11 ("try again later"):
-//!   the runtime retries the sandbox, and a pod never starts unmeshed. Which pods: those Linkerd
-//!   injected, by the annotations the runtime passes (`"pods": "injected"`, the default for a
-//!   Kubernetes pod), or all of them (`"all"`); the others pass through untouched.
+//! - ADD: register (or update) the pod; the agent unreachable, or not answering in time, is
+//!   error 11 ("try again later"): the runtime retries the sandbox, and a pod never starts
+//!   unmeshed. Which pods: those Linkerd injected, by the annotations the runtime passes
+//!   (`"pods": "injected"`, the default for a Kubernetes pod), or all of them (`"all"`); the
+//!   others pass through untouched, never held up by the agent (see [`deadline`]).
 //! - DEL: unregister; succeeds when the pod or the agent is already gone.
 //! - CHECK: fails unless the pod is registered with this configuration.
-//! - STATUS: 50 when the agent cannot be reached.
+//! - STATUS: fails only when the plugin cannot work at all: its own configuration is not valid
+//!   (7). The agent down is not that: only the pods Linkerd injected wait for it (ADD answers
+//!   11), and a runtime that polls STATUS (containerd 2 for `cniVersion` 1.1.0 networks) would
+//!   otherwise mark the node NotReady and evict every pod on it. STATUS then succeeds and says
+//!   so in the log.
 //! - GC: unregisters pods whose container is not among `cni.dev/valid-attachments`.
 //! - VERSION.
 //!
@@ -51,11 +56,39 @@ pub mod code {
     pub const DECODE_FAILURE: u32 = 6;
     pub const INVALID_CONFIG: u32 = 7;
     pub const TRY_AGAIN_LATER: u32 = 11;
-    pub const NOT_AVAILABLE: u32 = 50;
     /// The agent refused the registration (the details say why).
     pub const AGENT_REFUSED: u32 = 100;
     /// CHECK: the pod is not registered, or with another configuration.
     pub const NOT_REGISTERED: u32 = 101;
+}
+
+/// How long the plugin waits for the agent, by request: connecting, sending and the answer
+/// together. A runtime gives ADD no deadline of its own (the kubelet gives up on
+/// `RunPodSandbox` after its runtime request timeout, 2 minutes by default), so each bound is
+/// how long an agent that takes the connection and never answers can hold up a pod.
+pub mod deadline {
+    use std::time::Duration;
+
+    /// The notice of a pod let through unmeshed: best effort, and that pod must never wait on
+    /// the agent. The agent answers it at once, unless its lock is held.
+    pub const SKIPPED: Duration = Duration::from_millis(250);
+    /// STATUS's question to the agent, which only decides what the plugin logs.
+    pub const STATUS: Duration = Duration::from_secs(1);
+    /// DEL, CHECK and GC: listing, getting and removing pods, answered under the agent's lock
+    /// (removing an iptables pod runs iptables in it).
+    pub const QUERY: Duration = Duration::from_secs(5);
+    /// A pod's annotations and labels from the agent's view of the Kubernetes API. The agent
+    /// bounds each read of the API to 3 s (`LOOKUP_DEADLINE` in the agent's `kube_pods`) and
+    /// makes at most two in a row (the pod, then for a control-plane pod the `kubernetes`
+    /// Service): waiting longer than those 6 s lets its answer, "unavailable" with the reason,
+    /// arrive rather than a timeout of ours. Either is error 11.
+    pub const POD_ANNOTATIONS: Duration = Duration::from_secs(10);
+    /// Registration, which answers once interception is in force: opening the pod's
+    /// namespace, looking for its proxy's listener in `/proc`, running iptables with that
+    /// backend, maybe after other pods of a node starting many at once. Timed out, error 11:
+    /// the runtime retries the sandbox (a repeated registration is idempotent), and the pod
+    /// never starts unmeshed.
+    pub const REGISTER: Duration = Duration::from_secs(15);
 }
 
 fn error(code: u32, msg: impl Into<String>, details: impl Into<String>) -> CniError {
@@ -141,7 +174,7 @@ fn run(command: &str, stdin: &[u8]) -> Result<Option<String>, CniError> {
         "ADD" => add(&invocation, &log),
         "DEL" => del(&invocation, &log).map(|()| None),
         "CHECK" => check(&invocation).map(|()| None),
-        "STATUS" => status(&invocation).map(|()| None),
+        "STATUS" => status(&invocation, &log).map(|()| None),
         "GC" => gc(&invocation, &log).map(|()| None),
         other => Err(error(
             code::INVALID_ENV,
@@ -179,6 +212,12 @@ fn settings(inv: &Invocation) -> Result<PodSettings, CniError> {
         .map_err(|e| error(code::INVALID_CONFIG, "invalid linkerd configuration", e))
 }
 
+/// Which pods the configuration meshes.
+fn selection(inv: &Invocation) -> Result<Pods, CniError> {
+    pod_selection(&inv.conf, &inv.cni_args)
+        .map_err(|e| error(code::INVALID_CONFIG, "invalid plugin configuration", e))
+}
+
 /// What becomes of the pod.
 enum Plan {
     Mesh(PodSettings),
@@ -192,8 +231,7 @@ enum Plan {
 /// for Linkerd's control-plane pods.
 fn plan(inv: &Invocation) -> Result<Plan, CniError> {
     let mut settings = settings(inv)?;
-    let pods = pod_selection(&inv.conf, &inv.cni_args)
-        .map_err(|e| error(code::INVALID_CONFIG, "invalid plugin configuration", e))?;
+    let pods = selection(inv)?;
     let passed = inv
         .conf
         .runtime_config
@@ -254,7 +292,14 @@ fn look_up(inv: &Invocation) -> Result<KubePod, CniError> {
             ),
         ));
     };
-    interceptor_api::pod_annotations(&socket(inv), namespace, name, uid).map_err(|e| match e {
+    interceptor_api::pod_annotations(
+        &socket(inv),
+        namespace,
+        name,
+        uid,
+        deadline::POD_ANNOTATIONS,
+    )
+    .map_err(|e| match e {
         ClientError::Refused {
             kind: ErrorKind::Unavailable | ErrorKind::NoKubernetes,
             message,
@@ -281,7 +326,13 @@ fn control_plane(inv: &Invocation) -> Result<KubePod, CniError> {
     let Some((namespace, name, uid)) = kubernetes_pod(inv) else {
         return Ok(KubePod::default());
     };
-    match interceptor_api::pod_annotations(&socket(inv), namespace, name, uid) {
+    match interceptor_api::pod_annotations(
+        &socket(inv),
+        namespace,
+        name,
+        uid,
+        deadline::POD_ANNOTATIONS,
+    ) {
         Ok(pod) => Ok(pod),
         Err(ClientError::Refused {
             kind: ErrorKind::NoKubernetes,
@@ -323,6 +374,11 @@ fn agent_error(e: ClientError) -> CniError {
             "the interceptor agent is not reachable; try again later",
             e.to_string(),
         ),
+        ClientError::TimedOut { .. } => error(
+            code::TRY_AGAIN_LATER,
+            "the interceptor agent did not answer in time; try again later",
+            e.to_string(),
+        ),
         ClientError::Refused {
             kind: ErrorKind::InvalidConfig,
             message,
@@ -359,8 +415,8 @@ fn add(inv: &Invocation, log: &Log) -> Result<Option<String>, CniError> {
 }
 
 /// A pod let through unmeshed: a line in the plugin's log, and the agent told so that it logs
-/// and counts it. The pod does not depend on the agent: if it cannot be told, ADD still
-/// succeeds.
+/// and counts it. The pod does not depend on the agent: if it cannot be told within
+/// [`deadline::SKIPPED`], ADD still succeeds.
 fn skip(inv: &Invocation, log: &Log, reason: SkipReason) {
     let meta = pod_meta(inv);
     log.write(&format!(
@@ -372,7 +428,7 @@ fn skip(inv: &Invocation, log: &Log, reason: SkipReason) {
         meta,
         reason: reason.label().to_owned(),
     };
-    if let Err(e) = interceptor_api::call(&socket(inv), &request) {
+    if let Err(e) = interceptor_api::call_within(&socket(inv), &request, deadline::SKIPPED) {
         log.write(&format!("ADD: the agent was not told: {e}"));
     }
 }
@@ -409,7 +465,8 @@ fn register(
             update: true,
             takeover_iptables: false,
         });
-        interceptor_api::call(&socket(inv), &request).map_err(agent_error)?;
+        interceptor_api::call_within(&socket(inv), &request, deadline::REGISTER)
+            .map_err(agent_error)?;
         log.write(&format!("ADD: {} registered", netns.display()));
     }
     Ok(())
@@ -417,7 +474,7 @@ fn register(
 
 /// The agent's pods, or `None` when the agent cannot be reached.
 fn pods(inv: &Invocation) -> Result<Option<Vec<PodInfo>>, CniError> {
-    match interceptor_api::call(&socket(inv), &Request::List) {
+    match interceptor_api::call_within(&socket(inv), &Request::List, deadline::QUERY) {
         Ok(pods) => Ok(Some(pods)),
         Err(ClientError::Unreachable { .. }) => Ok(None),
         Err(e) => Err(agent_error(e)),
@@ -441,11 +498,12 @@ fn del(inv: &Invocation, log: &Log) -> Result<(), CniError> {
         log.write("DEL: no such pod registered: nothing to do");
         return Ok(());
     };
-    match interceptor_api::call(
+    match interceptor_api::call_within(
         &socket(inv),
         &Request::Remove {
             netns: netns.clone(),
         },
+        deadline::QUERY,
     ) {
         Ok(_) => log.write(&format!("DEL: {} removed", netns.display())),
         // The agent is gone: there is nothing left to remove the pod from.
@@ -463,11 +521,12 @@ fn check(inv: &Invocation) -> Result<(), CniError> {
         Plan::Mesh(settings) if !settings.simulate => settings,
         Plan::Mesh(_) | Plan::Skip(_) => return Ok(()),
     };
-    let pods = interceptor_api::call(
+    let pods = interceptor_api::call_within(
         &socket(inv),
         &Request::Get {
             netns: netns.to_owned(),
         },
+        deadline::QUERY,
     )
     .map_err(|e| match e {
         ClientError::Refused {
@@ -500,15 +559,18 @@ fn check(inv: &Invocation) -> Result<(), CniError> {
     }
 }
 
-fn status(inv: &Invocation) -> Result<(), CniError> {
-    match pods(inv)? {
-        Some(_) => Ok(()),
-        None => Err(error(
-            code::NOT_AVAILABLE,
-            "the interceptor agent is not running: pods cannot be meshed",
-            socket(inv).display().to_string(),
-        )),
+/// Ready unless the configuration is not valid (see the module's documentation); the agent is
+/// asked only to say in the log when it does not answer.
+fn status(inv: &Invocation, log: &Log) -> Result<(), CniError> {
+    settings(inv)?;
+    selection(inv)?;
+    if let Err(e) = interceptor_api::call_within(&socket(inv), &Request::List, deadline::STATUS) {
+        log.write(&format!(
+            "STATUS: ready, but the agent does not answer: pods Linkerd injected wait (ADD \
+             answers 11) until it does; other pods start: {e}"
+        ));
     }
+    Ok(())
 }
 
 fn gc(inv: &Invocation, log: &Log) -> Result<(), CniError> {
@@ -528,11 +590,12 @@ fn gc(inv: &Invocation, log: &Log) -> Result<(), CniError> {
             continue;
         };
         if !valid.contains(&container) {
-            interceptor_api::call(
+            interceptor_api::call_within(
                 &socket(inv),
                 &Request::Remove {
                     netns: pod.netns.clone(),
                 },
+                deadline::QUERY,
             )
             .map_err(agent_error)?;
             log.write(&format!(

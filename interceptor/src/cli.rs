@@ -94,12 +94,14 @@ pub struct CniArgs {
 pub enum CniCommand {
     /// Copy the plugin into the bin directory and chain it into the primary network
     /// configuration (converting a lone .conf to a .conflist), atomically and never twice.
+    /// Nothing is written while a plugin of the primary network is not in the bin directory.
     Install {
         /// The `interceptor-cni` binary [default: next to this one].
         #[arg(long)]
         plugin: Option<PathBuf>,
         /// The plugin's `linkerd` block, as JSON (Linkerd's keys; missing ones take Linkerd's
-        /// defaults).
+        /// defaults, and `ipv6` false as linkerd-cni writes it: add `"ipv6": true` where
+        /// Linkerd's `disableIPv6` is false).
         #[arg(long, default_value = "{}")]
         linkerd: String,
         /// The agent's API socket, as the plugin reaches it.
@@ -112,8 +114,10 @@ pub enum CniCommand {
         /// when the runtime names a Kubernetes pod, else all].
         #[arg(long, value_parser = ["injected", "all"])]
         pods: Option<String>,
-        /// Keep running, and chain the plugin again whenever the primary CNI rewrites its file.
-        /// On SIGTERM or SIGINT, remove the plugin (but see --daemonset).
+        /// Keep running, and chain the plugin again whenever the primary CNI rewrites its file;
+        /// what cannot be chained yet (no primary network, its plugins not in the bin
+        /// directory) is tried again as the directories change. On SIGTERM or SIGINT, remove
+        /// the plugin (but see --daemonset).
         #[arg(long)]
         watch: bool,
         /// The DaemonSet this installer runs in, as NAMESPACE/NAME. On SIGTERM or SIGINT the

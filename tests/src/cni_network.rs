@@ -3,7 +3,9 @@
 //! `interceptor cni install` copies there, and the chain run as a runtime runs it: each plugin
 //! with the network's name and version and the previous plugin's result, in order for ADD and
 //! in reverse for DEL. Our plugin comes from the bin directory (what the installer put there),
-//! the reference plugins from Debian's `/usr/lib/cni`. Everything is removed on drop.
+//! the reference plugins from Debian's `/usr/lib/cni`, copied into the bin directory too, as a
+//! node has its primary network's plugins there (the installer refuses to chain otherwise).
+//! Everything is removed on drop.
 use std::{
     io::Write as _,
     path::{Path, PathBuf},
@@ -37,12 +39,22 @@ impl CniNetwork {
         Self::with_primary(tag, &Self::primary())
     }
 
-    /// A network whose primary configuration is `primary` (e.g. a bridge), in [`PRIMARY`].
+    /// A network whose primary configuration is `primary` (e.g. a bridge), in [`PRIMARY`], with
+    /// its plugins' binaries in the bin directory.
     pub fn with_primary(tag: &str, primary: &Value) -> Self {
         let root = std::env::temp_dir().join(unique_name(tag));
         let (conf_dir, bin_dir) = (root.join("net.d"), root.join("bin"));
         for dir in [&conf_dir, &bin_dir] {
             std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        }
+        for plugin in primary["plugins"].as_array().into_iter().flatten() {
+            let kind = plugin["type"].as_str().expect("a plugin type");
+            // Ours is the installer's (or the test's) to put there.
+            if kind == "interceptor-cni" {
+                continue;
+            }
+            std::fs::copy(Path::new(REFERENCE_PLUGINS).join(kind), bin_dir.join(kind))
+                .unwrap_or_else(|e| panic!("copy the primary's plugin {kind}: {e}"));
         }
         std::fs::write(conf_dir.join(PRIMARY), primary.to_string())
             .expect("writing the primary network");

@@ -259,9 +259,10 @@ fn an_iptables_agent_meshes_pods_added_through_the_cni_plugin() {
     let network = CniNetwork::new("aiptcni-node");
     let installed = network
         .install(Path::new(BIN), Path::new(PLUGIN), &home.socket())
+        // IPv6 too (ip6tables chains, checked below): the plugin's default is off.
         .args([
             "--linkerd",
-            r#"{"inbound-ports-to-ignore": ["4190", "4191"]}"#,
+            r#"{"inbound-ports-to-ignore": ["4190", "4191"], "ipv6": true}"#,
         ])
         .output()
         .unwrap();

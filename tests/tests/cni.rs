@@ -4,12 +4,15 @@
 //! the test's own, with no route out: the bridge and the pods' gateway live there.
 use std::{
     io::Write as _,
+    os::unix::net::{UnixListener, UnixStream},
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
 use interceptor_tests::{
-    Landing, Netns, PodFixture,
+    Cgroup, Landing, Netns, PodFixture,
     agent_home::{AgentHome, free_loopback_addr, http_get},
     cni_network::{POD_ANNOTATIONS, injected},
     privileged,
@@ -329,9 +332,6 @@ fn add_fails_with_try_again_later_when_the_agent_is_not_running() {
             .connect(UNREACHABLE),
         Landing::Failed("connect:ECONNREFUSED".into())
     );
-    let (ok, out) = node.ours("STATUS", "", None, json!({}));
-    assert!(!ok);
-    assert_eq!(out["code"], 50, "{out}");
     // DEL with the agent gone succeeds.
     let (ok, out) = node.ours("DEL", "down", Some(&pod.path()), json!({}));
     assert!(ok, "DEL: {out}");
@@ -566,6 +566,7 @@ fn the_installer_keeps_the_plugin_chained_when_the_primary_cni_rewrites_its_file
     let primary = conf_dir.join("10-calico.conflist");
     let write_calico = || std::fs::write(&primary, calico.to_string()).unwrap();
     write_calico();
+    primary_plugins(&bin_dir, &["calico", "portmap"]);
     let dirs = |cmd: &mut Command| {
         cmd.args(["--conf-dir", &conf_dir.display().to_string()])
             .args(["--bin-dir", &bin_dir.display().to_string()]);
@@ -627,6 +628,7 @@ fn the_installer_declares_the_pod_annotations_capability() {
     let (conf_dir, bin_dir) = (root.join("net.d"), root.join("bin"));
     std::fs::create_dir_all(&conf_dir).unwrap();
     let primary = conf_dir.join("10-flannel.conflist");
+    primary_plugins(&bin_dir, &["flannel"]);
     std::fs::write(
         &primary,
         json!({"name": "cbr0", "cniVersion": "0.3.1", "plugins": [
@@ -658,4 +660,332 @@ fn the_installer_declares_the_pod_annotations_capability() {
     assert_eq!(install(&["--pods", "some"]).code(), Some(2));
     assert_eq!(ours()["pods"], "all", "a refused install changes nothing");
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The primary network's plugins in the bin directory, as a node has them (stand-ins: the
+/// installer only looks for them).
+fn primary_plugins(bin_dir: &Path, kinds: &[&str]) {
+    std::fs::create_dir_all(bin_dir).unwrap();
+    for kind in kinds {
+        std::fs::write(bin_dir.join(kind), b"#!/bin/false\n").unwrap();
+    }
+}
+
+/// Every file under `dir`, with its bytes.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(snapshot(&path));
+        } else {
+            files.push((path.clone(), std::fs::read(&path).unwrap()));
+        }
+    }
+    files.sort();
+    files
+}
+
+/// How many times our plugin is chained in `primary`.
+fn chained(primary: &Path) -> usize {
+    std::fs::read(primary)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .and_then(|v| v["plugins"].as_array().cloned())
+        .map_or(0, |p| {
+            p.iter().filter(|p| p["type"] == "interceptor-cni").count()
+        })
+}
+
+/// A primary network whose plugins' binaries are not in `--bin-dir` (the DaemonSet's default
+/// `/opt/cni/bin` on GKE, say): `interceptor cni install` refuses, names what is missing and
+/// where, and writes nothing in either directory; with the binaries there it chains as before.
+#[test]
+fn the_installer_refuses_a_bin_dir_without_the_primarys_plugins_and_writes_nothing() {
+    let root = std::env::temp_dir().join(unique_name("cnimissing"));
+    let (conf_dir, bin_dir) = (root.join("net.d"), root.join("bin"));
+    std::fs::create_dir_all(&conf_dir).unwrap();
+    let primary = conf_dir.join("10-calico.conflist");
+    std::fs::write(
+        &primary,
+        json!({"name": "k8s-pod-network", "cniVersion": "0.3.1", "plugins": [
+            {"type": "calico", "ipam": {"type": "calico-ipam"}},
+            {"type": "portmap", "snat": true, "capabilities": {"portMappings": true}}]})
+        .to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        conf_dir.join("99-loopback.conf"),
+        r#"{"cniVersion":"0.3.1","name":"lo","type":"loopback"}"#,
+    )
+    .unwrap();
+    // portmap is there; calico, the primary plugin itself, is not.
+    primary_plugins(&bin_dir, &["portmap"]);
+    let install = || {
+        Command::new(env!("CARGO_BIN_EXE_interceptor-under-test"))
+            .args(["cni", "install", "--plugin", PLUGIN])
+            .args(["--conf-dir", &conf_dir.display().to_string()])
+            .args(["--bin-dir", &bin_dir.display().to_string()])
+            .output()
+            .unwrap()
+    };
+    let before = snapshot(&root);
+    let out = install();
+    assert!(!out.status.success(), "refused");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for expected in [
+        primary.display().to_string(),
+        bin_dir.display().to_string(),
+        ": calico;".to_owned(),
+        "--bin-dir".to_owned(),
+        "/home/kubernetes/bin".to_owned(),
+        "nothing was written".to_owned(),
+    ] {
+        assert!(stderr.contains(&expected), "{expected:?} not in {stderr}");
+    }
+    assert!(!stderr.contains("portmap"), "{stderr}");
+    assert_eq!(snapshot(&root), before, "both directories as they were");
+
+    primary_plugins(&bin_dir, &["calico"]);
+    let out = install();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(chained(&primary), 1);
+    assert_eq!(
+        std::fs::read(bin_dir.join("interceptor-cni")).unwrap(),
+        std::fs::read(PLUGIN).unwrap()
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// `interceptor cni install --watch` started before the primary's plugins are in the bin
+/// directory (the primary CNI's own installer still copying them) keeps running, writes nothing,
+/// and chains as soon as they appear.
+#[test]
+fn the_watching_installer_chains_once_the_primarys_plugins_appear() {
+    let root = std::env::temp_dir().join(unique_name("cniwatchbin"));
+    let (conf_dir, bin_dir) = (root.join("net.d"), root.join("bin"));
+    std::fs::create_dir_all(&conf_dir).unwrap();
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    let calico = json!({"name": "k8s-pod-network", "cniVersion": "0.3.1", "plugins": [
+        {"type": "calico", "ipam": {"type": "calico-ipam"}},
+        {"type": "portmap", "snat": true, "capabilities": {"portMappings": true}}]});
+    let primary = conf_dir.join("10-calico.conflist");
+    std::fs::write(&primary, calico.to_string()).unwrap();
+    let log = root.join("install.log");
+    let mut watching = Command::new(env!("CARGO_BIN_EXE_interceptor-under-test"))
+        .args(["cni", "install", "--watch", "--plugin", PLUGIN])
+        .args(["--conf-dir", &conf_dir.display().to_string()])
+        .args(["--bin-dir", &bin_dir.display().to_string()])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let before = snapshot(&conf_dir);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        watching.try_wait().unwrap().is_none(),
+        "the watching installer exited: {}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    assert_eq!(snapshot(&conf_dir), before, "nothing chained");
+    assert!(!bin_dir.join("interceptor-cni").exists());
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("not chained") && logged.contains("calico, portmap"),
+        "{logged}"
+    );
+
+    primary_plugins(&bin_dir, &["calico", "portmap"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while chained(&primary) != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "not chained once the plugins appeared: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(bin_dir.join("interceptor-cni").is_file());
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(watching.id() as i32, libc::SIGTERM) };
+    assert!(watching.wait().unwrap().success());
+    let back: Value = serde_json::from_slice(&std::fs::read(&primary).unwrap()).unwrap();
+    assert_eq!(back, calico);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// STATUS is about the plugin, not the agent: ready with the agent down (which only delays the
+/// pods Linkerd injected; a runtime polling STATUS must not take the node out of service for
+/// it), and failing with the invalid-configuration code for a configuration the plugin cannot
+/// work with, agent or not.
+#[test]
+fn status_is_ready_without_an_agent_and_fails_only_for_an_invalid_configuration() {
+    if !privileged("status_is_ready_without_an_agent_and_fails_only_for_an_invalid_configuration") {
+        return;
+    }
+    let cgroup = Cgroup::new("cnistatus");
+    let home = AgentHome::new(&cgroup.path);
+    let node = Node::new(&home, 96);
+    let invalid = [
+        (
+            json!({ "linkerd": { "incoming-proxy-prot": 4143 } }),
+            "incoming-proxy-prot",
+        ),
+        (
+            json!({ "linkerd": { "outbound-ports-to-ignore": ["99999"] } }),
+            "99999",
+        ),
+        (json!({ "pods": "some" }), "\"some\""),
+    ];
+    let refused = |node: &Node| {
+        for (conf, names) in &invalid {
+            let (ok, out) = node.ours("STATUS", "", None, conf.clone());
+            assert!(!ok, "STATUS of {conf}: {out}");
+            assert_eq!(out["code"], 7, "{out}");
+            assert!(out["details"].as_str().unwrap().contains(names), "{out}");
+        }
+    };
+
+    let (ok, out) = node.ours("STATUS", "", None, json!({}));
+    assert!(ok, "STATUS with the agent down: {out}");
+    let log = std::fs::read_to_string(&node.log).unwrap();
+    assert!(
+        log.contains("STATUS: ready, but the agent does not answer: pods Linkerd injected wait (ADD answers 11)"),
+        "{log}"
+    );
+    refused(&node);
+
+    let _agent = home.start();
+    let (ok, out) = node.ours("STATUS", "", None, json!({}));
+    assert!(ok, "STATUS: {out}");
+    let lines = |log: &str| log.matches("does not answer").count();
+    assert_eq!(
+        lines(&std::fs::read_to_string(&node.log).unwrap()),
+        lines(&log),
+        "nothing to say with the agent up"
+    );
+    refused(&node);
+}
+
+/// An agent that takes connections and never answers (hung): each connection is accepted and
+/// held open, its request never read.
+struct SilentAgent {
+    dir: PathBuf,
+    held: Arc<Mutex<Vec<UnixStream>>>,
+}
+
+impl SilentAgent {
+    fn start() -> Self {
+        let dir = std::env::temp_dir().join(unique_name("cnisilent"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let listener = UnixListener::bind(dir.join("agent.sock")).unwrap();
+        let held = Arc::new(Mutex::new(Vec::new()));
+        let holder = held.clone();
+        // Blocked in accept once the test is done; the test process ends it.
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                holder.lock().unwrap().push(stream);
+            }
+        });
+        Self { dir, held }
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.join("agent.sock")
+    }
+
+    fn connections(&self) -> usize {
+        self.held.lock().unwrap().len()
+    }
+}
+
+impl Drop for SilentAgent {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A pod Linkerd did not inject is never held up by the agent: its notice to a hung agent is
+/// given up after its short deadline, and ADD succeeds.
+#[test]
+fn a_pod_not_injected_is_not_held_up_by_an_agent_that_never_answers() {
+    if !privileged("a_pod_not_injected_is_not_held_up_by_an_agent_that_never_answers") {
+        return;
+    }
+    let cgroup = Cgroup::new("cnisilentplain");
+    let home = AgentHome::new(&cgroup.path);
+    let node = Node::new(&home, 97);
+    let agent = SilentAgent::start();
+    let pod = Netns::new("cnisilentplain");
+    let started = Instant::now();
+    let (ok, out) = node.ours(
+        "ADD",
+        "plain",
+        Some(&pod.path()),
+        json!({
+            "agent_socket": agent.socket(),
+            "runtimeConfig": annotated(&[("app", "plain")]),
+        }),
+    );
+    let took = started.elapsed();
+    assert!(ok, "ADD: {out}");
+    assert!(took < Duration::from_millis(1500), "ADD took {took:?}");
+    assert_eq!(agent.connections(), 1, "the agent was asked");
+    let log = std::fs::read_to_string(&node.log).unwrap();
+    assert!(
+        log.contains("ADD: the agent was not told: the interceptor agent at")
+            && log.contains("did not answer within 250 ms"),
+        "{log}"
+    );
+}
+
+/// An injected pod against a hung agent: ADD answers 11 (try again later) within the plugin's
+/// deadlines, whether it was waiting for the pod's labels or for its registration; it never
+/// starts unmeshed, and never waits the runtime's own minutes.
+#[test]
+fn an_injected_pod_fails_with_try_again_later_when_the_agent_never_answers() {
+    if !privileged("an_injected_pod_fails_with_try_again_later_when_the_agent_never_answers") {
+        return;
+    }
+    let cgroup = Cgroup::new("cnisilentweb");
+    let home = AgentHome::new(&cgroup.path);
+    let node = Node::new(&home, 98);
+    let agent = SilentAgent::start();
+    let pod = Netns::new("cnisilentweb");
+    let add = |extra: Value| {
+        let mut conf = json!({
+            "agent_socket": agent.socket(),
+            "runtimeConfig": annotated(&[PROXY_VERSION]),
+        });
+        if let (Value::Object(conf), Value::Object(extra)) = (&mut conf, extra) {
+            conf.extend(extra);
+        }
+        let started = Instant::now();
+        let (ok, out) = node.ours("ADD", "web", Some(&pod.path()), conf);
+        (ok, out, started.elapsed())
+    };
+    // Side by side: the lookup of the pod's labels (10 s), and with "pods": "all" (no lookup)
+    // the registration (15 s).
+    let (lookup, registration) = std::thread::scope(|s| {
+        let lookup = s.spawn(|| add(json!({})));
+        let registration = s.spawn(|| add(json!({ "pods": "all" })));
+        (lookup.join().unwrap(), registration.join().unwrap())
+    });
+    for ((ok, out, took), deadline) in [(lookup, 10), (registration, 15)] {
+        assert!(!ok, "ADD against a silent agent: {out}");
+        assert_eq!(out["code"], 11, "{out}");
+        let details = out["details"].as_str().unwrap();
+        assert!(
+            details.contains(&format!("did not answer within {} ms", deadline * 1000)),
+            "{out}"
+        );
+        let deadline = Duration::from_secs(deadline);
+        assert!(
+            took >= deadline && took < deadline + Duration::from_secs(3),
+            "ADD took {took:?}, the deadline is {deadline:?}"
+        );
+    }
 }

@@ -51,8 +51,9 @@ const PROXY_VERSION: (&str, &str) = ("linkerd.io/proxy-version", "edge-24.11.8")
 /// A node: the agent, containerd with its CRI plugin and CNI network, all the test's own.
 struct Node {
     dir: PathBuf,
-    // Stopped before its home is removed (fields drop in order).
-    _agent: Agent,
+    // Stopped before its home is removed (fields drop in order); `None` while a test has it
+    // down.
+    agent: Option<Agent>,
     home: AgentHome,
     netns: Netns,
     cni: CniNetwork,
@@ -161,7 +162,7 @@ impl Node {
         let mut node = Self {
             dir,
             home,
-            _agent: agent,
+            agent: Some(agent),
             netns,
             cni,
             containerd,
@@ -352,6 +353,62 @@ impl Node {
     /// A client on the node (source address the gateway's).
     fn on_node(&self) -> Probe {
         Probe::new().netns(&self.netns.path())
+    }
+
+    /// containerd's view of the node's network: the CRI `Status` condition `NetworkReady`
+    /// (containerd 2 sets it from CNI STATUS for `cniVersion` 1.1.0 networks; 1.6 from the
+    /// configuration it loaded).
+    fn network_ready(&mut self) -> bool {
+        let status = self
+            .runtime
+            .block_on(self.client.status(StatusRequest { verbose: false }))
+            .expect("CRI Status")
+            .into_inner();
+        status
+            .status
+            .into_iter()
+            .flat_map(|s| s.conditions)
+            .any(|c| c.r#type == "NetworkReady" && c.status)
+    }
+
+    /// CNI STATUS of our entry in the chained network, run as a runtime runs it: the binary
+    /// the installer put in the bin directory, the entry with the network's name and version.
+    fn plugin_status(&self) -> (bool, String) {
+        let list: Value = serde_json::from_slice(
+            &std::fs::read(
+                self.cni
+                    .conf_dir
+                    .join(interceptor_tests::cni_network::PRIMARY),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let mut conf = list["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["type"] == "interceptor-cni")
+            .expect("our entry in the chain")
+            .clone();
+        conf["cniVersion"] = list["cniVersion"].clone();
+        conf["name"] = list["name"].clone();
+        let mut child = Command::new(self.cni.bin_dir.join("interceptor-cni"))
+            .env("CNI_COMMAND", "STATUS")
+            .env("CNI_PATH", &self.cni.bin_dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run the plugin");
+        std::io::Write::write_all(
+            &mut child.stdin.take().unwrap(),
+            conf.to_string().as_bytes(),
+        )
+        .unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
     }
 
     /// The pods the agent has registered, by name, with their records.
@@ -680,4 +737,90 @@ fn containerd_refuses_a_pod_with_a_malformed_annotation_with_the_plugins_message
         assert!(message.contains(expected), "{expected:?} not in {message}");
     }
     assert!(node.registered().is_empty(), "{:#?}", node.registered());
+}
+
+/// The agent killed (a crash loop): the node's network stays ready, a pod Linkerd did not inject
+/// starts at once, an injected one does not start (the plugin answers 11, the kubelet retries);
+/// once an agent runs again the injected pod starts, meshed from its first connect.
+#[test]
+fn containerd_with_the_agent_down_starts_other_pods_at_once_and_injected_ones_once_it_is_back() {
+    if !privileged(
+        "containerd_with_the_agent_down_starts_other_pods_at_once_and_injected_ones_once_it_is_back",
+    ) {
+        return;
+    }
+    let mut node = Node::new("ctrddown");
+    let _node_server = node
+        .on_node()
+        .listen(&["server", "0.0.0.0:1404", "--name", "node-server"]);
+    node.agent.take().expect("the node's agent").kill();
+
+    // STATUS: ready, as the runtime asks it, and as containerd reports the network.
+    let (ok, out) = node.plugin_status();
+    assert!(ok, "STATUS with the agent down: {out}");
+    assert!(node.network_ready(), "containerd's NetworkReady");
+    let log = std::fs::read_to_string(node.dir.join("cni.log")).unwrap();
+    assert!(
+        log.contains("STATUS: ready, but the agent does not answer"),
+        "{log}"
+    );
+
+    // A pod Linkerd did not inject does not wait for the agent.
+    let started = Instant::now();
+    let plain = node
+        .run_pod("plain", &[("app", "plain")])
+        .expect("RunPodSandbox of a pod Linkerd did not inject, with the agent down");
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "the pod took {took:?} to start"
+    );
+
+    // An injected pod does not start unmeshed: the plugin's 11, for the kubelet to retry.
+    let error = match node.run_pod("web", &[PROXY_VERSION, ("app", "web")]) {
+        Ok(pod) => panic!("an injected pod started with the agent down: {}", pod.id),
+        Err(error) => error,
+    };
+    assert!(
+        error
+            .message()
+            .contains("the interceptor agent is not reachable; try again later"),
+        "{}",
+        error.message()
+    );
+
+    // The agent back: the retried sandbox starts, meshed; the pod started without it is not.
+    node.agent = Some(node.home.start());
+    assert!(node.registered().is_empty(), "{:#?}", node.registered());
+    let web = node
+        .run_pod("web", &[PROXY_VERSION, ("app", "web")])
+        .expect("RunPodSandbox of the injected pod, retried once the agent answers");
+    let registered = node.registered();
+    assert_eq!(
+        registered
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect::<Vec<_>>(),
+        ["web"],
+        "{registered:#?}"
+    );
+    let _web = node.serve(&web, "web-app");
+    let _plain = node.serve(&plain, "plain-app");
+    let to_node = format!("{GATEWAY}:1404");
+    assert_eq!(
+        node.in_pod(&web, APP_UID)
+            .connect(&to_node)
+            .proxy_orig()
+            .to_string(),
+        to_node
+    );
+    let to_web = format!("{}:8080", web.ip);
+    assert_eq!(
+        node.on_node().connect(&to_web).proxy_orig().to_string(),
+        to_web
+    );
+    assert_eq!(
+        node.in_pod(&plain, APP_UID).connect(&to_node).server_name(),
+        "node-server"
+    );
 }

@@ -65,9 +65,15 @@ pub struct KubeOptions {
     pub node_name: Option<String>,
 }
 
-/// How long a lookup may take (the pod and its namespace): well inside the plugin's patience and
-/// the kubelet's.
+/// How long the reads of one lookup may take: the pod and its namespace share one such
+/// deadline, and for a control-plane pod the `kubernetes` Service has another. The two in a row
+/// must fit inside the CNI plugin's wait for the answer, so that the plugin hears "unavailable"
+/// and why rather than timing out.
 const LOOKUP_DEADLINE: Duration = Duration::from_secs(3);
+const _: () = assert!(
+    2 * LOOKUP_DEADLINE.as_secs() < interceptor_cni::deadline::POD_ANNOTATIONS.as_secs(),
+    "the plugin must wait longer for a lookup than the agent's reads take"
+);
 
 /// How long a namespace's `config.linkerd.io/*` annotations are kept: a change to them reaches
 /// the pods started this long after it at the latest.

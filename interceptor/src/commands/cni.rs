@@ -1,6 +1,7 @@
 //! `interceptor cni install|uninstall`: the plugin's binary and its entry in the node's CNI
 //! configuration (see `interceptor_cni::install`), and the watch that keeps the entry there.
 use std::{
+    os::fd::AsFd as _,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Duration,
@@ -8,9 +9,13 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use interceptor_cni::install::{self, Applied, Installer, PLUGIN_TYPE};
-use nix::sys::{
-    inotify::{AddWatchFlags, InitFlags, Inotify},
-    signal::{SigSet, Signal},
+use nix::{
+    errno::Errno,
+    poll::{PollFd, PollFlags, PollTimeout, poll},
+    sys::{
+        inotify::{AddWatchFlags, InitFlags, Inotify},
+        signal::{SigSet, Signal},
+    },
 };
 use serde_json::{Value, json};
 use tracing::{error, info, warn};
@@ -69,13 +74,16 @@ pub fn cni(args: CniArgs) -> anyhow::Result<()> {
             let owner = daemonset
                 .map(|daemonset| Owner::new(daemonset, kubeconfig.as_deref()))
                 .transpose()?;
-            report(installer.install()?);
+            // Not fatal while watching: the watch tries again (the primary CNI not installed
+            // yet, its plugins not yet in the bin directory) rather than the container
+            // restarting in a loop.
+            let failing = attempt(&installer, false, None);
             // Held by the watch while it chains, and after the signal, which marks it stopped:
             // an uninstall's own write must not be chained again, nor a kept plugin rewritten.
             let stopped = Arc::new(Mutex::new(false));
             let (watcher, watch_stopped) = (installer.clone(), stopped.clone());
             std::thread::spawn(move || {
-                if let Err(e) = keep_chained(&watcher, &watch_stopped) {
+                if let Err(e) = keep_chained(&watcher, &watch_stopped, failing) {
                     tracing::error!(error = %format!("{e:#}"), "watching the CNI configuration stopped");
                     std::process::exit(1);
                 }
@@ -252,35 +260,78 @@ fn report(applied: Applied) {
     }
 }
 
-/// Re-applies whenever a file of the conf directory is written, created, moved or removed: the
-/// primary CNI rewriting its configuration drops our entry. Applying is idempotent, so our own
-/// write (one event) ends in "already chained".
-fn keep_chained(installer: &Installer, stopped: &Mutex<bool>) -> anyhow::Result<()> {
+/// How often a watch whose last attempt failed tries again, events or not: the bin directory
+/// may not exist yet to be watched.
+const RETRY_PERIOD: Duration = Duration::from_secs(5);
+
+/// Installs (copies the binary, then chains), or once `installed` only chains again. Returns the
+/// error, logged unless it is the same as `last` (a retry every few seconds says it once).
+fn attempt(installer: &Installer, installed: bool, last: Option<&str>) -> Option<String> {
+    let result = if installed {
+        installer.apply()
+    } else {
+        installer.install()
+    };
+    match result {
+        Ok(Applied::Unchanged(_)) if installed && last.is_none() => None,
+        Ok(applied) => {
+            report(applied);
+            None
+        }
+        Err(e) => {
+            let e = e.to_string();
+            if last != Some(e.as_str()) {
+                error!(error = %e, retry_seconds = RETRY_PERIOD.as_secs(), "the CNI plugin is not chained; trying again when the conf or bin directory changes");
+            }
+            Some(e)
+        }
+    }
+}
+
+/// Re-applies whenever a file of the conf directory is written, created, moved or removed (the
+/// primary CNI rewriting its configuration drops our entry), and of the bin directory (where
+/// the primary's plugins appear), and every [`RETRY_PERIOD`] while the last attempt failed
+/// (`failing`, the first one's error). Applying is idempotent, so our own write (one event)
+/// ends in "already chained".
+fn keep_chained(
+    installer: &Installer,
+    stopped: &Mutex<bool>,
+    mut failing: Option<String>,
+) -> anyhow::Result<()> {
+    let mut installed = failing.is_none();
+    let changes = AddWatchFlags::IN_CLOSE_WRITE
+        | AddWatchFlags::IN_MOVED_TO
+        | AddWatchFlags::IN_CREATE
+        | AddWatchFlags::IN_DELETE
+        | AddWatchFlags::IN_MOVED_FROM;
     let inotify = Inotify::init(InitFlags::IN_CLOEXEC).context("inotify")?;
     inotify
-        .add_watch(
-            &installer.conf_dir,
-            AddWatchFlags::IN_CLOSE_WRITE
-                | AddWatchFlags::IN_MOVED_TO
-                | AddWatchFlags::IN_CREATE
-                | AddWatchFlags::IN_DELETE
-                | AddWatchFlags::IN_MOVED_FROM,
-        )
+        .add_watch(&installer.conf_dir, changes)
         .with_context(|| format!("watching {}", installer.conf_dir.display()))?;
     info!(conf_dir = %installer.conf_dir.display(), "watching the CNI configuration");
+    let mut bin_watched = inotify.add_watch(&installer.bin_dir, changes).is_ok();
     loop {
-        inotify.read_events().context("reading inotify events")?;
+        let timeout = match failing {
+            Some(_) => PollTimeout::try_from(RETRY_PERIOD).expect("a few seconds fit"),
+            None => PollTimeout::NONE,
+        };
+        let mut fds = [PollFd::new(inotify.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, timeout) {
+            Ok(0) | Err(Errno::EINTR) => {}
+            Ok(_) => {
+                inotify.read_events().context("reading inotify events")?;
+            }
+            Err(e) => return Err(e).context("waiting for inotify events"),
+        }
+        // Created after the watch started (by our own first copy, or the primary CNI's).
+        if !bin_watched {
+            bin_watched = inotify.add_watch(&installer.bin_dir, changes).is_ok();
+        }
         let stopped = stopped.lock().unwrap_or_else(|e| e.into_inner());
         if *stopped {
             return Ok(());
         }
-        match installer.apply() {
-            Ok(Applied::Unchanged(_)) => {}
-            Ok(applied) => report(applied),
-            // A primary configuration being replaced may be missing or half there for a moment.
-            Err(e) => {
-                tracing::warn!(error = %e, "chaining the CNI plugin; retrying on the next change")
-            }
-        }
+        failing = attempt(installer, installed, failing.as_deref());
+        installed |= failing.is_none();
     }
 }

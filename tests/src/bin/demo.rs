@@ -183,7 +183,8 @@ fn node_agent(interceptor: &Path, pod: &PodFixture, app: &Probe) -> anyhow::Resu
 
     let network = CniNetwork::new("demo-node");
     let plugin = sibling_binary("interceptor-cni");
-    let linkerd = r#"{"outbound-ports-to-ignore": ["443"]}"#;
+    // IPv6 on, as where Linkerd's disableIPv6 is false: the restart's load connects over both.
+    let linkerd = r#"{"outbound-ports-to-ignore": ["443"], "ipv6": true}"#;
     step(
         "The CNI plugin",
         &format!(
