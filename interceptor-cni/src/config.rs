@@ -4,7 +4,11 @@
 //! the agent is asked, by the configuration crate the agent and the CLI use.
 use std::{collections::BTreeMap, path::PathBuf};
 
-use interceptor_config::InterceptionConfig;
+use interceptor_api::KubePod;
+use interceptor_config::{
+    ConfigError, InterceptionConfig,
+    annotations::{self, Decision, SkipReason},
+};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
@@ -169,10 +173,17 @@ pub fn pod_settings(
             merged.insert(name.to_owned(), Value::String(v.clone()));
         }
     }
+    linkerd_settings(&merged)
+}
+
+/// Linkerd's defaults (`ipv6` false) with the keys of a `linkerd` block applied: what
+/// [`pod_settings`] builds once the block and the per-pod overrides are merged, and what the
+/// agent's repair starts from (its `--linkerd`, the installer's value).
+pub fn linkerd_settings(merged: &BTreeMap<String, Value>) -> Result<PodSettings, String> {
     let mut config = InterceptionConfig::linkerd();
     config.ipv6 = false;
     let mut simulate = false;
-    for (name, value) in &merged {
+    for (name, value) in merged {
         let kind = key(name).ok_or_else(|| {
             format!("linkerd: unknown key {name:?} (known: the flags of proxy-init, e.g. \"incoming-proxy-port\")")
         })?;
@@ -215,6 +226,37 @@ pub fn pod_settings(
         }
     }
     Ok(PodSettings { config, simulate })
+}
+
+/// What becomes of a pod.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Plan {
+    Mesh(PodSettings),
+    /// Not meshed, and why.
+    Skip(SkipReason),
+}
+
+/// Whether a pod is meshed and with which settings: `settings` (the `linkerd` block's, with the
+/// per-pod overrides) with the pod's `config.linkerd.io/*` annotations applied, its
+/// namespace's under them, and linkerd-cni's rules: with [`Pods::Injected`], only a pod Linkerd
+/// injected and that has no `linkerd-init` container; for a control-plane pod, the API
+/// server's ports not redirected. The plugin's ADD and CHECK and the agent's repair of a pod
+/// started without the plugin decide with this one function. A malformed annotation is an
+/// error naming it.
+pub fn pod_plan(mut settings: PodSettings, pods: Pods, pod: &KubePod) -> Result<Plan, ConfigError> {
+    if pods == Pods::Injected
+        && let Decision::Skip { reason } =
+            annotations::decide_with_containers(&pod.annotations, pod.linkerd_init)
+    {
+        return Ok(Plan::Skip(reason));
+    }
+    let annotations =
+        annotations::with_namespace_defaults(&pod.annotations, &pod.namespace_annotations);
+    settings.config = annotations::apply(&settings.config, &annotations)?;
+    if pod.control_plane_component.is_some() {
+        annotations::skip_api_server(&mut settings.config, &pod.api_server_ports);
+    }
+    Ok(Plan::Mesh(settings))
 }
 
 /// `CNI_ARGS`: `K1=V1;K2=V2`.

@@ -34,8 +34,8 @@ use std::{
 };
 
 pub use config::{
-    NetConf, POD_ANNOTATIONS, PodSettings, Pods, SUPPORTED_VERSIONS, parse_cni_args, pod_selection,
-    pod_settings,
+    NetConf, POD_ANNOTATIONS, Plan, PodSettings, Pods, SUPPORTED_VERSIONS, linkerd_settings,
+    parse_cni_args, pod_plan, pod_selection, pod_settings,
 };
 use interceptor_api::{ClientError, ErrorKind, KubePod, PodAdd, PodInfo, PodMeta, Request};
 use interceptor_config::annotations::{self, Decision, SkipReason};
@@ -218,19 +218,11 @@ fn selection(inv: &Invocation) -> Result<Pods, CniError> {
         .map_err(|e| error(code::INVALID_CONFIG, "invalid plugin configuration", e))
 }
 
-/// What becomes of the pod.
-enum Plan {
-    Mesh(PodSettings),
-    /// Not meshed, and why.
-    Skip(SkipReason),
-}
-
-/// Whether the pod is meshed ([`Pods`]) and with which settings: the conflist's, with the pod's
-/// `config.linkerd.io/*` annotations applied when the runtime passed them (or the agent read
-/// them), its namespace's under them (from the agent's view of the API), and linkerd-cni's rule
-/// for Linkerd's control-plane pods.
+/// Whether the pod is meshed ([`Pods`]) and with which settings ([`pod_plan`]): the conflist's,
+/// with the pod's annotations as the runtime passed them (or the agent read them), its
+/// namespace's (from the agent's view of the API), and linkerd-cni's rules.
 fn plan(inv: &Invocation) -> Result<Plan, CniError> {
-    let mut settings = settings(inv)?;
+    let settings = settings(inv)?;
     let pods = selection(inv)?;
     let passed = inv
         .conf
@@ -256,26 +248,15 @@ fn plan(inv: &Invocation) -> Result<Plan, CniError> {
             }
         }
     };
-    if pods == Pods::Injected
-        && let Decision::Skip { reason } =
-            annotations::decide_with_containers(&pod.annotations, pod.linkerd_init)
-    {
-        return Ok(Plan::Skip(reason));
-    }
-    let annotations =
-        annotations::with_namespace_defaults(&pod.annotations, &pod.namespace_annotations);
-    settings.config = annotations::apply(&settings.config, &annotations).map_err(|e| {
+    pod_plan(settings, pods, &pod).map_err(|e| {
         error(
             code::INVALID_CONFIG,
             "invalid linkerd annotation on the pod or its namespace",
             e.to_string(),
         )
-    })?;
-    if pod.control_plane_component.is_some() {
-        annotations::skip_api_server(&mut settings.config, &pod.api_server_ports);
-    }
-    Ok(Plan::Mesh(settings))
+    })
 }
+
 /// The pod's annotations and labels from the agent's view of the Kubernetes API, for a runtime
 /// that passed no annotations. Unanswered, the pod may be one Linkerd injected: it must not start
 /// unmeshed, and meshing a pod without a proxy would break its connections; the runtime retries
