@@ -146,7 +146,7 @@ fn key(name: &str) -> Option<Key> {
 }
 
 /// A pod's interception settings: its configuration, and whether to only simulate.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodSettings {
     pub config: InterceptionConfig,
     pub simulate: bool,

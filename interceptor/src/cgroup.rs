@@ -190,6 +190,80 @@ fn is_pod_cgroup(name: &str) -> bool {
     name.starts_with("pod") || name.contains("-pod")
 }
 
+/// How deep below the kubelet's pod cgroup [`find_pod_cgroup`] looks: a pod's cgroup is right
+/// below it (Guaranteed) or below its QoS class's (`besteffort`, `burstable`); one more level
+/// for a layout of its own.
+const POD_SEARCH_DEPTH: usize = 3;
+
+/// Whether `name` is the cgroup of the pod with `uid`: `pod<uid>` (cgroupfs driver), or
+/// `<prefix>-pod<uid, its - as _>.slice` (systemd: `kubepods-besteffort-pod..._...slice`, kind's
+/// `kubelet-kubepods-...`).
+fn is_cgroup_of_pod(name: &str, uid: &str) -> bool {
+    if let Some(rest) = name.strip_prefix("pod") {
+        return rest == uid;
+    }
+    name.strip_suffix(".slice")
+        .and_then(|n| n.rsplit_once("-pod"))
+        .is_some_and(|(_, escaped)| escaped == uid.replace('-', "_"))
+}
+
+/// The cgroup of the pod with `uid` below `kubepods` (the kubelet's pod cgroup, see
+/// [`find_kubepods`]): breadth first, at most [`POD_SEARCH_DEPTH`] levels down, not descending
+/// into other pods' cgroups. The UID is compared with directory names, never joined to a path.
+pub fn find_pod_cgroup(kubepods: &Path, uid: &str) -> Option<PathBuf> {
+    if uid.is_empty() {
+        return None;
+    }
+    let mut level = vec![kubepods.to_owned()];
+    for _ in 0..POD_SEARCH_DEPTH {
+        let mut next = Vec::new();
+        for parent in &level {
+            let Ok(entries) = std::fs::read_dir(parent) else {
+                continue;
+            };
+            for entry in entries.filter_map(Result::ok) {
+                if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                if is_cgroup_of_pod(&name, uid) {
+                    return Some(entry.path());
+                }
+                if !is_pod_cgroup(&name) {
+                    next.push(entry.path());
+                }
+            }
+        }
+        level = next;
+    }
+    None
+}
+
+/// The processes in `cgroup` and its descendants, breadth first (a pod's processes are in its
+/// containers' cgroups, below the pod's), read one directory at a time as they are asked for.
+pub fn processes_in(cgroup: &Path) -> impl Iterator<Item = u32> {
+    let mut dirs = std::collections::VecDeque::from([cgroup.to_owned()]);
+    std::iter::from_fn(move || {
+        let dir = dirs.pop_front()?;
+        let pids: Vec<u32> = std::fs::read_to_string(dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        dirs.extend(
+            std::fs::read_dir(&dir)
+                .into_iter()
+                .flatten()
+                .filter_map(Result::ok)
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path()),
+        );
+        Some(pids)
+    })
+    .flatten()
+}
+
 /// The directory of the cgroup with id `id` (on cgroup2, the directory's inode number), found by
 /// walking the cgroup2 hierarchy; `None` when it is gone or cannot be read.
 pub fn path_of_id(id: u64) -> Option<PathBuf> {
@@ -328,6 +402,72 @@ mod tests {
         let file = Tree::new(&["a"]);
         std::fs::write(file.0.join("kubepods"), "").unwrap();
         assert_eq!(file.search(), KubepodsSearch::NotFound);
+    }
+
+    #[test]
+    fn finds_a_pods_cgroup_by_its_uid_whatever_the_driver() {
+        let uid = "1f0e2d3c-aaaa-4bbb-8ccc-0123456789ab";
+        let escaped = uid.replace('-', "_");
+        let find = |tree: &Tree, uid: &str| {
+            find_pod_cgroup(&tree.0, uid).map(|p| p.strip_prefix(&tree.0).unwrap().to_owned())
+        };
+        // cgroupfs: below the QoS class, or right below kubepods (Guaranteed).
+        let cgroupfs = Tree::new(&[
+            "besteffort/pod0a/c1",
+            &format!("burstable/pod{uid}/c2"),
+            "podffff/c3",
+        ]);
+        assert_eq!(
+            find(&cgroupfs, uid),
+            Some(PathBuf::from(format!("burstable/pod{uid}")))
+        );
+        assert_eq!(find(&cgroupfs, "ffff"), Some(PathBuf::from("podffff")));
+        // systemd, and kind's prefix.
+        let systemd = Tree::new(&[
+            &format!(
+                "kubepods-besteffort.slice/kubepods-besteffort-pod{escaped}.slice/cri-containerd-a.scope"
+            ),
+            "kubepods-pod0b.slice",
+        ]);
+        assert_eq!(
+            find(&systemd, uid),
+            Some(PathBuf::from(format!(
+                "kubepods-besteffort.slice/kubepods-besteffort-pod{escaped}.slice"
+            )))
+        );
+        let kind = Tree::new(&[&format!(
+            "kubelet-kubepods-burstable.slice/kubelet-kubepods-burstable-pod{escaped}.slice"
+        )]);
+        assert!(find(&kind, uid).is_some());
+        // Not another pod's, whose UID merely starts or ends the same; not inside another pod;
+        // not deeper than the search goes; never a path made of the UID.
+        let near = Tree::new(&[
+            &format!("besteffort/pod{uid}0"),
+            &format!("besteffort/pod0{uid}"),
+            &format!("podother/pod{uid}"),
+            &format!("a/b/c/pod{uid}"),
+        ]);
+        assert_eq!(find(&near, uid), None);
+        assert_eq!(find(&cgroupfs, ""), None);
+        assert_eq!(find(&cgroupfs, "../besteffort"), None);
+    }
+
+    #[test]
+    fn a_pods_processes_are_found_in_its_containers_cgroups() {
+        let tree = Tree::new(&["pod1/sandbox", "pod1/app/inner", "pod2/x"]);
+        let procs = |dir: &str, pids: &str| {
+            std::fs::write(tree.0.join(dir).join("cgroup.procs"), pids).unwrap();
+        };
+        procs("pod1", "");
+        procs("pod1/app/inner", "30\n");
+        procs("pod1/sandbox", "10\n11\n");
+        procs("pod2/x", "99\n");
+        let mut found: Vec<u32> = processes_in(&tree.0.join("pod1")).collect();
+        // Breadth first: the containers' before the one nested in a container.
+        assert_eq!(found.pop(), Some(30));
+        found.sort();
+        assert_eq!(found, [10, 11]);
+        assert_eq!(processes_in(&tree.0.join("pod3")).count(), 0);
     }
 
     #[test]

@@ -245,6 +245,18 @@ pub struct DaemonArgs {
     /// spec.nodeName).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
+    /// Repair pods that started without the CNI plugin (its entry was not chained when their
+    /// sandbox was created): with --kubernetes and a node name, each such pod Linkerd injected
+    /// is registered in place as the plugin would have, at once when the API reports it, and
+    /// every this many seconds for all of them (which also paces the retries of one that cannot
+    /// be registered yet). A pass only compares the watch's pods with the registrations. 0:
+    /// never.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    pub repair_interval: u64,
+    /// The CNI plugin's `linkerd` block, as JSON: the same value the installer's --linkerd
+    /// gets, so that a repaired pod has the configuration its ADD would have given it.
+    #[arg(long, default_value = "{}")]
+    pub linkerd: String,
 }
 
 #[derive(Debug, Args)]

@@ -26,6 +26,10 @@
 //! annotations, with a warning: the pod is meshed by its own annotations rather than held back
 //! by a missing RBAC rule.
 //!
+//! The watch also keeps what the agent's repair needs (see `repair`): whether the pod runs in
+//! the node's network namespace (`hostNetwork`), and whether its sandbox exists with its CNI ADD
+//! over. It tells the repair of every change to a pod that may need it.
+//!
 //! The agent's own work never depends on the API: without it (no credentials, API down), the
 //! agent runs, and only these lookups fail, each saying why.
 use std::{
@@ -35,7 +39,7 @@ use std::{
     time::Duration,
 };
 
-use tokio::time::Instant;
+use tokio::{sync::mpsc, time::Instant};
 
 use futures::StreamExt as _;
 use interceptor_api::KubePod;
@@ -86,9 +90,51 @@ struct Facts {
     annotations: BTreeMap<String, String>,
     control_plane_component: Option<String>,
     linkerd_init: bool,
+    /// It runs in the node's network namespace: there is nothing of its own to mesh.
+    host_network: bool,
+    /// Its sandbox exists and the CNI ADD that made it is over: a container of it (an init
+    /// container too, such as a crash-looping `linkerd-network-validator`) has an ID, which
+    /// the kubelet gets only after `RunPodSandbox` answered; and it has neither finished nor is
+    /// being deleted.
+    sandbox_started: bool,
+}
+
+impl Facts {
+    /// Whether the CNI plugin would have meshed the pod (linkerd-cni's decision, as the plugin
+    /// makes it from the same facts) and its sandbox exists: if it is not registered, it
+    /// started without the plugin.
+    fn to_repair(&self) -> bool {
+        self.sandbox_started
+            && !self.host_network
+            && annotations::decide_with_containers(&self.annotations, self.linkerd_init)
+                == Decision::Mesh
+    }
 }
 
 type Key = (String, String);
+
+/// A pod of this node, as the repair names it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl std::fmt::Display for PodRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{} (uid {})", self.namespace, self.name, self.uid)
+    }
+}
+
+/// What the watch tells the repair.
+#[derive(Debug)]
+pub enum Change {
+    /// This pod (namespace and name) changed, and may need a repair.
+    Pod(String, String),
+    /// The node's pods were listed again: every one may need one.
+    Listed,
+}
 
 /// A namespace's `config.linkerd.io/*` annotations and when they were read.
 type NamespaceConfig = (Instant, BTreeMap<String, String>);
@@ -101,11 +147,17 @@ pub struct KubePods {
     namespaces: Mutex<HashMap<String, NamespaceConfig>>,
     /// Lookups by where they were answered: `cache`, `api`, `failed`.
     lookups: Family<Vec<(String, String)>, Counter>,
+    /// Whether a watch keeps `cache` (a client and a node name).
+    watching: bool,
 }
 
 impl KubePods {
-    /// Connects (without waiting for the API) and starts the watch of this node's pods.
-    pub async fn start(options: KubeOptions) -> Arc<Self> {
+    /// Connects (without waiting for the API) and starts the watch of this node's pods, which
+    /// tells `changes` of each change to a pod that may need a repair.
+    pub async fn start(
+        options: KubeOptions,
+        changes: Option<mpsc::UnboundedSender<Change>>,
+    ) -> Arc<Self> {
         let client = match crate::kubernetes::client(options.kubeconfig.as_deref()).await {
             Ok(client) => Ok(client),
             Err(e) => {
@@ -113,15 +165,17 @@ impl KubePods {
                 Err(e)
             }
         };
+        let watching = client.is_ok() && options.node_name.is_some();
         let pods = Arc::new(Self {
             client,
             cache: Mutex::new(HashMap::new()),
             namespaces: Mutex::new(HashMap::new()),
             lookups: Family::default(),
+            watching,
         });
         match (&pods.client, options.node_name) {
             (Ok(client), Some(node)) => {
-                tokio::spawn(watch(pods.clone(), client.clone(), node));
+                tokio::spawn(watch(pods.clone(), client.clone(), node, changes));
             }
             (Ok(_), None) => {
                 warn!("no node name (--node-name, NODE_NAME): no watch, every lookup asks the API")
@@ -135,6 +189,52 @@ impl KubePods {
     /// none: it then cannot read the API at all, which is not the API failing to answer.
     pub fn no_client(&self) -> Option<&str> {
         self.client.as_ref().err().map(String::as_str)
+    }
+
+    /// Whether a watch keeps this node's pods.
+    pub fn watching(&self) -> bool {
+        self.watching
+    }
+
+    /// The pods the watch reports that the CNI plugin would have meshed and whose sandbox
+    /// exists (see [`Facts::to_repair`]); with `only`, that one pod if it is such a pod. Read
+    /// from the cache alone.
+    pub fn to_repair(&self, only: Option<(&str, &str)>) -> Vec<PodRef> {
+        let cache = lock(&self.cache);
+        let pod_ref = |(namespace, name): &Key, facts: &Facts| PodRef {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            uid: facts.uid.clone(),
+        };
+        match only {
+            Some((namespace, name)) => {
+                let key = (namespace.to_owned(), name.to_owned());
+                cache
+                    .get(&key)
+                    .filter(|facts| facts.to_repair())
+                    .map(|facts| pod_ref(&key, facts))
+                    .into_iter()
+                    .collect()
+            }
+            None => cache
+                .iter()
+                .filter(|(_, facts)| facts.to_repair())
+                .map(|(key, facts)| pod_ref(key, facts))
+                .collect(),
+        }
+    }
+
+    /// What the plugin would have been told of `pod` ([`Self::pod`]'s answer), from the cache
+    /// only: `None` once the watch no longer has the pod with that UID (deleted, or replaced
+    /// by one of the same name).
+    pub async fn pod_to_repair(&self, pod: &PodRef) -> Option<Result<KubePod, String>> {
+        let key = (pod.namespace.clone(), pod.name.clone());
+        let facts = lock(&self.cache)
+            .get(&key)
+            .filter(|facts| facts.uid == pod.uid)
+            .cloned()?;
+        let deadline = Instant::now() + LOOKUP_DEADLINE;
+        Some(self.complete(&pod.namespace, facts, deadline).await)
     }
 
     /// The pod's annotations and control-plane label: from the watch's cache when it has the
@@ -161,6 +261,17 @@ impl KubePods {
                 answer?
             }
         };
+        self.complete(namespace, facts, deadline).await
+    }
+
+    /// The pod's [`KubePod`] from its facts: for a pod Linkerd injected, its namespace's
+    /// `config.linkerd.io/*` annotations; for a control-plane pod, the API server's ports.
+    async fn complete(
+        &self,
+        namespace: &str,
+        facts: Facts,
+        deadline: Instant,
+    ) -> Result<KubePod, String> {
         // Only for a pod that will be meshed: one that is not is never held up by the API.
         let namespace_annotations =
             match annotations::decide_with_containers(&facts.annotations, facts.linkerd_init) {
@@ -309,6 +420,22 @@ impl KubePods {
 }
 
 fn facts(pod: &Pod) -> Facts {
+    let spec = pod.spec.as_ref();
+    let status = pod.status.as_ref();
+    let finished = status
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|phase| matches!(phase, "Succeeded" | "Failed"));
+    let has_container = status.is_some_and(|s| {
+        [
+            &s.init_container_statuses,
+            &s.container_statuses,
+            &s.ephemeral_container_statuses,
+        ]
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|c| c.container_id.as_deref().is_some_and(|id| !id.is_empty()))
+    });
     Facts {
         uid: pod.metadata.uid.clone().unwrap_or_default(),
         annotations: pod.metadata.annotations.clone().unwrap_or_default(),
@@ -319,11 +446,11 @@ fn facts(pod: &Pod) -> Facts {
             .and_then(|labels| labels.get(CONTROL_PLANE_COMPONENT))
             .filter(|component| !component.is_empty())
             .cloned(),
-        linkerd_init: pod
-            .spec
-            .as_ref()
+        linkerd_init: spec
             .and_then(|spec| spec.init_containers.as_ref())
             .is_some_and(|init| init.iter().any(|c| c.name == LINKERD_INIT_CONTAINER)),
+        host_network: spec.and_then(|spec| spec.host_network) == Some(true),
+        sandbox_started: has_container && !finished && pod.metadata.deletion_timestamp.is_none(),
     }
 }
 
@@ -333,7 +460,17 @@ fn key(pod: &Pod) -> Option<Key> {
 
 /// Keeps the cache to the pods on `node`; a watch that ends is listed and watched again, with
 /// backoff, and the cache replaced by the new list once it is complete.
-async fn watch(pods: Arc<KubePods>, client: Client, node: String) {
+async fn watch(
+    pods: Arc<KubePods>,
+    client: Client,
+    node: String,
+    changes: Option<mpsc::UnboundedSender<Change>>,
+) {
+    let tell = |change: Change| {
+        if let Some(changes) = &changes {
+            let _ = changes.send(change);
+        }
+    };
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     let mut events = watcher(Api::<Pod>::all(client), config)
         .default_backoff()
@@ -343,7 +480,12 @@ async fn watch(pods: Arc<KubePods>, client: Client, node: String) {
         match event {
             Ok(watcher::Event::Apply(pod)) => {
                 if let Some(key) = key(&pod) {
-                    lock(&pods.cache).insert(key, facts(&pod));
+                    let facts = facts(&pod);
+                    let to_repair = facts.to_repair();
+                    lock(&pods.cache).insert(key.clone(), facts);
+                    if to_repair {
+                        tell(Change::Pod(key.0, key.1));
+                    }
                 }
             }
             Ok(watcher::Event::Delete(pod)) => {
@@ -363,6 +505,7 @@ async fn watch(pods: Arc<KubePods>, client: Client, node: String) {
                 let count = listing.len();
                 *lock(&pods.cache) = std::mem::take(&mut listing);
                 info!(node = %node, pods = count, "watching this node's pods in the Kubernetes API");
+                tell(Change::Listed);
             }
             Err(e) => warn!(error = %e, "watching this node's pods in the Kubernetes API"),
         }

@@ -45,6 +45,22 @@ impl PodsSkipped {
     }
 }
 
+/// What the repair of pods started without the CNI plugin did (see `repair`).
+#[derive(Clone, Default)]
+pub struct Repairs {
+    pub repaired: Counter,
+    /// Pods reported as not repairable (after their retries), by reason.
+    failed: Family<Labels, Counter>,
+}
+
+impl Repairs {
+    pub fn failed(&self, reason: &'static str) {
+        self.failed
+            .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
+            .inc();
+    }
+}
+
 /// Serves `/metrics`, `/ready` and `/live` on `addr` from a thread of its own.
 pub fn serve(addr: SocketAddr, agent: Arc<Mutex<Agent>>) -> anyhow::Result<()> {
     let server = tiny_http::Server::http(addr)
@@ -154,6 +170,18 @@ fn render(agent: &Agent) -> String {
         "Pods the CNI plugin let through without meshing them, by reason",
         agent.pods_skipped.0.clone(),
     );
+    if let Some(repairs) = &agent.repairs {
+        registry.register(
+            "pods_repaired",
+            "Pods that started without the CNI plugin (not chained when their sandbox was created) and that the agent registered in place",
+            repairs.repaired.clone(),
+        );
+        registry.register(
+            "pods_repair_failed",
+            "Pods that started without the CNI plugin and that the agent could not register after retrying, by reason (counted once per pod; it keeps trying)",
+            repairs.failed.clone(),
+        );
+    }
     if let Some(kube) = &agent.kube {
         registry.register(
             "kubernetes_pod_lookups",

@@ -19,6 +19,7 @@ mod metrics;
 mod reconcile;
 mod records;
 mod registration;
+mod repair;
 mod restore;
 mod server;
 mod watch;
@@ -45,6 +46,7 @@ use tracing::{info, warn};
 
 pub use backend::BackendChoice;
 pub use iptables_pods::IptablesSettings;
+pub use repair::RepairOptions;
 
 use crate::{
     crash_points::crash_point,
@@ -127,6 +129,8 @@ struct Agent {
     pods_skipped: metrics::PodsSkipped,
     /// This node's pods in the Kubernetes API, when the agent was given access.
     kube: Option<Arc<kube_pods::KubePods>>,
+    /// What the repair of pods started without the CNI plugin did, when it is on.
+    repairs: Option<metrics::Repairs>,
     netns_watch: watch::NetnsWatch,
     /// Where the node's programs are attached (`--cgroup`).
     cgroup: PathBuf,
@@ -149,6 +153,8 @@ pub struct AgentOptions {
     /// Read pods from the Kubernetes API for the CNI plugin, when a runtime passes no
     /// annotations.
     pub kubernetes: Option<kube_pods::KubeOptions>,
+    /// Repair pods started without the CNI plugin (`None`: never); needs `kubernetes`.
+    pub repair: Option<RepairOptions>,
 }
 
 type Refusal = (ErrorKind, String);
@@ -187,6 +193,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         registration_seconds: metrics::registration_histogram(),
         pods_skipped: metrics::PodsSkipped::default(),
         kube: None,
+        repairs: None,
         netns_watch,
         cgroup: cgroup.to_owned(),
     };
@@ -195,10 +202,30 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
     } else {
         agent.restore(false)?;
     }
+    let (changes, repair_changes) = match &options.repair {
+        Some(_) => {
+            let (changes, receiver) = tokio::sync::mpsc::unbounded_channel();
+            (Some(changes), Some(receiver))
+        }
+        None => (None, None),
+    };
     if let Some(kube) = options.kubernetes {
-        agent.kube = Some(kube_pods::KubePods::start(kube).await);
+        agent.kube = Some(kube_pods::KubePods::start(kube, changes).await);
     }
+    let enabled = repair::enabled(agent.kube.as_deref(), options.repair.as_ref());
+    let repair = match (enabled, agent.kube.clone(), options.repair, repair_changes) {
+        (true, Some(kube), Some(options), Some(changes)) => {
+            let metrics = metrics::Repairs::default();
+            agent.repairs = Some(metrics.clone());
+            Some((kube, options, metrics, changes))
+        }
+        _ => None,
+    };
     let agent = Arc::new(Mutex::new(agent));
+    if let Some((kube, options, metrics, changes)) = repair {
+        let repair = repair::Repair::new(agent.clone(), kube, options, metrics);
+        tokio::spawn(repair.run(changes));
+    }
     if let Some(addr) = options.metrics_addr {
         metrics::serve(addr, agent.clone())?;
     }

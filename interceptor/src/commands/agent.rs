@@ -16,6 +16,7 @@ pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
     crate::crash_points::arm();
     // Requests run on a few blocking threads: keep them from holding an arena each.
     interceptor_sys::limit_malloc_arenas(2);
+    let repair = repair_options(&args)?;
     let (backend, cgroup) = match super::choose_backend(args.mode) {
         Mode::Iptables => (
             BackendChoice::Iptables(IptablesSettings {
@@ -55,8 +56,41 @@ pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
                 node_name: args.node_name.filter(|n| !n.is_empty()),
             }
         }),
+        repair,
     };
     agent::run(args.location.paths(), options).await
+}
+
+/// The repair's options: its interval, the plugin's settings from `--linkerd` (checked here,
+/// as the plugin checks them), and the kubelet's pod cgroup, found as `--kubepods-under` finds
+/// it (else `--cgroup`, else under the cgroup2 mount). `None` for `--repair-interval 0`.
+fn repair_options(args: &DaemonArgs) -> anyhow::Result<Option<agent::RepairOptions>> {
+    let invalid =
+        |reason: String| anyhow::anyhow!("--linkerd={:?} is not valid: {reason}", args.linkerd);
+    let linkerd = serde_json::from_str(&args.linkerd)
+        .map_err(|e| invalid(format!("not a JSON object: {e}")))?;
+    let settings = interceptor_cni::linkerd_settings(&linkerd).map_err(invalid)?;
+    if args.repair_interval == 0 {
+        return Ok(None);
+    }
+    let pods_cgroup = match (&args.kubepods_under, &args.cgroup) {
+        (Some(dir), _) => {
+            let dir = cgroup::cgroup2_at(dir)?;
+            cgroup::find_kubepods(&dir).attach_at(&dir)
+        }
+        (None, Some(cgroup)) => cgroup.clone(),
+        (None, None) => {
+            // Without a cgroup2 mount (the iptables backend needs none), pods are not found:
+            // each repair says where it looked.
+            let root = cgroup::cgroup2_root().unwrap_or_else(|_| "/sys/fs/cgroup".into());
+            cgroup::find_kubepods(&root).attach_at(&root)
+        }
+    };
+    Ok(Some(agent::RepairOptions {
+        interval: Duration::from_secs(args.repair_interval),
+        settings,
+        pods_cgroup,
+    }))
 }
 
 pub fn pod(args: PodArgs) -> anyhow::Result<()> {

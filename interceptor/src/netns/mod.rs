@@ -207,6 +207,41 @@ impl PodNetns {
     }
 }
 
+/// Where runtimes give pods' network namespaces a name that outlives their processes
+/// (containerd and CRI-O bind-mount them there, as `ip netns add` does); `/var/run` is a link to
+/// `/run` on most hosts, not on all.
+pub const NAMED_NETNS_DIRS: [&str; 2] = ["/run/netns", "/var/run/netns"];
+
+/// A namespace's identity as `stat` reports it on its nsfs file: the same through
+/// `/proc/PID/ns/net` and through a bind mount of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NsId {
+    dev: u64,
+    ino: u64,
+}
+
+impl NsId {
+    pub fn of(path: &Path) -> std::io::Result<Self> {
+        use std::os::unix::fs::MetadataExt as _;
+        let metadata = std::fs::metadata(path)?;
+        Ok(Self {
+            dev: metadata.dev(),
+            ino: metadata.ino(),
+        })
+    }
+}
+
+/// The entry of `dirs` that is the namespace `id`, if one is: the path a pod's records should
+/// keep, as it stays valid for as long as the namespace (`/proc/PID/ns/net` lasts only as long
+/// as that process).
+pub fn named_path(id: NsId, dirs: &[&Path]) -> Option<PathBuf> {
+    dirs.iter()
+        .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten())
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .find(|path| NsId::of(path).is_ok_and(|other| other == id))
+}
+
 /// Set in [`PodNetns::inode_key`]'s keys: a real netns cookie never has it.
 pub const INODE_KEY_BIT: u64 = 1 << 63;
 
@@ -250,5 +285,22 @@ mod tests {
         assert_eq!(key.0, INODE_KEY_BIT | inode);
         assert!(key.0 >= 1 << 63, "real cookies count up from 1");
         assert_eq!(netns.inode_key().unwrap(), key, "stable");
+    }
+
+    #[test]
+    fn a_namespace_is_found_by_its_identity_among_named_ones() {
+        let dir = std::env::temp_dir().join(format!("icpt-named-netns-{}", std::process::id()));
+        let other = dir.join("other");
+        std::fs::create_dir_all(&other).unwrap();
+        for (at, name) in [(&dir, "a"), (&other, "b"), (&other, "c")] {
+            std::fs::write(at.join(name), name).unwrap();
+        }
+        let dirs = [dir.as_path(), Path::new("/nonexistent"), other.as_path()];
+        let b = NsId::of(&other.join("b")).unwrap();
+        assert_eq!(named_path(b, &dirs), Some(other.join("b")));
+        let elsewhere = NsId::of(Path::new("/proc/self/ns/net")).unwrap();
+        assert_ne!(elsewhere, b);
+        assert_eq!(named_path(elsewhere, &dirs), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
