@@ -1,11 +1,15 @@
 //! A stand-in Kubernetes API server on 127.0.0.1, for the agent's pod lookups
-//! (`tests/kube_api.rs`) and the CNI installer's check of its DaemonSet (`tests/cni_install_kube.rs`).
+//! (`tests/kube_api.rs`), its repair of pods started without the CNI plugin
+//! (`tests/containerd.rs`) and the CNI installer's check of its DaemonSet
+//! (`tests/cni_install_kube.rs`).
 //!
 //! No `kube-apiserver` can be installed on these machines (Debian has none, and only crates.io,
 //! PyPI and npm are reachable), so this small HTTP server answers as the API server does, in
 //! its shapes: the object or a `NotFound` Status naming it for a GET of a namespaced object
 //! (`/api/v1/...` and `/apis/GROUP/VERSION/...`) or of a Namespace, a `PodList` for the list of
-//! pods, a chunked stream of watch events. It can end the watch streams (a client watches
+//! pods, a chunked stream of watch events (`ADDED`, `MODIFIED`). Its pods ([`pod`]) have the
+//! status the kubelet reports ([`reported`]: phase, init and app container statuses with the
+//! runtime's container IDs) and may be `hostNetwork`. It can end the watch streams (a client watches
 //! again), refuse every request (401 or 403, as when the caller's account or role is deleted) or
 //! those of some paths (403, as a role without a rule for them), close connections without an
 //! answer, or keep them open without one (the API is down).
@@ -24,6 +28,7 @@ use serde_json::{Value, json};
 
 pub enum WatchEvent {
     Added(Value),
+    Modified(Value),
     /// The server ends the stream, as an API server does when a watch times out.
     End,
 }
@@ -116,6 +121,36 @@ impl FakeApi {
         self.state().watches.retain(|w| w.send(event()).is_ok());
     }
 
+    /// Stores `object` (a new one, or a new version of one of the same kind, namespace and name)
+    /// and tells every open watch, as the API server does when the kubelet creates a pod or
+    /// reports its status.
+    pub fn put(&self, object: Value) {
+        let mut state = self.state();
+        let (kind, namespace, name) = (
+            object["kind"].as_str().unwrap_or_default(),
+            object["metadata"]["namespace"].as_str().unwrap_or_default(),
+            object["metadata"]["name"].as_str().unwrap_or_default(),
+        );
+        let modified = match state.object_mut(kind, namespace, name) {
+            Some(stored) => {
+                *stored = object.clone();
+                true
+            }
+            None => {
+                state.objects.push(object.clone());
+                false
+            }
+        };
+        state.watches.retain(|w| {
+            let event = if modified {
+                WatchEvent::Modified(object.clone())
+            } else {
+                WatchEvent::Added(object.clone())
+            };
+            w.send(event).is_ok()
+        });
+    }
+
     /// A kubeconfig in `dir` for this server, with a bearer token.
     pub fn kubeconfig(&self, dir: &Path) -> PathBuf {
         std::fs::create_dir_all(dir).unwrap();
@@ -183,6 +218,101 @@ pub fn namespace(name: &str, annotations: &[(&str, &str)]) -> Value {
         "spec": { "finalizers": ["kubernetes"] },
         "status": { "phase": "Active" },
     })
+}
+
+/// A pod of `node` as the API server returns it once created, before the kubelet reported
+/// anything of it: `Pending`, no container statuses. Its containers are `app` and
+/// `linkerd-proxy`; `init_containers` are its init containers (e.g. `linkerd-init`, or the
+/// `linkerd-network-validator` Linkerd's CNI mode injects).
+pub fn pod(
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    node: &str,
+    annotations: &[(&str, &str)],
+    init_containers: &[&str],
+) -> Value {
+    let annotations: serde_json::Map<String, Value> = annotations
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), Value::from(*v)))
+        .collect();
+    let init: Vec<Value> = init_containers
+        .iter()
+        .map(|name| json!({ "name": name, "image": "init:1" }))
+        .collect();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid,
+            "resourceVersion": "11",
+            "annotations": annotations,
+        },
+        "spec": {
+            "nodeName": node,
+            "initContainers": init,
+            "containers": [
+                { "name": "app", "image": "app:1" },
+                { "name": "linkerd-proxy", "image": "proxy:1" },
+            ],
+        },
+        "status": { "phase": "Pending", "qosClass": "BestEffort" },
+    })
+}
+
+/// `pod` with `hostNetwork: true`.
+pub fn host_network(mut pod: Value) -> Value {
+    pod["spec"]["hostNetwork"] = json!(true);
+    pod
+}
+
+/// `pod` as the kubelet reports it once its sandbox runs: in `phase`, with a status for each of
+/// its containers, those named in `started` with the container ID the runtime gave them, the
+/// others still waiting without one. A `Pending` pod whose only started container is its
+/// `linkerd-network-validator` is one whose validator is crash-looping (exit 95).
+pub fn reported(pod: &Value, phase: &str, started: &[&str]) -> Value {
+    let mut pod = pod.clone();
+    let uid = pod["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let status = |container: &Value| {
+        let name = container["name"].as_str().unwrap_or_default();
+        let id = format!("containerd://{uid}-{name}");
+        let mut status = json!({
+            "name": name,
+            "image": container["image"],
+            "imageID": "",
+            "ready": false,
+            "restartCount": 0,
+            "state": { "waiting": { "reason": "PodInitializing" } },
+        });
+        if started.contains(&name) {
+            status["containerID"] = json!(id);
+            status["state"] = if phase == "Running" {
+                json!({ "running": { "startedAt": "2025-01-01T00:00:00Z" } })
+            } else {
+                json!({ "waiting": { "reason": "CrashLoopBackOff" } })
+            };
+            status["restartCount"] = json!(2);
+        }
+        status
+    };
+    let statuses = |key: &str| -> Vec<Value> {
+        pod["spec"][key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(status)
+            .collect()
+    };
+    let (init, containers) = (statuses("initContainers"), statuses("containers"));
+    pod["status"]["phase"] = json!(phase);
+    pod["status"]["initContainerStatuses"] = json!(init);
+    pod["status"]["containerStatuses"] = json!(containers);
+    pod
 }
 
 /// The resource name of `kind` in a path (`Pod` → `pods`, `DaemonSet` → `daemonsets`).
@@ -379,18 +509,18 @@ fn stream_watch(mut stream: TcpStream, events: &Receiver<WatchEvent>) {
         return;
     }
     loop {
-        match events.recv_timeout(Duration::from_secs(300)) {
-            Ok(WatchEvent::Added(pod)) => {
-                let line = format!("{}\n", json!({ "type": "ADDED", "object": pod }));
-                if write!(stream, "{:x}\r\n{line}\r\n", line.len()).is_err() {
-                    return;
-                }
-            }
+        let (kind, pod) = match events.recv_timeout(Duration::from_secs(300)) {
+            Ok(WatchEvent::Added(pod)) => ("ADDED", pod),
+            Ok(WatchEvent::Modified(pod)) => ("MODIFIED", pod),
             Ok(WatchEvent::End)
             | Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
                 let _ = write!(stream, "0\r\n\r\n");
                 return;
             }
+        };
+        let line = format!("{}\n", json!({ "type": kind, "object": pod }));
+        if write!(stream, "{:x}\r\n{line}\r\n", line.len()).is_err() {
+            return;
         }
     }
 }

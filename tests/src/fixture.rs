@@ -173,8 +173,8 @@ fn netns_path(name: &str) -> PathBuf {
     Path::new("/run/netns").join(name)
 }
 
-/// A child cgroup of the cgroup2 root (never the root itself); its processes are killed and the
-/// directory removed on drop.
+/// A child cgroup of the cgroup2 root (never the root itself); its processes, and those of the
+/// cgroups below it, are killed and the directories removed on drop.
 pub struct Cgroup {
     pub path: PathBuf,
 }
@@ -195,23 +195,47 @@ impl Cgroup {
     }
 
     pub fn pids(&self) -> Vec<i32> {
-        std::fs::read_to_string(self.path.join("cgroup.procs"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.parse().ok())
-            .collect()
+        pids_in(&self.path)
     }
+}
+
+/// The processes in the cgroup `dir` (not below it).
+fn pids_in(dir: &Path) -> Vec<i32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.parse().ok())
+        .collect()
 }
 
 impl Drop for Cgroup {
     fn drop(&mut self) {
+        /// The cgroups below `dir`, deepest first (cgroup directories only go with rmdir, and
+        /// only once empty).
+        fn below(dir: &Path, out: &mut Vec<PathBuf>) {
+            for child in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                if child.file_type().is_ok_and(|t| t.is_dir()) {
+                    below(&child.path(), out);
+                    out.push(child.path());
+                }
+            }
+        }
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            for pid in self.pids() {
-                // SAFETY: only our own test processes are ever moved into this cgroup.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+            let mut dirs = Vec::new();
+            below(&self.path, &mut dirs);
+            dirs.push(self.path.clone());
+            for dir in &dirs {
+                for pid in pids_in(dir) {
+                    // SAFETY: only our own test processes (and the pods a test's runtime
+                    // started there) are ever in this cgroup.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
             }
-            if std::fs::remove_dir(&self.path).is_ok() || Instant::now() > deadline {
+            for dir in &dirs {
+                let _ = std::fs::remove_dir(dir);
+            }
+            if !self.path.exists() || Instant::now() > deadline {
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));

@@ -13,6 +13,11 @@
 //! out; the sandboxes' cgroups go under the test's cgroup, where the agent attaches; the sandbox
 //! image is built from Debian's busybox-static (no registry is reachable) and imported with
 //! `ctr`.
+//!
+//! The repair tests run the node as a kubelet with the cgroupfs driver lays it out: each sandbox
+//! under `kubepods/besteffort/pod<uid>` in the test's cgroup, the agent finding `kubepods` there
+//! (`--kubepods-under`) and the node's pods in the stand-in API server, with the status the
+//! kubelet would report; their sandboxes are created while our entry is not in the chain.
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
@@ -22,8 +27,9 @@ use std::{
 
 use interceptor_tests::{
     Netns, Probe,
-    agent_home::{Agent, AgentHome},
-    cni_network::{CniNetwork, REFERENCE_PLUGINS},
+    agent_home::{Agent, AgentHome, free_loopback_addr, http_get},
+    cni_network::{CniNetwork, PRIMARY, REFERENCE_PLUGINS},
+    fake_api::{self, FakeApi},
     fixture::{Cgroup, remove_v1_cgroup_dirs},
     privileged,
     probe::Listener,
@@ -31,8 +37,9 @@ use interceptor_tests::{
     unique_name,
 };
 use k8s_cri::v1::{
-    LinuxPodSandboxConfig, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest,
-    RemovePodSandboxRequest, RunPodSandboxRequest, StatusRequest, StopPodSandboxRequest,
+    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption,
+    PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest, RemovePodSandboxRequest,
+    RunPodSandboxRequest, StatusRequest, StopPodSandboxRequest,
     runtime_service_client::RuntimeServiceClient,
 };
 use serde_json::{Value, json};
@@ -47,10 +54,32 @@ const PAUSE_IMAGE: &str = "localhost/interceptor-test/pause:1";
 const GATEWAY: &str = "10.98.0.1";
 const POD_NAMESPACE: &str = "shop";
 const PROXY_VERSION: (&str, &str) = ("linkerd.io/proxy-version", "edge-24.11.8");
+/// The plugin's `linkerd` block, as the DaemonSet's ConfigMap gives it to the installer and to
+/// the agent (for its repairs).
+const LINKERD: &str = r#"{"inbound-ports-to-ignore": ["4190", "4191"]}"#;
+/// This node's name in the stand-in API server.
+const NODE_NAME: &str = "node-a";
+/// The init container Linkerd's CNI mode injects instead of `linkerd-init`.
+const VALIDATOR: &str = "linkerd-network-validator";
+
+/// Where the node's sandboxes' cgroups are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// Right under the node's cgroup, where the agent attaches (`--cgroup`).
+    Flat,
+    /// As the kubelet's cgroupfs driver makes them, `kubepods/besteffort/pod<uid>` under the
+    /// node's cgroup: the agent finds `kubepods` (`--kubepods-under`), and a pod's cgroup by
+    /// its UID.
+    Kubepods,
+}
 
 /// A node: the agent, containerd with its CRI plugin and CNI network, all the test's own.
 struct Node {
     dir: PathBuf,
+    layout: Layout,
+    /// The agent's arguments beyond its home's.
+    agent_args: Vec<String>,
+    agents_started: usize,
     // Stopped before its home is removed (fields drop in order); `None` while a test has it
     // down.
     agent: Option<Agent>,
@@ -72,15 +101,63 @@ struct Pod {
     netns: PathBuf,
     ip: String,
     uid: String,
+    /// Its sandbox's process.
+    pid: u32,
+    /// Where the test's processes of the pod run.
+    cgroup: PathBuf,
+}
+
+/// The UID of the node's pod `name`.
+fn pod_uid(name: &str) -> String {
+    format!("{}-{name}", std::process::id())
 }
 
 impl Node {
     fn new(tag: &str) -> Self {
+        Self::build(tag, Layout::Flat, |_| Vec::new())
+    }
+
+    /// A node whose agent reads its pods from `api` (as node [`NODE_NAME`]) and repairs those
+    /// started without the plugin every second, with `extra` arguments; its pods' cgroups laid
+    /// out as the kubelet's.
+    fn repairing(tag: &str, api: &FakeApi, extra: &[&str]) -> Self {
+        let node = Self::build(tag, Layout::Kubepods, |dir| {
+            let mut args: Vec<String> = vec![
+                "--kubeconfig".into(),
+                api.kubeconfig(dir).display().to_string(),
+                "--node-name".into(),
+                NODE_NAME.into(),
+                "--linkerd".into(),
+                LINKERD.into(),
+                "--repair-interval".into(),
+                "1".into(),
+            ];
+            args.extend(extra.iter().map(|a| (*a).to_owned()));
+            args
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while api.requests_with("watch=true") == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the agent never watched the pods"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        node
+    }
+
+    fn build(tag: &str, layout: Layout, agent_args: impl FnOnce(&Path) -> Vec<String>) -> Self {
         let cgroup = Cgroup::new(tag);
-        let home = AgentHome::new(&cgroup.path);
-        let agent = home.start();
         let dir = std::env::temp_dir().join(unique_name(&format!("{tag}-ctrd")));
         std::fs::create_dir_all(&dir).unwrap();
+        let mut agent_args = agent_args(&dir);
+        if layout == Layout::Kubepods {
+            std::fs::create_dir_all(cgroup.path.join("kubepods/besteffort")).unwrap();
+            agent_args.extend(["--kubepods-under".into(), cgroup.path.display().to_string()]);
+        }
+        let home = AgentHome::new(&cgroup.path);
+        let args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
+        let agent = home.start_logged(&dir.join("agent-0.log"), &args);
         let netns = Netns::new(&format!("{tag}-node"));
         let cni = CniNetwork::with_primary(
             &format!("{tag}-cni"),
@@ -119,10 +196,7 @@ impl Node {
             .arg(home.socket())
             .arg("--log-file")
             .arg(dir.join("cni.log"))
-            .args([
-                "--linkerd",
-                r#"{"inbound-ports-to-ignore": ["4190", "4191"]}"#,
-            ])
+            .args(["--linkerd", LINKERD])
             .output()
             .unwrap();
         assert!(
@@ -161,6 +235,9 @@ impl Node {
             .expect("the test cgroup under the cgroup2 root");
         let mut node = Self {
             dir,
+            layout,
+            agent_args,
+            agents_started: 1,
             home,
             agent: Some(agent),
             netns,
@@ -173,8 +250,41 @@ impl Node {
             cgroup,
         };
         node.import_pause_image(&socket);
-        node.wait_for_chained_network();
+        node.wait_for_network(true);
         node
+    }
+
+    /// Starts the node's agent again (the previous one killed first, if it still runs), with
+    /// `failpoints` armed; its log is `agent-<n>.log` in the node's directory.
+    fn restart_agent(&mut self, failpoints: &str) {
+        if let Some(agent) = self.agent.take() {
+            agent.kill();
+        }
+        let log = std::fs::File::create(self.agent_log(self.agents_started)).unwrap();
+        self.agents_started += 1;
+        let args: Vec<&str> = self.agent_args.iter().map(String::as_str).collect();
+        let agent = self.home.spawn_armed(&args, log, failpoints);
+        self.agent = Some(self.home.wait_ready(agent));
+    }
+
+    /// The log of the `n`th agent started.
+    fn agent_log(&self, n: usize) -> PathBuf {
+        self.dir.join(format!("agent-{n}.log"))
+    }
+
+    /// Takes our entry out of the primary network, as a primary CNI that writes its
+    /// configuration again does, and waits until containerd loaded the network without it.
+    fn unchain(&mut self) {
+        let path = self.cni.conf_dir.join(PRIMARY);
+        let mut list: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        list["plugins"]
+            .as_array_mut()
+            .expect("plugins")
+            .retain(|p| p["type"] != "interceptor-cni");
+        let staged = path.with_extension("tmp");
+        std::fs::write(&staged, list.to_string()).unwrap();
+        std::fs::rename(&staged, &path).unwrap();
+        self.wait_for_network(false);
     }
 
     /// Builds the sandbox image (busybox's sleep as its entrypoint) as a docker archive and
@@ -225,9 +335,9 @@ impl Node {
         );
     }
 
-    /// containerd reloads its CNI configuration when the installer rewrites it: waits until
-    /// the CRI plugin's network is the chained one.
-    fn wait_for_chained_network(&mut self) {
+    /// containerd reloads its CNI configuration when it is written: waits until the CRI
+    /// plugin's network has our entry (`chained`), or has not.
+    fn wait_for_network(&mut self, chained: bool) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let status = self
@@ -240,12 +350,12 @@ impl Node {
                 .get("cniconfig")
                 .cloned()
                 .unwrap_or_default();
-            if cni.contains("interceptor-cni") {
+            if cni.contains("interceptor-cni") == chained {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "containerd never loaded the chained network: {cni}"
+                "containerd never loaded the network (chained: {chained}): {cni}"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -254,7 +364,29 @@ impl Node {
     /// `RunPodSandbox` of pod `name` in namespace `shop` with `annotations`, as the kubelet
     /// sends it; then where its network namespace is and its address.
     fn run_pod(&mut self, name: &str, annotations: &[(&str, &str)]) -> Result<Pod, tonic::Status> {
-        let uid = format!("{}-{name}", std::process::id());
+        self.run_pod_with(name, annotations, false)
+    }
+
+    /// [`Self::run_pod`], in the node's network namespace with `host_network`, as the kubelet
+    /// runs a `hostNetwork` pod (no CNI).
+    fn run_pod_with(
+        &mut self,
+        name: &str,
+        annotations: &[(&str, &str)],
+        host_network: bool,
+    ) -> Result<Pod, tonic::Status> {
+        let uid = pod_uid(name);
+        let cgroup_parent = match self.layout {
+            Layout::Flat => self.cgroup_parent.clone(),
+            Layout::Kubepods => format!("{}/kubepods/besteffort/pod{uid}", self.cgroup_parent),
+        };
+        let security_context = host_network.then(|| LinuxSandboxSecurityContext {
+            namespace_options: Some(NamespaceOption {
+                network: NamespaceMode::Node as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
         let log_directory = self.dir.join("pods").join(name);
         std::fs::create_dir_all(&log_directory).unwrap();
         let config = PodSandboxConfig {
@@ -264,14 +396,20 @@ impl Node {
                 namespace: POD_NAMESPACE.to_owned(),
                 attempt: 0,
             }),
-            hostname: name.to_owned(),
+            // As the kubelet: a hostNetwork pod shares the node's UTS namespace and name.
+            hostname: if host_network {
+                String::new()
+            } else {
+                name.to_owned()
+            },
             log_directory: log_directory.display().to_string(),
             annotations: annotations
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect::<HashMap<_, _>>(),
             linux: Some(LinuxPodSandboxConfig {
-                cgroup_parent: self.cgroup_parent.clone(),
+                cgroup_parent,
+                security_context,
                 ..Default::default()
             }),
             ..Default::default()
@@ -300,15 +438,43 @@ impl Node {
             .expect("the pod's address");
         let info: Value = serde_json::from_str(status.info.get("info").expect("verbose info"))
             .expect("verbose info is JSON");
-        let netns = info["runtimeSpec"]["linux"]["namespaces"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|ns| ns["type"] == "network")
-            .and_then(|ns| ns["path"].as_str())
-            .map(PathBuf::from)
-            .unwrap_or_else(|| panic!("no network namespace in {info}"));
-        Ok(Pod { id, netns, ip, uid })
+        let netns = if host_network {
+            self.netns.path()
+        } else {
+            info["runtimeSpec"]["linux"]["namespaces"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|ns| ns["type"] == "network")
+                .and_then(|ns| ns["path"].as_str())
+                .map(PathBuf::from)
+                .unwrap_or_else(|| panic!("no network namespace in {info}"))
+        };
+        let pid = info["pid"]
+            .as_u64()
+            .and_then(|pid| u32::try_from(pid).ok())
+            .unwrap_or_else(|| panic!("no sandbox pid in {info}"));
+        let cgroup = match self.layout {
+            Layout::Flat => self.cgroup.path.clone(),
+            // Beside the sandbox's, as a container's: not in the pod's cgroup itself, which
+            // may not hold processes once it has children with controllers.
+            Layout::Kubepods => {
+                let cgroup = self
+                    .cgroup
+                    .path
+                    .join(format!("kubepods/besteffort/pod{uid}/test-processes"));
+                std::fs::create_dir_all(&cgroup).unwrap();
+                cgroup
+            }
+        };
+        Ok(Pod {
+            id,
+            netns,
+            ip,
+            uid,
+            pid,
+            cgroup,
+        })
     }
 
     /// `StopPodSandbox` then `RemovePodSandbox`, as the kubelet deletes a pod.
@@ -326,12 +492,24 @@ impl Node {
         self.sandboxes.retain(|s| s != id);
     }
 
-    /// A process of `pod` as `uid`, in the node's cgroup as the pod's containers are.
+    /// A process of `pod` as `uid`, in its cgroup as the pod's containers are.
     fn in_pod(&self, pod: &Pod, uid: u32) -> Probe {
-        Probe::new()
-            .netns(&pod.netns)
-            .cgroup(&self.cgroup.path)
-            .uid(uid)
+        Probe::new().netns(&pod.netns).cgroup(&pod.cgroup).uid(uid)
+    }
+
+    /// `interceptor validate` in `pod` as its `linkerd-network-validator` runs (its namespace
+    /// and cgroup, an app UID): its exit code and line.
+    fn validate(&self, pod: &Pod) -> (Option<i32>, String) {
+        let script = format!(
+            "echo $$ > {}/cgroup.procs && exec nsenter --net={} setpriv --reuid {APP_UID} --regid {APP_UID} --clear-groups {INTERCEPTOR} validate --timeout-ms 2000",
+            pod.cgroup.display(),
+            pod.netns.display()
+        );
+        let out = Command::new("sh").args(["-c", &script]).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        )
     }
 
     /// A stand-in proxy (outbound 4140, inbound 4143) and the app's servers on 8080 and 9090.
@@ -374,15 +552,9 @@ impl Node {
     /// CNI STATUS of our entry in the chained network, run as a runtime runs it: the binary
     /// the installer put in the bin directory, the entry with the network's name and version.
     fn plugin_status(&self) -> (bool, String) {
-        let list: Value = serde_json::from_slice(
-            &std::fs::read(
-                self.cni
-                    .conf_dir
-                    .join(interceptor_tests::cni_network::PRIMARY),
-            )
-            .unwrap(),
-        )
-        .unwrap();
+        let list: Value =
+            serde_json::from_slice(&std::fs::read(self.cni.conf_dir.join(PRIMARY)).unwrap())
+                .unwrap();
         let mut conf = list["plugins"]
             .as_array()
             .unwrap()
@@ -823,4 +995,290 @@ fn containerd_with_the_agent_down_starts_other_pods_at_once_and_injected_ones_on
         node.in_pod(&plain, APP_UID).connect(&to_node).server_name(),
         "node-server"
     );
+}
+
+/// The stand-in API server of the node's cluster: namespace `shop`, and `pods`.
+fn cluster_api(pods: Vec<Value>) -> FakeApi {
+    let mut objects = pods;
+    objects.push(fake_api::namespace(POD_NAMESPACE, &[]));
+    FakeApi::start(objects)
+}
+
+/// Pod `name` of the node as the API server has it once created, before the kubelet reported
+/// anything: `annotations`, `init_containers`.
+fn api_pod(name: &str, annotations: &[(&str, &str)], init_containers: &[&str]) -> Value {
+    fake_api::pod(
+        POD_NAMESPACE,
+        name,
+        &pod_uid(name),
+        NODE_NAME,
+        annotations,
+        init_containers,
+    )
+}
+
+/// Waits (up to 20 s) until the agent has registered exactly `names`, and returns the
+/// registrations.
+fn wait_registered(node: &Node, names: &[&str]) -> Vec<(String, Value)> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let registered = node.registered();
+        if registered
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .eq(names.iter().copied())
+        {
+            return registered;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never registered exactly {names:?}: {registered:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The value of the metric `series` (its name and labels, as exposed) at `addr`, if exposed.
+fn metric(addr: &str, series: &str) -> Option<f64> {
+    let (_, body) = http_get(addr, "/metrics");
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// A pod Linkerd injected whose sandbox was created while our entry was not in the chain runs
+/// unmeshed: its `linkerd-network-validator` exits 95. Once the kubelet reports the validator's
+/// container (crash-looping), the agent registers the pod in place, as the plugin would have:
+/// the validator passes at its next run, and its app's connections land on its proxy with
+/// their original destination. A pod Linkerd did not inject, one with `linkerd-init` and a
+/// `hostNetwork` one are left alone.
+#[test]
+fn containerd_repair_meshes_an_injected_pod_that_started_unchained_and_leaves_the_others_alone() {
+    if !privileged(
+        "containerd_repair_meshes_an_injected_pod_that_started_unchained_and_leaves_the_others_alone",
+    ) {
+        return;
+    }
+    let api = cluster_api(Vec::new());
+    let metrics = free_loopback_addr();
+    let mut node = Node::repairing("ctrdrepair", &api, &["--metrics-addr", &metrics]);
+    let _node_server = node
+        .on_node()
+        .listen(&["server", "0.0.0.0:1404", "--name", "node-server"]);
+    node.unchain();
+
+    // As the kubelet starts each pod: in the API first, then its sandbox.
+    let injected = [PROXY_VERSION];
+    let cases = [
+        ("web", api_pod("web", &injected, &[VALIDATOR]), false),
+        ("plain", api_pod("plain", &[("app", "plain")], &[]), false),
+        (
+            "old-style",
+            api_pod("old-style", &injected, &["linkerd-init"]),
+            false,
+        ),
+        (
+            "on-host",
+            fake_api::host_network(api_pod("on-host", &injected, &[])),
+            true,
+        ),
+    ];
+    let mut pods = HashMap::new();
+    for (name, object, host_network) in &cases {
+        api.put(object.clone());
+        let annotations: Vec<(&str, &str)> = object["metadata"]["annotations"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str().unwrap()))
+            .collect();
+        let pod = node
+            .run_pod_with(name, &annotations, *host_network)
+            .unwrap_or_else(|e| panic!("RunPodSandbox of {name}: {e}"));
+        pods.insert(*name, pod);
+    }
+    let web = &pods["web"];
+    assert!(node.registered().is_empty(), "{:#?}", node.registered());
+    let (code, line) = node.validate(web);
+    assert_eq!(code, Some(95), "the validator before the repair: {line}");
+
+    // The kubelet reports what runs: the validator's container, crash-looping, for the
+    // injected pod; every container for the others.
+    api.put(fake_api::reported(&cases[0].1, "Pending", &[VALIDATOR]));
+    for (_, object, _) in &cases[1..] {
+        let mut started = vec!["app", "linkerd-proxy"];
+        if object["spec"]["initContainers"][0]["name"] == "linkerd-init" {
+            started.push("linkerd-init");
+        }
+        api.put(fake_api::reported(object, "Running", &started));
+    }
+    let registered = wait_registered(&node, &["web"]);
+    let record = &registered[0].1;
+    assert_eq!(record["meta"]["namespace"], POD_NAMESPACE);
+    assert_eq!(record["meta"]["uid"], web.uid.as_str());
+    assert_eq!(
+        record["meta"]["container_id"],
+        Value::Null,
+        "the sandbox's ID is not guessed"
+    );
+    // containerd keeps this node's namespaces under its state directory, not in /run/netns:
+    // the pod is registered by its sandbox's process, which lives as long as it.
+    assert_eq!(
+        record["netns"],
+        format!("/proc/{}/ns/net", web.pid),
+        "{record:#}"
+    );
+    assert_eq!(
+        record["args"],
+        json!([
+            "--incoming-proxy-port",
+            "4143",
+            "--outgoing-proxy-port",
+            "4140",
+            "--proxy-uid",
+            "2102",
+            "--inbound-ports-to-ignore",
+            "4190,4191",
+            "--ipv6=false"
+        ]),
+        "the linkerd block's configuration, as the plugin's ADD gives it"
+    );
+
+    // The validator's next run passes; the app's connections land on the proxy both ways.
+    let (code, line) = node.validate(web);
+    assert_eq!(code, Some(0), "the validator after the repair: {line}");
+    let _web = node.serve(web, "web-app");
+    let to_node = format!("{GATEWAY}:1404");
+    assert_eq!(
+        node.in_pod(web, APP_UID)
+            .connect(&to_node)
+            .proxy_orig()
+            .to_string(),
+        to_node
+    );
+    let to_web = format!("{}:8080", web.ip);
+    assert_eq!(
+        node.on_node().connect(&to_web).proxy_orig().to_string(),
+        to_web
+    );
+    // The pod Linkerd did not inject: untouched.
+    let plain = &pods["plain"];
+    let _plain = node.serve(plain, "plain-app");
+    assert_eq!(
+        node.in_pod(plain, APP_UID).connect(&to_node).server_name(),
+        "node-server"
+    );
+
+    // Later passes change nothing, and nothing failed.
+    std::thread::sleep(Duration::from_millis(2500));
+    wait_registered(&node, &["web"]);
+    assert_eq!(
+        metric(&metrics, "interceptor_pods_repaired_total"),
+        Some(1.0)
+    );
+    let (_, body) = http_get(&metrics, "/metrics");
+    assert!(
+        !body.contains("interceptor_pods_repair_failed_total{"),
+        "{body}"
+    );
+    let log = std::fs::read_to_string(node.agent_log(0)).unwrap();
+    let repaired: Vec<&str> = log.lines().filter(|l| l.contains("pod repaired")).collect();
+    assert_eq!(repaired.len(), 1, "{log}");
+    for expected in [web.uid.as_str(), "web", POD_NAMESPACE, "/ns/net"] {
+        assert!(
+            repaired[0].contains(expected),
+            "{expected}: {}",
+            repaired[0]
+        );
+    }
+    assert_eq!(
+        log.matches("pods started without the CNI plugin are repaired")
+            .count(),
+        1,
+        "{log}"
+    );
+}
+
+/// The agent killed in the middle of a repair (between the maps and the pod's record), and a
+/// pod started unchained while no agent runs: the next agent takes back the pods repaired
+/// before, removes what the cut-short registration left, and repairs the two that are left,
+/// each registered once.
+#[test]
+fn containerd_an_agent_restarted_midway_repairs_what_is_left_and_registers_nothing_twice() {
+    if !privileged(
+        "containerd_an_agent_restarted_midway_repairs_what_is_left_and_registers_nothing_twice",
+    ) {
+        return;
+    }
+    let api = cluster_api(Vec::new());
+    let metrics = free_loopback_addr();
+    let mut node = Node::repairing("ctrdrestart", &api, &["--metrics-addr", &metrics]);
+    let _node_server = node
+        .on_node()
+        .listen(&["server", "0.0.0.0:1404", "--name", "node-server"]);
+    // Two registrations go through, the third is cut short before its record.
+    node.restart_agent("agent-before-record=2*off->return");
+    node.unchain();
+
+    let start = |node: &mut Node, name: &str| {
+        let object = api_pod(name, &[PROXY_VERSION], &[VALIDATOR]);
+        api.put(object.clone());
+        let pod = node
+            .run_pod(name, &[PROXY_VERSION])
+            .unwrap_or_else(|e| panic!("RunPodSandbox of {name}: {e}"));
+        api.put(fake_api::reported(&object, "Pending", &[VALIDATOR]));
+        pod
+    };
+    let _a = start(&mut node, "a");
+    wait_registered(&node, &["a"]);
+    let _b = start(&mut node, "b");
+    wait_registered(&node, &["a", "b"]);
+    let c = start(&mut node, "c");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let agent = node.agent.as_mut().expect("the armed agent");
+    while agent.child.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the agent never crashed registering c"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = std::fs::read_to_string(node.agent_log(1)).unwrap();
+    assert!(log.contains("crash point agent-before-record"), "{log}");
+    let d = start(&mut node, "d");
+
+    node.restart_agent("");
+    let registered = wait_registered(&node, &["a", "b", "c", "d"]);
+    let uids: std::collections::BTreeSet<&str> = registered
+        .iter()
+        .map(|(_, r)| r["meta"]["uid"].as_str().unwrap())
+        .collect();
+    assert_eq!(uids.len(), 4, "{registered:#?}");
+    assert_eq!(node.home.records(), 4);
+    assert_eq!(node.home.problems(), Vec::<String>::new());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&metrics, "interceptor_pods_repaired_total") != Some(2.0) {
+        assert!(
+            Instant::now() < deadline,
+            "the second agent repaired c and d only: {:?}",
+            metric(&metrics, "interceptor_pods_repaired_total")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = std::fs::read_to_string(node.agent_log(2)).unwrap();
+    assert!(
+        log.contains("removing what the maps and pins hold for a pod without a record"),
+        "the cut-short registration of c is undone: {log}"
+    );
+    assert_eq!(log.matches("pod repaired").count(), 2, "{log}");
+    let to_node = format!("{GATEWAY}:1404");
+    for pod in [&c, &d] {
+        let _served = node.serve(pod, "app");
+        assert_eq!(
+            node.in_pod(pod, APP_UID)
+                .connect(&to_node)
+                .proxy_orig()
+                .to_string(),
+            to_node
+        );
+    }
 }
