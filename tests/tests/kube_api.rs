@@ -9,15 +9,17 @@
 //! (the API is down).
 use std::{
     collections::BTreeMap,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
 use interceptor_tests::{
-    Landing, Netns, PodFixture,
+    Landing, Netns, PodFixture, Probe,
     agent_home::{Agent, AgentHome, free_loopback_addr, http_get},
     cni_network::CniNetwork,
     fake_api::{self, FakeApi, Mode, WatchEvent},
     privileged,
+    probe::Listener,
     scenario::{APP_UID, PROXY_UID},
 };
 use serde_json::{Value, json};
@@ -542,4 +544,179 @@ fn a_forbidden_namespace_leaves_pods_their_own_annotations_and_an_unanswered_one
         .add("web", &fixture.pod.path(), &json!(null))
         .expect("ADD once the API answers");
     assert_eq!(outbound_ignored(&home, "web"), "1404");
+}
+
+/// A process of a pod (a stand-in proxy) in `netns`, in a container's cgroup of the pod with
+/// `uid`, as the kubelet's systemd driver lays them out under `node_cgroup`; the pod's cgroup.
+fn systemd_pod_process(node_cgroup: &Path, uid: &str, netns: &Path) -> (PathBuf, Listener) {
+    let pod = node_cgroup.join(format!(
+        "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
+        uid.replace('-', "_")
+    ));
+    let container = pod.join("cri-containerd-0a1b2c.scope");
+    std::fs::create_dir_all(&container).unwrap();
+    let proxy = Probe::new()
+        .netns(netns)
+        .cgroup(&container)
+        .uid(PROXY_UID)
+        .listen(&["proxy", "127.0.0.1:4140", "--name", "outbound"]);
+    (container, proxy)
+}
+
+/// The value of the metric `series` (its name and labels, as exposed) at `addr`, if exposed.
+fn metric(addr: &str, series: &str) -> Option<f64> {
+    let (_, body) = http_get(addr, "/metrics");
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// The repair finds a pod's namespace from its UID, whatever names the runtime gives it: here
+/// the kubelet's systemd layout and a namespace bind-mounted in /run/netns, which the record
+/// keeps (it outlives the pod's processes). The pod gets the configuration the plugin would
+/// give it, its namespace's annotations included. A pod the API reports as started that the
+/// node does not have yet (no cgroup) is reported once after its retries, and repaired once it
+/// is there.
+#[test]
+fn repair_finds_a_pods_namespace_by_its_uid_and_reports_one_it_cannot_find_yet() {
+    if !privileged("repair_finds_a_pods_namespace_by_its_uid_and_reports_one_it_cannot_find_yet") {
+        return;
+    }
+    let uid = |name: &str| format!("{}-{name}", std::process::id());
+    let started = |name: &str| {
+        fake_api::reported(
+            &fake_api::pod("shop", name, &uid(name), NODE, &[INJECTED], &[]),
+            "Running",
+            &["app", "linkerd-proxy"],
+        )
+    };
+    let api = api_with_namespace(
+        &[(SKIP_OUTBOUND, "1405")],
+        vec![started("named"), started("late")],
+    );
+    let fixture = PodFixture::new("repairuid");
+    let (container, _proxy) =
+        systemd_pod_process(&fixture.cgroup.path, &uid("named"), &fixture.pod.path());
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let kubeconfig = api.kubeconfig(&home.state_dir);
+    let metrics = free_loopback_addr();
+    let log = home.log_path();
+    let _agent = home.start_logged(
+        &log,
+        &[
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+            "--node-name",
+            NODE,
+            "--kubepods-under",
+            &fixture.cgroup.path.display().to_string(),
+            "--repair-interval",
+            "1",
+            "--metrics-addr",
+            &metrics,
+        ],
+    );
+
+    eventually("the pod is repaired", || registered(&home) == ["named"]);
+    let record = home.pods().remove(0);
+    assert_eq!(record["netns"], fixture.pod.path().display().to_string());
+    assert_eq!(record["meta"]["uid"], uid("named"));
+    assert_eq!(record["config"]["outbound_ports_to_ignore"], "1405");
+    let app = Probe::new()
+        .netns(&fixture.pod.path())
+        .cgroup(&container)
+        .uid(APP_UID);
+    assert_eq!(
+        app.connect("192.0.2.2:1404").proxy_orig().to_string(),
+        "192.0.2.2:1404"
+    );
+    assert_eq!(
+        app.connect("192.0.2.2:1405"),
+        Landing::Failed("connect:ECONNREFUSED".into()),
+        "the namespace's skipped port"
+    );
+
+    // The other pod has no cgroup on this node yet: reported once, after its retries.
+    let failed = r#"interceptor_pods_repair_failed_total{reason="no_cgroup"}"#;
+    eventually("the pod that cannot be repaired is reported", || {
+        metric(&metrics, failed) == Some(1.0)
+    });
+    let warnings = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("cannot be repaired") && l.contains(&uid("late")))
+            .count()
+    };
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(warnings(&text), 1, "{text}");
+    assert!(text.contains("no cgroup of the pod under"), "{text}");
+
+    // Its sandbox appears: repaired at the next pass, reported no more.
+    let late = Netns::new("repairuid-late");
+    let (_, _late_proxy) = systemd_pod_process(&fixture.cgroup.path, &uid("late"), &late.path());
+    eventually("the late pod is repaired", || {
+        registered(&home) == ["late", "named"]
+    });
+    assert_eq!(
+        metric(&metrics, "interceptor_pods_repaired_total"),
+        Some(2.0)
+    );
+    assert_eq!(metric(&metrics, failed), Some(1.0));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(warnings(&text), 1, "{text}");
+}
+
+/// Without the Kubernetes API, or without a watch of the node's pods, or with
+/// `--repair-interval 0`, there is no repair, and the agent says so once at start; a `--linkerd`
+/// block the plugin would refuse stops the agent before it starts.
+#[test]
+fn without_the_api_repair_is_off_and_the_agent_says_so_once() {
+    if !privileged("without_the_api_repair_is_off_and_the_agent_says_so_once") {
+        return;
+    }
+    let api = api_with(Vec::new());
+    let fixture = PodFixture::new("repairoff");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let kubeconfig = api.kubeconfig(&home.state_dir).display().to_string();
+    for (args, why) in [
+        (
+            &[][..],
+            "pod repair is off (the agent does not read the Kubernetes API: no --kubernetes)",
+        ),
+        (
+            &["--kubeconfig", &kubeconfig][..],
+            "pod repair is off (no node name (--node-name, NODE_NAME)",
+        ),
+        (
+            &[
+                "--kubeconfig",
+                &kubeconfig,
+                "--node-name",
+                NODE,
+                "--repair-interval",
+                "0",
+            ][..],
+            "pod repair is off (--repair-interval is 0)",
+        ),
+    ] {
+        let log = home.log_path();
+        home.start_logged(&log, args).stop();
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(text.matches("pod repair is off").count(), 1, "{text}");
+        assert!(text.contains(why), "{why}: {text}");
+        assert!(!text.contains("repaired in place"), "{text}");
+    }
+
+    let out = std::process::Command::new(&home.binary)
+        .arg("daemon")
+        .args(home.location())
+        .args(["--cgroup", &fixture.cgroup.path.display().to_string()])
+        .args(["--linkerd", r#"{"proxy-uid": "x"}"#])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let error = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        error.contains(r#"--linkerd="{\"proxy-uid\": \"x\"}" is not valid"#)
+            && error.contains("proxy-uid"),
+        "{error}"
+    );
 }

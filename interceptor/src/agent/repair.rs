@@ -295,7 +295,7 @@ impl Repair {
                         uid = %pod.uid,
                         reason = failure.label(),
                         attempts = failing.attempts,
-                        "pod started without the CNI plugin and cannot be repaired: {failure}; it runs without interception, and is tried again every {} s (deleting it restarts it through the plugin)",
+                        "pod started without the CNI plugin and cannot be repaired: {failure}; it runs without interception, and is tried again every {} s (deleted, it starts again through the plugin once the plugin is chained)",
                         self.options.interval.as_secs()
                     );
                 }
