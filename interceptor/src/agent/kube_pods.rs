@@ -9,8 +9,8 @@
 //! Service).
 //!
 //! A watch of the pods on this node (`spec.nodeName`) keeps their names, UIDs, annotations and
-//! that label, and whether it has a `linkerd-init` init container (nothing else: a node runs
-//! hundreds of pods), so an ADD seldom waits on the API: the kubelet
+//! that label, whether it has a `linkerd-init` init container, and the two facts of the
+//! repair below (nothing else: a node runs hundreds of pods), so an ADD seldom waits on the API: the kubelet
 //! creates the pod in the API before it asks the runtime for its sandbox, so the watch has
 //! usually seen it. A pod not yet seen, or seen with another UID (a pod of the same name
 //! deleted and created again), is read with a GET. When the API cannot answer in time, the
