@@ -9,10 +9,10 @@
 //! Service).
 //!
 //! A watch of the pods on this node (`spec.nodeName`) keeps their names, UIDs, annotations and
-//! that label, whether it has a `linkerd-init` init container, and the two facts of the
-//! repair below (nothing else: a node runs hundreds of pods), so an ADD seldom waits on the API: the kubelet
-//! creates the pod in the API before it asks the runtime for its sandbox, so the watch has
-//! usually seen it. A pod not yet seen, or seen with another UID (a pod of the same name
+//! that label, whether it has a `linkerd-init` init container, and the two facts of the repair
+//! below (nothing else: a node runs hundreds of pods), so an ADD seldom waits on the API: the
+//! kubelet creates the pod in the API before it asks the runtime for its sandbox, so the watch
+//! has usually seen it. A pod not yet seen, or seen with another UID (a pod of the same name
 //! deleted and created again), is read with a GET. When the API cannot answer in time, the
 //! lookup fails and the plugin answers CNI error 11 (try again later): a pod that may need
 //! meshing never starts unmeshed.
@@ -114,7 +114,7 @@ impl Facts {
 type Key = (String, String);
 
 /// A pod of this node, as the repair names it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug)]
 pub struct PodRef {
     pub namespace: String,
     pub name: String,
