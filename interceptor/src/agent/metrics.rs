@@ -154,6 +154,11 @@ fn render(agent: &Agent) -> String {
         "Pods the CNI plugin let through without meshing them, by reason",
         agent.pods_skipped.0.clone(),
     );
+    registry.register(
+        "cni_chain_restored",
+        "Times the CNI installer chained the plugin again into the node's primary network configuration, which the primary CNI had rewritten without it (as the installer reported them)",
+        agent.cni_chain_restored.clone(),
+    );
     if let Some(kube) = &agent.kube {
         registry.register(
             "kubernetes_pod_lookups",

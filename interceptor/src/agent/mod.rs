@@ -125,6 +125,8 @@ struct Agent {
     registration_seconds: prometheus_client::metrics::histogram::Histogram,
     /// Pods the CNI plugin let through unmeshed, by reason.
     pods_skipped: metrics::PodsSkipped,
+    /// Times the CNI installer chained the plugin again after the primary CNI dropped it.
+    cni_chain_restored: prometheus_client::metrics::counter::Counter,
     /// This node's pods in the Kubernetes API, when the agent was given access.
     kube: Option<Arc<kube_pods::KubePods>>,
     netns_watch: watch::NetnsWatch,
@@ -186,6 +188,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         pods: BTreeMap::new(),
         registration_seconds: metrics::registration_histogram(),
         pods_skipped: metrics::PodsSkipped::default(),
+        cni_chain_restored: Default::default(),
         kube: None,
         netns_watch,
         cgroup: cgroup.to_owned(),
