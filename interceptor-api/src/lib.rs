@@ -56,6 +56,12 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         uid: Option<String>,
     },
+    /// The watching CNI installer had to chain the plugin again into `conf`, the node's primary
+    /// network configuration, which the primary CNI had rewritten without it: the agent logs it
+    /// and counts it. Best effort: the installer does not wait long for the answer, nor retry.
+    ChainRestored {
+        conf: PathBuf,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -474,6 +480,13 @@ mod tests {
             })
             .unwrap(),
             r#"{"result":"error","kind":"pod_table_full","message":"full"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Request::ChainRestored {
+                conf: "/etc/cni/net.d/05-cilium.conflist".into()
+            })
+            .unwrap(),
+            r#"{"op":"chain_restored","conf":"/etc/cni/net.d/05-cilium.conflist"}"#
         );
         assert!(serde_json::from_str::<Request>(r#"{"op":"explode"}"#).is_err());
     }

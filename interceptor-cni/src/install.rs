@@ -2,16 +2,19 @@
 //! into the node's primary network configuration (the first `*.conflist` or `*.conf` of the
 //! conf directory, as runtimes pick it). A lone `.conf` becomes a `.conflist`. Every write is
 //! atomic (a temp file renamed over), and the entry is never added twice. Watching the
-//! directory re-applies it when the primary CNI rewrites its file (Cilium and Calico do).
-//! Uninstalling removes exactly what installing added.
+//! directory re-applies it when the primary CNI rewrites its file (Cilium and Calico do), and
+//! [`Restores`] tells a primary that keeps doing so. Uninstalling removes exactly what installing
+//! added.
 //!
 //! Nothing is written unless every plugin of the primary configuration has its binary in the
 //! bin directory: a bin directory that is not the runtime's (GKE's and k3s's are not
 //! `/opt/cni/bin`) would otherwise get our binary, and our entry would be chained where the
 //! runtime cannot find it, failing every pod's ADD on the node, not only meshed ones.
 use std::{
+    collections::VecDeque,
     fs, io,
     path::{Path, PathBuf},
+    time::{Duration, Instant},
 };
 
 use serde_json::{Value, json};
@@ -90,8 +93,14 @@ pub struct Installer {
 pub enum Applied {
     /// The primary configuration already chains our entry as it should.
     Unchanged(PathBuf),
-    /// Written (the path of the configuration list).
-    Written(PathBuf),
+    /// Our entry was not in the primary configuration and is now chained: `conf` is the
+    /// configuration list written, `primary_plugins` the plugin types it had (ours aside).
+    Chained {
+        conf: PathBuf,
+        primary_plugins: Vec<String>,
+    },
+    /// Our entry was there with other settings, and is replaced (the path written).
+    Updated(PathBuf),
 }
 
 impl Installer {
@@ -107,13 +116,8 @@ impl Installer {
     /// Refuses a primary configuration with a plugin whose binary is not a file of the bin
     /// directory (ours aside: it is ours to put there).
     fn require_plugins(&self, primary: &Path, conf: &Value) -> Result<(), InstallError> {
-        let types: Vec<&str> = match conf.get("plugins").and_then(Value::as_array) {
-            Some(plugins) => plugins.iter().filter_map(|p| p["type"].as_str()).collect(),
-            // A lone `.conf` is one plugin.
-            None => conf["type"].as_str().into_iter().collect(),
-        };
         let mut missing: Vec<String> = Vec::new();
-        for kind in types {
+        for kind in plugin_types(conf) {
             // Joined as the runtime (Go's filepath.Join) joins it: never an absolute path.
             let binary = self.bin_dir.join(kind.trim_start_matches('/'));
             if kind != PLUGIN_TYPE && !binary.is_file() && !missing.iter().any(|m| m == kind) {
@@ -153,15 +157,29 @@ impl Installer {
         } else {
             primary.clone()
         };
+        let primary_plugins: Vec<String> = plugin_types(&list)
+            .into_iter()
+            .filter(|kind| *kind != PLUGIN_TYPE)
+            .map(str::to_owned)
+            .collect();
         let plugins = plugins_mut(&mut list, &primary)?;
         let ours = plugins.iter().position(|p| p["type"] == PLUGIN_TYPE);
-        match ours {
+        let applied = match ours {
             Some(i) if plugins[i] == self.entry && target == primary => {
                 return Ok(Applied::Unchanged(primary));
             }
-            Some(i) => plugins[i] = self.entry.clone(),
-            None => plugins.push(self.entry.clone()),
-        }
+            Some(i) => {
+                plugins[i] = self.entry.clone();
+                Applied::Updated(target.clone())
+            }
+            None => {
+                plugins.push(self.entry.clone());
+                Applied::Chained {
+                    conf: target.clone(),
+                    primary_plugins,
+                }
+            }
+        };
         if converted {
             let state = json!({ "converted_from": primary.file_name().map(|n| n.to_string_lossy().into_owned()) });
             write_atomically(
@@ -174,7 +192,7 @@ impl Installer {
         if target != primary {
             fs::remove_file(&primary).map_err(io_error("removing", &primary))?;
         }
-        Ok(Applied::Written(target))
+        Ok(applied)
     }
 
     /// Removes our entry (and restores a `.conf` we converted) and our binary.
@@ -227,6 +245,74 @@ pub fn primary(conf_dir: &Path) -> Result<PathBuf, InstallError> {
         .into_iter()
         .next()
         .ok_or_else(|| InstallError::NoPrimary(conf_dir.to_owned()))
+}
+
+/// The plugin types a configuration chains, in order (a lone `.conf` is one plugin).
+fn plugin_types(conf: &Value) -> Vec<&str> {
+    match conf.get("plugins").and_then(Value::as_array) {
+        Some(plugins) => plugins.iter().filter_map(|p| p["type"].as_str()).collect(),
+        None => conf["type"].as_str().into_iter().collect(),
+    }
+}
+
+/// The plugin type of Cilium's configuration.
+const CILIUM: &str = "cilium-cni";
+
+/// The times our entry had to be chained again, to tell a primary CNI that keeps rewriting its
+/// configuration (Cilium with its default `cni.exclusive=true`, an installer in a crash loop)
+/// from a one-off rewrite (its installer starting). Between each rewrite and its restore, pods
+/// start without our plugin.
+#[derive(Debug, Default)]
+pub struct Restores {
+    /// The latest restores, at most [`Self::PERSISTENT`].
+    recent: VecDeque<Instant>,
+    /// Whether the current episode was reported.
+    reported: bool,
+}
+
+impl Restores {
+    /// How many restores within [`Self::WINDOW`] make an episode.
+    pub const PERSISTENT: usize = 3;
+    pub const WINDOW: Duration = Duration::from_secs(600);
+
+    /// Records a restore at `now`. True once per episode: for the restore that makes
+    /// [`Self::PERSISTENT`] within [`Self::WINDOW`]. The episode ends when no restore was needed
+    /// for a [`Self::WINDOW`].
+    pub fn record(&mut self, now: Instant) -> bool {
+        if self
+            .recent
+            .back()
+            .is_some_and(|last| now.duration_since(*last) >= Self::WINDOW)
+        {
+            self.reported = false;
+        }
+        if self.recent.len() == Self::PERSISTENT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(now);
+        let persistent = self.recent.len() == Self::PERSISTENT
+            && self
+                .recent
+                .front()
+                .is_some_and(|first| now.duration_since(*first) < Self::WINDOW);
+        persistent && !std::mem::replace(&mut self.reported, true)
+    }
+}
+
+/// The likely cause of a primary CNI rewriting its configuration again and again, and the fix,
+/// from its plugin types ([`Applied::Chained`]).
+pub fn rewrite_cause(primary_plugins: &[String]) -> String {
+    if primary_plugins.iter().any(|kind| kind == CILIUM) {
+        return "Cilium rewrites its CNI configuration (cni.exclusive=true): install Cilium with \
+                --set cni.exclusive=false"
+            .to_owned();
+    }
+    format!(
+        "the installer of the primary CNI (plugins: {}) keeps rewriting its configuration without \
+         the interceptor plugin, and pods created before each restore start without it: find \
+         what rewrites the file (the primary CNI's pods restarting, an operator reconciling it)",
+        primary_plugins.join(", ")
+    )
 }
 
 /// A lone plugin configuration as a list of one.

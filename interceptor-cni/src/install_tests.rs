@@ -122,9 +122,18 @@ fn chains_after_calico_and_flannel_lists_once_and_uninstalls_exactly() {
         )
         .unwrap();
         let installer = dirs.installer();
+        let primary_plugins = original["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["type"].as_str().unwrap().to_owned())
+            .collect();
         assert_eq!(
             installer.install().unwrap(),
-            Applied::Written(dirs.conf(name))
+            Applied::Chained {
+                conf: dirs.conf(name),
+                primary_plugins
+            }
         );
         assert_eq!(
             installer.install().unwrap(),
@@ -171,7 +180,10 @@ fn a_lone_conf_becomes_a_conflist_and_comes_back_on_uninstall() {
     let installer = dirs.installer();
     assert_eq!(
         installer.install().unwrap(),
-        Applied::Written(dirs.conf("05-cilium.conflist"))
+        Applied::Chained {
+            conf: dirs.conf("05-cilium.conflist"),
+            primary_plugins: vec!["cilium-cni".into()]
+        }
     );
     assert_eq!(
         dirs.files(),
@@ -197,11 +209,17 @@ fn a_rewrite_by_the_primary_cni_is_chained_again_and_our_entry_is_updated_in_pla
     installer.install().unwrap();
     // Calico rewrites its file, dropping our entry.
     fs::write(&path, serde_json::to_vec(&calico()).unwrap()).unwrap();
-    assert_eq!(installer.apply().unwrap(), Applied::Written(path.clone()));
+    assert_eq!(
+        installer.apply().unwrap(),
+        Applied::Chained {
+            conf: path.clone(),
+            primary_plugins: vec!["calico".into(), "bandwidth".into(), "portmap".into()]
+        }
+    );
     assert_eq!(read(&path)["plugins"].as_array().unwrap().len(), 4);
     // A new configuration of ours replaces the entry, never adds a second.
     installer.entry = json!({ "type": PLUGIN_TYPE, "linkerd": { "proxy-uid": 3000 } });
-    assert_eq!(installer.apply().unwrap(), Applied::Written(path.clone()));
+    assert_eq!(installer.apply().unwrap(), Applied::Updated(path.clone()));
     let plugins = read(&path)["plugins"].as_array().unwrap().clone();
     assert_eq!(
         plugins.iter().filter(|p| p["type"] == PLUGIN_TYPE).count(),
@@ -259,7 +277,7 @@ fn a_primary_whose_plugins_are_not_in_the_bin_dir_is_refused_and_nothing_is_writ
     assert!(!dirs.root.join("bin/interceptor-cni").exists());
     assert_eq!(read(&path), calico());
     dirs.binaries(&["portmap"]);
-    assert_eq!(installer.install().unwrap(), Applied::Written(path.clone()));
+    assert!(matches!(installer.install().unwrap(), Applied::Chained { conf, .. } if conf == path));
     assert!(dirs.root.join("bin/interceptor-cni").is_file());
 }
 
@@ -276,4 +294,46 @@ fn a_lone_conf_whose_plugin_is_not_in_the_bin_dir_is_refused_and_nothing_is_writ
     assert!(err.to_string().contains("cilium-cni"), "{err}");
     assert_eq!(dirs.snapshot(), before);
     assert_eq!(dirs.files(), ["05-cilium.conf"], "no state file either");
+}
+
+/// Three restores within ten minutes start an episode, reported once however long it lasts; it
+/// ends when no restore was needed for ten minutes, and the next one is reported again.
+#[test]
+fn restores_are_reported_once_per_episode_of_three_within_ten_minutes() {
+    let start = Instant::now();
+    let at = |minutes: u64| start + Duration::from_secs(minutes * 60);
+    let mut restores = Restores::default();
+    assert!(!restores.record(at(0)));
+    assert!(!restores.record(at(1)));
+    assert!(restores.record(at(2)), "the third within ten minutes");
+    assert!(!restores.record(at(3)), "once per episode");
+    // Slower now, but never ten quiet minutes: the same episode.
+    for minutes in [9, 16, 23, 24, 25] {
+        assert!(!restores.record(at(minutes)), "at {minutes} min");
+    }
+    // Then a quiet half hour: the episode is over, and a new one is reported on its third.
+    assert!(!restores.record(at(55)));
+    assert!(!restores.record(at(56)));
+    assert!(restores.record(at(57)));
+    // Three spread over more than ten minutes are no episode.
+    let mut spread = Restores::default();
+    for minutes in [0, 6, 12, 18, 24] {
+        assert!(!spread.record(at(minutes)), "at {minutes} min");
+    }
+}
+
+#[test]
+fn the_cause_of_rewrites_names_ciliums_setting_or_the_primarys_plugins() {
+    let cilium = rewrite_cause(&["cilium-cni".into()]);
+    assert!(
+        cilium.contains("cni.exclusive=true")
+            && cilium.contains("install Cilium with --set cni.exclusive=false"),
+        "{cilium}"
+    );
+    let calico = rewrite_cause(&["calico".into(), "portmap".into()]);
+    assert!(
+        calico.contains("(plugins: calico, portmap) keeps rewriting"),
+        "{calico}"
+    );
+    assert!(!calico.contains("Cilium"), "{calico}");
 }

@@ -91,6 +91,8 @@ pub struct CniArgs {
 }
 
 #[derive(Debug, Subcommand)]
+// Parsed once per run: boxing `Install` would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum CniCommand {
     /// Copy the plugin into the bin directory and chain it into the primary network
     /// configuration (converting a lone .conf to a .conflist), atomically and never twice.
@@ -104,7 +106,8 @@ pub enum CniCommand {
         /// Linkerd's `disableIPv6` is false).
         #[arg(long, default_value = "{}")]
         linkerd: String,
-        /// The agent's API socket, as the plugin reaches it.
+        /// The agent's API socket, as the plugin reaches it. The watching installer reports there
+        /// each time it chains the plugin again (`interceptor_cni_chain_restored_total`).
         #[arg(long, default_value = "/run/interceptor/agent.sock")]
         agent_socket: PathBuf,
         /// Where the plugin logs.
@@ -114,12 +117,20 @@ pub enum CniCommand {
         /// when the runtime names a Kubernetes pod, else all].
         #[arg(long, value_parser = ["injected", "all"])]
         pods: Option<String>,
-        /// Keep running, and chain the plugin again whenever the primary CNI rewrites its file;
-        /// what cannot be chained yet (no primary network, its plugins not in the bin
-        /// directory) is tried again as the directories change. On SIGTERM or SIGINT, remove
-        /// the plugin (but see --daemonset).
+        /// Keep running, and chain the plugin again whenever the primary CNI rewrites its file
+        /// (on inotify and every --check-ms), with a warning each time and an error naming the
+        /// likely cause when it keeps happening; what cannot be chained yet (no primary network,
+        /// its plugins not in the bin directory) is tried again as the directories change. On
+        /// SIGTERM or SIGINT, remove the plugin (but see --daemonset).
         #[arg(long)]
         watch: bool,
+        /// With --watch, how often the primary network configuration is checked for the plugin
+        /// (and the plugin chained again if it is not), in milliseconds, beside inotify, which
+        /// misses a configuration directory replaced. Each check reads the directory and one
+        /// small file.
+        #[arg(long, default_value_t = 5000, requires = "watch",
+              value_parser = clap::value_parser!(u64).range(100..))]
+        check_ms: u64,
         /// The DaemonSet this installer runs in, as NAMESPACE/NAME. On SIGTERM or SIGINT the
         /// plugin is then removed only if the Kubernetes API says the DaemonSet is gone or being
         /// deleted; while it remains (this pod replaced), or when the API cannot tell, the

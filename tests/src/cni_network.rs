@@ -4,7 +4,8 @@
 //! with the network's name and version and the previous plugin's result, in order for ADD and
 //! in reverse for DEL. Our plugin comes from the bin directory (what the installer put there),
 //! the reference plugins from Debian's `/usr/lib/cni`, copied into the bin directory too, as a
-//! node has its primary network's plugins there (the installer refuses to chain otherwise).
+//! node has its primary network's plugins there (the installer refuses to chain otherwise), or
+//! stand-ins for a primary Debian has no plugins for (Cilium's), through which no pod is added.
 //! Everything is removed on drop.
 use std::{
     io::Write as _,
@@ -32,6 +33,9 @@ pub struct CniNetwork {
     pub root: PathBuf,
     pub conf_dir: PathBuf,
     pub bin_dir: PathBuf,
+    /// The primary network's configuration file: [`PRIMARY`] in the conf directory, unless
+    /// [`Self::with_stand_ins`] names another.
+    pub primary_path: PathBuf,
 }
 
 impl CniNetwork {
@@ -42,26 +46,49 @@ impl CniNetwork {
     /// A network whose primary configuration is `primary` (e.g. a bridge), in [`PRIMARY`], with
     /// its plugins' binaries in the bin directory.
     pub fn with_primary(tag: &str, primary: &Value) -> Self {
+        Self::create(tag, PRIMARY, primary, |kind, target| {
+            std::fs::copy(Path::new(REFERENCE_PLUGINS).join(kind), target).map(drop)
+        })
+    }
+
+    /// A network whose primary configuration is `primary`, in `file_name`, with stand-ins for
+    /// its plugins' binaries (scripts that fail): for a primary such as Cilium's, which the
+    /// installer chains into but no pod is added through ([`Self::add`] would fail).
+    pub fn with_stand_ins(tag: &str, file_name: &str, primary: &Value) -> Self {
+        Self::create(tag, file_name, primary, |_, target| {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::write(target, "#!/bin/false\n")?;
+            std::fs::set_permissions(target, std::fs::Permissions::from_mode(0o755))
+        })
+    }
+
+    fn create(
+        tag: &str,
+        file_name: &str,
+        primary: &Value,
+        plugin: impl Fn(&str, &Path) -> std::io::Result<()>,
+    ) -> Self {
         let root = std::env::temp_dir().join(unique_name(tag));
         let (conf_dir, bin_dir) = (root.join("net.d"), root.join("bin"));
         for dir in [&conf_dir, &bin_dir] {
             std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         }
-        for plugin in primary["plugins"].as_array().into_iter().flatten() {
-            let kind = plugin["type"].as_str().expect("a plugin type");
+        for plugin_conf in primary["plugins"].as_array().into_iter().flatten() {
+            let kind = plugin_conf["type"].as_str().expect("a plugin type");
             // Ours is the installer's (or the test's) to put there.
             if kind == "interceptor-cni" {
                 continue;
             }
-            std::fs::copy(Path::new(REFERENCE_PLUGINS).join(kind), bin_dir.join(kind))
-                .unwrap_or_else(|e| panic!("copy the primary's plugin {kind}: {e}"));
+            plugin(kind, &bin_dir.join(kind))
+                .unwrap_or_else(|e| panic!("the primary's plugin {kind}: {e}"));
         }
-        std::fs::write(conf_dir.join(PRIMARY), primary.to_string())
-            .expect("writing the primary network");
+        let primary_path = conf_dir.join(file_name);
+        std::fs::write(&primary_path, primary.to_string()).expect("writing the primary network");
         Self {
             root,
             conf_dir,
             bin_dir,
+            primary_path,
         }
     }
 
@@ -88,14 +115,14 @@ impl CniNetwork {
 
     /// The primary network's configuration as it is now.
     pub fn conflist(&self) -> Value {
-        let path = self.conf_dir.join(PRIMARY);
-        serde_json::from_slice(&std::fs::read(&path).expect("the primary network"))
+        let path = &self.primary_path;
+        serde_json::from_slice(&std::fs::read(path).expect("the primary network"))
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }
 
     /// How many times our plugin is in the chain (0 before the installer, 1 after).
     pub fn chained(&self) -> usize {
-        std::fs::read(self.conf_dir.join(PRIMARY))
+        std::fs::read(&self.primary_path)
             .ok()
             .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
             .and_then(|c| c["plugins"].as_array().cloned())

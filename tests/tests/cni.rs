@@ -577,7 +577,11 @@ fn the_installer_keeps_the_plugin_chained_when_the_primary_cni_rewrites_its_file
         .args([
             "--linkerd",
             r#"{"proxy-uid": 2102, "outbound-ports-to-ignore": ["443"]}"#,
-        ]);
+        ])
+        // No agent there: the restores' counts are logged as not delivered, never sent to the
+        // node's agent.
+        .arg("--agent-socket")
+        .arg(root.join("agent.sock"));
     dirs(&mut install);
     let mut watching = install.stderr(Stdio::null()).spawn().unwrap();
     let chained = || -> usize {
@@ -780,6 +784,8 @@ fn the_watching_installer_chains_once_the_primarys_plugins_appear() {
         .args(["cni", "install", "--watch", "--plugin", PLUGIN])
         .args(["--conf-dir", &conf_dir.display().to_string()])
         .args(["--bin-dir", &bin_dir.display().to_string()])
+        .arg("--agent-socket")
+        .arg(root.join("agent.sock"))
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();

@@ -45,6 +45,9 @@ impl Installer {
             .arg(&network.conf_dir)
             .arg("--bin-dir")
             .arg(&network.bin_dir)
+            // No agent there: nothing is ever sent to the node's.
+            .arg("--agent-socket")
+            .arg(network.root.join("agent.sock"))
             .args(extra)
             .stderr(Stdio::piped())
             .spawn()

@@ -182,6 +182,11 @@ fn render(agent: &Agent) -> String {
             repairs.failed.clone(),
         );
     }
+    registry.register(
+        "cni_chain_restored",
+        "Times the CNI installer chained the plugin again into the node's primary network configuration, which the primary CNI had rewritten without it (as the installer reported them)",
+        agent.cni_chain_restored.clone(),
+    );
     if let Some(kube) = &agent.kube {
         registry.register(
             "kubernetes_pod_lookups",

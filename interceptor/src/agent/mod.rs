@@ -127,6 +127,8 @@ struct Agent {
     registration_seconds: prometheus_client::metrics::histogram::Histogram,
     /// Pods the CNI plugin let through unmeshed, by reason.
     pods_skipped: metrics::PodsSkipped,
+    /// Times the CNI installer chained the plugin again after the primary CNI dropped it.
+    cni_chain_restored: prometheus_client::metrics::counter::Counter,
     /// This node's pods in the Kubernetes API, when the agent was given access.
     kube: Option<Arc<kube_pods::KubePods>>,
     /// What the repair of pods started without the CNI plugin did, when it is on.
@@ -192,6 +194,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         pods: BTreeMap::new(),
         registration_seconds: metrics::registration_histogram(),
         pods_skipped: metrics::PodsSkipped::default(),
+        cni_chain_restored: Default::default(),
         kube: None,
         repairs: None,
         netns_watch,

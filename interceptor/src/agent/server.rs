@@ -123,6 +123,11 @@ fn handle(agent: &Mutex<Agent>, request: Request) -> Response {
             lock(agent).pods_skipped.count(&reason);
             Ok(Vec::new())
         }
+        Request::ChainRestored { conf } => {
+            info!(conf = %conf.display(), "the CNI installer chained the plugin again: the primary CNI had rewritten its configuration without it");
+            lock(agent).cni_chain_restored.inc();
+            Ok(Vec::new())
+        }
         Request::PodAnnotations { .. } => {
             unreachable!("answered in serve, without the agent's lock")
         }
