@@ -1282,3 +1282,134 @@ fn containerd_an_agent_restarted_midway_repairs_what_is_left_and_registers_nothi
         );
     }
 }
+
+/// A primary CNI that writes its configuration again without our entry, three times, while the
+/// kubelet starts injected pods right after each rewrite (Cilium with `cni.exclusive=true`
+/// does this on every change): the watching installer puts the entry back each time and
+/// reports it, and every injected pod ends up meshed exactly once, whether its ADD ran through
+/// our plugin or its sandbox was created in between and the agent repaired it.
+#[test]
+fn containerd_a_primary_rewriting_its_conflist_while_pods_start_ends_with_every_injected_pod_meshed()
+ {
+    if !privileged(
+        "containerd_a_primary_rewriting_its_conflist_while_pods_start_ends_with_every_injected_pod_meshed",
+    ) {
+        return;
+    }
+    let api = cluster_api(Vec::new());
+    let metrics = free_loopback_addr();
+    let mut node = Node::repairing("ctrdrewrite", &api, &["--metrics-addr", &metrics]);
+    let installer_log = node.dir.join("installer.log");
+    let mut installer = Command::new(INTERCEPTOR)
+        .args(["cni", "install", "--watch", "--check-ms", "200"])
+        .args(["--plugin", PLUGIN, "--conf-dir"])
+        .arg(&node.cni.conf_dir)
+        .arg("--bin-dir")
+        .arg(&node.cni.bin_dir)
+        .arg("--agent-socket")
+        .arg(node.home.socket())
+        .arg("--log-file")
+        .arg(node.dir.join("cni.log"))
+        .args(["--linkerd", LINKERD])
+        .stderr(std::fs::File::create(&installer_log).unwrap())
+        .spawn()
+        .unwrap();
+    let installer_says = || std::fs::read_to_string(&installer_log).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !installer_says().contains("watching the CNI configuration") {
+        assert!(Instant::now() < deadline, "{}", installer_says());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let primary = node.cni.conf_dir.join(PRIMARY);
+    let chained = || {
+        let list: Value = serde_json::from_slice(&std::fs::read(&primary).unwrap()).unwrap();
+        list["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["type"] == "interceptor-cni")
+    };
+
+    let injected = [PROXY_VERSION];
+    let mut names = Vec::new();
+    let mut objects = Vec::new();
+    let installer_pid = nix::unistd::Pid::from_raw(installer.id() as i32);
+    for round in 0..3 {
+        // Written again without our entry, by rename-over as Cilium writes it. In the first two
+        // rounds the installer is held (SIGSTOP) until containerd has loaded the network
+        // without it, so the pods started then miss our plugin; in the last it runs, and the
+        // pods get it or not as the race goes.
+        let held = round < 2;
+        if held {
+            nix::sys::signal::kill(installer_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+            node.unchain();
+        } else {
+            let mut list: Value =
+                serde_json::from_slice(&std::fs::read(&primary).unwrap()).unwrap();
+            list["plugins"]
+                .as_array_mut()
+                .unwrap()
+                .retain(|p| p["type"] != "interceptor-cni");
+            let staged = primary.with_extension("rewrite");
+            std::fs::write(&staged, list.to_string()).unwrap();
+            std::fs::rename(&staged, &primary).unwrap();
+        }
+        // The kubelet starts pods at once: each gets our plugin or not, as the race goes.
+        for n in 0..2 {
+            let name = format!("web-{round}-{n}");
+            let object = api_pod(&name, &injected, &[VALIDATOR]);
+            api.put(object.clone());
+            node.run_pod_with(&name, &[PROXY_VERSION], false)
+                .unwrap_or_else(|e| panic!("RunPodSandbox of {name}: {e}"));
+            names.push(name);
+            objects.push(object);
+        }
+        if held {
+            nix::sys::signal::kill(installer_pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !chained() {
+            assert!(Instant::now() < deadline, "{}", installer_says());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    // The kubelet reports the pods' containers; each is meshed once, by its ADD or repaired.
+    for object in &objects {
+        api.put(fake_api::reported(
+            object,
+            "Running",
+            &["app", "linkerd-proxy"],
+        ));
+    }
+    let expected: Vec<&str> = names.iter().map(String::as_str).collect();
+    wait_registered(&node, &expected);
+    let added = std::fs::read_to_string(node.dir.join("cni.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("ADD: ") && l.ends_with(" registered"))
+        .count();
+    eprintln!("{added} of {} pods registered by their ADD", names.len());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&metrics, "interceptor_cni_chain_restored_total") != Some(3.0) {
+        assert!(
+            Instant::now() < deadline,
+            "restores counted: {:?}; {}",
+            metric(&metrics, "interceptor_cni_chain_restored_total"),
+            installer_says()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        added <= 2,
+        "the pods started while the installer was held had no ADD of ours"
+    );
+    assert_eq!(
+        metric(&metrics, "interceptor_pods_repaired_total"),
+        Some((names.len() - added) as f64),
+        "{added} of {} pods registered by their ADD, the others repaired",
+        names.len()
+    );
+    wait_registered(&node, &expected);
+    let _ = installer.kill();
+    let _ = installer.wait();
+}

@@ -260,6 +260,9 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
         panic!("the agent container runs {args:?}, not `daemon`");
     };
     assert!(daemon.kubernetes, "--kubernetes");
+    // Repair registers a pod with what its ADD would have given: the plugin's linkerd block.
+    assert_eq!(daemon.linkerd, config["linkerd"], "--linkerd");
+    assert!(daemon.repair_interval > 0, "repair is on");
     assert_eq!(
         daemon.mode,
         interceptor::cli::Mode::Auto,
@@ -377,6 +380,21 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
         })
     );
     assert_eq!(kubeconfig, None, "the pod's service account");
+    // Restores of the chain reach the agent: its socket where --agent-socket names it.
+    let socket = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--agent-socket="))
+        .expect("--agent-socket");
+    let state = installer["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "state")
+        .expect("the state directory in the installer");
+    assert_eq!(
+        Path::new(socket).parent().unwrap(),
+        Path::new(state["mountPath"].as_str().unwrap())
+    );
     let security = &installer["securityContext"];
     assert_eq!(security["readOnlyRootFilesystem"], true);
     assert_eq!(security["allowPrivilegeEscalation"], false);
