@@ -210,9 +210,10 @@ impl AgentHome {
         Agent { child }
     }
 
-    /// Waits until the agent's API answers.
+    /// Waits until the agent's API answers: a restarted iptables agent first checks every pod's
+    /// chains, which takes a while in the kernel matrix's emulated guests.
     pub fn wait_ready(&self, mut agent: Agent) -> Agent {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(60);
         while !self.cli(&["pod", "list"]).status.success() {
             assert!(
                 agent.child.try_wait().unwrap().is_none(),

@@ -132,7 +132,10 @@ fn one_app_uses_both_families_at_once_through_one_proxy_on_dual_stack_sockets() 
     assert_eq!(counters.get(Decision::OrigDstServed), 800);
     assert_eq!(counters.get(Decision::IgnoredPort), 2);
     assert_eq!(counters.get(Decision::PodAddress), 2);
-    assert_eq!(counters.get(Decision::Steered), 200);
+    // Once per connection, and again for a SYN retransmitted before the proxy accepted (a
+    // busy emulated guest in the kernel matrix).
+    let steered = counters.get(Decision::Steered);
+    assert!((200..=400).contains(&steered), "steered {steered}");
     assert_eq!(counters.get(Decision::InboundIgnoredPort), 2);
     let from_pod = counters.get(Decision::InboundFromPod);
     // At least one lookup per connection; segments after a reset add at most a few each.
