@@ -187,3 +187,79 @@ fn a_pods_plan_follows_linkerd_cnis_rules() {
     let error = pod_plan(settings(), Pods::Injected, &bad).unwrap_err();
     assert!(error.to_string().contains("smtp"), "{error}");
 }
+
+/// The configuration crate's table of proxy-init's flags.
+#[path = "../../interceptor-config/src/flag_cases.rs"]
+mod flag_cases;
+
+/// Each setting's value in proxy-init's flags as `InterceptionConfig::to_args` writes them.
+fn flag_values(args: &[String]) -> BTreeMap<String, String> {
+    let mut values = BTreeMap::new();
+    let mut args = args.iter();
+    while let Some(flag) = args.next() {
+        let flag = flag.trim_start_matches('-');
+        let (name, value) = match flag.split_once('=') {
+            Some((name, value)) => (name, value.to_owned()),
+            None => (flag, args.next().cloned().unwrap_or_default()),
+        };
+        values.insert(name.to_owned(), value);
+    }
+    values
+}
+
+/// The table's cases written as `--name=value` only are the `linkerd` block's keys and values,
+/// and `CNI_ARGS`' `linkerd.<key>=<value>`: each such setting takes the value the flags give it
+/// (the others keep the plugin's defaults), or the error is the one the flags get.
+#[test]
+fn the_linkerd_block_reads_values_as_proxy_init_flags_are_read() {
+    let mut checked = 0;
+    for (flags, expected) in flag_cases::FLAG_CASES {
+        let Some(settings) = flags
+            .iter()
+            .map(|flag| flag.strip_prefix("--")?.split_once('='))
+            .collect::<Option<Vec<_>>>()
+        else {
+            continue;
+        };
+        let block: BTreeMap<&str, &str> = settings.iter().copied().collect();
+        let cni_args = settings
+            .iter()
+            .map(|(name, value)| format!("linkerd.{name}={value}"))
+            .collect::<Vec<_>>()
+            .join(";");
+        let in_block = conf(&format!(
+            r#"{{"cniVersion":"1.0.0","name":"n","type":"t","linkerd":{}}}"#,
+            serde_json::to_string(&block).unwrap()
+        ));
+        let plain = conf(r#"{"cniVersion":"1.0.0","name":"n","type":"t"}"#);
+        for (how, got) in [
+            ("block", pod_settings(&in_block, &BTreeMap::new())),
+            (
+                "CNI_ARGS",
+                pod_settings(&plain, &parse_cni_args(&cni_args).unwrap()),
+            ),
+        ] {
+            match (got, expected) {
+                (Ok(got), Ok(expected)) => {
+                    let expected: Vec<String> = expected.split(' ').map(str::to_owned).collect();
+                    let (got, expected) =
+                        (flag_values(&got.config.to_args()), flag_values(&expected));
+                    for (name, _) in &settings {
+                        assert_eq!(
+                            got.get(*name),
+                            expected.get(*name),
+                            "{how} {flags:?}: {name}"
+                        );
+                    }
+                }
+                (Err(e), Err(needle)) => assert!(e.contains(needle), "{how} {flags:?}: {e}"),
+                (got, expected) => panic!("{how} {flags:?}: {got:?}, expected {expected:?}"),
+            }
+        }
+        checked += 1;
+    }
+    assert!(
+        checked >= 20,
+        "only {checked} cases are in the linkerd block's form"
+    );
+}

@@ -4,11 +4,12 @@
 //! [`linkerd`].
 //!
 //! Every way a configuration arrives goes through this crate, so a bad value gets the same
-//! message everywhere: `interceptor run`'s flags (clap's value parsers call the `FromStr`s
-//! here), `pod add`, the agent's API and records (JSON, see [`InterceptionConfig`]'s serde
-//! form), the CNI plugin's `linkerd` block ([`InterceptionConfig::set`], keyed by proxy-init's
-//! flag names) and records written by older agents as proxy-init's flags
-//! ([`InterceptionConfig::from_proxy_init_args`]). No clap, no aya: the CNI plugin builds with it
+//! message everywhere: proxy-init's flags, as `interceptor run` and `pod add` take them and
+//! records written by older agents hold them ([`InterceptionConfig::from_proxy_init_args`], the
+//! one parser of these flags, which the command line only collects), the agent's API and records
+//! (JSON, see [`InterceptionConfig`]'s serde form) and the CNI plugin's `linkerd` block
+//! ([`InterceptionConfig::set`], keyed by proxy-init's flag names). One table of flag cases
+//! (`flag_cases.rs`) is run through each of them. No clap, no aya: the CNI plugin builds with it
 //! alone.
 #![forbid(unsafe_code)]
 
@@ -47,7 +48,10 @@ pub enum ConfigError {
     },
     #[error("unknown setting {setting:?} (known: {})", SETTINGS.join(", "))]
     Unknown { setting: String },
-    #[error("{setting} is required")]
+    /// Worded as the command line words an unexpected argument.
+    #[error("unexpected argument '{flag}' (proxy-init's flags: {})", flag_names())]
+    UnknownFlag { flag: String },
+    #[error("--{setting} is required")]
     Missing { setting: &'static str },
 }
 
@@ -152,8 +156,13 @@ impl InterceptionConfig {
     }
 
     /// Reads proxy-init's flags (`-p 4143 -o 4140 -u 2102 --inbound-ports-to-ignore 4190,4191
-    /// --ipv6=false`), as the pod records of agents before configuration was JSON hold them.
-    /// List flags may be repeated; the two proxy ports are required.
+    /// --ipv6=false`): `interceptor run`'s and `pod add`'s, and the pod records of agents before
+    /// configuration was JSON. The one parser of these flags; where it could differ from
+    /// proxy-init's (Go's pflag), it reads them as proxy-init does: a value follows its flag
+    /// (`-p 4143`), after `=` (`--incoming-proxy-port=4143`, `-p=4143`) or, for a short flag,
+    /// attached (`-p4143`); a flag given twice takes its last value, a list flag's values add up;
+    /// `--ipv6` alone is true. Unlike proxy-init, `--ipv6 false` (a separate true or false) is
+    /// `--ipv6=false` rather than true and a stray argument. The two proxy ports are required.
     pub fn from_proxy_init_args(args: &[String]) -> Result<Self, ConfigError> {
         let mut config = Self::linkerd();
         config.proxy_uid = None;
@@ -162,16 +171,12 @@ impl InterceptionConfig {
         let mut seen = Vec::new();
         let mut args = args.iter().map(String::as_str).peekable();
         while let Some(arg) = args.next() {
-            let (flag, inline) = match arg.split_once('=') {
-                Some((flag, value)) => (flag, Some(value)),
-                None => (arg, None),
-            };
-            let setting = long_name(flag).ok_or_else(|| ConfigError::Unknown {
-                setting: arg.to_owned(),
+            let (setting, inline) = split_flag(arg).ok_or_else(|| ConfigError::UnknownFlag {
+                flag: arg.to_owned(),
             })?;
             let value = match (inline, setting) {
                 (Some(value), _) => value,
-                // `--ipv6` alone means true; a following true or false is its value.
+                // `--ipv6` alone means true; a following boolean is its value.
                 (None, "ipv6") => match args.peek() {
                     Some(next) if parse_bool(next).is_ok() => args.next().unwrap_or("true"),
                     _ => "true",
@@ -179,7 +184,7 @@ impl InterceptionConfig {
                 (None, _) => args.next().ok_or(ConfigError::Invalid {
                     setting: format!("--{setting}"),
                     value: String::new(),
-                    reason: "the flag has no value".into(),
+                    reason: "a value is required".into(),
                 })?,
             };
             if is_list(setting) {
@@ -371,12 +376,14 @@ pub fn parse_id(s: &str) -> Result<u32, String> {
         .map_err(|_| format!("{s:?} is not a numeric id (-1 for none, or 0-4294967295)"))
 }
 
-/// `true` or `false`.
+/// A boolean as Go's `strconv.ParseBool` (and so proxy-init's `--ipv6`) takes it.
 pub fn parse_bool(s: &str) -> Result<bool, String> {
     match s.trim() {
-        "true" => Ok(true),
-        "false" => Ok(false),
-        other => Err(format!("{other:?} is not true or false")),
+        "true" | "TRUE" | "True" | "t" | "T" | "1" => Ok(true),
+        "false" | "FALSE" | "False" | "f" | "F" | "0" => Ok(false),
+        other => Err(format!(
+            "{other:?} is not true or false (nor 1, 0, t, f, TRUE, FALSE, True, False)"
+        )),
     }
 }
 
@@ -405,20 +412,44 @@ fn is_list(setting: &str) -> bool {
     setting.ends_with("-to-ignore") || setting == "ports-to-redirect"
 }
 
-/// The setting a proxy-init flag (`--incoming-proxy-port`, `-p`) sets.
-fn long_name(flag: &str) -> Option<&'static str> {
-    let short = match flag {
-        "-p" => Some("incoming-proxy-port"),
-        "-o" => Some("outgoing-proxy-port"),
-        "-u" => Some("proxy-uid"),
-        "-g" => Some("proxy-gid"),
-        "-r" => Some("ports-to-redirect"),
-        _ => None,
-    };
-    short.or_else(|| {
-        let name = flag.strip_prefix("--")?;
-        SETTINGS.iter().copied().find(|s| *s == name)
-    })
+/// proxy-init's short flags and the settings they set.
+const SHORT_FLAGS: [(char, &str); 5] = [
+    ('p', "incoming-proxy-port"),
+    ('o', "outgoing-proxy-port"),
+    ('u', "proxy-uid"),
+    ('g', "proxy-gid"),
+    ('r', "ports-to-redirect"),
+];
+
+/// The setting a flag sets and the value it carries, if any: `--name`, `--name=value`, `-p`,
+/// `-p=value`, `-pvalue`.
+fn split_flag(arg: &str) -> Option<(&'static str, Option<&str>)> {
+    if let Some(long) = arg.strip_prefix("--") {
+        let (name, value) = match long.split_once('=') {
+            Some((name, value)) => (name, Some(value)),
+            None => (long, None),
+        };
+        let setting = SETTINGS.iter().copied().find(|s| *s == name)?;
+        return Some((setting, value));
+    }
+    let mut chars = arg.strip_prefix('-')?.chars();
+    let short = chars.next()?;
+    let (_, setting) = SHORT_FLAGS.iter().find(|(c, _)| *c == short)?;
+    let rest = chars.as_str();
+    let value = rest.strip_prefix('=').unwrap_or(rest);
+    Some((setting, (!rest.is_empty()).then_some(value)))
+}
+
+/// The flags, for a message: `--incoming-proxy-port (-p), ..., --ipv6`.
+fn flag_names() -> String {
+    SETTINGS
+        .iter()
+        .map(|name| match SHORT_FLAGS.iter().find(|(_, s)| s == name) {
+            Some((short, _)) => format!("--{name} (-{short})"),
+            None => format!("--{name}"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Empty entries of a comma-separated list are skipped.
@@ -434,5 +465,7 @@ fn join(items: &[impl ToString]) -> String {
         .join(",")
 }
 
+#[cfg(test)]
+mod flag_cases;
 #[cfg(test)]
 mod tests;

@@ -64,6 +64,7 @@ fn every_setting_is_parsed_and_checked_by_name() {
         ("subnets-to-ignore", "10.0.0.0/33", "not a CIDR"),
         ("outbound-subnets-to-ignore", "::/129", "not a CIDR"),
         ("ipv6", "yes", "not true or false"),
+        ("ipv6", "on", "not true or false"),
     ] {
         let err = config.set(setting, value).unwrap_err();
         let message = err.to_string();
@@ -83,50 +84,52 @@ fn every_setting_is_parsed_and_checked_by_name() {
 }
 
 #[test]
-fn proxy_init_flags_are_read_as_the_cli_reads_them() {
-    let config = InterceptionConfig::from_proxy_init_args(&args(
-        "-p 4143 -o 4140 -u 2102 --inbound-ports-to-ignore 4190,4191 \
-         --outbound-ports-to-ignore 25 --outbound-ports-to-ignore=587,3306-3307 \
-         --subnets-to-ignore 10.0.0.0/8 --ipv6=false -r 80",
-    ))
-    .unwrap();
-    assert_eq!(
-        config.outbound_ports_to_ignore.to_string(),
-        "25,587,3306-3307"
-    );
-    assert_eq!(config.inbound_ports_to_ignore.to_string(), "4190,4191");
-    assert_eq!(config.ports_to_redirect, vec![80]);
-    assert!(!config.ipv6);
-    assert_eq!(
-        InterceptionConfig::from_proxy_init_args(&config.to_args()),
-        Ok(config)
-    );
-    let ipv6 = InterceptionConfig::from_proxy_init_args(&args("-p 1 -o 2 --ipv6 false")).unwrap();
-    assert!(!ipv6.ipv6);
-    let ipv6 = InterceptionConfig::from_proxy_init_args(&args("-p 1 -o 2 --ipv6")).unwrap();
-    assert!(ipv6.ipv6);
-    assert_eq!(ipv6.proxy_uid, None, "no UID unless given");
-
+fn proxy_init_flags_give_back_the_configuration_they_came_from() {
+    for (flags, expected) in super::flag_cases::FLAG_CASES {
+        if expected.is_ok() {
+            let flags: Vec<String> = flags.iter().map(|a| a.to_string()).collect();
+            let config = InterceptionConfig::from_proxy_init_args(&flags).unwrap();
+            assert_eq!(
+                InterceptionConfig::from_proxy_init_args(&config.to_args()),
+                Ok(config),
+                "{flags:?}"
+            );
+        }
+    }
     assert_eq!(
         InterceptionConfig::from_proxy_init_args(&args("-p 4143")),
         Err(ConfigError::Missing {
             setting: "outgoing-proxy-port"
         })
     );
-    assert!(matches!(
+    assert_eq!(
         InterceptionConfig::from_proxy_init_args(&args("-p 4143 -o 4140 --banana 1")),
-        Err(ConfigError::Unknown { .. })
-    ));
-    assert!(matches!(
-        InterceptionConfig::from_proxy_init_args(&args("-p 4143 -o")),
-        Err(ConfigError::Invalid { .. })
-    ));
+        Err(ConfigError::UnknownFlag {
+            flag: "--banana".into()
+        })
+    );
     assert_eq!(
         InterceptionConfig::from_proxy_init_args(&args("-p 0 -o 4140"))
             .unwrap_err()
             .to_string(),
         "invalid value '0' for '--incoming-proxy-port': port 0 is out of range (1-65535)"
     );
+}
+
+#[test]
+fn every_flag_case_parses_as_the_table_says() {
+    for (flags, expected) in super::flag_cases::FLAG_CASES {
+        let args: Vec<String> = flags.iter().map(|a| a.to_string()).collect();
+        match (InterceptionConfig::from_proxy_init_args(&args), expected) {
+            (Ok(config), Ok(expected)) => {
+                assert_eq!(&config.to_args().join(" "), expected, "{flags:?}")
+            }
+            (Err(e), Err(needle)) => {
+                assert!(e.to_string().contains(needle), "{flags:?}: {e}")
+            }
+            (got, expected) => panic!("{flags:?}: {got:?}, expected {expected:?}"),
+        }
+    }
 }
 
 #[test]

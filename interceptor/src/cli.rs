@@ -1,15 +1,11 @@
-//! The command line's shape: its commands and flags (proxy-init's, for the pod's configuration,
-//! whose values the `interceptor-config` crate parses). Running them is `commands`' job.
+//! The command line's shape: its commands and flags. proxy-init's flags, for a pod's
+//! configuration, are collected here and parsed by the `interceptor-config` crate, as every
+//! other reader of them does. Running the commands is `commands`' job.
 use std::path::PathBuf;
 
-use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
-use ipnet::IpNet;
+use clap::{ArgAction, ArgMatches, Args, FromArgMatches, Parser, Subcommand, ValueEnum};
 
-use crate::config::{
-    InterceptionConfig, PortSet, parse_id,
-    ports::{parse_port, parse_port_list},
-    subnets::parse_cidr_list,
-};
+use crate::config::InterceptionConfig;
 use crate::{iptables::IptablesMode, kubernetes::DaemonSetRef, logging::LogFormat};
 
 #[derive(Debug, Parser)]
@@ -280,6 +276,10 @@ pub struct PodArgs {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "parsed once per command: boxing `Add` would buy nothing"
+)]
 pub enum PodCommand {
     /// Register a pod; returns once its interception is in force. The pod's configuration
     /// follows `--`, as `interceptor run` takes it: `pod add --netns P -- -p 4143 -o 4140 -u 2102`.
@@ -303,9 +303,8 @@ pub enum PodCommand {
         /// meshed with iptables moves to eBPF without a restart and without a gap.
         #[arg(long)]
         takeover_iptables: bool,
-        /// proxy-init's flags.
-        #[arg(last = true, required = true)]
-        config: Vec<String>,
+        #[command(flatten)]
+        config: PodConfigArgs,
     },
     /// Unregister a pod (not an error when it is not registered).
     Remove {
@@ -423,93 +422,156 @@ pub struct StatusArgs {
     pub agent_bpffs: PathBuf,
 }
 
-/// The proxy-init flags. List flags take comma-separated values and may be repeated.
-#[derive(Debug, Args)]
+/// The pod's configuration from proxy-init's flags among `run`'s: clap collects them as they
+/// come, [`InterceptionConfig::from_proxy_init_args`] parses them.
+#[derive(Debug)]
 pub struct InterceptionArgs {
-    /// Port of the proxy's inbound listener.
-    #[arg(short = 'p', long, value_parser = parse_port)]
-    pub incoming_proxy_port: u16,
-
-    /// Port of the proxy's outbound listener (on 127.0.0.1).
-    #[arg(short = 'o', long, value_parser = parse_port)]
-    pub outgoing_proxy_port: u16,
-
-    /// Connections opened by this UID are never redirected (ignored when 0).
-    #[arg(short = 'u', long, value_parser = parse_id, allow_hyphen_values = true)]
-    pub proxy_uid: Option<u32>,
-
-    /// Connections opened by this GID are never redirected (ignored when 0).
-    #[arg(short = 'g', long, value_parser = parse_id, allow_hyphen_values = true)]
-    pub proxy_gid: Option<u32>,
-
-    /// Inbound ports and ranges never steered to the proxy (e.g. 4190,4191,25-30).
-    #[arg(long, value_parser = str::parse::<PortSet>, action = ArgAction::Append)]
-    pub inbound_ports_to_ignore: Vec<PortSet>,
-
-    /// Outbound ports and ranges never redirected to the proxy.
-    #[arg(long, value_parser = str::parse::<PortSet>, action = ArgAction::Append)]
-    pub outbound_ports_to_ignore: Vec<PortSet>,
-
-    /// If set, only these inbound ports are steered to the proxy.
-    #[arg(short = 'r', long, value_parser = parse_port_list, action = ArgAction::Append)]
-    pub ports_to_redirect: Vec<Vec<u16>>,
-
-    /// Inbound connections from these CIDRs are not steered.
-    #[arg(long, value_parser = parse_cidr_list, action = ArgAction::Append)]
-    pub subnets_to_ignore: Vec<Vec<IpNet>>,
-
-    /// Outbound connections to these CIDRs are not redirected (extension to proxy-init).
-    #[arg(long, value_parser = parse_cidr_list, action = ArgAction::Append)]
-    pub outbound_subnets_to_ignore: Vec<Vec<IpNet>>,
-
-    /// Also intercept IPv6 (`--ipv6=false` to turn off, as with proxy-init).
-    #[arg(long, num_args = 0..=1, default_value_t = true, default_missing_value = "true",
-          action = ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
-    pub ipv6: bool,
+    pub config: InterceptionConfig,
 }
 
-impl InterceptionArgs {
-    pub fn config(&self) -> InterceptionConfig {
-        let positive = |id: Option<u32>| id.filter(|id| *id > 0);
-        InterceptionConfig {
-            incoming_proxy_port: self.incoming_proxy_port,
-            outgoing_proxy_port: self.outgoing_proxy_port,
-            proxy_uid: positive(self.proxy_uid),
-            proxy_gid: positive(self.proxy_gid),
-            inbound_ports_to_ignore: PortSet(
-                self.inbound_ports_to_ignore
-                    .iter()
-                    .flat_map(|s| s.0.clone())
-                    .collect(),
+/// proxy-init's flags as given, each in the order given, for `interceptor-config` to read. List
+/// flags take comma-separated values; every flag may be repeated (a list's values add up, any
+/// other flag takes its last value).
+#[derive(Debug, Args)]
+struct ProxyInitFlags {
+    /// Port of the proxy's inbound listener.
+    #[arg(short = 'p', long, required = true, action = ArgAction::Append)]
+    incoming_proxy_port: Vec<String>,
+
+    /// Port of the proxy's outbound listener (on 127.0.0.1).
+    #[arg(short = 'o', long, required = true, action = ArgAction::Append)]
+    outgoing_proxy_port: Vec<String>,
+
+    /// Connections opened by this UID are never redirected (ignored when 0).
+    #[arg(short = 'u', long, allow_hyphen_values = true, action = ArgAction::Append)]
+    proxy_uid: Vec<String>,
+
+    /// Connections opened by this GID are never redirected (ignored when 0).
+    #[arg(short = 'g', long, allow_hyphen_values = true, action = ArgAction::Append)]
+    proxy_gid: Vec<String>,
+
+    /// Inbound ports and ranges never steered to the proxy (e.g. 4190,4191,25-30).
+    #[arg(long, action = ArgAction::Append)]
+    inbound_ports_to_ignore: Vec<String>,
+
+    /// Outbound ports and ranges never redirected to the proxy.
+    #[arg(long, action = ArgAction::Append)]
+    outbound_ports_to_ignore: Vec<String>,
+
+    /// If set, only these inbound ports are steered to the proxy.
+    #[arg(short = 'r', long, action = ArgAction::Append)]
+    ports_to_redirect: Vec<String>,
+
+    /// Inbound connections from these CIDRs are not steered.
+    #[arg(long, action = ArgAction::Append)]
+    subnets_to_ignore: Vec<String>,
+
+    /// Outbound connections to these CIDRs are not redirected (extension to proxy-init).
+    #[arg(long, action = ArgAction::Append)]
+    outbound_subnets_to_ignore: Vec<String>,
+
+    /// Also intercept IPv6 (`--ipv6=false` to turn off, as with proxy-init).
+    #[arg(long, num_args = 0..=1, default_value = "true", default_missing_value = "true",
+          action = ArgAction::Append)]
+    ipv6: Vec<String>,
+}
+
+impl ProxyInitFlags {
+    /// The flags as proxy-init's arguments, `--name=value`.
+    fn args(&self) -> Vec<String> {
+        [
+            ("incoming-proxy-port", &self.incoming_proxy_port),
+            ("outgoing-proxy-port", &self.outgoing_proxy_port),
+            ("proxy-uid", &self.proxy_uid),
+            ("proxy-gid", &self.proxy_gid),
+            ("inbound-ports-to-ignore", &self.inbound_ports_to_ignore),
+            ("outbound-ports-to-ignore", &self.outbound_ports_to_ignore),
+            ("ports-to-redirect", &self.ports_to_redirect),
+            ("subnets-to-ignore", &self.subnets_to_ignore),
+            (
+                "outbound-subnets-to-ignore",
+                &self.outbound_subnets_to_ignore,
             ),
-            outbound_ports_to_ignore: PortSet(
-                self.outbound_ports_to_ignore
-                    .iter()
-                    .flat_map(|s| s.0.clone())
-                    .collect(),
-            ),
-            ports_to_redirect: self.ports_to_redirect.concat(),
-            subnets_to_ignore: self.subnets_to_ignore.concat(),
-            outbound_subnets_to_ignore: self.outbound_subnets_to_ignore.concat(),
-            ipv6: self.ipv6,
-        }
+            ("ipv6", &self.ipv6),
+        ]
+        .into_iter()
+        .flat_map(|(name, values)| values.iter().map(move |v| format!("--{name}={v}")))
+        .collect()
     }
 }
 
-/// A pod's configuration as proxy-init's flags, parsed as `interceptor run` parses them: the
-/// agent's API and `pod add` carry a pod's configuration this way.
-#[derive(Debug, Parser)]
-#[command(name = "pod configuration", no_binary_name = true)]
-struct PodConfigArgs {
-    #[command(flatten)]
-    interception: InterceptionArgs,
+/// Parses proxy-init's flags; what does not parse is refused as clap refuses a bad flag (exit
+/// status 2), with the usage of the command that took them (`["run"]`, `["pod", "add"]`).
+fn parse_config(args: &[String], command: &[&str]) -> Result<InterceptionConfig, clap::Error> {
+    InterceptionConfig::from_proxy_init_args(args).map_err(|e| {
+        let mut cli = <Cli as clap::CommandFactory>::command();
+        cli.build();
+        let command = command.iter().fold(&mut cli, |cmd, name| {
+            cmd.find_subcommand_mut(name)
+                .expect("a command of this command line")
+        });
+        clap::Error::raw(clap::error::ErrorKind::ValueValidation, e).format(command)
+    })
 }
 
-/// Parses and validates a pod's flags; the error is the message the CLI prints.
-pub fn parse_pod_config(args: &[String]) -> Result<InterceptionConfig, String> {
-    PodConfigArgs::try_parse_from(args)
-        .map(|a| a.interception.config())
-        .map_err(|e| e.render().to_string().trim_end().to_owned())
+impl FromArgMatches for InterceptionArgs {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let flags = ProxyInitFlags::from_arg_matches(matches)?;
+        let config = parse_config(&flags.args(), &["run"])?;
+        Ok(Self { config })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl Args for InterceptionArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        ProxyInitFlags::augment_args(cmd)
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        ProxyInitFlags::augment_args_for_update(cmd)
+    }
+}
+
+/// A pod's configuration as proxy-init's flags after `--`, as `interceptor run` takes them:
+/// `pod add --netns P -- -p 4143 -o 4140 -u 2102`.
+#[derive(Debug)]
+pub struct PodConfigArgs {
+    pub config: InterceptionConfig,
+}
+
+#[derive(Debug, Args)]
+struct TrailingFlags {
+    /// proxy-init's flags.
+    #[arg(last = true, required = true)]
+    config: Vec<String>,
+}
+
+impl FromArgMatches for PodConfigArgs {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let flags = TrailingFlags::from_arg_matches(matches)?;
+        let config = parse_config(&flags.config, &["pod", "add"])?;
+        Ok(Self { config })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl Args for PodConfigArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        TrailingFlags::augment_args(cmd)
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        TrailingFlags::augment_args_for_update(cmd)
+    }
 }
 
 #[cfg(test)]

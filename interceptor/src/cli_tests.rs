@@ -2,177 +2,78 @@ use clap::Parser as _;
 
 use super::*;
 
-fn run(args: &[&str]) -> Result<InterceptionConfig, String> {
-    let mut argv = vec!["interceptor", "run"];
-    argv.extend_from_slice(args);
+/// The configuration crate's table of proxy-init's flags.
+#[path = "../../interceptor-config/src/flag_cases.rs"]
+mod flag_cases;
+
+/// A pod's configuration as `interceptor run` parses its flags, or clap's message.
+fn run(flags: &[&str]) -> Result<InterceptionConfig, String> {
+    let argv = ["interceptor", "run"].iter().chain(flags);
     match Cli::try_parse_from(argv)
         .map_err(|e| e.to_string())?
         .command
     {
-        Command::Run(run) => Ok(run.interception.config()),
+        Command::Run(run) => Ok(run.interception.config),
+        other => panic!("unexpected command {other:?}"),
+    }
+}
+
+/// A pod's configuration as `interceptor pod add` parses the flags after its `--`.
+fn pod_add(flags: &[&str]) -> Result<InterceptionConfig, String> {
+    let argv = [
+        "interceptor",
+        "pod",
+        "add",
+        "--netns",
+        "/run/netns/pod",
+        "--",
+    ]
+    .iter()
+    .chain(flags);
+    match Cli::try_parse_from(argv)
+        .map_err(|e| e.to_string())?
+        .command
+    {
+        Command::Pod(PodArgs {
+            command: PodCommand::Add { config, .. },
+            ..
+        }) => Ok(config.config),
         other => panic!("unexpected command {other:?}"),
     }
 }
 
 #[test]
-fn parses_the_default_linkerd_arguments() {
-    let config = run(&[
-        "--ipv6=false",
-        "--incoming-proxy-port",
-        "4143",
-        "--outgoing-proxy-port",
-        "4140",
-        "--proxy-uid",
-        "2102",
-        "--inbound-ports-to-ignore",
-        "4190,4191,4567,4568",
-        "--outbound-ports-to-ignore",
-        "443,6443",
-    ])
-    .unwrap();
-    assert_eq!(config.incoming_proxy_port, 4143);
-    assert_eq!(config.outgoing_proxy_port, 4140);
-    assert_eq!(config.proxy_uid, Some(2102));
-    assert_eq!(config.proxy_gid, None);
-    assert_eq!(
-        config.inbound_ports_to_ignore.to_string(),
-        "4190,4191,4567,4568"
-    );
-    assert_eq!(config.outbound_ports_to_ignore.to_string(), "443,6443");
-    assert!(!config.ipv6);
-}
-
-#[test]
-fn list_flags_repeat_and_skip_empty_entries() {
-    let config = run(&[
-        "-p",
-        "4143",
-        "-o",
-        "4140",
-        "-r",
-        "80,8080",
-        "-r",
-        "9090",
-        "--outbound-ports-to-ignore",
-        "",
-        "--outbound-ports-to-ignore",
-        "25-30,,22",
-        "--subnets-to-ignore",
-        "10.0.0.0/8,192.0.2.1",
-        "--outbound-subnets-to-ignore",
-        "198.51.100.0/24",
-        "-u",
-        "0",
-    ])
-    .unwrap();
-    assert_eq!(config.ports_to_redirect, vec![80, 8080, 9090]);
-    assert_eq!(config.outbound_ports_to_ignore.to_string(), "25-30,22");
-    assert_eq!(config.subnets_to_ignore.len(), 2);
-    assert_eq!(
-        config.outbound_subnets_to_ignore[0].to_string(),
-        "198.51.100.0/24"
-    );
-    assert_eq!(config.proxy_uid, None, "uid 0 is never the proxy");
-    assert!(config.ipv6, "ipv6 defaults to true, as in proxy-init");
-}
-
-#[test]
-fn rejects_bad_values_naming_them() {
-    for (args, needle) in [
-        (&["-p", "0", "-o", "4140"][..], "port 0 is out of range"),
-        (
-            &["-p", "4143", "-o", "70000"][..],
-            "port 70000 is out of range",
-        ),
-        (
-            &[
-                "-p",
-                "4143",
-                "-o",
-                "4140",
-                "--outbound-ports-to-ignore",
-                "443,99999",
-            ][..],
-            "port 99999",
-        ),
-        (
-            &[
-                "-p",
-                "4143",
-                "-o",
-                "4140",
-                "--inbound-ports-to-ignore",
-                "30-20",
-            ][..],
-            "\"30-20\"",
-        ),
-        (
-            &["-p", "4143", "-o", "4140", "-u", "proxy"][..],
-            "\"proxy\" is not a numeric id",
-        ),
-        (
-            &[
-                "-p",
-                "4143",
-                "-o",
-                "4140",
-                "--subnets-to-ignore",
-                "10.0.0.0/40",
-            ][..],
-            "\"10.0.0.0/40\"",
-        ),
-        (
-            &["-p", "4143", "-o", "4140", "-r", "80-90"][..],
-            "\"80-90\" is not a port number",
-        ),
-        (&["-o", "4140"][..], "--incoming-proxy-port"),
-    ] {
-        let err = run(args).unwrap_err();
-        assert!(err.contains(needle), "{args:?}: {err}");
+fn run_and_pod_add_read_proxy_init_flags_as_the_configuration_crate_does() {
+    for (parser, parse) in [("run", run as fn(&[&str]) -> _), ("pod add", pod_add)] {
+        for (flags, expected) in flag_cases::FLAG_CASES {
+            match (parse(flags), expected) {
+                (Ok(config), Ok(expected)) => {
+                    assert_eq!(&config.to_args().join(" "), expected, "{parser} {flags:?}")
+                }
+                (Err(e), Err(needle)) => assert!(e.contains(needle), "{parser} {flags:?}: {e}"),
+                (got, expected) => panic!("{parser} {flags:?}: {got:?}, expected {expected:?}"),
+            }
+        }
     }
 }
 
 #[test]
-fn a_configuration_survives_the_round_trip_through_its_flags() {
-    let full = run(&[
-        "-p",
-        "4143",
-        "-o",
-        "4140",
-        "-u",
-        "2102",
-        "-g",
-        "2103",
-        "--inbound-ports-to-ignore",
-        "4190,4191,25-30",
-        "--outbound-ports-to-ignore",
-        "443",
-        "--outbound-ports-to-ignore",
-        "6443",
-        "-r",
-        "80,8080",
-        "--subnets-to-ignore",
-        "10.0.0.0/8,fd00::/8",
-        "--outbound-subnets-to-ignore",
-        "192.0.2.0/24",
-        "--ipv6=false",
-    ])
-    .unwrap();
-    let minimal = run(&["-p", "4143", "-o", "4140"]).unwrap();
-    for config in [full, minimal] {
-        assert_eq!(parse_pod_config(&config.to_args()), Ok(config.clone()));
-    }
-}
-
-#[test]
-fn pod_configuration_errors_are_the_cli_messages() {
-    let err = parse_pod_config(&["-p".into(), "0".into(), "-o".into(), "4140".into()]).unwrap_err();
+fn a_refused_configuration_reads_as_clap_refuses_a_flag() {
+    let err = Cli::try_parse_from(["interceptor", "run", "-p", "0", "-o", "4140"]).unwrap_err();
+    assert_eq!(err.exit_code(), 2);
+    let message = err.to_string();
     assert!(
-        err.contains("invalid value '0' for '--incoming-proxy-port"),
-        "{err}"
+        message.starts_with(
+            "error: invalid value '0' for '--incoming-proxy-port': port 0 is out of range"
+        ) && message.contains("Usage: interceptor run "),
+        "{message}"
     );
-    let err = parse_pod_config(&["-p".into(), "4143".into()]).unwrap_err();
-    assert!(err.contains("--outgoing-proxy-port"), "{err}");
+    let message = pod_add(&["-p", "4143"]).unwrap_err();
+    assert!(
+        message.starts_with("error: --outgoing-proxy-port is required")
+            && message.contains("Usage: interceptor pod add "),
+        "{message}"
+    );
 }
 
 #[test]

@@ -9,7 +9,7 @@ use crate::{
         api::{self, ClientError, PodAdd, PodInfo, PodMeta, Request},
     },
     cgroup,
-    cli::{AgentLocationArgs, DaemonArgs, Mode, PodArgs, PodCommand, parse_pod_config},
+    cli::{AgentLocationArgs, DaemonArgs, Mode, PodArgs, PodCommand},
 };
 
 pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
@@ -106,14 +106,6 @@ pub fn pod(args: PodArgs) -> anyhow::Result<()> {
             takeover_iptables,
             config,
         } => {
-            // Refused here with the CLI's message, before the agent is asked.
-            let config = match parse_pod_config(&config) {
-                Ok(config) => config,
-                Err(message) => {
-                    eprintln!("{message}");
-                    std::process::exit(2);
-                }
-            };
             let request = Request::Add(PodAdd {
                 netns,
                 meta: PodMeta {
@@ -122,7 +114,8 @@ pub fn pod(args: PodArgs) -> anyhow::Result<()> {
                     container_id,
                     uid,
                 },
-                config: Some(config),
+                // Parsed with the command line: a bad one never reaches the agent.
+                config: Some(config.config),
                 args: Vec::new(),
                 update,
                 takeover_iptables,

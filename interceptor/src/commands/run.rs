@@ -25,7 +25,7 @@ use crate::{
 };
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let config = args.interception.config();
+    let config = args.interception.config.clone();
     let backend = super::choose_backend(args.mode);
     match backend {
         Mode::Iptables => run_iptables(&config, &args),
