@@ -3,32 +3,50 @@
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
+    sync::LazyLock,
     time::{Duration, Instant},
 };
 
 use interceptor::{
     agent::api::{self, PodAdd, PodMeta, Request},
-    config::InterceptionConfig,
+    config::{InterceptionConfig, linkerd},
 };
 use serde_json::Value;
 
 use crate::{Probe, unique_name};
 
-/// The proxy's ports and UID, as proxy-init takes them (the bench's pods).
-pub const PROXY_FLAGS: [&str; 6] = ["-p", "4143", "-o", "4140", "-u", "2102"];
+/// The proxy's ports and UID (Linkerd's), as proxy-init takes them (the bench's pods).
+pub static PROXY_FLAGS: LazyLock<[&str; 6]> = LazyLock::new(|| {
+    [
+        "-p",
+        leak(linkerd::INBOUND_PORT),
+        "-o",
+        leak(linkerd::OUTBOUND_PORT),
+        "-u",
+        leak(linkerd::PROXY_UID),
+    ]
+});
 
 /// The flags Linkerd's injector gives proxy-init ([`PROXY_FLAGS`] and the proxy's admin ports
 /// ignored inbound), as the agent tests register their pods.
-pub const LINKERD_FLAGS: [&str; 8] = [
-    "-p",
-    "4143",
-    "-o",
-    "4140",
-    "-u",
-    "2102",
-    "--inbound-ports-to-ignore",
-    "4190,4191",
-];
+pub static LINKERD_FLAGS: LazyLock<[&str; 8]> = LazyLock::new(|| {
+    let [p, inbound, o, outbound, u, uid] = *PROXY_FLAGS;
+    [
+        p,
+        inbound,
+        o,
+        outbound,
+        u,
+        uid,
+        "--inbound-ports-to-ignore",
+        linkerd::INBOUND_PORTS_TO_IGNORE,
+    ]
+});
+
+/// A value as text that lasts as long as the tests (the flags above are built once).
+fn leak(value: impl ToString) -> &'static str {
+    Box::leak(value.to_string().into_boxed_str())
+}
 
 /// Refused by the fixture's remote host unless intercepted.
 pub const UNREACHABLE: &str = "192.0.2.2:1404";
@@ -249,7 +267,7 @@ impl AgentHome {
     /// `pod add` of the pod in `netns` with `extra` (e.g. `--name web`) and Linkerd's flags,
     /// which must succeed.
     pub fn mesh(&self, netns: &Path, extra: &[&str]) {
-        let out = self.add(netns, extra, &LINKERD_FLAGS);
+        let out = self.add(netns, extra, &*LINKERD_FLAGS);
         assert!(out.status.success(), "pod add: {}", stderr(&out));
     }
 

@@ -11,7 +11,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
 };
 
-use interceptor::config::{InterceptionConfig, PortRange, PortSet};
+use interceptor::config::{InterceptionConfig, PortRange, PortSet, linkerd};
 
 use crate::{
     PodFixture,
@@ -19,27 +19,20 @@ use crate::{
     probe::{Landing, Listener},
 };
 
-pub const INBOUND_PORT: u16 = 4143;
-pub const OUTBOUND_PORT: u16 = 4140;
-pub const PROXY_UID: u32 = 2102;
+pub const INBOUND_PORT: u16 = linkerd::INBOUND_PORT;
+pub const OUTBOUND_PORT: u16 = linkerd::OUTBOUND_PORT;
+pub const PROXY_UID: u32 = linkerd::PROXY_UID;
 /// The app runs as an ordinary user, as in a pod.
 pub const APP_UID: u32 = 1000;
 /// A group the app can be put in for the proxy-GID rules.
 pub const PROXY_GID: u32 = 2103;
 
-/// Linkerd's defaults for a meshed pod (its proxy injector's values).
+/// Linkerd's defaults for a meshed pod (its proxy injector's values), IPv4 only as linkerd-cni
+/// writes them.
 pub fn linkerd_config() -> InterceptionConfig {
     InterceptionConfig {
-        incoming_proxy_port: INBOUND_PORT,
-        outgoing_proxy_port: OUTBOUND_PORT,
-        proxy_uid: Some(PROXY_UID),
-        proxy_gid: None,
-        inbound_ports_to_ignore: PortSet(vec![PortRange::single(4190), PortRange::single(4191)]),
-        outbound_ports_to_ignore: PortSet::default(),
-        ports_to_redirect: Vec::new(),
-        subnets_to_ignore: Vec::new(),
-        outbound_subnets_to_ignore: Vec::new(),
         ipv6: false,
+        ..InterceptionConfig::linkerd()
     }
 }
 

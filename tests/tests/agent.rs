@@ -90,7 +90,7 @@ fn pods_registered_through_the_api_are_intercepted_until_removed() {
     let again = home.add(
         &fixture.pod.path(),
         &["--name", "web", "--namespace", "shop"],
-        &LINKERD_FLAGS,
+        &*LINKERD_FLAGS,
     );
     assert!(again.status.success(), "{}", stderr(&again));
     assert_eq!(home.pods()[0]["slot"], pods[0]["slot"]);
@@ -234,7 +234,7 @@ fn bad_requests_get_a_clear_error_and_change_nothing() {
         }
     };
 
-    let (kind, message) = refuse_add(&refused, "/run/netns/icpt-no-such-pod", &LINKERD_FLAGS);
+    let (kind, message) = refuse_add(&refused, "/run/netns/icpt-no-such-pod", &*LINKERD_FLAGS);
     assert_eq!(kind, "UnknownNetns");
     assert!(message.contains("/run/netns/icpt-no-such-pod"), "{message}");
 
@@ -537,7 +537,7 @@ fn run_registers_its_pod_with_a_running_agent() {
     let mut run = Command::new(BIN)
         .args(["run", "--netns", &fixture.pod.path().display().to_string()])
         .args(["--agent-socket", &socket.display().to_string()])
-        .args(LINKERD_FLAGS)
+        .args(*LINKERD_FLAGS)
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -945,7 +945,7 @@ fn a_full_pod_table_refuses_clearly_and_changes_nothing() {
     let _agent = home.start_with(&["--max-pods", "1"]);
     home.mesh(&fixture.pod.path(), &[]);
     let second = Netns::new("full2");
-    let out = home.add(&second.path(), &[], &LINKERD_FLAGS);
+    let out = home.add(&second.path(), &[], &*LINKERD_FLAGS);
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("PodTableFull") && stderr(&out).contains("--max-pods"),

@@ -447,7 +447,7 @@ fn an_iptables_agent_refuses_pods_beyond_max_pods_and_uninstall_removes_its_chai
     let refused = home.add(
         &second.path(),
         &[],
-        &interceptor_tests::agent_home::LINKERD_FLAGS,
+        &*interceptor_tests::agent_home::LINKERD_FLAGS,
     );
     assert!(!refused.status.success());
     assert!(

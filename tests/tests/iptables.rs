@@ -311,7 +311,7 @@ fn auto_mode_uses_ebpf_when_the_kernel_allows_it() {
     args.extend(
         ["--mode", "auto", "--ipv6=false"]
             .iter()
-            .chain(&PROXY_FLAGS)
+            .chain(PROXY_FLAGS.iter())
             .map(|a| a.to_string()),
     );
     let running = Meshed::start(Path::new(BIN), &instance, &args, Stdio::piped());
@@ -351,7 +351,7 @@ fn auto_mode_falls_back_to_iptables_without_bpf_privileges() {
             BIN,
         ])
         .args(["run", "--mode", "auto", "--ipv6=false", "-w"])
-        .args(PROXY_FLAGS)
+        .args(*PROXY_FLAGS)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
