@@ -1,4 +1,5 @@
-//! The bpffs the pins live on: where it is, and mounting one when the machine has none.
+//! The bpffs the pins live on: where it is, mounting one when the machine has none, and
+//! removing a directory of pins.
 use std::{
     fs::{self, File},
     io,
@@ -44,4 +45,15 @@ pub fn ensure_bpffs(path: &Path) -> Result<bool, BpffsError> {
         source,
     })?;
     Ok(true)
+}
+
+/// Unpinning a link detaches its program (once no process holds it); unpinning a map only drops
+/// the name, the map lives on while programs use it.
+pub(crate) fn remove_pins(pin_dir: &Path) {
+    if let Ok(entries) = fs::read_dir(pin_dir) {
+        for entry in entries.flatten() {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+    let _ = fs::remove_dir(pin_dir);
 }

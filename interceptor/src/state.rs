@@ -189,7 +189,7 @@ impl InstanceLock {
             .filter(|p| *p != own)
             .collect();
         for dir in &stale {
-            remove_pins(dir);
+            crate::bpffs::remove_pins(dir);
         }
         stale
     }
@@ -211,15 +211,4 @@ impl Drop for InstanceLock {
         let _ = fs::remove_file(self.paths.lock_file());
         let _ = fs::remove_dir(&self.paths.run_dir);
     }
-}
-
-/// Unpinning a link detaches its program (once no process holds it); unpinning a map only drops
-/// the name, the map lives on while programs use it.
-pub(crate) fn remove_pins(pin_dir: &Path) {
-    if let Ok(entries) = fs::read_dir(pin_dir) {
-        for entry in entries.flatten() {
-            let _ = fs::remove_file(entry.path());
-        }
-    }
-    let _ = fs::remove_dir(pin_dir);
 }

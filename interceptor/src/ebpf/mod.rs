@@ -210,7 +210,7 @@ fn with_throwaway_pins<T>(
     std::fs::create_dir_all(&pin_dir)
         .map_err(|e| format!("creating {}: {e}", pin_dir.display()))?;
     let result = load(&pin_dir);
-    crate::state::remove_pins(&pin_dir);
+    crate::bpffs::remove_pins(&pin_dir);
     result
 }
 
@@ -238,7 +238,7 @@ impl EbpfNode {
         // process that pinned them for itself alone takes them away again, as dropping the
         // registry would have.
         if loaded.is_err() && fresh && !options.persistent {
-            crate::state::remove_pins(&options.pin_dir);
+            crate::bpffs::remove_pins(&options.pin_dir);
         }
         loaded
     }
