@@ -111,7 +111,7 @@ pub fn pod(args: PodArgs) -> anyhow::Result<()> {
                 Ok(config) => config,
                 Err(message) => {
                     eprintln!("{message}");
-                    std::process::exit(2);
+                    return Err(super::Exit { code: 2 }.into());
                 }
             };
             let request = Request::Add(PodAdd {
