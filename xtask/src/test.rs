@@ -87,7 +87,8 @@ fn clippy(path: &OsString) -> anyhow::Result<()> {
     cmd::run(
         std::process::Command::new("cargo")
             .current_dir(workspace_root())
-            .args(["+nightly", "clippy", "-p", "interceptor-ebpf"])
+            .arg(format!("+{}", setup::ebpf_toolchain()))
+            .args(["clippy", "-p", "interceptor-ebpf"])
             .args([
                 "--target",
                 "bpfel-unknown-none",
