@@ -5,11 +5,22 @@ use std::{path::PathBuf, time::SystemTime};
 use anyhow::{Context as _, bail};
 use aya_build::{Package, Toolchain};
 
+/// The nightly the eBPF programs are tested with (xtask/src/setup.rs's `TESTED_NIGHTLY`).
+const TESTED_NIGHTLY: &str = "nightly-2026-05-19";
+const EBPF_TOOLCHAIN_VAR: &str = "INTERCEPTOR_EBPF_TOOLCHAIN";
+
 fn main() -> anyhow::Result<()> {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
     let ebpf_dir = manifest_dir.join("../interceptor-ebpf");
     let ebpf_dir = ebpf_dir.to_str().context("non-UTF-8 workspace path")?;
     println!("cargo:rerun-if-changed=../interceptor-common/src");
+
+    // `nightly` unless INTERCEPTOR_EBPF_TOOLCHAIN names another (xtask/src/setup.rs).
+    println!("cargo:rerun-if-env-changed={EBPF_TOOLCHAIN_VAR}");
+    let custom = std::env::var(EBPF_TOOLCHAIN_VAR).ok();
+    let toolchain = custom
+        .as_deref()
+        .map_or(Toolchain::Nightly, Toolchain::Custom);
 
     let started = SystemTime::now();
     aya_build::build_ebpf(
@@ -18,9 +29,18 @@ fn main() -> anyhow::Result<()> {
             root_dir: ebpf_dir,
             ..Default::default()
         }],
-        Toolchain::default(),
+        toolchain,
     )
-    .context("building the eBPF programs failed: run `cargo xtask setup` (rust-src, bpf-linker)")?;
+    .with_context(|| {
+        format!(
+            "building the eBPF programs with the {} toolchain failed: run `cargo xtask setup` \
+             (rust-src, bpf-linker). They are tested with {TESTED_NIGHTLY} (they use \
+             core_intrinsics, which nightlies change): if yours is another, `rustup toolchain \
+             install {TESTED_NIGHTLY} --component rust-src` and build with \
+             {EBPF_TOOLCHAIN_VAR}={TESTED_NIGHTLY}, after `cargo xtask setup` with it set",
+            custom.as_deref().unwrap_or("nightly")
+        )
+    })?;
 
     // aya-build only forwards compiler output as warnings; make sure a fresh object exists so a
     // failed eBPF build can never ship a stale one.

@@ -21,8 +21,10 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
-// A request is built once per call and sent: boxing the large `Add` would buy nothing.
-#[allow(clippy::large_enum_variant)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a request is built once per call and sent: boxing the large `Add` would buy nothing"
+)]
 pub enum Request {
     /// Registers a pod and answers once its interception is in force. Idempotent: the same pod
     /// with the same configuration changes nothing; another configuration is a conflict unless

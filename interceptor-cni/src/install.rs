@@ -6,6 +6,10 @@
 //! [`Restores`] tells a primary that keeps doing so. Uninstalling removes exactly what installing
 //! added.
 //!
+//! The node's files are input written by other programs: one that is not a configuration we can
+//! change (not JSON, empty, a plugin entry that is not an object, no `plugins` list) is refused
+//! with [`InstallError::BadConfig`], naming the file and what is wrong, and left as it is.
+//!
 //! Nothing is written unless every plugin of the primary configuration has its binary in the
 //! bin directory: a bin directory that is not the runtime's (GKE's and k3s's are not
 //! `/opt/cni/bin`) would otherwise get our binary, and our entry would be chained where the
@@ -47,7 +51,8 @@ pub enum InstallError {
         path: PathBuf,
         source: io::Error,
     },
-    #[error("{path} is not a CNI network configuration: {reason}")]
+    /// The node's configuration is malformed; nothing was written.
+    #[error("{path} is not a CNI network configuration: {reason}; it was left as it is")]
     BadConfig { path: PathBuf, reason: String },
     #[error(
         "no CNI network configuration (*.conflist, *.conf) in {0}: install the primary CNI first"
@@ -108,7 +113,7 @@ impl Installer {
     /// or, when the primary's plugins are not all in the bin directory, writes nothing.
     pub fn install(&self) -> Result<Applied, InstallError> {
         let primary = primary(&self.conf_dir)?;
-        self.require_plugins(&primary, &read_json(&primary)?)?;
+        self.require_plugins(&primary, &read_conf(&primary)?)?;
         self.copy_plugin()?;
         self.apply()
     }
@@ -148,9 +153,9 @@ impl Installer {
     /// again whenever the directory changes: an unchanged file is not rewritten.
     pub fn apply(&self) -> Result<Applied, InstallError> {
         let primary = primary(&self.conf_dir)?;
-        let mut list = read_json(&primary)?;
+        let mut list = read_conf(&primary)?;
         self.require_plugins(&primary, &list)?;
-        let converted = primary.extension().is_some_and(|e| e == "conf");
+        let converted = !is_list(&primary);
         let target = if converted {
             list = conf_to_conflist(list);
             primary.with_extension("conflist")
@@ -197,8 +202,11 @@ impl Installer {
 
     /// Removes our entry (and restores a `.conf` we converted) and our binary.
     pub fn uninstall(&self) -> Result<(), InstallError> {
-        if let Ok(primary) = primary(&self.conf_dir) {
-            let mut list = read_json(&primary)?;
+        // A lone `.conf` never holds our entry: installing converts it.
+        if let Ok(primary) = primary(&self.conf_dir)
+            && let mut list = read_conf(&primary)?
+            && is_list(&primary)
+        {
             let plugins = plugins_mut(&mut list, &primary)?;
             let before = plugins.len();
             plugins.retain(|p| p["type"] != PLUGIN_TYPE);
@@ -206,13 +214,16 @@ impl Installer {
             let converted = fs::read(&state_path)
                 .ok()
                 .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-                .and_then(|s| s["converted_from"].as_str().map(str::to_owned));
-            match converted {
-                Some(conf_name) if plugins.len() == 1 => {
-                    let mut conf = plugins[0].clone();
-                    conf["cniVersion"] = list["cniVersion"].clone();
-                    conf["name"] = list["name"].clone();
-                    write_json(&self.conf_dir.join(conf_name), &conf)?;
+                .and_then(|s| s["converted_from"].as_str().map(str::to_owned))
+                // Only a file of the conf directory, as installing wrote it.
+                .filter(|name| Path::new(name).file_name() == Some(name.as_ref()));
+            match (converted, plugins.as_slice()) {
+                (Some(conf_name), [Value::Object(conf)]) => {
+                    let mut conf = conf.clone();
+                    for key in ["cniVersion", "name"] {
+                        conf.insert(key.into(), list[key].clone());
+                    }
+                    write_json(&self.conf_dir.join(conf_name), &Value::Object(conf))?;
                     fs::remove_file(&primary).map_err(io_error("removing", &primary))?;
                 }
                 _ if plugins.len() != before => write_json(&primary, &list)?,
@@ -333,12 +344,77 @@ fn plugins_mut<'a>(list: &'a mut Value, path: &Path) -> Result<&'a mut Vec<Value
         })
 }
 
-fn read_json(path: &Path) -> Result<Value, InstallError> {
+/// Whether `path` is a configuration list (`*.conflist`) rather than a lone plugin (`*.conf`).
+fn is_list(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "conflist")
+}
+
+/// The node's configuration at `path`, checked to be one we can change (see [`check_conf`]).
+fn read_conf(path: &Path) -> Result<Value, InstallError> {
     let bytes = fs::read(path).map_err(io_error("reading", path))?;
-    serde_json::from_slice(&bytes).map_err(|e| InstallError::BadConfig {
+    let bad = |reason: String| InstallError::BadConfig {
         path: path.to_owned(),
-        reason: e.to_string(),
-    })
+        reason,
+    };
+    if bytes.trim_ascii().is_empty() {
+        return Err(bad("the file is empty".into()));
+    }
+    let conf = serde_json::from_slice(&bytes).map_err(|e| bad(format!("not JSON ({e})")))?;
+    check_conf(&conf, is_list(path)).map_err(bad)?;
+    Ok(conf)
+}
+
+/// What is wrong with a configuration list (`list`) or a lone plugin's configuration, as far as
+/// installing and uninstalling read and change it: an object, each plugin an object with a
+/// `type`, a list with at least one.
+fn check_conf(conf: &Value, list: bool) -> Result<(), String> {
+    let Value::Object(conf) = conf else {
+        return Err(format!("{} where a JSON object belongs", kind(conf)));
+    };
+    if !list {
+        return check_plugin(conf).map_err(|e| format!("the plugin {e}"));
+    }
+    let plugins = match conf.get("plugins") {
+        Some(Value::Array(plugins)) => plugins,
+        Some(other) => return Err(format!("\"plugins\" is {}, not a list", kind(other))),
+        None => return Err("no \"plugins\" list".into()),
+    };
+    if plugins.is_empty() {
+        return Err("the \"plugins\" list is empty".into());
+    }
+    for (i, plugin) in plugins.iter().enumerate() {
+        let Value::Object(plugin) = plugin else {
+            return Err(format!(
+                "plugin {i} of \"plugins\" is {} where an object belongs",
+                kind(plugin)
+            ));
+        };
+        check_plugin(plugin).map_err(|e| format!("plugin {i} of \"plugins\" {e}"))?;
+    }
+    Ok(())
+}
+
+fn check_plugin(plugin: &serde_json::Map<String, Value>) -> Result<(), String> {
+    match plugin.get("type") {
+        Some(Value::String(_)) => Ok(()),
+        Some(other) => Err(format!(
+            "has a \"type\" that is {}, not a string",
+            kind(other)
+        )),
+        None => Err("has no \"type\"".into()),
+    }
+}
+
+/// A JSON value's kind, for a message.
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
 }
 
 fn write_json(path: &Path, value: &Value) -> Result<(), InstallError> {

@@ -241,6 +241,114 @@ fn no_primary_configuration_is_a_clear_error() {
     assert!(err.to_string().contains("10-bad.conflist"), "{err}");
 }
 
+/// Node files no installer can change, each with what the error says is wrong.
+const MALFORMED: &[(&str, &str, &str)] = &[
+    (
+        "10-net.conflist",
+        r#"{"cniVersion": "1.0.0", "name": "n", "plugins": ["loopback", {"type": "interceptor-cni"}]}"#,
+        r#"plugin 0 of "plugins" is a string where an object belongs"#,
+    ),
+    (
+        "10-net.conflist",
+        r#"{"cniVersion": "1.0.0", "name": "n", "type": "loopback"}"#,
+        r#"no "plugins" list"#,
+    ),
+    (
+        "10-net.conflist",
+        r#"{"cniVersion": "1.0.0", "name": "n", "plugins": {"type": "loopback"}}"#,
+        r#""plugins" is an object, not a list"#,
+    ),
+    (
+        "10-net.conflist",
+        r#"{"cniVersion": "1.0.0", "plugins": []}"#,
+        r#"the "plugins" list is empty"#,
+    ),
+    (
+        "10-net.conflist",
+        r#"{"plugins": [{"type": "loopback"}, {"name": "x"}]}"#,
+        r#"plugin 1 of "plugins" has no "type""#,
+    ),
+    (
+        "10-net.conflist",
+        r#"{"plugins": [{"type": 7}]}"#,
+        r#"plugin 0 of "plugins" has a "type" that is a number, not a string"#,
+    ),
+    (
+        "10-net.conflist",
+        r#"[{"type": "loopback"}]"#,
+        "a list where a JSON object belongs",
+    ),
+    (
+        "10-net.conflist",
+        r#"{"plugins": [{"type": "loopback"}"#,
+        "not JSON",
+    ),
+    ("10-net.conflist", "", "the file is empty"),
+    ("10-net.conflist", " \n", "the file is empty"),
+    (
+        "10-net.conf",
+        r#""loopback""#,
+        "a string where a JSON object belongs",
+    ),
+    (
+        "10-net.conf",
+        r#"{"name": "n"}"#,
+        r#"the plugin has no "type""#,
+    ),
+];
+
+/// Every malformed file is refused by install, the watch's apply and uninstall alike, with an
+/// error naming the file and what is wrong, and nothing is changed: not the file, not the state
+/// file, not a binary (as if an earlier install had converted a `.conf`).
+#[test]
+fn a_malformed_node_configuration_is_refused_and_left_as_it_is() {
+    for (name, text, reason) in MALFORMED {
+        let dirs = Dirs::new("malformed");
+        dirs.binaries(&["loopback", PLUGIN_TYPE]);
+        fs::write(dirs.conf(name), text).unwrap();
+        fs::write(
+            dirs.conf(STATE_FILE),
+            json!({ "converted_from": "10-net.conf" }).to_string(),
+        )
+        .unwrap();
+        let before = dirs.snapshot();
+        let installer = dirs.installer();
+        for (action, result) in [
+            ("install", installer.install().map(drop)),
+            ("apply", installer.apply().map(drop)),
+            ("uninstall", installer.uninstall()),
+        ] {
+            let err = result.expect_err(&format!("{action} of {name} {text:?}"));
+            assert!(
+                matches!(&err, InstallError::BadConfig { path, .. } if *path == dirs.conf(name)),
+                "{action} of {text:?}: {err:?}"
+            );
+            let message = err.to_string();
+            assert!(
+                message.contains(&dirs.conf(name).display().to_string())
+                    && message.contains(reason)
+                    && message.contains("left as it is"),
+                "{action} of {text:?}: {reason:?} not in {message}"
+            );
+            assert_eq!(dirs.snapshot(), before, "{action} of {text:?} wrote");
+        }
+    }
+}
+
+/// Uninstalling where the primary is a lone `.conf` (never converted: nothing of ours in it)
+/// removes only the binary.
+#[test]
+fn uninstall_leaves_a_lone_conf_it_never_converted() {
+    let dirs = Dirs::new("loneconf");
+    dirs.binaries(&[PLUGIN_TYPE]);
+    let path = dirs.conf("05-cilium.conf");
+    let text = serde_json::to_vec(&cilium_conf()).unwrap();
+    fs::write(&path, &text).unwrap();
+    dirs.installer().uninstall().unwrap();
+    assert_eq!(fs::read(&path).unwrap(), text);
+    assert!(!dirs.root.join("bin").join(PLUGIN_TYPE).exists());
+}
+
 #[test]
 fn a_primary_whose_plugins_are_not_in_the_bin_dir_is_refused_and_nothing_is_written() {
     let dirs = Dirs::new("missing");

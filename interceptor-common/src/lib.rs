@@ -84,7 +84,7 @@ macro_rules! aya_pod {
         // SAFETY: the type is `bytemuck::Pod` (checked just above): `Copy`, `#[repr(C)]` or
         // `#[repr(transparent)]`, without padding, and valid for every bit pattern, which is
         // all `aya::Pod` requires.
-        #[allow(unsafe_code)]
+        #[allow(unsafe_code, reason = "the crate's one unsafe impl: aya's marker trait")]
         unsafe impl aya::Pod for $ty {}
     )+};
 }

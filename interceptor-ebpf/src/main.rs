@@ -6,7 +6,10 @@
 //! only the rare failures in `error` are logged, when userspace turns the log on.
 #![no_std]
 #![feature(core_intrinsics)]
-#![allow(internal_features)]
+#![allow(
+    internal_features,
+    reason = "core_intrinsics: the programs' atomics (see atomic.rs); nightly-only, see xtask/src/setup.rs"
+)]
 #![no_main]
 #![warn(clippy::undocumented_unsafe_blocks)]
 

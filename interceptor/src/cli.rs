@@ -87,8 +87,10 @@ pub struct CniArgs {
 }
 
 #[derive(Debug, Subcommand)]
-// Parsed once per run: boxing `Install` would buy nothing.
-#[allow(clippy::large_enum_variant)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "parsed once per run: boxing `Install` would buy nothing"
+)]
 pub enum CniCommand {
     /// Copy the plugin into the bin directory and chain it into the primary network
     /// configuration (converting a lone .conf to a .conflist), atomically and never twice.

@@ -8,8 +8,8 @@
 //! Debian base image would need a registry or a bootstrap tool and would carry far more than the
 //! agent runs.
 //!
-//! The binaries are built in a target directory of their own: built together with the tests
-//! crate, cargo's feature unification would compile the tests' crash points into them.
+//! The binaries are built in a target directory of their own, and checked to hold none of the
+//! kill tests' crash points before they are copied in (see `crash_points`).
 
 use std::{
     collections::BTreeSet,
@@ -21,7 +21,7 @@ use std::{
 
 use anyhow::{Context as _, bail, ensure};
 
-use crate::{cmd, setup, workspace_root};
+use crate::{cmd, crash_points, setup, workspace_root};
 
 /// Where the image and its build context go, under the workspace.
 pub const IMAGE_DIR: &str = "target/image";
@@ -99,15 +99,16 @@ pub fn build() -> anyhow::Result<PathBuf> {
     if rootfs.exists() {
         fs::remove_dir_all(&rootfs).with_context(|| format!("removing {}", rootfs.display()))?;
     }
-    let bin = Path::new("/usr/local/bin");
-    let mut elves = vec![
-        copy_into(&rootfs, &build_dir.join("release/interceptor"), bin)?,
-        copy_into(
-            &rootfs,
-            &build_dir.join(HOST_TARGET).join("release/interceptor-cni"),
-            bin,
-        )?,
+    let binaries = [
+        build_dir.join("release/interceptor"),
+        build_dir.join(HOST_TARGET).join("release/interceptor-cni"),
     ];
+    crash_points::check_binaries(&binaries)?;
+    let bin = Path::new("/usr/local/bin");
+    let mut elves = Vec::new();
+    for binary in &binaries {
+        elves.push(copy_into(&rootfs, binary, bin)?);
+    }
     for multi in ["xtables-legacy-multi", "xtables-nft-multi"] {
         elves.push(copy_into(
             &rootfs,

@@ -1,6 +1,7 @@
 //! Project tasks, run as `cargo xtask <task>` (an alias in .cargo/config.toml).
 
 mod cmd;
+mod crash_points;
 mod image;
 mod kernels;
 mod kit;

@@ -14,6 +14,30 @@ use anyhow::{Context as _, bail, ensure};
 
 use crate::cmd;
 
+/// The nightly the eBPF programs are built and tested with (rustc 1.97.0-nightly e50aa6fba, LLVM
+/// 22). They use `core_intrinsics`, which nightlies change: another nightly may fail to build
+/// them. Also named in interceptor/build.rs's error.
+pub const TESTED_NIGHTLY: &str = "nightly-2026-05-19";
+/// Names the toolchain the eBPF programs build with, instead of `nightly` (interceptor/build.rs
+/// reads it too).
+pub const EBPF_TOOLCHAIN_VAR: &str = "INTERCEPTOR_EBPF_TOOLCHAIN";
+
+/// The toolchain the eBPF programs build with: `nightly` (whichever is installed), or the one
+/// [`EBPF_TOOLCHAIN_VAR`] names.
+pub fn ebpf_toolchain() -> String {
+    env::var(EBPF_TOOLCHAIN_VAR).unwrap_or_else(|_| "nightly".to_owned())
+}
+
+/// How to build with the tested nightly, for a message.
+pub fn tested_nightly_hint() -> String {
+    format!(
+        "the eBPF programs are tested with {TESTED_NIGHTLY}: install it with `rustup toolchain \
+         install {TESTED_NIGHTLY} --component rust-src` and build with \
+         {EBPF_TOOLCHAIN_VAR}={TESTED_NIGHTLY} (then `cargo xtask setup` again: bpf-linker \
+         must match its LLVM)"
+    )
+}
+
 /// The bpf-linker verified with this workspace's aya and nightly.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
@@ -48,6 +72,7 @@ pub fn run() -> anyhow::Result<OsString> {
     let path = path_with(&install_root.join("bin"))?;
     debian_packages(DEBIAN_PACKAGES, &path)?;
     rust_src()?;
+    nightly_version();
     bpf_linker(&install_root, &path)?;
     let validator = kubernetes_validate()?;
     let path = path_with_dir(&validator, &path)?;
@@ -155,27 +180,52 @@ pub fn debian_packages(wanted: &[(&str, &str)], path: &OsStr) -> anyhow::Result<
 
 /// aya-build compiles the eBPF crate with `-Z build-std`, which needs the nightly's std sources.
 fn rust_src() -> anyhow::Result<()> {
+    let toolchain = ebpf_toolchain();
     let installed = cmd::output(Command::new("rustup").args([
         "component",
         "list",
         "--toolchain",
-        "nightly",
+        &toolchain,
         "--installed",
     ]))
-    .context("the eBPF programs build with the nightly toolchain: install it with `rustup toolchain install nightly`")?;
+    .with_context(|| format!("the eBPF programs build with the {toolchain} toolchain: install it with `rustup toolchain install {toolchain}`"))?;
     if installed.lines().any(|line| line.trim() == "rust-src") {
-        println!("rust-src (nightly): present");
+        println!("rust-src ({toolchain}): present");
         return Ok(());
     }
-    println!("rust-src (nightly): installing...");
+    println!("rust-src ({toolchain}): installing...");
     cmd::run(Command::new("rustup").args([
         "component",
         "add",
         "rust-src",
         "--toolchain",
-        "nightly",
+        &toolchain,
     ]))
-    .context("could not add rust-src to the nightly toolchain")
+    .with_context(|| format!("could not add rust-src to the {toolchain} toolchain"))
+}
+
+/// Says which nightly the eBPF programs will build with, and, when it is not the tested one,
+/// which is and how to use it should their build fail.
+fn nightly_version() {
+    let toolchain = ebpf_toolchain();
+    let version = Command::new("rustc")
+        .arg(format!("+{toolchain}"))
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let date = TESTED_NIGHTLY.trim_start_matches("nightly-");
+    if toolchain == TESTED_NIGHTLY || version.contains(date) {
+        println!("{toolchain}: {version}, the nightly the eBPF programs are tested with");
+    } else {
+        println!(
+            "{toolchain}: {version}, not the nightly the eBPF programs are tested with; if their \
+             build fails, {}",
+            tested_nightly_hint()
+        );
+    }
 }
 
 fn bpf_linker(install_root: &Path, path: &OsStr) -> anyhow::Result<()> {
@@ -237,18 +287,24 @@ fn bpf_linker_version(path: &OsStr) -> Option<String> {
 
 /// The nightly's LLVM major version (which picks bpf-linker's `llvm-N` feature) and its libLLVM.
 fn nightly_libllvm() -> anyhow::Result<(String, PathBuf)> {
-    let rustc_hint = "the eBPF programs build with the nightly toolchain: install it with `rustup toolchain install nightly`";
+    let toolchain = ebpf_toolchain();
+    let rustc_hint = || {
+        format!(
+            "the eBPF programs build with the {toolchain} toolchain: install it with `rustup toolchain install {toolchain}`"
+        )
+    };
+    let plus = format!("+{toolchain}");
     let version =
-        cmd::output(Command::new("rustc").args(["+nightly", "-vV"])).context(rustc_hint)?;
+        cmd::output(Command::new("rustc").args([&plus, "-vV"])).with_context(rustc_hint)?;
     let llvm_major = version
         .lines()
         .find_map(|line| line.strip_prefix("LLVM version: "))
         .and_then(|llvm| llvm.split('.').next())
-        .context("`rustc +nightly -vV` printed no `LLVM version: N.x` line")?
+        .with_context(|| format!("`rustc {plus} -vV` printed no `LLVM version: N.x` line"))?
         .to_owned();
 
-    let sysroot = cmd::output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))
-        .context(rustc_hint)?;
+    let sysroot = cmd::output(Command::new("rustc").args([&plus, "--print", "sysroot"]))
+        .with_context(rustc_hint)?;
     let lib_dir = Path::new(sysroot.trim()).join("lib");
     let libs: Vec<PathBuf> = fs::read_dir(&lib_dir)
         .with_context(|| format!("could not list {}", lib_dir.display()))?

@@ -12,6 +12,7 @@ pub fn run(cargo_args: &[OsString], test_args: &[OsString]) -> anyhow::Result<()
     clippy(&path)?;
     // The tests load and run the image the DaemonSet runs.
     let image = crate::image::build()?;
+    crate::crash_points::check_user_builds(&path)?;
     let mut cargo_test = cmd::cargo();
     cargo_test
         .current_dir(workspace_root())
@@ -86,7 +87,8 @@ fn clippy(path: &OsString) -> anyhow::Result<()> {
     cmd::run(
         std::process::Command::new("cargo")
             .current_dir(workspace_root())
-            .args(["+nightly", "clippy", "-p", "interceptor-ebpf"])
+            .arg(format!("+{}", setup::ebpf_toolchain()))
+            .args(["clippy", "-p", "interceptor-ebpf"])
             .args([
                 "--target",
                 "bpfel-unknown-none",

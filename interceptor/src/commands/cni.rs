@@ -88,6 +88,8 @@ pub fn cni(args: CniArgs) -> anyhow::Result<()> {
             // an uninstall's own write must not be chained again, nor a kept plugin rewritten.
             let stopped = Arc::new(Mutex::new(false));
             let (watcher, watch_stopped) = (installer.clone(), stopped.clone());
+            let failed = Arc::new(Mutex::new(None));
+            let watch_failed = failed.clone();
             let reports = report_restores(agent_socket);
             std::thread::spawn(move || {
                 let watch = Watch {
@@ -97,18 +99,30 @@ pub fn cni(args: CniArgs) -> anyhow::Result<()> {
                     reports,
                 };
                 if let Err(e) = watch.keep_chained(failing) {
-                    tracing::error!(error = %format!("{e:#}"), "watching the CNI configuration stopped");
-                    std::process::exit(1);
+                    *lock(&watch_failed) = Some(e);
+                    // Ends the wait below, which returns the error without uninstalling.
+                    let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGTERM);
                 }
             });
+            let watch_error = || {
+                lock(&failed)
+                    .take()
+                    .map(|e| e.context("watching the CNI configuration stopped"))
+            };
             let Some(owner) = owner else {
                 let signal = signals.wait().context("waiting for SIGTERM or SIGINT")?;
+                if let Some(e) = watch_error() {
+                    return Err(e);
+                }
                 let _stopped = stop(&stopped);
                 installer.uninstall()?;
                 info!(%signal, "CNI plugin uninstalled on termination");
                 return Ok(());
             };
             let (signal, access) = owner.wait(signals)?;
+            if let Some(e) = watch_error() {
+                return Err(e);
+            }
             let _stopped = stop(&stopped);
             if let Some(reason) = owner.removal_reason(signal, access) {
                 installer.uninstall()?;
@@ -249,9 +263,14 @@ impl Owner {
 
 /// Marks the watch stopped; it waits on the guard until what follows the signal is done.
 fn stop(stopped: &Mutex<bool>) -> std::sync::MutexGuard<'_, bool> {
-    let mut guard = stopped.lock().unwrap_or_else(|e| e.into_inner());
+    let mut guard = lock(stopped);
     *guard = true;
     guard
+}
+
+/// The guarded value, also after a thread panicked holding it.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn termination_signals() -> SigSet {
@@ -396,7 +415,7 @@ impl Watch<'_> {
                     }
                 }
             }
-            let stopped = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
+            let stopped = lock(self.stopped);
             if *stopped {
                 return Ok(());
             }

@@ -36,6 +36,14 @@ pub fn choose_backend(mode: Mode) -> Mode {
     }
 }
 
+/// A command's end with an exit code of its own (a validation that failed, a usage error), once
+/// it has said why: `main` exits with `code` and adds nothing.
+#[derive(Debug, thiserror::Error)]
+#[error("exit code {code}")]
+pub struct Exit {
+    pub code: u8,
+}
+
 /// The `interceptor` binary: parse, set up logging, run the command.
 pub fn main() -> std::process::ExitCode {
     let cli = crate::cli::Cli::parse();
@@ -68,10 +76,13 @@ pub fn main() -> std::process::ExitCode {
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e:#}");
-            std::process::ExitCode::FAILURE
-        }
+        Err(e) => match e.downcast_ref::<Exit>() {
+            Some(exit) => std::process::ExitCode::from(exit.code),
+            None => {
+                tracing::error!("{e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        },
     }
 }
 

@@ -14,7 +14,7 @@ use anyhow::Context as _;
 use crate::cli::ValidateArgs;
 
 /// The exit code of a failed validation, as Linkerd's validator uses it.
-pub const NOT_INTERCEPTED: i32 = 95;
+pub const NOT_INTERCEPTED: u8 = 95;
 
 pub fn validate(args: ValidateArgs) -> anyhow::Result<()> {
     if let Some(netns) = &args.netns {
@@ -56,9 +56,12 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<()> {
     }
 }
 
-fn fail(reason: &str) -> ! {
+fn fail(reason: &str) -> anyhow::Result<()> {
     println!("interception does NOT work: {reason}");
-    std::process::exit(NOT_INTERCEPTED)
+    Err(super::Exit {
+        code: NOT_INTERCEPTED,
+    }
+    .into())
 }
 
 fn exchange(target: SocketAddr, timeout: Duration) -> std::io::Result<String> {

@@ -320,8 +320,10 @@ impl PodRegistry {
     /// only `before` needed are removed. Nothing is written unless everything fits; a failure
     /// before the switch removes what was written, so the maps are as they were (a new pod's
     /// link is detached too), and hands the link back.
-    // The link handed back with the error makes the error large; it is built once per change.
-    #[allow(clippy::result_large_err)]
+    #[allow(
+        clippy::result_large_err,
+        reason = "the link handed back with the error makes it large; built once per change"
+    )]
     fn write(
         &mut self,
         spec: &PodSpec,

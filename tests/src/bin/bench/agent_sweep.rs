@@ -57,7 +57,10 @@ fn logged_registrations_ms(log: &Path) -> anyhow::Result<Vec<f64>> {
 
 /// Measures `cases` with the bench pod registered among `counts` pods (ascending), interleaved
 /// with the limit pod.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the sweep's inputs, each set once by the bench's main"
+)]
 pub fn run(
     interceptor: &Path,
     connload: &Path,
