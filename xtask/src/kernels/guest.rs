@@ -35,7 +35,7 @@ pub struct GuestResult {
     pub elapsed: Duration,
 }
 
-/// Guest size: measured fastest for two host cores (see the README's kernel matrix section).
+/// Guest size: measured fastest for two host cores (see docs/testing.md, "Kernel matrix").
 const CPUS: &str = "2";
 const MEMORY: &str = "4G";
 /// Booting and powering off a guest, on top of its commands' timeouts.

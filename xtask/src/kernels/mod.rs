@@ -89,7 +89,7 @@ pub fn run(path: &OsString, options: &Options) -> anyhow::Result<()> {
     std::fs::write(&table, report::supported_kernels(&reports))
         .with_context(|| format!("could not write {}", table.display()))?;
     println!(
-        "kernels: the README's supported-kernels table is in {}",
+        "kernels: the supported-kernels table (docs/kernels.md) is in {}",
         table.display()
     );
     println!("kernel matrix results: {}", json.display());

@@ -40,7 +40,7 @@ pub enum Needs {
     /// Nothing beyond what every kernel of the matrix has (the iptables backend).
     Any,
     /// The eBPF programs load: SO_NETNS_COOKIE (5.14), `bpf_get_netns_cookie` in sockopt
-    /// programs (5.15) and the rest of the README's requirements.
+    /// programs (5.15) and the rest of the requirements in docs/kernels.md.
     Ebpf,
     /// In the core, only where the eBPF programs cannot run: the fallback made for those
     /// kernels (elsewhere the host's run and `--full` cover it).

@@ -1,5 +1,5 @@
 //! Reading a test binary's log (libtest's output), and reporting the matrix: a table on the
-//! terminal and `target/kernels/results.json`, from which the README's supported-kernels table
+//! terminal and `target/kernels/results.json`, from which the supported-kernels table (docs/kernels.md)
 //! is made.
 
 use std::{fmt::Write as _, path::Path};
@@ -190,7 +190,7 @@ fn field<'a>(line: &'a str, key: &str) -> &'a str {
     value.split(' ').next().unwrap_or_default()
 }
 
-/// The README's supported-kernels table, from what kernel_support printed on each kernel (its
+/// The supported-kernels table (docs/kernels.md), from what kernel_support printed on each kernel (its
 /// plain run): the variant each hook runs (the first that loads, in order of preference), the
 /// features the probes did not find, and the backend `--mode auto` picks.
 pub fn supported_kernels(kernels: &[KernelReport]) -> String {
