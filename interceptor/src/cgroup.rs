@@ -157,22 +157,11 @@ pub fn find_kubepods(dir: &Path) -> KubepodsSearch {
     for _ in 0..KUBEPODS_SEARCH_DEPTH {
         let mut found = Vec::new();
         let mut next = Vec::new();
-        for parent in &level {
-            let Ok(entries) = std::fs::read_dir(parent) else {
-                continue;
-            };
-            for entry in entries.filter_map(Result::ok) {
-                // Not following symbolic links: a cgroup tree has none.
-                if !entry.file_type().is_ok_and(|t| t.is_dir()) {
-                    continue;
-                }
-                let name = entry.file_name();
-                let name = name.to_string_lossy();
-                if name == "kubepods" || name.ends_with("kubepods.slice") {
-                    found.push(entry.path());
-                } else if !is_pod_cgroup(&name) {
-                    next.push(entry.path());
-                }
+        for (name, path) in subdirectories(&level) {
+            if name == "kubepods" || name.ends_with("kubepods.slice") {
+                found.push(path);
+            } else if !is_pod_cgroup(&name) {
+                next.push(path);
             }
         }
         found.sort();
@@ -183,6 +172,23 @@ pub fn find_kubepods(dir: &Path) -> KubepodsSearch {
         }
     }
     KubepodsSearch::NotFound
+}
+
+/// The directories right below `parents`, with their names; those that cannot be read are
+/// passed over, and symbolic links are not followed (a cgroup tree has none).
+fn subdirectories(parents: &[PathBuf]) -> Vec<(String, PathBuf)> {
+    parents
+        .iter()
+        .filter_map(|parent| std::fs::read_dir(parent).ok())
+        .flat_map(|entries| entries.filter_map(Result::ok))
+        .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|entry| {
+            (
+                entry.file_name().to_string_lossy().into_owned(),
+                entry.path(),
+            )
+        })
+        .collect()
 }
 
 /// A pod's cgroup: cgroupfs `pod<uid>`, systemd `kubepods-<qos>-pod<uid>.slice`.
@@ -217,22 +223,12 @@ pub fn find_pod_cgroup(kubepods: &Path, uid: &str) -> Option<PathBuf> {
     let mut level = vec![kubepods.to_owned()];
     for _ in 0..POD_SEARCH_DEPTH {
         let mut next = Vec::new();
-        for parent in &level {
-            let Ok(entries) = std::fs::read_dir(parent) else {
-                continue;
-            };
-            for entry in entries.filter_map(Result::ok) {
-                if !entry.file_type().is_ok_and(|t| t.is_dir()) {
-                    continue;
-                }
-                let name = entry.file_name();
-                let name = name.to_string_lossy();
-                if is_cgroup_of_pod(&name, uid) {
-                    return Some(entry.path());
-                }
-                if !is_pod_cgroup(&name) {
-                    next.push(entry.path());
-                }
+        for (name, path) in subdirectories(&level) {
+            if is_cgroup_of_pod(&name, uid) {
+                return Some(path);
+            }
+            if !is_pod_cgroup(&name) {
+                next.push(path);
             }
         }
         level = next;
