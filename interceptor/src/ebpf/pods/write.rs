@@ -1,0 +1,126 @@
+//! The make-before-break write of a pod's state, and the room check that refuses a change the
+//! maps cannot hold before anything is written.
+use std::{collections::BTreeSet, net::IpAddr};
+
+use interceptor_common::{MAX_LOCAL_ADDRS_PER_POD, MAX_SUBNET_RULES, PodSlot, names};
+
+use super::{InForce, PodRegistry, Registered, Written};
+use crate::{
+    crash_points::crash_point,
+    ebpf::{
+        EbpfError, PodSpec,
+        encode::{SubnetEntry, pod_config, subnet_keys},
+        inbound::{Inbound, inbound_link_path, load_inbound},
+        maps::map_error,
+    },
+    netns::PodNetns,
+};
+
+impl PodRegistry {
+    /// Makes `spec` the pod's state, from `before`: its sk_lookup link (`inbound`, or attached
+    /// now), the entries the new state needs, its configuration (the switch), then the entries
+    /// only `before` needed are removed. Nothing is written unless everything fits; a failure
+    /// before the switch removes what was written, so the maps are as they were (a new pod's
+    /// link is detached too), and hands the link back.
+    #[allow(
+        clippy::result_large_err,
+        reason = "the link handed back with the error makes it large; built once per change"
+    )]
+    pub(super) fn write(
+        &mut self,
+        spec: &PodSpec,
+        netns: &PodNetns,
+        slot: PodSlot,
+        before: &InForce,
+        inbound: Option<Inbound>,
+    ) -> Result<Registered, (EbpfError, Option<Inbound>)> {
+        let cookie = spec.netns_cookie;
+        let addresses: BTreeSet<IpAddr> = spec.addresses.iter().copied().collect();
+        let subnets = subnet_keys(cookie, &spec.config);
+        if let Err(e) = self.check_room(spec, &addresses, &before.subnets, &subnets) {
+            return Err((e, inbound));
+        }
+        // Attached again when its pin went missing: the new link is attached before the old
+        // one is dropped, so inbound steering never stops.
+        let pinned = !self.persistent || inbound_link_path(&self.links_dir, cookie).exists();
+        let inbound = match inbound {
+            Some(inbound) if pinned => inbound,
+            old => match load_inbound(
+                &self.pod_lookup,
+                &self.links_dir,
+                self.persistent,
+                cookie,
+                slot,
+                netns,
+            ) {
+                Ok(new) => {
+                    drop(old);
+                    new
+                }
+                Err(e) => return Err((e, old)),
+            },
+        };
+        crash_point!("pod-inbound-attached");
+        let config = pod_config(slot, &spec.config, &addresses);
+        let mut written = Written::default();
+        let switched = self
+            .write_new_entries(before, &subnets, &mut written)
+            .and_then(|()| {
+                crash_point!("pod-entries-written");
+                self.maps
+                    .pods
+                    .insert(cookie, config, 0)
+                    .map_err(map_error(names::MAP_PODS))
+            });
+        if let Err(e) = switched {
+            self.remove_written(cookie, written);
+            if before.config.is_none() {
+                self.detach_inbound(cookie, Some(inbound));
+                return Err((e, None));
+            }
+            return Err((e, Some(inbound)));
+        }
+        crash_point!("pod-switched");
+        let (subnets, problem) =
+            self.remove_old_entries(cookie, before, subnets, config.inbound_port);
+        Ok(Registered {
+            slot,
+            config: spec.config.clone(),
+            kept_in_force: None,
+            addresses,
+            subnets,
+            inbound: Some(inbound),
+            problem,
+        })
+    }
+
+    /// Refuses a change the maps cannot hold, before anything is written. The old and the new
+    /// entries are both in the maps for a moment, so a change needs room for what it adds.
+    fn check_room(
+        &self,
+        spec: &PodSpec,
+        addresses: &BTreeSet<IpAddr>,
+        subnets_before: &BTreeSet<SubnetEntry>,
+        subnets: &BTreeSet<SubnetEntry>,
+    ) -> Result<(), EbpfError> {
+        if addresses.len() > MAX_LOCAL_ADDRS_PER_POD as usize {
+            return Err(EbpfError::TooManyAddresses {
+                netns: spec.netns_path.clone(),
+                count: addresses.len(),
+                max: MAX_LOCAL_ADDRS_PER_POD,
+            });
+        }
+        let needed = subnets.difference(subnets_before).count();
+        let free = (MAX_SUBNET_RULES as usize).saturating_sub(self.subnet_entries);
+        if needed > free {
+            return Err(EbpfError::TableFull {
+                table: "subnet",
+                unit: "rules",
+                capacity: MAX_SUBNET_RULES as usize,
+                free,
+                needed,
+            });
+        }
+        Ok(())
+    }
+}
