@@ -347,7 +347,7 @@ fn link_problems_names_links_missing_or_attached_elsewhere() {
         .join("interceptor-tests")
         .join(interceptor_tests::unique_name("problems"));
     let maps = dir.join("maps");
-    let mut node = EbpfNode::load(LoadOptions {
+    let mut node: EbpfNode = EbpfNode::load(LoadOptions {
         links_dir: dir.clone(),
         persistent: true,
         ..LoadOptions::new(&maps)

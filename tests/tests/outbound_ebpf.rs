@@ -645,6 +645,6 @@ fn a_load_that_fails_leaves_no_pins_behind() {
         ..options()
     };
     let pin_dir = options.pin_dir.clone();
-    assert!(interceptor::ebpf::EbpfNode::load(options).is_err());
+    assert!(interceptor::ebpf::EbpfNode::<()>::load(options).is_err());
     assert!(!pin_dir.exists(), "{} is left", pin_dir.display());
 }

@@ -14,7 +14,7 @@ use super::{
     Refusal,
     api::{Backend as Kind, ErrorKind},
     iptables_pods::{IptablesPods, IptablesSettings},
-    records::{PodBackend, PodRecord},
+    records::{PodBackend, PodFacts, PodRecord},
 };
 use crate::{
     config::InterceptionConfig,
@@ -30,10 +30,14 @@ pub enum BackendChoice {
     Iptables(IptablesSettings),
 }
 
+/// The backend, and with it the one table of the agent's pods: the eBPF registry or the
+/// iptables pod set keeps each pod's configuration and what it wrote, with the agent's
+/// [`PodFacts`]; a pod's record is built from them ([`Backend::record`]) and saved after every
+/// change, never kept beside them.
 pub enum Backend {
     /// Boxed: the node is large, and there is one per agent.
-    Ebpf(Box<EbpfNode>),
-    Iptables(IptablesPods),
+    Ebpf(Box<EbpfNode<PodFacts>>),
+    Iptables(IptablesPods<PodFacts>),
 }
 
 /// What the backend knows of a pod beyond its record; `None` where the backend has no such
@@ -54,37 +58,96 @@ impl Backend {
         }
     }
 
-    pub fn ebpf(&self) -> Option<&EbpfNode> {
+    pub fn ebpf(&self) -> Option<&EbpfNode<PodFacts>> {
         match self {
             Self::Ebpf(node) => Some(node),
             Self::Iptables(_) => None,
         }
     }
 
-    pub fn ebpf_mut(&mut self) -> Option<&mut EbpfNode> {
+    pub fn ebpf_mut(&mut self) -> Option<&mut EbpfNode<PodFacts>> {
         match self {
             Self::Ebpf(node) => Some(node),
             Self::Iptables(_) => None,
+        }
+    }
+
+    /// How many pods are registered.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Ebpf(node) => node.pods_ref().len(),
+            Self::Iptables(pods) => pods.len(),
+        }
+    }
+
+    /// The registered pods, with the agent's facts about each.
+    pub fn registered(&self) -> Box<dyn Iterator<Item = (NetnsCookie, &PodFacts)> + '_> {
+        match self {
+            Self::Ebpf(node) => Box::new(node.pods_ref().registered()),
+            Self::Iptables(pods) => Box::new(pods.registered()),
+        }
+    }
+
+    pub fn facts(&self, cookie: NetnsCookie) -> Option<&PodFacts> {
+        match self {
+            Self::Ebpf(node) => node.pods_ref().data(cookie),
+            Self::Iptables(pods) => pods.data(cookie),
+        }
+    }
+
+    /// A registered pod's record, as it is saved.
+    pub fn record(&self, cookie: NetnsCookie) -> Option<PodRecord> {
+        let config = match self {
+            Self::Ebpf(node) => node.pods_ref().config(cookie),
+            Self::Iptables(pods) => pods.config(cookie),
+        }?;
+        let facts = self.facts(cookie)?;
+        Some(PodRecord::new(cookie, config.clone(), facts.clone()))
+    }
+
+    /// Every registered pod's record, by netns cookie.
+    pub fn records(&self) -> Vec<PodRecord> {
+        self.registered()
+            .filter_map(|(cookie, _)| self.record(cookie))
+            .collect()
+    }
+
+    /// The pod registered for the namespace at `netns`.
+    pub fn find(&self, netns: &Path) -> Option<NetnsCookie> {
+        self.registered()
+            .find(|(_, facts)| facts.netns == netns)
+            .map(|(cookie, _)| cookie)
+    }
+
+    /// Replaces the agent's facts about a registered pod, writing nothing else; returns the
+    /// previous ones (`None`: the pod is not registered).
+    pub fn set_facts(&mut self, cookie: NetnsCookie, facts: PodFacts) -> Option<PodFacts> {
+        match self {
+            Self::Ebpf(node) => node.pods().set_data(cookie, facts).ok(),
+            Self::Iptables(pods) => pods.set_data(cookie, facts).ok(),
         }
     }
 
     /// Puts `spec`'s configuration in force: a new pod, or a change to a registered one whose
-    /// configuration in force is `previous`. If it fails, what was in force stays: eBPF changes
-    /// are made before break; iptables removes what a failed run added, so the previous
-    /// configuration's chains are written again. Returns what the record keeps.
+    /// configuration in force is `previous`; the pod is registered with `facts` from then on
+    /// (their `meshed_by` says what this backend wrote). If it fails, what was in force stays,
+    /// with the pod's previous facts: eBPF changes are made before break; iptables removes what
+    /// a failed run added, so the previous configuration's chains are written again.
     pub fn apply(
         &mut self,
         spec: &PodSpec,
+        mut facts: PodFacts,
         previous: Option<&InterceptionConfig>,
-    ) -> Result<PodBackend, Refusal> {
+    ) -> Result<(), Refusal> {
         match self {
             Self::Ebpf(node) => {
+                facts.meshed_by = PodBackend::Ebpf;
                 match previous {
-                    None => node.pods().register(spec),
-                    Some(_) => node.pods().update(spec),
+                    None => node.pods().register(spec, facts),
+                    Some(_) => node.pods().update(spec, facts),
                 }
                 .map_err(ebpf_refusal)?;
-                Ok(PodBackend::Ebpf)
+                Ok(())
             }
             Self::Iptables(pods) => {
                 if let (None, Some(max)) = (previous, pods.full()) {
@@ -95,14 +158,15 @@ impl Backend {
                         ),
                     ));
                 }
-                let install = |pods: &mut IptablesPods, config| {
-                    pods.install(spec.netns_cookie, &spec.netns_path, config, &spec.addresses)
-                };
-                match install(pods, &spec.config) {
-                    Ok(chains) => Ok(PodBackend::Iptables(chains)),
+                match pods.write_chains(&spec.netns_path, &spec.config) {
+                    Ok(chains) => {
+                        facts.meshed_by = PodBackend::Iptables(chains);
+                        pods.insert(spec.netns_cookie, &spec.config, &spec.addresses, facts);
+                        Ok(())
+                    }
                     Err(e) => {
                         if let Some(previous) = previous
-                            && let Err(undo) = install(pods, previous)
+                            && let Err(undo) = pods.write_chains(&spec.netns_path, previous)
                         {
                             tracing::error!(netns = %spec.netns_path.display(), error = %undo, "writing a pod's previous iptables chains again after a change failed: the pod is not intercepted");
                         }
@@ -113,25 +177,27 @@ impl Backend {
         }
     }
 
-    /// Takes a registered pod out of interception.
-    pub fn remove(&mut self, record: &PodRecord) -> Result<(), String> {
+    /// Takes a registered pod out of interception, and out of the table; on failure it stays.
+    pub fn remove(&mut self, cookie: NetnsCookie) -> Result<(), String> {
         match self {
-            Self::Ebpf(node) => node
-                .pods()
-                .remove(record.netns_cookie)
-                .map_err(|e| e.to_string()),
+            Self::Ebpf(node) => node.pods().remove(cookie).map_err(|e| e.to_string()),
             Self::Iptables(pods) => {
-                let mode = match &record.backend {
+                let (Some(config), Some(facts)) = (pods.config(cookie), pods.data(cookie)) else {
+                    return Ok(());
+                };
+                let mode = match &facts.meshed_by {
                     PodBackend::Iptables(chains) => Some(chains.mode),
                     PodBackend::Ebpf => None,
                 };
-                pods.remove(record.netns_cookie, &record.netns, record.config.ipv6, mode)
+                let (netns, ipv6) = (facts.netns.clone(), config.ipv6);
+                pods.remove(cookie, &netns, ipv6, mode)
                     .map_err(|e| e.to_string())
             }
         }
     }
 
-    /// Forgets a pod whose namespace is gone or was replaced.
+    /// Forgets a pod whose namespace is gone or was replaced; if its entries cannot be removed,
+    /// it stays registered (to be tried again).
     pub fn forget(&mut self, cookie: NetnsCookie) -> Result<(), String> {
         match self {
             Self::Ebpf(node) => node.pods().remove(cookie).map_err(|e| e.to_string()),

@@ -33,27 +33,34 @@ pub struct IptablesSettings {
     pub wait: bool,
 }
 
-/// The pods the iptables backend meshes: their chains are in their namespaces; this keeps only
-/// their addresses, for display.
-pub struct IptablesPods {
+/// The pods the iptables backend meshes, the one table of them: their chains are in their
+/// namespaces; this keeps each one's configuration and addresses, with its user's `D` (the
+/// agent's facts about it), as the eBPF backend's registry does.
+pub struct IptablesPods<D> {
     settings: IptablesSettings,
     /// `--max-pods`, as the eBPF backend's pod table is bounded.
     max_pods: u32,
-    addresses: BTreeMap<NetnsCookie, Vec<IpAddr>>,
+    pods: BTreeMap<NetnsCookie, IptablesPod<D>>,
 }
 
-impl IptablesPods {
+struct IptablesPod<D> {
+    config: InterceptionConfig,
+    addresses: Vec<IpAddr>,
+    data: D,
+}
+
+impl<D> IptablesPods<D> {
     pub fn new(settings: IptablesSettings, max_pods: u32) -> Self {
         Self {
             settings,
             max_pods,
-            addresses: BTreeMap::new(),
+            pods: BTreeMap::new(),
         }
     }
 
     /// `Some(max)` when `max` pods are meshed already: a new one is refused.
     pub fn full(&self) -> Option<u32> {
-        (self.addresses.len() >= self.max_pods as usize).then_some(self.max_pods)
+        (self.pods.len() >= self.max_pods as usize).then_some(self.max_pods)
     }
 
     fn options(&self, netns: &Path, mode: IptablesMode, ipv6: bool) -> IptablesOptions {
@@ -65,42 +72,53 @@ impl IptablesPods {
         }
     }
 
-    /// Writes the pod's chains (an existing chain is flushed and refilled, a jump is never added
-    /// twice; a failure removes what it added) and reads back what is in force.
-    pub fn install(
-        &mut self,
-        cookie: NetnsCookie,
+    /// Writes a pod's chains (an existing chain is flushed and refilled, a jump is never added
+    /// twice; a failure removes what it added) and reads back what is in force. The table is
+    /// left as it is.
+    pub fn write_chains(
+        &self,
         netns: &Path,
         config: &InterceptionConfig,
-        addresses: &[IpAddr],
     ) -> Result<ChainsInForce, IptablesError> {
         let mode = self.settings.mode;
         iptables::install(config, &self.options(netns, mode, config.ipv6))?;
-        self.addresses.insert(cookie, addresses.to_vec());
         Ok(ChainsInForce {
             mode,
             rules: self.rules(netns, mode, config.ipv6)?,
         })
     }
 
-    /// Takes a pod the chains `in_force` describe back after a restart, running nothing when they
-    /// are still what the namespace holds. Returns what is in force now, and whether the chains
-    /// had to be written again.
-    pub fn restore(
-        &mut self,
-        cookie: NetnsCookie,
+    /// The chains of a pod taken back after a restart: those `in_force` describe, running
+    /// nothing when they are still what the namespace holds, or written again. Returns what is
+    /// in force now, and whether the chains had to be written again. The table is left as it is.
+    pub fn restore_chains(
+        &self,
         netns: &Path,
         config: &InterceptionConfig,
-        addresses: &[IpAddr],
         in_force: Option<&ChainsInForce>,
     ) -> Result<(ChainsInForce, bool), IptablesError> {
         if let Some(recorded) = in_force
             && self.rules(netns, recorded.mode, config.ipv6)? == recorded.rules
         {
-            self.addresses.insert(cookie, addresses.to_vec());
             return Ok((recorded.clone(), false));
         }
-        Ok((self.install(cookie, netns, config, addresses)?, true))
+        Ok((self.write_chains(netns, config)?, true))
+    }
+
+    /// Puts a pod whose chains are in force in the table, with `data` (replacing what it held).
+    pub fn insert(
+        &mut self,
+        cookie: NetnsCookie,
+        config: &InterceptionConfig,
+        addresses: &[IpAddr],
+        data: D,
+    ) {
+        let pod = IptablesPod {
+            config: config.clone(),
+            addresses: addresses.to_vec(),
+            data,
+        };
+        self.pods.insert(cookie, pod);
     }
 
     /// Removes the pod's chains (written by `mode`'s binaries) and forgets it.
@@ -113,21 +131,54 @@ impl IptablesPods {
     ) -> Result<(), IptablesError> {
         let mode = mode.unwrap_or(self.settings.mode);
         iptables::cleanup(&self.options(netns, mode, ipv6))?;
-        self.addresses.remove(&cookie);
+        self.pods.remove(&cookie);
         Ok(())
     }
 
     /// Forgets a pod whose namespace is gone: its chains went with it.
     pub fn forget(&mut self, cookie: NetnsCookie) {
-        self.addresses.remove(&cookie);
+        self.pods.remove(&cookie);
     }
 
     pub fn addresses(&self, cookie: NetnsCookie) -> Vec<IpAddr> {
-        self.addresses.get(&cookie).cloned().unwrap_or_default()
+        self.pods
+            .get(&cookie)
+            .map(|p| p.addresses.clone())
+            .unwrap_or_default()
     }
 
     pub fn set_addresses(&mut self, cookie: NetnsCookie, addresses: &[IpAddr]) {
-        self.addresses.insert(cookie, addresses.to_vec());
+        if let Some(pod) = self.pods.get_mut(&cookie) {
+            pod.addresses = addresses.to_vec();
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// What is kept with a pod in the table.
+    pub fn data(&self, cookie: NetnsCookie) -> Option<&D> {
+        Some(&self.pods.get(&cookie)?.data)
+    }
+
+    /// The pods in the table, with what is kept with each, by key.
+    pub fn registered(&self) -> impl Iterator<Item = (NetnsCookie, &D)> {
+        self.pods.iter().map(|(cookie, p)| (*cookie, &p.data))
+    }
+
+    /// A pod's configuration, as its chains were written for it.
+    pub fn config(&self, cookie: NetnsCookie) -> Option<&InterceptionConfig> {
+        Some(&self.pods.get(&cookie)?.config)
+    }
+
+    /// Replaces what is kept with a pod; returns what was kept, or gives `data` back if the pod
+    /// is not in the table.
+    pub fn set_data(&mut self, cookie: NetnsCookie, data: D) -> Result<D, D> {
+        match self.pods.get_mut(&cookie) {
+            Some(pod) => Ok(std::mem::replace(&mut pod.data, data)),
+            None => Err(data),
+        }
     }
 
     /// What differs between the chains recorded for a pod and those in its namespace now (runs

@@ -158,7 +158,7 @@ fn render(agent: &Agent) -> String {
     // The series whose meaning depends on the backend carry it as a label.
     let by_backend = registry.sub_registry_with_label(("backend".into(), backend.into()));
     let pods = Gauge::<i64>::default();
-    pods.set(agent.pods.len() as i64);
+    pods.set(agent.backend.len() as i64);
     by_backend.register("pods_registered", "Pods registered with this agent", pods);
     by_backend.register(
         "pod_registration_seconds",

@@ -11,7 +11,7 @@
 //! `backend`): each pod gets proxy-init's chains in its namespace, behind the same API, records,
 //! restore and metrics.
 pub use interceptor_api as api;
-use interceptor_common::{NetnsCookie, names};
+use interceptor_common::names;
 mod backend;
 mod iptables_pods;
 pub mod kube_pods;
@@ -25,7 +25,6 @@ mod server;
 mod watch;
 
 use std::{
-    collections::BTreeMap,
     fs::{File, OpenOptions},
     net::SocketAddr,
     os::unix::fs::PermissionsExt as _,
@@ -37,7 +36,7 @@ use std::{
 use anyhow::Context as _;
 use api::ErrorKind;
 use nix::fcntl::{Flock, FlockArg};
-use records::{PodRecord, Records};
+use records::{PodFacts, Records};
 use tokio::{
     net::UnixListener,
     signal::unix::{SignalKind, signal},
@@ -119,11 +118,13 @@ impl AgentPaths {
     }
 }
 
-/// The agent's view: the node (programs and maps) and what it knows of each pod.
+/// The agent's view: the node (programs and maps) with the table of its pods, and their records
+/// on disk.
 struct Agent {
+    /// The one table of the pods (see [`backend::Backend`]).
     backend: backend::Backend,
+    /// Written from the table after each change, read back at start-up.
     records: Records,
-    pods: BTreeMap<NetnsCookie, PodRecord>,
     registration_seconds: prometheus_client::metrics::histogram::Histogram,
     /// Pods the CNI plugin let through unmeshed, by reason.
     pods_skipped: metrics::PodsSkipped,
@@ -191,7 +192,6 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
     let mut agent = Agent {
         backend,
         records,
-        pods: BTreeMap::new(),
         registration_seconds: metrics::registration_histogram(),
         pods_skipped: metrics::PodsSkipped::default(),
         cni_chain_restored: Default::default(),
@@ -241,7 +241,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         .with_context(|| format!("chmod 0600 {}", socket.display()))?;
     let (backend, pods) = {
         let agent = lock(&agent);
-        (agent.backend.kind(), agent.pods.len())
+        (agent.backend.kind(), agent.backend.len())
     };
     info!(
         socket = %socket.display(),
@@ -270,7 +270,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
     }
     let _ = std::fs::remove_file(&socket);
     info!(
-        pods = lock(&agent).pods.len(),
+        pods = lock(&agent).backend.len(),
         "agent exiting; interception stays in force (pinned) until the next agent takes over"
     );
     Ok(())
@@ -281,7 +281,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
 fn load_ebpf(
     paths: &AgentPaths,
     options: &AgentOptions,
-) -> anyhow::Result<(EbpfNode, Vec<PathBuf>)> {
+) -> anyhow::Result<(EbpfNode<PodFacts>, Vec<PathBuf>)> {
     let bpffs_root = paths.bpffs.parent().unwrap_or(Path::new("/"));
     crate::bpffs::ensure_bpffs(bpffs_root)?;
     let maps_dir = paths.maps_dir(options.map_layout);

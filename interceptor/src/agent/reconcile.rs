@@ -36,9 +36,9 @@ fn reconcile(agent: &Mutex<Agent>) {
     let (kind, pods): (_, Vec<(NetnsCookie, PathBuf)>) = {
         let agent = lock(agent);
         let pods = agent
-            .pods
-            .iter()
-            .map(|(cookie, record)| (*cookie, record.netns.clone()))
+            .backend
+            .registered()
+            .map(|(cookie, facts)| (cookie, facts.netns.clone()))
             .collect();
         (agent.backend.kind(), pods)
     };
@@ -47,7 +47,7 @@ fn reconcile(agent: &Mutex<Agent>) {
         let current = PodNetns::open(&path).and_then(|n| identify_lenient(kind, &n));
         let mut agent = lock(agent);
         // Removed or replaced through the API meanwhile.
-        if agent.pods.get(&cookie).map(|r| &r.netns) != Some(&path) {
+        if agent.backend.facts(cookie).map(|f| &f.netns) != Some(&path) {
             continue;
         }
         match current {

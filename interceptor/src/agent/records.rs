@@ -27,6 +27,36 @@ pub struct PodRecord {
     pub backend: PodBackend,
 }
 
+/// What the agent keeps with each pod in its backend's table, which is the one table of the
+/// agent's pods: the rest of a record (its key and configuration) is the backend's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodFacts {
+    pub netns: PathBuf,
+    pub meta: PodMeta,
+    /// Which backend meshed the pod.
+    pub meshed_by: PodBackend,
+}
+
+impl PodRecord {
+    pub fn new(netns_cookie: NetnsCookie, config: InterceptionConfig, facts: PodFacts) -> Self {
+        Self {
+            netns: facts.netns,
+            netns_cookie,
+            meta: facts.meta,
+            config,
+            backend: facts.meshed_by,
+        }
+    }
+
+    pub fn facts(&self) -> PodFacts {
+        PodFacts {
+            netns: self.netns.clone(),
+            meta: self.meta.clone(),
+            meshed_by: self.backend.clone(),
+        }
+    }
+}
+
 /// Which backend meshed a pod, and for iptables what it wrote. Records of agents that predate
 /// the choice are eBPF.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -15,7 +15,7 @@ use super::{
     api::{Backend, ErrorKind, Health, PodAdd, PodInfo},
     backend::identify,
     lock,
-    records::{PodBackend, PodRecord},
+    records::{PodBackend, PodFacts},
 };
 use crate::{
     crash_points::crash_point,
@@ -46,16 +46,14 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
         netns_path: add.netns.clone(),
         netns_cookie: cookie,
         addresses,
-        config: config.clone(),
-    };
-    let record = PodRecord {
-        netns: add.netns.clone(),
-        netns_cookie: cookie,
-        meta: add.meta.clone(),
         config,
-        backend: PodBackend::default(),
     };
-    let applied = lock(agent).apply(&spec, record, add.update)?;
+    let facts = PodFacts {
+        netns: add.netns.clone(),
+        meta: add.meta.clone(),
+        meshed_by: PodBackend::default(),
+    };
+    let applied = lock(agent).apply(&spec, facts, add.update)?;
     if applied != Applied::Nothing {
         let agent = if backend == Backend::Ebpf {
             // Its configuration is in force, so a listen() from here on is caught by sock_ops;
@@ -90,74 +88,77 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
 }
 
 impl Agent {
-    /// Applies a pod's configuration to the maps, then to its record; on failure nothing
-    /// changed.
-    fn apply(
-        &mut self,
-        spec: &PodSpec,
-        mut record: PodRecord,
-        update: bool,
-    ) -> Result<Applied, Refusal> {
+    /// Applies a pod's configuration to the maps (and the pod table), then saves its record;
+    /// on failure nothing changed.
+    fn apply(&mut self, spec: &PodSpec, facts: PodFacts, update: bool) -> Result<Applied, Refusal> {
         let cookie = spec.netns_cookie;
-        let existing = self.pods.get(&cookie).cloned();
-        let existing_config = existing.as_ref().map(|r| r.config.clone());
-        // What is in force when only the pod's names change: nothing is written again.
-        let mut in_force = None;
+        let existing = self.backend.record(cookie);
+        // Whether only the pod's names change: what is in force stays, nothing is written again.
+        let mut names_only = false;
         if let Some(existing) = &existing {
             let same = existing.config == spec.config;
             // A pod whose entries (or chains) are not what its record says is written again.
             let settled = same
                 && self.backend.problem(cookie).is_none()
                 && self.backend.differs(existing, None).is_none();
-            if settled && existing.meta == record.meta {
+            if settled && existing.meta == facts.meta {
                 return Ok(Applied::Nothing);
             }
-            if settled {
-                in_force = Some(existing.backend.clone());
-            }
+            names_only = settled;
             if !same && !update {
                 return Err((
                     ErrorKind::Conflict,
                     format!(
                         "pod {} is already registered with another configuration ({}); pass --update to apply the new one in place",
-                        record.netns.display(),
+                        facts.netns.display(),
                         existing.config.to_args().join(" ")
                     ),
                 ));
             }
         }
         // The same path with another cookie: the namespace was replaced, the old pod is gone.
-        if let Some(stale) = self
-            .pods
-            .values()
-            .find(|r| r.netns == record.netns && r.netns_cookie != cookie)
-            .map(|r| r.netns_cookie)
-        {
+        let stale = self
+            .backend
+            .registered()
+            .find(|(c, f)| f.netns == facts.netns && *c != cookie)
+            .map(|(c, _)| c);
+        if let Some(stale) = stale {
             self.forget(stale, "its network namespace was replaced");
         }
-        let is_new = existing.is_none();
-        let names_only = in_force.is_some();
-        record.backend = match in_force {
-            Some(backend) => backend,
-            None => self.backend.apply(spec, existing_config.as_ref())?,
-        };
+        if names_only && let Some(existing) = &existing {
+            let facts = PodFacts {
+                meshed_by: existing.backend.clone(),
+                ..facts
+            };
+            self.backend.set_facts(cookie, facts);
+        } else {
+            self.backend
+                .apply(spec, facts, existing.as_ref().map(|r| &r.config))?;
+        }
         crash_point!("agent-before-record");
+        let record = self
+            .backend
+            .record(cookie)
+            .expect("a pod just applied is registered");
         if let Err(e) = self.records.save(&record) {
-            // Back to what was in force, so the maps and the records agree.
-            let undone = match existing_config {
-                _ if names_only => Ok(()),
-                Some(config) => self
+            // Back to what was in force, so the table, the maps and the records agree.
+            let undone = match &existing {
+                Some(existing) if names_only => {
+                    self.backend.set_facts(cookie, existing.facts());
+                    Ok(())
+                }
+                Some(existing) => self
                     .backend
                     .apply(
                         &PodSpec {
-                            config,
+                            config: existing.config.clone(),
                             ..spec.clone()
                         },
+                        existing.facts(),
                         Some(&spec.config),
                     )
-                    .map(drop)
                     .map_err(|(_, message)| message),
-                None => self.backend.remove(&record),
+                None => self.backend.remove(cookie),
             };
             if let Err(undo) = undone {
                 warn!(netns = %record.netns.display(), error = %undo, "undoing a change whose record could not be saved");
@@ -168,8 +169,7 @@ impl Agent {
             ));
         }
         self.netns_watch.watch(&record.netns);
-        self.pods.insert(cookie, record);
-        Ok(if is_new {
+        Ok(if existing.is_none() {
             Applied::NewPod
         } else {
             Applied::Changed
@@ -200,16 +200,12 @@ impl Agent {
     }
 
     pub(super) fn find(&self, netns: &Path) -> Result<NetnsCookie, Refusal> {
-        self.pods
-            .values()
-            .find(|r| r.netns == netns)
-            .map(|r| r.netns_cookie)
-            .ok_or_else(|| {
-                (
-                    ErrorKind::UnknownNetns,
-                    format!("no pod is registered for {}", netns.display()),
-                )
-            })
+        self.backend.find(netns).ok_or_else(|| {
+            (
+                ErrorKind::UnknownNetns,
+                format!("no pod is registered for {}", netns.display()),
+            )
+        })
     }
 
     pub(super) fn remove_by_path(&mut self, netns: &Path) -> Result<Vec<PodInfo>, Refusal> {
@@ -217,35 +213,35 @@ impl Agent {
             return Ok(Vec::new());
         };
         let info = self.info(cookie);
-        if let Some(record) = self.pods.get(&cookie) {
-            self.backend
-                .remove(record)
-                .map_err(|e| (ErrorKind::Internal, e))?;
-        }
+        self.backend
+            .remove(cookie)
+            .map_err(|e| (ErrorKind::Internal, e))?;
         crash_point!("agent-before-record-removal");
         let _ = self.records.remove(cookie);
-        self.pods.remove(&cookie);
         info!(netns = %netns.display(), netns_cookie = %cookie, "pod removed");
         Ok(info.into_iter().collect())
     }
 
-    /// Removes a pod whose namespace is gone, whatever state it is in.
+    /// Removes a pod whose namespace is gone, whatever state it is in. If its entries cannot be
+    /// removed it stays registered, and the next reconciliation tries again.
     pub(super) fn forget(&mut self, cookie: NetnsCookie, why: &str) {
+        let netns = self.backend.facts(cookie).map(|f| f.netns.clone());
         if let Err(e) = self.backend.forget(cookie) {
             warn!(netns_cookie = %cookie, error = %e, "removing a pod's map entries");
+            return;
         }
         let _ = self.records.remove(cookie);
-        if let Some(record) = self.pods.remove(&cookie) {
-            warn!(netns = %record.netns.display(), netns_cookie = %cookie, "pod removed: {why}");
+        if let Some(netns) = netns {
+            warn!(netns = %netns.display(), netns_cookie = %cookie, "pod removed: {why}");
         }
     }
 
     /// Every pod's information; the listener map is walked once, not once per pod.
     pub(super) fn all_info(&self) -> Vec<PodInfo> {
         let listening = self.backend.listening();
-        self.pods
-            .keys()
-            .filter_map(|c| self.info_with(*c, &listening))
+        self.backend
+            .registered()
+            .filter_map(|(c, _)| self.info_with(c, &listening))
             .collect()
     }
 
@@ -254,16 +250,16 @@ impl Agent {
     }
 
     fn info_with(&self, cookie: NetnsCookie, listening: &BTreeSet<NetnsCookie>) -> Option<PodInfo> {
-        let record = self.pods.get(&cookie)?;
+        let record = self.backend.record(cookie)?;
         let details = self.backend.details(cookie, listening)?;
         Some(PodInfo {
-            netns: record.netns.clone(),
+            netns: record.netns,
             netns_cookie: cookie,
-            meta: record.meta.clone(),
+            meta: record.meta,
             backend: record.backend.kind(),
             slot: details.slot,
             args: record.config.to_args(),
-            config: record.config.clone(),
+            config: record.config,
             addresses: details.addresses.iter().map(ToString::to_string).collect(),
             inbound_listener: details.inbound_listener,
             counters: details.counters,
@@ -278,17 +274,17 @@ impl Agent {
     pub(super) fn health(&self, thorough: bool) -> Health {
         let backend = self.backend.kind();
         let mut problems = self.backend.node_problems(&self.cgroup);
-        for (cookie, record) in &self.pods {
-            if let Some(problem) = self.backend.problem(*cookie) {
-                problems.push(format!("pod {}: {problem}", record.netns.display()));
+        for (cookie, facts) in self.backend.registered() {
+            if let Some(problem) = self.backend.problem(cookie) {
+                problems.push(format!("pod {}: {problem}", facts.netns.display()));
             }
         }
         if !thorough {
             return Health { problems, backend };
         }
         let in_maps = self.backend.in_maps();
-        for record in self.pods.values() {
-            if let Some(difference) = self.backend.differs(record, in_maps.as_ref()) {
+        for record in self.backend.records() {
+            if let Some(difference) = self.backend.differs(&record, in_maps.as_ref()) {
                 problems.push(format!("pod {}: {difference}", record.netns.display()));
             }
         }
@@ -305,7 +301,7 @@ impl Agent {
             .iter()
             .map(|r| r.netns_cookie)
             .collect();
-        let registered: BTreeSet<NetnsCookie> = self.pods.keys().copied().collect();
+        let registered: BTreeSet<NetnsCookie> = self.backend.registered().map(|(c, _)| c).collect();
         for cookie in recorded.symmetric_difference(&registered) {
             problems.push(format!(
                 "netns cookie {cookie} has a pod record but is not registered, or the other way round"

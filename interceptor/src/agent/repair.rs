@@ -219,8 +219,8 @@ impl Repair {
         let agent = lock(&self.agent);
         let mut uids = HashSet::new();
         let mut names = HashSet::new();
-        for record in agent.pods.values() {
-            match (&record.meta.uid, &record.meta.namespace, &record.meta.name) {
+        for (_, facts) in agent.backend.registered() {
+            match (&facts.meta.uid, &facts.meta.namespace, &facts.meta.name) {
                 (Some(uid), _, _) => {
                     uids.insert(uid.clone());
                 }

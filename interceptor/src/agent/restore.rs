@@ -49,9 +49,8 @@ impl Agent {
             let cookie = record.netns_cookie;
             let netns = record.netns.clone();
             match self.restore_one(record, in_maps.as_mut(), migrating) {
-                Ok(record) => {
-                    self.netns_watch.watch(&record.netns);
-                    self.pods.insert(cookie, record);
+                Ok(()) => {
+                    self.netns_watch.watch(&netns);
                     crash_point!("restore-pod");
                 }
                 Err(NotRestored::Refused(why)) if migrating => bail!(
@@ -73,18 +72,18 @@ impl Agent {
         if let Some(in_maps) = &in_maps {
             self.remove_leftovers(in_maps);
         }
-        info!(pods = self.pods.len(), backend = %self.backend.kind(), "pods restored");
+        info!(pods = self.backend.len(), backend = %self.backend.kind(), "pods restored");
         Ok(())
     }
 
-    /// Restores one pod; `migrating`: into new maps, where no pod is yet (nothing to repair).
-    /// Returns its record as it stands now.
+    /// Restores one pod into the pod table; `migrating`: into new maps, where no pod is yet
+    /// (nothing to repair).
     fn restore_one(
         &mut self,
-        mut record: PodRecord,
+        record: PodRecord,
         in_maps: Option<&mut InMaps>,
         migrating: bool,
-    ) -> Result<PodRecord, NotRestored> {
+    ) -> Result<(), NotRestored> {
         let gone = |e: crate::netns::NetnsError| NotRestored::Gone(e.to_string());
         let netns = PodNetns::open(&record.netns).map_err(gone)?;
         let (cookie, addresses) = identify(self.backend.kind(), &netns).map_err(gone)?;
@@ -104,7 +103,7 @@ impl Agent {
                 };
                 let repaired = node
                     .pods()
-                    .restore(&spec, in_maps)
+                    .restore(&spec, in_maps, record.facts())
                     .map_err(|e| NotRestored::Refused(e.to_string()))?;
                 if let Some(what) = repaired.filter(|_| !migrating) {
                     warn!(netns = %path, netns_cookie = %cookie, "pod restored, repaired: {what}");
@@ -116,7 +115,7 @@ impl Agent {
                     PodBackend::Ebpf => None,
                 };
                 let (chains, written) = pods
-                    .restore(cookie, &record.netns, &record.config, &addresses, recorded)
+                    .restore_chains(&record.netns, &record.config, recorded)
                     .map_err(|e| NotRestored::Kept(format!("writing its iptables chains: {e}")))?;
                 match &record.backend {
                     PodBackend::Ebpf => {
@@ -127,16 +126,21 @@ impl Agent {
                     }
                     PodBackend::Iptables(_) => {}
                 }
+                let mut facts = record.facts();
                 if written {
-                    record.backend = PodBackend::Iptables(chains);
-                    if let Err(e) = self.records.save(&record) {
-                        warn!(netns = %path, error = %e, "saving the pod record");
-                    }
+                    facts.meshed_by = PodBackend::Iptables(chains);
+                }
+                pods.insert(cookie, &record.config, &addresses, facts);
+                if written
+                    && let Some(record) = self.backend.record(cookie)
+                    && let Err(e) = self.records.save(&record)
+                {
+                    warn!(netns = %path, error = %e, "saving the pod record");
                 }
             }
             (Backend::Ebpf(_), None) => unreachable!("the eBPF backend has maps"),
         }
-        Ok(record)
+        Ok(())
     }
 
     /// Moves the pods the iptables backend meshed, registered in the maps by
@@ -146,10 +150,10 @@ impl Agent {
     /// attached.
     pub(super) fn take_over_iptables_pods(&mut self) {
         let meshed_by_iptables: Vec<PodRecord> = self
-            .pods
-            .values()
+            .backend
+            .records()
+            .into_iter()
             .filter(|r| matches!(r.backend, PodBackend::Iptables(_)))
-            .cloned()
             .collect();
         for mut record in meshed_by_iptables {
             let cookie = record.netns_cookie;
@@ -168,11 +172,11 @@ impl Agent {
                 continue;
             }
             record.backend = PodBackend::Ebpf;
+            self.backend.set_facts(cookie, record.facts());
             if let Err(e) = self.records.save(&record) {
                 warn!(netns = %record.netns.display(), error = %e, "saving the pod record");
             }
             info!(netns = %record.netns.display(), netns_cookie = %cookie, "took over a pod from iptables: the programs intercept it, its chains are removed");
-            self.pods.insert(cookie, record);
         }
     }
 
@@ -204,7 +208,7 @@ impl Agent {
             .into_iter()
             .chain(in_maps.cookies())
             .chain(pods.pinned_inbound_cookies())
-            .filter(|cookie| !self.pods.contains_key(cookie))
+            .filter(|cookie| self.backend.facts(*cookie).is_none())
             .collect()
     }
 }

@@ -93,7 +93,7 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
         persistent: false,
         max_pods: interceptor_common::MAX_PODS,
     };
-    let mut node = EbpfNode::load(options).context("loading the eBPF programs")?;
+    let mut node: EbpfNode = EbpfNode::load(options).context("loading the eBPF programs")?;
     let slot = node.pods().add(&spec).context("registering the pod")?;
     node.attach(&cgroup)
         .with_context(|| format!("attaching to cgroup {}", cgroup.display()))?;

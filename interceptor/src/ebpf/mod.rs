@@ -216,12 +216,12 @@ fn with_throwaway_pins<T>(
 
 /// The programs loaded and attached once for a node, and the pods they serve. Dropping it
 /// detaches everything (fields drop in order: links first, then the pods and their pins).
-pub struct EbpfNode {
+pub struct EbpfNode<D = ()> {
     attached: loader::Attached,
-    pods: PodRegistry,
+    pods: PodRegistry<D>,
 }
 
-impl EbpfNode {
+impl<D> EbpfNode<D> {
     /// Loads the programs (verifying them) and creates the shared maps, pinned under
     /// `options.pin_dir`, without attaching anything.
     pub fn load(options: LoadOptions) -> Result<Self, EbpfError> {
@@ -279,11 +279,11 @@ impl EbpfNode {
         self.attached.programs()
     }
 
-    pub fn pods(&mut self) -> &mut PodRegistry {
+    pub fn pods(&mut self) -> &mut PodRegistry<D> {
         &mut self.pods
     }
 
-    pub fn pods_ref(&self) -> &PodRegistry {
+    pub fn pods_ref(&self) -> &PodRegistry<D> {
         &self.pods
     }
 }

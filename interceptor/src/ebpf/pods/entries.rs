@@ -13,7 +13,7 @@ use crate::ebpf::{
     maps::map_error,
 };
 
-impl PodRegistry {
+impl<D> PodRegistry<D> {
     pub(super) fn write_new_entries(
         &mut self,
         before: &InForce,

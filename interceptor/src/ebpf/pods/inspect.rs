@@ -7,12 +7,15 @@ use interceptor_common::{
 };
 
 use super::{FillLevels, InMaps, PodRegistry};
-use crate::ebpf::{
-    Counters, EbpfError, ProgramState, inbound::inbound_link_path, links::PinnedLink,
-    maps::map_error,
+use crate::{
+    config::InterceptionConfig,
+    ebpf::{
+        Counters, EbpfError, ProgramState, inbound::inbound_link_path, links::PinnedLink,
+        maps::map_error,
+    },
 };
 
-impl PodRegistry {
+impl<D> PodRegistry<D> {
     /// What the subnet map holds, by pod: read once to restore many pods (a walk per pod would
     /// cost pods × entries system calls).
     pub fn in_maps(&self) -> InMaps {
@@ -31,6 +34,30 @@ impl PodRegistry {
     /// The registered pods' netns cookies.
     pub fn cookies(&self) -> Vec<NetnsCookie> {
         self.pods.keys().copied().collect()
+    }
+
+    /// How many pods are registered.
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+
+    /// What is kept with a registered pod.
+    pub fn data(&self, cookie: NetnsCookie) -> Option<&D> {
+        Some(&self.pods.get(&cookie)?.data)
+    }
+
+    /// The registered pods, with what is kept with each, by netns cookie.
+    pub fn registered(&self) -> impl Iterator<Item = (NetnsCookie, &D)> {
+        self.pods.iter().map(|(cookie, p)| (*cookie, &p.data))
+    }
+
+    /// A registered pod's configuration as asked for (its record's).
+    pub fn config(&self, cookie: NetnsCookie) -> Option<&InterceptionConfig> {
+        Some(&self.pods.get(&cookie)?.config)
     }
 
     /// A registered pod's counter slot.

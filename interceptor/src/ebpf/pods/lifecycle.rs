@@ -17,12 +17,15 @@ use crate::{
     netns::PodNetns,
 };
 
-impl PodRegistry {
+impl<D> PodRegistry<D> {
     /// Registers a pod and adopts its proxy's inbound listener if it already listens (see
     /// [`Self::register`] and [`Self::adopt_listeners`]): all of it, or nothing.
-    pub fn add(&mut self, spec: &PodSpec) -> Result<PodSlot, EbpfError> {
+    pub fn add(&mut self, spec: &PodSpec) -> Result<PodSlot, EbpfError>
+    where
+        D: Default,
+    {
         let is_new = !self.pods.contains_key(&spec.netns_cookie);
-        let slot = self.register(spec)?;
+        let slot = self.register(spec, D::default())?;
         let netns = PodNetns::open(&spec.netns_path)?;
         let found = find_listeners(&netns, spec.config.incoming_proxy_port);
         if let Err(e) = self.adopt_listeners(spec.netns_cookie, found) {
@@ -37,11 +40,12 @@ impl PodRegistry {
     /// Registers a pod. Returns its counter slot. A pod registered with the same configuration
     /// changes nothing; with another configuration it is an error (see [`Self::update`]). Its
     /// proxy's existing listener is left to [`Self::adopt_listeners`], which walks `/proc` and
-    /// so is better done without holding whatever guards the registry.
-    pub fn register(&mut self, spec: &PodSpec) -> Result<PodSlot, EbpfError> {
+    /// so is better done without holding whatever guards the registry. `data` is kept with it.
+    pub fn register(&mut self, spec: &PodSpec, data: D) -> Result<PodSlot, EbpfError> {
         let cookie = spec.netns_cookie;
-        if let Some(registered) = self.pods.get(&cookie) {
+        if let Some(registered) = self.pods.get_mut(&cookie) {
             if registered.config == spec.config && registered.problem.is_none() {
+                registered.data = data;
                 return Ok(registered.slot);
             }
             return Err(EbpfError::AlreadyRegistered(cookie));
@@ -50,7 +54,7 @@ impl PodRegistry {
         let netns = PodNetns::open(&spec.netns_path)?;
         self.zero_counters(slot)?;
         let registered = self
-            .write(spec, &netns, slot, &InForce::default(), None)
+            .write(spec, &netns, slot, &InForce::default(), None, data)
             .map_err(|(e, _)| e)?;
         self.pods.insert(cookie, registered);
         Ok(slot)
@@ -58,11 +62,11 @@ impl PodRegistry {
 
     /// Applies a new configuration to a registered pod in place (registers it if it is not),
     /// make before break: at every moment the programs apply the old or the new configuration,
-    /// and if the new one cannot be applied the old one stays in force.
-    pub fn update(&mut self, spec: &PodSpec) -> Result<PodSlot, EbpfError> {
+    /// and if the new one cannot be applied the old one stays in force (and so does its data).
+    pub fn update(&mut self, spec: &PodSpec, data: D) -> Result<PodSlot, EbpfError> {
         let cookie = spec.netns_cookie;
         let Some(mut registered) = self.pods.remove(&cookie) else {
-            return self.register(spec);
+            return self.register(spec, data);
         };
         let before = InForce {
             config: Some(registered.in_force()),
@@ -70,7 +74,7 @@ impl PodRegistry {
         };
         let inbound = registered.inbound.take();
         let result = match PodNetns::open(&spec.netns_path) {
-            Ok(netns) => self.write(spec, &netns, registered.slot, &before, inbound),
+            Ok(netns) => self.write(spec, &netns, registered.slot, &before, inbound, data),
             Err(e) => Err((e.into(), inbound)),
         };
         match result {
@@ -101,12 +105,16 @@ impl PodRegistry {
         self.remove_entries(cookie, slot, &subnets)
     }
 
-    /// Unregisters a pod: its connections are no longer intercepted from this call on.
+    /// Unregisters a pod: its connections are no longer intercepted from this call on. If its
+    /// configuration cannot be removed, it stays registered as it was.
     pub fn remove(&mut self, cookie: NetnsCookie) -> Result<(), EbpfError> {
         let Some(registered) = self.pods.remove(&cookie) else {
             return Ok(());
         };
-        self.remove_config(cookie)?;
+        if let Err(e) = self.remove_config(cookie) {
+            self.pods.insert(cookie, registered);
+            return Err(e);
+        }
         crash_point!("pod-config-removed");
         self.detach_inbound(cookie, registered.inbound);
         crash_point!("pod-inbound-detached");
@@ -162,5 +170,14 @@ impl PodRegistry {
             **kept = config;
         }
         Ok(())
+    }
+
+    /// Replaces what is kept with a registered pod, without writing to the maps; returns what
+    /// was kept, or gives `data` back if the pod is not registered.
+    pub fn set_data(&mut self, cookie: NetnsCookie, data: D) -> Result<D, D> {
+        match self.pods.get_mut(&cookie) {
+            Some(registered) => Ok(std::mem::replace(&mut registered.data, data)),
+            None => Err(data),
+        }
     }
 }

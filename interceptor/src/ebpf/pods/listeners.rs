@@ -10,7 +10,7 @@ use crate::ebpf::{EbpfError, encode::listener_key, listener::Listening, maps::ma
 /// `bpf_map_update_elem`'s flag: only if the key is not there yet.
 const BPF_NOEXIST: u64 = 1;
 
-impl PodRegistry {
+impl<D> PodRegistry<D> {
     /// Puts the listeners of the pod's proxy that existed before registration (found with
     /// [`find_listeners`](crate::ebpf::listener::find_listeners)) into the listener map, one per family (new ones are caught by
     /// sock_ops; see `listener.rs`). A listener already in the map is newer: keep it. A pod

@@ -9,7 +9,7 @@ use interceptor_common::{
 
 use super::PodRegistry;
 
-impl PodRegistry {
+impl<D> PodRegistry<D> {
     /// Copies the original destinations that an older set of maps (pinned in `dir`, of the same
     /// key and value layout) holds for connections in flight: the programs being replaced
     /// recorded them there. Returns how many were copied; maps of another layout are skipped

@@ -80,8 +80,9 @@ struct Written {
     subnets: Vec<SubnetEntry>,
 }
 
-/// What was written for one pod, so it can be changed or removed exactly.
-struct Registered {
+/// What was written for one pod, so it can be changed or removed exactly, with what the
+/// registry's user keeps for it.
+struct Registered<D> {
     slot: PodSlot,
     /// The configuration asked for (the pod's record).
     config: InterceptionConfig,
@@ -99,6 +100,9 @@ struct Registered {
     /// Why the maps do not hold exactly `config` (a restore that could not apply the record's
     /// configuration and kept the one in force, or old entries that could not be removed).
     problem: Option<String>,
+    /// The user's own facts about the pod (the agent's: its path, names and history), so that
+    /// one table says which pods there are.
+    data: D,
 }
 
 /// `config` with no addresses, to compare what else two entries hold.
@@ -107,7 +111,7 @@ fn without_addresses(mut config: PodConfig) -> PodConfig {
     config
 }
 
-impl Registered {
+impl<D> Registered<D> {
     /// The pod map's entry for the pod, as this registry wrote or kept it.
     pub(super) fn in_force(&self) -> PodConfig {
         match &self.kept_in_force {
@@ -117,10 +121,11 @@ impl Registered {
     }
 }
 
-/// The pods one node attachment serves.
-pub struct PodRegistry {
+/// The pods one node attachment serves: the one table of them. Each pod carries a `D` of its
+/// user's (the agent's facts about it; nothing for `interceptor run` and the tests).
+pub struct PodRegistry<D = ()> {
     maps: PodMaps,
-    pods: BTreeMap<NetnsCookie, Registered>,
+    pods: BTreeMap<NetnsCookie, Registered<D>>,
     pin_dir: PathBuf,
     links_dir: PathBuf,
     /// The agent's: links and maps stay pinned when the registry goes.
@@ -132,7 +137,7 @@ pub struct PodRegistry {
     subnet_entries: usize,
 }
 
-impl PodRegistry {
+impl<D> PodRegistry<D> {
     /// `loopback_by_ifindex`: whether pods' own sk_lookup programs may read `ingress_ifindex`
     /// (see `pod_lookup`).
     pub(super) fn new(
@@ -174,7 +179,7 @@ impl PodRegistry {
     }
 }
 
-impl Drop for PodRegistry {
+impl<D> Drop for PodRegistry<D> {
     fn drop(&mut self) {
         // Detach every pod's sk_lookup program, then drop the pins: the maps themselves go away
         // once no program or process uses them. The agent's (persistent) pins stay.

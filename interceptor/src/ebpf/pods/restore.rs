@@ -7,7 +7,7 @@ use crate::{
     netns::PodNetns,
 };
 
-impl PodRegistry {
+impl<D> PodRegistry<D> {
     /// Takes a pod back under management after a restart: its map entries and pinned sk_lookup
     /// link are still in force (they outlive the agent process), so it keeps its counter slot
     /// and counters, its record's configuration is applied (make before break, as an update),
@@ -18,12 +18,16 @@ impl PodRegistry {
     /// the pod stays registered with a [`Self::problem`]: a restart never unmeshes a pod.
     ///
     /// Returns what the restart repaired, if anything: the remains of a change the previous
-    /// agent did not complete.
+    /// agent did not complete. `data` is kept with the pod.
     pub fn restore(
         &mut self,
         spec: &PodSpec,
         in_maps: &mut InMaps,
-    ) -> Result<Option<String>, EbpfError> {
+        data: D,
+    ) -> Result<Option<String>, EbpfError>
+    where
+        D: Clone,
+    {
         let cookie = spec.netns_cookie;
         // Entries of a registration or removal cut short may be there without a configuration:
         // the pod is registered afresh over them, and they go with the old state.
@@ -40,7 +44,7 @@ impl PodRegistry {
                 slot
             }
         };
-        match self.write(spec, &netns, slot, &before, None) {
+        match self.write(spec, &netns, slot, &before, None, data.clone()) {
             Ok(registered) => {
                 let repaired = match before.config {
                     None => Some(
@@ -85,6 +89,7 @@ impl PodRegistry {
                         subnets: before.subnets,
                         inbound,
                         problem: Some(problem.clone()),
+                        data,
                     },
                 );
                 Ok(Some(problem))

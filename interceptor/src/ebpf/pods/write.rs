@@ -16,7 +16,7 @@ use crate::{
     netns::PodNetns,
 };
 
-impl PodRegistry {
+impl<D> PodRegistry<D> {
     /// Makes `spec` the pod's state, from `before`: its sk_lookup link (`inbound`, or attached
     /// now), the entries the new state needs, its configuration (the switch), then the entries
     /// only `before` needed are removed. Nothing is written unless everything fits; a failure
@@ -33,7 +33,8 @@ impl PodRegistry {
         slot: PodSlot,
         before: &InForce,
         inbound: Option<Inbound>,
-    ) -> Result<Registered, (EbpfError, Option<Inbound>)> {
+        data: D,
+    ) -> Result<Registered<D>, (EbpfError, Option<Inbound>)> {
         let cookie = spec.netns_cookie;
         let addresses: BTreeSet<IpAddr> = spec.addresses.iter().copied().collect();
         let subnets = subnet_keys(cookie, &spec.config);
@@ -91,6 +92,7 @@ impl PodRegistry {
             subnets,
             inbound: Some(inbound),
             problem,
+            data,
         })
     }
 
