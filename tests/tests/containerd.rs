@@ -27,7 +27,7 @@ use std::{
 
 use interceptor_tests::{
     Netns, Probe,
-    agent_home::{Agent, AgentHome, free_loopback_addr, http_get},
+    agent_home::{Agent, AgentHome, free_loopback_addr, http_get, metric},
     cni_network::{CniNetwork, PRIMARY, REFERENCE_PLUGINS},
     fake_api::{self, FakeApi},
     fixture::{Cgroup, remove_v1_cgroup_dirs},
@@ -1036,13 +1036,6 @@ fn wait_registered(node: &Node, names: &[&str]) -> Vec<(String, Value)> {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// The value of the metric `series` (its name and labels, as exposed) at `addr`, if exposed.
-fn metric(addr: &str, series: &str) -> Option<f64> {
-    let (_, body) = http_get(addr, "/metrics");
-    body.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 /// A pod Linkerd injected whose sandbox was created while our entry was not in the chain runs

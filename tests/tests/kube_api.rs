@@ -15,7 +15,7 @@ use std::{
 
 use interceptor_tests::{
     Landing, Netns, PodFixture, Probe,
-    agent_home::{Agent, AgentHome, free_loopback_addr, http_get},
+    agent_home::{Agent, AgentHome, free_loopback_addr, http_get, metric},
     cni_network::CniNetwork,
     fake_api::{self, FakeApi, Mode, WatchEvent},
     privileged,
@@ -127,18 +127,21 @@ fn network_with_annotations(home: &AgentHome, tag: &str) -> CniNetwork {
 }
 
 /// The agent of `home` reading `api` as node `NODE`'s agent (its kubeconfig, `--node-name`),
-/// with its metrics on the returned address, once it lists this node's pods and watches them.
-fn agent_watching(api: &FakeApi, home: &AgentHome) -> (Agent, String) {
-    let kubeconfig = api.kubeconfig(&home.state_dir);
+/// with `extra` arguments, its log in [`AgentHome::log_path`] and its metrics on the returned
+/// address, once it lists this node's pods and watches them.
+fn agent_watching(api: &FakeApi, home: &AgentHome, extra: &[&str]) -> (Agent, String) {
+    let kubeconfig = api.kubeconfig(&home.state_dir).display().to_string();
     let metrics = free_loopback_addr();
-    let agent = home.start_with(&[
+    let mut args = vec![
         "--kubeconfig",
-        &kubeconfig.display().to_string(),
+        &kubeconfig,
         "--node-name",
         NODE,
         "--metrics-addr",
         &metrics,
-    ]);
+    ];
+    args.extend(extra);
+    let agent = home.start_logged(&home.log_path(), &args);
     eventually("the agent watches the node's pods", || {
         api.requests_with("watch=true") > 0
     });
@@ -169,7 +172,7 @@ fn the_agent_reads_a_pods_annotations_from_the_kubernetes_api_when_the_runtime_p
     ]);
     let fixture = PodFixture::new("kubeapi");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let (_agent, metrics) = agent_watching(&api, &home);
+    let (_agent, metrics) = agent_watching(&api, &home, &[]);
     assert!(
         api.state()
             .requests
@@ -344,7 +347,7 @@ fn a_control_plane_pod_reaches_the_api_server_around_its_proxy() {
     ]);
     let fixture = PodFixture::new("kubecp");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let (_agent, metrics) = agent_watching(&api, &home);
+    let (_agent, metrics) = agent_watching(&api, &home, &[]);
     // The runtime passed no annotations: the agent's view gives them and the label.
     let network = network_without_annotations(&home);
     network
@@ -448,7 +451,7 @@ fn a_namespaces_config_annotations_apply_to_its_pods_under_their_own() {
     );
     let fixture = PodFixture::new("kubens");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let (_agent, _) = agent_watching(&api, &home);
+    let (_agent, _) = agent_watching(&api, &home, &[]);
 
     // The agent read the pod (the runtime passed no annotations): the namespace's value.
     network_without_annotations(&home)
@@ -517,7 +520,7 @@ fn a_forbidden_namespace_leaves_pods_their_own_annotations_and_an_unanswered_one
     api.state().forbidden.push("/api/v1/namespaces/shop".into());
     let fixture = PodFixture::new("kubensforbid");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let (agent, _) = agent_watching(&api, &home);
+    let (agent, _) = agent_watching(&api, &home, &[]);
     network_without_annotations(&home)
         .add("web", &fixture.pod.path(), &json!(null))
         .expect("ADD of an injected pod in a namespace the agent may not read");
@@ -529,7 +532,7 @@ fn a_forbidden_namespace_leaves_pods_their_own_annotations_and_an_unanswered_one
     let api = api_with_namespace(&annotations, pods());
     let fixture = PodFixture::new("kubensdown");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let (_agent, _) = agent_watching(&api, &home);
+    let (_agent, _) = agent_watching(&api, &home, &[]);
     let network = network_without_annotations(&home);
     // The pod is in the watch's cache; the namespace has not been read.
     api.state().mode = Mode::Down;
@@ -563,13 +566,6 @@ fn systemd_pod_process(node_cgroup: &Path, uid: &str, netns: &Path) -> (PathBuf,
     (container, proxy)
 }
 
-/// The value of the metric `series` (its name and labels, as exposed) at `addr`, if exposed.
-fn metric(addr: &str, series: &str) -> Option<f64> {
-    let (_, body) = http_get(addr, "/metrics");
-    body.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
 /// The repair finds a pod's namespace from its UID, whatever names the runtime gives it: here
 /// the kubelet's systemd layout and a namespace bind-mounted in /run/netns, which the record
 /// keeps (it outlives the pod's processes). The pod gets the configuration the plugin would
@@ -597,24 +593,17 @@ fn repair_finds_a_pods_namespace_by_its_uid_and_reports_one_it_cannot_find_yet()
     let (container, _proxy) =
         systemd_pod_process(&fixture.cgroup.path, &uid("named"), &fixture.pod.path());
     let home = AgentHome::new(&fixture.cgroup.path);
-    let kubeconfig = api.kubeconfig(&home.state_dir);
-    let metrics = free_loopback_addr();
-    let log = home.log_path();
-    let _agent = home.start_logged(
-        &log,
+    let (_agent, metrics) = agent_watching(
+        &api,
+        &home,
         &[
-            "--kubeconfig",
-            &kubeconfig.display().to_string(),
-            "--node-name",
-            NODE,
             "--kubepods-under",
             &fixture.cgroup.path.display().to_string(),
             "--repair-interval",
             "1",
-            "--metrics-addr",
-            &metrics,
         ],
     );
+    let log = home.log_path();
 
     eventually("the pod is repaired", || registered(&home) == ["named"]);
     let record = home.pods().remove(0);
