@@ -148,6 +148,15 @@ fn agent_watching(api: &FakeApi, home: &AgentHome, extra: &[&str]) -> (Agent, St
     (agent, metrics)
 }
 
+/// Asserts that the agent of `home` has not registered pod `name`.
+fn assert_not_registered(home: &AgentHome, name: &str) {
+    assert!(
+        home.pods().iter().all(|p| p["meta"]["name"] != name),
+        "{:?}",
+        home.pods()
+    );
+}
+
 fn registered(home: &AgentHome) -> Vec<String> {
     let mut names: Vec<String> = home
         .pods()
@@ -393,11 +402,7 @@ fn a_control_plane_pod_reaches_the_api_server_around_its_proxy() {
     annotated
         .add("legacy", &legacy.path(), &json!({ INJECTED.0: INJECTED.1 }))
         .expect("ADD of a pod with linkerd-init passes through");
-    assert!(
-        home.pods().iter().all(|p| p["meta"]["name"] != "legacy"),
-        "{:?}",
-        home.pods()
-    );
+    assert_not_registered(&home, "legacy");
     let (_, body) = http_get(&metrics, "/metrics");
     let skipped = "interceptor_cni_pods_skipped_total{reason=\"linkerd_init\"} 1";
     assert!(body.lines().any(|l| l == skipped), "{skipped} in {body}");
@@ -479,11 +484,7 @@ fn a_namespaces_config_annotations_apply_to_its_pods_under_their_own() {
     annotated
         .add("plain", &plain.path(), &json!({}))
         .expect("ADD of a pod Linkerd did not inject");
-    assert!(
-        home.pods().iter().all(|p| p["meta"]["name"] != "plain"),
-        "{:?}",
-        home.pods()
-    );
+    assert_not_registered(&home, "plain");
     assert_eq!(namespace_reads(&api), 1, "the namespace is kept a while");
 
     // In force: the namespace's ignored port goes around the proxy, others to it.
