@@ -637,6 +637,20 @@ impl Node {
         pods.sort_by(|a, b| a.0.cmp(&b.0));
         pods
     }
+
+    /// Asserts that the agent has registered exactly `names` now, and returns the registrations.
+    fn assert_registered(&self, names: &[&str]) -> Vec<(String, Value)> {
+        let registered = self.registered();
+        assert_eq!(
+            registered
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>(),
+            names,
+            "{registered:#?}"
+        );
+        registered
+    }
 }
 
 impl Drop for Node {
@@ -816,15 +830,7 @@ fn containerd_meshes_the_pods_linkerd_injected_and_passes_the_others_through() {
         .expect("RunPodSandbox of a pod Linkerd did not inject");
 
     // Only the injected pod is registered, under its Kubernetes names and UID.
-    let registered = node.registered();
-    assert_eq!(
-        registered
-            .iter()
-            .map(|(n, _)| n.as_str())
-            .collect::<Vec<_>>(),
-        ["web"],
-        "{registered:#?}"
-    );
+    let registered = node.assert_registered(&["web"]);
     let record = &registered[0].1;
     assert_eq!(record["meta"]["namespace"], POD_NAMESPACE);
     assert_eq!(record["meta"]["uid"], web.uid.as_str());
@@ -996,15 +1002,7 @@ fn containerd_with_the_agent_down_starts_other_pods_at_once_and_injected_ones_on
     let web = node
         .run_pod("web", &[PROXY_VERSION, ("app", "web")])
         .expect("RunPodSandbox of the injected pod, retried once the agent answers");
-    let registered = node.registered();
-    assert_eq!(
-        registered
-            .iter()
-            .map(|(n, _)| n.as_str())
-            .collect::<Vec<_>>(),
-        ["web"],
-        "{registered:#?}"
-    );
+    node.assert_registered(&["web"]);
     let _web = node.serve(&web, "web-app");
     let _plain = node.serve(&plain, "plain-app");
     node.assert_meshed(&web);
