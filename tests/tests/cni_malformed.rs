@@ -8,8 +8,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use interceptor_tests::unique_name;
-use serde_json::{Value, json};
+use interceptor_tests::{cni_network::chained, unique_name};
+use serde_json::json;
 
 const INTERCEPTOR: &str = env!("CARGO_BIN_EXE_interceptor-under-test");
 const PLUGIN: &str = env!("CARGO_BIN_EXE_interceptor-cni-under-test");
@@ -218,14 +218,4 @@ fn the_watching_installer_logs_a_malformed_configuration_and_keeps_watching() {
         unsafe { libc::kill(watching.id() as i32, libc::SIGTERM) };
         assert!(watching.wait().unwrap().success(), "{}", logged());
     }
-}
-
-fn chained(primary: &Path) -> usize {
-    std::fs::read(primary)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-        .and_then(|v| v["plugins"].as_array().cloned())
-        .map_or(0, |p| {
-            p.iter().filter(|p| p["type"] == "interceptor-cni").count()
-        })
 }
