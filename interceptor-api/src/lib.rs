@@ -516,15 +516,22 @@ mod tests {
         }
     }
 
-    fn within(deadline: Duration, call: impl FnOnce() -> ClientError) -> (ClientError, Duration) {
+    /// Lists the pods of the agent at `socket` with a deadline of 300 ms: the call must fail
+    /// once the deadline passes (not sooner, not a second later), timed out at `step`.
+    fn list_times_out(socket: &Socket, step: &str) -> ClientError {
+        let deadline = Duration::from_millis(300);
         let started = Instant::now();
-        let e = call();
+        let e = call_within(&socket.path(), &Request::List, deadline).unwrap_err();
         let took = started.elapsed();
         assert!(
             took >= deadline && took < deadline + Duration::from_secs(1),
             "{e}: took {took:?} for a deadline of {deadline:?}"
         );
-        (e, took)
+        assert!(
+            matches!(&e, ClientError::TimedOut { step: s, .. } if *s == step),
+            "{e:?}"
+        );
+        e
     }
 
     /// An agent that takes the connection and never answers costs the caller its deadline, not
@@ -534,20 +541,7 @@ mod tests {
         let socket = Socket::new("silent");
         // Never accepted: the connection waits in the backlog, the request in its buffer.
         let _listener = std::os::unix::net::UnixListener::bind(socket.path()).unwrap();
-        let deadline = Duration::from_millis(300);
-        let (e, _) = within(deadline, || {
-            call_within(&socket.path(), &Request::List, deadline).unwrap_err()
-        });
-        assert!(
-            matches!(
-                e,
-                ClientError::TimedOut {
-                    step: "waiting for the answer",
-                    ..
-                }
-            ),
-            "{e:?}"
-        );
+        let e = list_times_out(&socket, "waiting for the answer");
         assert!(
             e.to_string().contains("did not answer within 300 ms"),
             "{e}"
@@ -566,20 +560,7 @@ mod tests {
         // Room for one connection waiting to be accepted, which this one takes.
         listener.listen(0).unwrap();
         let _first = UnixStream::connect(socket.path()).unwrap();
-        let deadline = Duration::from_millis(300);
-        let (e, _) = within(deadline, || {
-            call_within(&socket.path(), &Request::List, deadline).unwrap_err()
-        });
-        assert!(
-            matches!(
-                e,
-                ClientError::TimedOut {
-                    step: "connecting",
-                    ..
-                }
-            ),
-            "{e:?}"
-        );
+        list_times_out(&socket, "connecting");
     }
 
     #[test]

@@ -241,68 +241,16 @@ fn no_primary_configuration_is_a_clear_error() {
     assert!(err.to_string().contains("10-bad.conflist"), "{err}");
 }
 
-/// Node files no installer can change, each with what the error says is wrong.
-const MALFORMED: &[(&str, &str, &str)] = &[
-    (
-        "10-net.conflist",
-        r#"{"cniVersion": "1.0.0", "name": "n", "plugins": ["loopback", {"type": "interceptor-cni"}]}"#,
-        r#"plugin 0 of "plugins" is a string where an object belongs"#,
-    ),
-    (
-        "10-net.conflist",
-        r#"{"cniVersion": "1.0.0", "name": "n", "type": "loopback"}"#,
-        r#"no "plugins" list"#,
-    ),
-    (
-        "10-net.conflist",
-        r#"{"cniVersion": "1.0.0", "name": "n", "plugins": {"type": "loopback"}}"#,
-        r#""plugins" is an object, not a list"#,
-    ),
-    (
-        "10-net.conflist",
-        r#"{"cniVersion": "1.0.0", "plugins": []}"#,
-        r#"the "plugins" list is empty"#,
-    ),
-    (
-        "10-net.conflist",
-        r#"{"plugins": [{"type": "loopback"}, {"name": "x"}]}"#,
-        r#"plugin 1 of "plugins" has no "type""#,
-    ),
-    (
-        "10-net.conflist",
-        r#"{"plugins": [{"type": 7}]}"#,
-        r#"plugin 0 of "plugins" has a "type" that is a number, not a string"#,
-    ),
-    (
-        "10-net.conflist",
-        r#"[{"type": "loopback"}]"#,
-        "a list where a JSON object belongs",
-    ),
-    (
-        "10-net.conflist",
-        r#"{"plugins": [{"type": "loopback"}"#,
-        "not JSON",
-    ),
-    ("10-net.conflist", "", "the file is empty"),
-    ("10-net.conflist", " \n", "the file is empty"),
-    (
-        "10-net.conf",
-        r#""loopback""#,
-        "a string where a JSON object belongs",
-    ),
-    (
-        "10-net.conf",
-        r#"{"name": "n"}"#,
-        r#"the plugin has no "type""#,
-    ),
-];
+/// The node files no installer can change.
+#[path = "malformed_cases.rs"]
+mod malformed_cases;
 
 /// Every malformed file is refused by install, the watch's apply and uninstall alike, with an
 /// error naming the file and what is wrong, and nothing is changed: not the file, not the state
 /// file, not a binary (as if an earlier install had converted a `.conf`).
 #[test]
 fn a_malformed_node_configuration_is_refused_and_left_as_it_is() {
-    for (name, text, reason) in MALFORMED {
+    for (name, text, reason) in malformed_cases::MALFORMED {
         let dirs = Dirs::new("malformed");
         dirs.binaries(&["loopback", PLUGIN_TYPE]);
         fs::write(dirs.conf(name), text).unwrap();

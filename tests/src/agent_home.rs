@@ -384,6 +384,13 @@ pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// The value of the metric `series` (its name and labels, as exposed) at `addr`, if exposed.
+pub fn metric(addr: &str, series: &str) -> Option<f64> {
+    let (_, body) = http_get(addr, "/metrics");
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
 /// One HTTP GET on loopback: (status line, body).
 pub fn http_get(addr: &str, path: &str) -> (String, String) {
     use std::io::{Read as _, Write as _};

@@ -122,13 +122,7 @@ impl CniNetwork {
 
     /// How many times our plugin is in the chain (0 before the installer, 1 after).
     pub fn chained(&self) -> usize {
-        std::fs::read(&self.primary_path)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-            .and_then(|c| c["plugins"].as_array().cloned())
-            .map_or(0, |p| {
-                p.iter().filter(|p| p["type"] == "interceptor-cni").count()
-            })
+        chained(&self.primary_path)
     }
 
     /// ADD of the pod `name` (namespace `shop`) with `annotations` in `netns` through the whole
@@ -227,4 +221,15 @@ impl Drop for CniNetwork {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.root);
     }
+}
+
+/// How many times our plugin is chained in the conflist at `path` (0 where it cannot be read).
+pub fn chained(path: &Path) -> usize {
+    std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .and_then(|c| c["plugins"].as_array().cloned())
+        .map_or(0, |p| {
+            p.iter().filter(|p| p["type"] == "interceptor-cni").count()
+        })
 }

@@ -14,7 +14,7 @@ use std::{
 use interceptor_tests::{
     Cgroup, Landing, Netns, PodFixture,
     agent_home::{AgentHome, free_loopback_addr, http_get},
-    cni_network::{POD_ANNOTATIONS, injected},
+    cni_network::{POD_ANNOTATIONS, chained, injected},
     privileged,
     scenario::{APP_UID, PROXY_UID},
     unique_name,
@@ -584,18 +584,9 @@ fn the_installer_keeps_the_plugin_chained_when_the_primary_cni_rewrites_its_file
         .arg(root.join("agent.sock"));
     dirs(&mut install);
     let mut watching = install.stderr(Stdio::null()).spawn().unwrap();
-    let chained = || -> usize {
-        std::fs::read(&primary)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-            .and_then(|v| v["plugins"].as_array().cloned())
-            .map_or(0, |p| {
-                p.iter().filter(|p| p["type"] == "interceptor-cni").count()
-            })
-    };
     let eventually = |what: &str| {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while chained() != 1 {
+        while chained(&primary) != 1 {
             assert!(std::time::Instant::now() < deadline, "{what}: not chained");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
@@ -688,17 +679,6 @@ fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     }
     files.sort();
     files
-}
-
-/// How many times our plugin is chained in `primary`.
-fn chained(primary: &Path) -> usize {
-    std::fs::read(primary)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-        .and_then(|v| v["plugins"].as_array().cloned())
-        .map_or(0, |p| {
-            p.iter().filter(|p| p["type"] == "interceptor-cni").count()
-        })
 }
 
 /// A primary network whose plugins' binaries are not in `--bin-dir` (the DaemonSet's default

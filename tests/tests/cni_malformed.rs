@@ -8,41 +8,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use interceptor_tests::unique_name;
-use serde_json::{Value, json};
+use interceptor_tests::{cni_network::chained, unique_name};
+use serde_json::json;
 
 const INTERCEPTOR: &str = env!("CARGO_BIN_EXE_interceptor-under-test");
 const PLUGIN: &str = env!("CARGO_BIN_EXE_interceptor-cni-under-test");
 
-/// The node's file, what it holds, and what the error must say is wrong.
-const MALFORMED: &[(&str, &str, &str)] = &[
-    (
-        "10-net.conflist",
-        r#"{"cniVersion": "1.0.0", "name": "n", "plugins": ["loopback", {"type": "interceptor-cni"}]}"#,
-        r#"plugin 0 of "plugins" is a string where an object belongs"#,
-    ),
-    (
-        "10-net.conflist",
-        r#"{"cniVersion": "1.0.0", "name": "n", "type": "loopback"}"#,
-        r#"no "plugins" list"#,
-    ),
-    (
-        "10-net.conflist",
-        r#"{"cniVersion": "1.0.0", "name": "n", "plugins": "loopback"}"#,
-        r#""plugins" is a string, not a list"#,
-    ),
-    (
-        "10-net.conflist",
-        r#"{"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "loopback"}"#,
-        "not JSON",
-    ),
-    ("10-net.conflist", "", "the file is empty"),
-    (
-        "10-net.conf",
-        r#"["loopback"]"#,
-        "a list where a JSON object belongs",
-    ),
-];
+/// The node files no installer can change, as the installer's own tests run them.
+#[path = "../../interceptor-cni/src/malformed_cases.rs"]
+mod malformed_cases;
+use malformed_cases::MALFORMED;
 
 /// A node's conf and bin directories holding `file` with `text`, as an earlier install left
 /// them: our binary, the primary's, and the state of a `.conf` converted (so uninstall has
@@ -243,14 +218,4 @@ fn the_watching_installer_logs_a_malformed_configuration_and_keeps_watching() {
         unsafe { libc::kill(watching.id() as i32, libc::SIGTERM) };
         assert!(watching.wait().unwrap().success(), "{}", logged());
     }
-}
-
-fn chained(primary: &Path) -> usize {
-    std::fs::read(primary)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-        .and_then(|v| v["plugins"].as_array().cloned())
-        .map_or(0, |p| {
-            p.iter().filter(|p| p["type"] == "interceptor-cni").count()
-        })
 }

@@ -27,7 +27,7 @@ use std::{
 
 use interceptor_tests::{
     Netns, Probe,
-    agent_home::{Agent, AgentHome, free_loopback_addr, http_get},
+    agent_home::{Agent, AgentHome, free_loopback_addr, http_get, metric},
     cni_network::{CniNetwork, PRIMARY, REFERENCE_PLUGINS},
     fake_api::{self, FakeApi},
     fixture::{Cgroup, remove_v1_cgroup_dirs},
@@ -105,6 +105,11 @@ struct Pod {
     pid: u32,
     /// Where the test's processes of the pod run.
     cgroup: PathBuf,
+}
+
+/// The node's server ([`Node::serve_on_node`]) as pods connect to it, through the gateway.
+fn to_node() -> String {
+    format!("{GATEWAY}:1404")
 }
 
 /// The UID of the node's pod `name`.
@@ -533,6 +538,44 @@ impl Node {
         Probe::new().netns(&self.netns.path())
     }
 
+    /// The node's own server, `node-server`, where pods reach it: [`to_node`].
+    fn serve_on_node(&self) -> Listener {
+        self.on_node()
+            .listen(&["server", "0.0.0.0:1404", "--name", "node-server"])
+    }
+
+    /// Asserts that the app of `pod` connecting to the node's server lands on its proxy, with
+    /// the original destination.
+    fn assert_outbound_on_proxy(&self, pod: &Pod) {
+        let to_node = to_node();
+        assert_eq!(
+            self.in_pod(pod, APP_UID)
+                .connect(&to_node)
+                .proxy_orig()
+                .to_string(),
+            to_node
+        );
+    }
+
+    /// Asserts that `pod` is meshed both ways: its app's connection to the node's server, and
+    /// the node's to its app's port 8080, land on its proxy with their original destination.
+    fn assert_meshed(&self, pod: &Pod) {
+        self.assert_outbound_on_proxy(pod);
+        let to_pod = format!("{}:8080", pod.ip);
+        assert_eq!(
+            self.on_node().connect(&to_pod).proxy_orig().to_string(),
+            to_pod
+        );
+    }
+
+    /// Asserts that the app of `pod` connecting to the node's server reaches it, untouched.
+    fn assert_outbound_passes(&self, pod: &Pod) {
+        assert_eq!(
+            self.in_pod(pod, APP_UID).connect(&to_node()).server_name(),
+            "node-server"
+        );
+    }
+
     /// containerd's view of the node's network: the CRI `Status` condition `NetworkReady`
     /// (containerd 2 sets it from CNI STATUS for `cniVersion` 1.1.0 networks; 1.6 from the
     /// configuration it loaded).
@@ -593,6 +636,20 @@ impl Node {
             .collect();
         pods.sort_by(|a, b| a.0.cmp(&b.0));
         pods
+    }
+
+    /// Asserts that the agent has registered exactly `names` now, and returns the registrations.
+    fn assert_registered(&self, names: &[&str]) -> Vec<(String, Value)> {
+        let registered = self.registered();
+        assert_eq!(
+            registered
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>(),
+            names,
+            "{registered:#?}"
+        );
+        registered
     }
 }
 
@@ -761,9 +818,7 @@ fn containerd_meshes_the_pods_linkerd_injected_and_passes_the_others_through() {
         return;
     }
     let mut node = Node::new("ctrdmesh");
-    let _node_server = node
-        .on_node()
-        .listen(&["server", "0.0.0.0:1404", "--name", "node-server"]);
+    let _node_server = node.serve_on_node();
     let web = node
         .run_pod("web", &[PROXY_VERSION, ("app", "web")])
         .expect("RunPodSandbox of an injected pod");
@@ -775,15 +830,7 @@ fn containerd_meshes_the_pods_linkerd_injected_and_passes_the_others_through() {
         .expect("RunPodSandbox of a pod Linkerd did not inject");
 
     // Only the injected pod is registered, under its Kubernetes names and UID.
-    let registered = node.registered();
-    assert_eq!(
-        registered
-            .iter()
-            .map(|(n, _)| n.as_str())
-            .collect::<Vec<_>>(),
-        ["web"],
-        "{registered:#?}"
-    );
+    let registered = node.assert_registered(&["web"]);
     let record = &registered[0].1;
     assert_eq!(record["meta"]["namespace"], POD_NAMESPACE);
     assert_eq!(record["meta"]["uid"], web.uid.as_str());
@@ -791,18 +838,10 @@ fn containerd_meshes_the_pods_linkerd_injected_and_passes_the_others_through() {
 
     let _web = node.serve(&web, "web-app");
     let _plain = node.serve(&plain, "plain-app");
-    let to_node = format!("{GATEWAY}:1404");
     // The injected pod: outbound and inbound on its proxy, from the first connect.
-    let web_app = node.in_pod(&web, APP_UID);
-    assert_eq!(web_app.connect(&to_node).proxy_orig().to_string(), to_node);
-    let to_web = format!("{}:8080", web.ip);
-    assert_eq!(
-        node.on_node().connect(&to_web).proxy_orig().to_string(),
-        to_web
-    );
+    node.assert_meshed(&web);
     // The other pod: untouched both ways.
-    let plain_app = node.in_pod(&plain, APP_UID);
-    assert_eq!(plain_app.connect(&to_node).server_name(), "node-server");
+    node.assert_outbound_passes(&plain);
     assert_eq!(
         node.on_node()
             .connect(&format!("{}:8080", plain.ip))
@@ -822,9 +861,7 @@ fn containerd_pods_own_annotations_change_only_their_own_interception() {
         return;
     }
     let mut node = Node::new("ctrdannot");
-    let _node_server = node
-        .on_node()
-        .listen(&["server", "0.0.0.0:1404", "--name", "node-server"]);
+    let _node_server = node.serve_on_node();
     let gateway_subnet = format!("{GATEWAY}/32");
     let pods: Vec<(&str, Pod)> = [
         ("plain-mesh", vec![PROXY_VERSION]),
@@ -864,7 +901,7 @@ fn containerd_pods_own_annotations_change_only_their_own_interception() {
         .map(|(name, pod)| node.serve(pod, name))
         .collect();
 
-    let to_node = format!("{GATEWAY}:1404");
+    let to_node = to_node();
     for (name, pod) in &pods {
         let app = node.in_pod(pod, APP_UID);
         let outbound = app.connect(&to_node);
@@ -922,9 +959,7 @@ fn containerd_with_the_agent_down_starts_other_pods_at_once_and_injected_ones_on
         return;
     }
     let mut node = Node::new("ctrddown");
-    let _node_server = node
-        .on_node()
-        .listen(&["server", "0.0.0.0:1404", "--name", "node-server"]);
+    let _node_server = node.serve_on_node();
     node.agent.take().expect("the node's agent").kill();
 
     // STATUS: ready, as the runtime asks it, and as containerd reports the network.
@@ -967,41 +1002,21 @@ fn containerd_with_the_agent_down_starts_other_pods_at_once_and_injected_ones_on
     let web = node
         .run_pod("web", &[PROXY_VERSION, ("app", "web")])
         .expect("RunPodSandbox of the injected pod, retried once the agent answers");
-    let registered = node.registered();
-    assert_eq!(
-        registered
-            .iter()
-            .map(|(n, _)| n.as_str())
-            .collect::<Vec<_>>(),
-        ["web"],
-        "{registered:#?}"
-    );
+    node.assert_registered(&["web"]);
     let _web = node.serve(&web, "web-app");
     let _plain = node.serve(&plain, "plain-app");
-    let to_node = format!("{GATEWAY}:1404");
-    assert_eq!(
-        node.in_pod(&web, APP_UID)
-            .connect(&to_node)
-            .proxy_orig()
-            .to_string(),
-        to_node
-    );
-    let to_web = format!("{}:8080", web.ip);
-    assert_eq!(
-        node.on_node().connect(&to_web).proxy_orig().to_string(),
-        to_web
-    );
-    assert_eq!(
-        node.in_pod(&plain, APP_UID).connect(&to_node).server_name(),
-        "node-server"
-    );
+    node.assert_meshed(&web);
+    node.assert_outbound_passes(&plain);
 }
 
-/// The stand-in API server of the node's cluster: namespace `shop`, and `pods`.
-fn cluster_api(pods: Vec<Value>) -> FakeApi {
-    let mut objects = pods;
-    objects.push(fake_api::namespace(POD_NAMESPACE, &[]));
-    FakeApi::start(objects)
+/// A node whose agent repairs pods (see [`Node::repairing`]) and exposes its metrics, in a
+/// cluster whose stand-in API server has namespace `shop` and no pods yet: the API server, the
+/// metrics' address, the node.
+fn repairing_node(tag: &str) -> (FakeApi, String, Node) {
+    let api = FakeApi::start(vec![fake_api::namespace(POD_NAMESPACE, &[])]);
+    let metrics = free_loopback_addr();
+    let node = Node::repairing(tag, &api, &["--metrics-addr", &metrics]);
+    (api, metrics, node)
 }
 
 /// Pod `name` of the node as the API server has it once created, before the kubelet reported
@@ -1038,13 +1053,6 @@ fn wait_registered(node: &Node, names: &[&str]) -> Vec<(String, Value)> {
     }
 }
 
-/// The value of the metric `series` (its name and labels, as exposed) at `addr`, if exposed.
-fn metric(addr: &str, series: &str) -> Option<f64> {
-    let (_, body) = http_get(addr, "/metrics");
-    body.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
 /// A pod Linkerd injected whose sandbox was created while our entry was not in the chain runs
 /// unmeshed: its `linkerd-network-validator` exits 95. Once the kubelet reports the validator's
 /// container (crash-looping), the agent registers the pod in place, as the plugin would have:
@@ -1058,12 +1066,8 @@ fn containerd_repair_meshes_an_injected_pod_that_started_unchained_and_leaves_th
     ) {
         return;
     }
-    let api = cluster_api(Vec::new());
-    let metrics = free_loopback_addr();
-    let mut node = Node::repairing("ctrdrepair", &api, &["--metrics-addr", &metrics]);
-    let _node_server = node
-        .on_node()
-        .listen(&["server", "0.0.0.0:1404", "--name", "node-server"]);
+    let (api, metrics, mut node) = repairing_node("ctrdrepair");
+    let _node_server = node.serve_on_node();
     node.unchain();
 
     // As the kubelet starts each pod: in the API first, then its sandbox.
@@ -1147,26 +1151,11 @@ fn containerd_repair_meshes_an_injected_pod_that_started_unchained_and_leaves_th
     let (code, line) = node.validate(web);
     assert_eq!(code, Some(0), "the validator after the repair: {line}");
     let _web = node.serve(web, "web-app");
-    let to_node = format!("{GATEWAY}:1404");
-    assert_eq!(
-        node.in_pod(web, APP_UID)
-            .connect(&to_node)
-            .proxy_orig()
-            .to_string(),
-        to_node
-    );
-    let to_web = format!("{}:8080", web.ip);
-    assert_eq!(
-        node.on_node().connect(&to_web).proxy_orig().to_string(),
-        to_web
-    );
+    node.assert_meshed(web);
     // The pod Linkerd did not inject: untouched.
     let plain = &pods["plain"];
     let _plain = node.serve(plain, "plain-app");
-    assert_eq!(
-        node.in_pod(plain, APP_UID).connect(&to_node).server_name(),
-        "node-server"
-    );
+    node.assert_outbound_passes(plain);
 
     // Later passes change nothing, and nothing failed.
     std::thread::sleep(Duration::from_millis(2500));
@@ -1209,12 +1198,8 @@ fn containerd_an_agent_restarted_midway_repairs_what_is_left_and_registers_nothi
     ) {
         return;
     }
-    let api = cluster_api(Vec::new());
-    let metrics = free_loopback_addr();
-    let mut node = Node::repairing("ctrdrestart", &api, &["--metrics-addr", &metrics]);
-    let _node_server = node
-        .on_node()
-        .listen(&["server", "0.0.0.0:1404", "--name", "node-server"]);
+    let (api, metrics, mut node) = repairing_node("ctrdrestart");
+    let _node_server = node.serve_on_node();
     // Two registrations go through, the third is cut short before its record.
     node.restart_agent("agent-before-record=2*off->return");
     node.unchain();
@@ -1270,16 +1255,9 @@ fn containerd_an_agent_restarted_midway_repairs_what_is_left_and_registers_nothi
         "the cut-short registration of c is undone: {log}"
     );
     assert_eq!(log.matches("pod repaired").count(), 2, "{log}");
-    let to_node = format!("{GATEWAY}:1404");
     for pod in [&c, &d] {
         let _served = node.serve(pod, "app");
-        assert_eq!(
-            node.in_pod(pod, APP_UID)
-                .connect(&to_node)
-                .proxy_orig()
-                .to_string(),
-            to_node
-        );
+        node.assert_outbound_on_proxy(pod);
     }
 }
 
@@ -1296,9 +1274,7 @@ fn containerd_a_primary_rewriting_its_conflist_while_pods_start_ends_with_every_
     ) {
         return;
     }
-    let api = cluster_api(Vec::new());
-    let metrics = free_loopback_addr();
-    let mut node = Node::repairing("ctrdrewrite", &api, &["--metrics-addr", &metrics]);
+    let (api, metrics, mut node) = repairing_node("ctrdrewrite");
     let installer_log = node.dir.join("installer.log");
     let mut installer = Command::new(INTERCEPTOR)
         .args(["cni", "install", "--watch", "--check-ms", "200"])

@@ -15,7 +15,7 @@ use std::{
 
 use interceptor_tests::{
     Landing, Netns, PodFixture, Probe,
-    agent_home::{Agent, AgentHome, free_loopback_addr, http_get},
+    agent_home::{Agent, AgentHome, free_loopback_addr, http_get, metric},
     cni_network::CniNetwork,
     fake_api::{self, FakeApi, Mode, WatchEvent},
     privileged,
@@ -127,22 +127,34 @@ fn network_with_annotations(home: &AgentHome, tag: &str) -> CniNetwork {
 }
 
 /// The agent of `home` reading `api` as node `NODE`'s agent (its kubeconfig, `--node-name`),
-/// with its metrics on the returned address, once it lists this node's pods and watches them.
-fn agent_watching(api: &FakeApi, home: &AgentHome) -> (Agent, String) {
-    let kubeconfig = api.kubeconfig(&home.state_dir);
+/// with `extra` arguments, its log in [`AgentHome::log_path`] and its metrics on the returned
+/// address, once it lists this node's pods and watches them.
+fn agent_watching(api: &FakeApi, home: &AgentHome, extra: &[&str]) -> (Agent, String) {
+    let kubeconfig = api.kubeconfig(&home.state_dir).display().to_string();
     let metrics = free_loopback_addr();
-    let agent = home.start_with(&[
+    let mut args = vec![
         "--kubeconfig",
-        &kubeconfig.display().to_string(),
+        &kubeconfig,
         "--node-name",
         NODE,
         "--metrics-addr",
         &metrics,
-    ]);
+    ];
+    args.extend(extra);
+    let agent = home.start_logged(&home.log_path(), &args);
     eventually("the agent watches the node's pods", || {
         api.requests_with("watch=true") > 0
     });
     (agent, metrics)
+}
+
+/// Asserts that the agent of `home` has not registered pod `name`.
+fn assert_not_registered(home: &AgentHome, name: &str) {
+    assert!(
+        home.pods().iter().all(|p| p["meta"]["name"] != name),
+        "{:?}",
+        home.pods()
+    );
 }
 
 fn registered(home: &AgentHome) -> Vec<String> {
@@ -169,7 +181,7 @@ fn the_agent_reads_a_pods_annotations_from_the_kubernetes_api_when_the_runtime_p
     ]);
     let fixture = PodFixture::new("kubeapi");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let (_agent, metrics) = agent_watching(&api, &home);
+    let (_agent, metrics) = agent_watching(&api, &home, &[]);
     assert!(
         api.state()
             .requests
@@ -344,7 +356,7 @@ fn a_control_plane_pod_reaches_the_api_server_around_its_proxy() {
     ]);
     let fixture = PodFixture::new("kubecp");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let (_agent, metrics) = agent_watching(&api, &home);
+    let (_agent, metrics) = agent_watching(&api, &home, &[]);
     // The runtime passed no annotations: the agent's view gives them and the label.
     let network = network_without_annotations(&home);
     network
@@ -390,11 +402,7 @@ fn a_control_plane_pod_reaches_the_api_server_around_its_proxy() {
     annotated
         .add("legacy", &legacy.path(), &json!({ INJECTED.0: INJECTED.1 }))
         .expect("ADD of a pod with linkerd-init passes through");
-    assert!(
-        home.pods().iter().all(|p| p["meta"]["name"] != "legacy"),
-        "{:?}",
-        home.pods()
-    );
+    assert_not_registered(&home, "legacy");
     let (_, body) = http_get(&metrics, "/metrics");
     let skipped = "interceptor_cni_pods_skipped_total{reason=\"linkerd_init\"} 1";
     assert!(body.lines().any(|l| l == skipped), "{skipped} in {body}");
@@ -448,7 +456,7 @@ fn a_namespaces_config_annotations_apply_to_its_pods_under_their_own() {
     );
     let fixture = PodFixture::new("kubens");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let (_agent, _) = agent_watching(&api, &home);
+    let (_agent, _) = agent_watching(&api, &home, &[]);
 
     // The agent read the pod (the runtime passed no annotations): the namespace's value.
     network_without_annotations(&home)
@@ -476,11 +484,7 @@ fn a_namespaces_config_annotations_apply_to_its_pods_under_their_own() {
     annotated
         .add("plain", &plain.path(), &json!({}))
         .expect("ADD of a pod Linkerd did not inject");
-    assert!(
-        home.pods().iter().all(|p| p["meta"]["name"] != "plain"),
-        "{:?}",
-        home.pods()
-    );
+    assert_not_registered(&home, "plain");
     assert_eq!(namespace_reads(&api), 1, "the namespace is kept a while");
 
     // In force: the namespace's ignored port goes around the proxy, others to it.
@@ -517,7 +521,7 @@ fn a_forbidden_namespace_leaves_pods_their_own_annotations_and_an_unanswered_one
     api.state().forbidden.push("/api/v1/namespaces/shop".into());
     let fixture = PodFixture::new("kubensforbid");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let (agent, _) = agent_watching(&api, &home);
+    let (agent, _) = agent_watching(&api, &home, &[]);
     network_without_annotations(&home)
         .add("web", &fixture.pod.path(), &json!(null))
         .expect("ADD of an injected pod in a namespace the agent may not read");
@@ -529,7 +533,7 @@ fn a_forbidden_namespace_leaves_pods_their_own_annotations_and_an_unanswered_one
     let api = api_with_namespace(&annotations, pods());
     let fixture = PodFixture::new("kubensdown");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let (_agent, _) = agent_watching(&api, &home);
+    let (_agent, _) = agent_watching(&api, &home, &[]);
     let network = network_without_annotations(&home);
     // The pod is in the watch's cache; the namespace has not been read.
     api.state().mode = Mode::Down;
@@ -563,13 +567,6 @@ fn systemd_pod_process(node_cgroup: &Path, uid: &str, netns: &Path) -> (PathBuf,
     (container, proxy)
 }
 
-/// The value of the metric `series` (its name and labels, as exposed) at `addr`, if exposed.
-fn metric(addr: &str, series: &str) -> Option<f64> {
-    let (_, body) = http_get(addr, "/metrics");
-    body.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
 /// The repair finds a pod's namespace from its UID, whatever names the runtime gives it: here
 /// the kubelet's systemd layout and a namespace bind-mounted in /run/netns, which the record
 /// keeps (it outlives the pod's processes). The pod gets the configuration the plugin would
@@ -597,24 +594,17 @@ fn repair_finds_a_pods_namespace_by_its_uid_and_reports_one_it_cannot_find_yet()
     let (container, _proxy) =
         systemd_pod_process(&fixture.cgroup.path, &uid("named"), &fixture.pod.path());
     let home = AgentHome::new(&fixture.cgroup.path);
-    let kubeconfig = api.kubeconfig(&home.state_dir);
-    let metrics = free_loopback_addr();
-    let log = home.log_path();
-    let _agent = home.start_logged(
-        &log,
+    let (_agent, metrics) = agent_watching(
+        &api,
+        &home,
         &[
-            "--kubeconfig",
-            &kubeconfig.display().to_string(),
-            "--node-name",
-            NODE,
             "--kubepods-under",
             &fixture.cgroup.path.display().to_string(),
             "--repair-interval",
             "1",
-            "--metrics-addr",
-            &metrics,
         ],
     );
+    let log = home.log_path();
 
     eventually("the pod is repaired", || registered(&home) == ["named"]);
     let record = home.pods().remove(0);
