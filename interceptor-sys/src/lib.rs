@@ -7,6 +7,7 @@
 //! and the tests and xtask must not need aya at all.
 //!
 //! Each public item names the oldest kernel it works on.
+pub mod asm;
 pub mod netns;
 use std::{
     ffi::{CStr, CString},
@@ -19,8 +20,8 @@ use std::{
 };
 
 pub use aya_obj::generated::{
-    BPF_F_ALLOW_MULTI, BPF_PSEUDO_MAP_FD, bpf_attach_type, bpf_insn, bpf_link_type, bpf_map_type,
-    bpf_prog_type,
+    BPF_CMPXCHG, BPF_F_ALLOW_MULTI, BPF_PSEUDO_MAP_FD, bpf_attach_type, bpf_func_id, bpf_insn,
+    bpf_link_type, bpf_map_type, bpf_prog_type,
 };
 use aya_obj::generated::{
     bpf_attr, bpf_cmd, bpf_link_info, bpf_map_info, bpf_prog_info, bpf_stats_type,
@@ -545,7 +546,7 @@ mod tests {
 
     #[test]
     fn registers_pack_dst_low_src_high() {
-        let i = insn(0xbf, 6, 1, -4, 7);
+        let i = insn(asm::MOV64_REG, 6, 1, -4, 7);
         assert_eq!((i.dst_reg(), i.src_reg(), i.off, i.imm), (6, 1, -4, 7));
         assert_eq!(size_of::<bpf_insn>(), 8);
     }

@@ -10,6 +10,10 @@ use std::{
     process::Command,
 };
 
+/// The loopback interface's index, the same in every network namespace: `LOOPBACK_IFINDEX` of
+/// the kernel's `include/net/net_namespace.h`, which no UAPI header exports (Linux 4.9).
+pub const LOOPBACK_IFINDEX: u32 = 1;
+
 /// Whether `fd` (an open nsfs file, e.g. `/run/netns/NAME` or `/proc/PID/ns/net`) is a network
 /// namespace. Any other file is not (the ioctl fails on it).
 pub fn is_network_namespace(fd: BorrowedFd<'_>) -> bool {
@@ -128,6 +132,13 @@ mod tests {
         let uts = File::open("/proc/self/ns/uts").unwrap();
         assert!(is_network_namespace(net.as_fd()));
         assert!(!is_network_namespace(uts.as_fd()));
+    }
+
+    #[test]
+    fn loopback_has_the_kernels_fixed_index() {
+        // SAFETY: a NUL-terminated name; if_nametoindex only reads it.
+        let index = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+        assert_eq!(index, LOOPBACK_IFINDEX);
     }
 
     /// Whether the running kernel is at least `major.minor`.
