@@ -24,7 +24,7 @@ pub use aya_obj::generated::{
     bpf_link_type, bpf_map_type, bpf_prog_type,
 };
 use aya_obj::generated::{
-    bpf_attr, bpf_cmd, bpf_link_info, bpf_map_info, bpf_prog_info, bpf_stats_type,
+    BPF_OBJ_NAME_LEN, bpf_attr, bpf_cmd, bpf_link_info, bpf_map_info, bpf_prog_info, bpf_stats_type,
 };
 
 /// bpf(2) with `attr`, zero beyond what the command uses (the kernel refuses non-zero bytes it
@@ -77,9 +77,10 @@ fn c_path(path: &Path) -> io::Result<CString> {
 }
 
 /// A kernel object name (`char[BPF_OBJ_NAME_LEN]`): at most 15 bytes and a NUL.
-fn object_name(name: &str) -> [libc::c_char; 16] {
-    let mut out = [0; 16];
-    for (to, from) in out.iter_mut().zip(name.as_bytes().iter().take(15)) {
+fn object_name(name: &str) -> [libc::c_char; BPF_OBJ_NAME_LEN as usize] {
+    let mut out = [0; BPF_OBJ_NAME_LEN as usize];
+    let bytes = name.as_bytes().iter().take(out.len() - 1);
+    for (to, from) in out.iter_mut().zip(bytes) {
         *to = *from as libc::c_char;
     }
     out
