@@ -7,6 +7,7 @@
 //! and the tests and xtask must not need aya at all.
 //!
 //! Each public item names the oldest kernel it works on.
+pub mod asm;
 pub mod netns;
 use std::{
     ffi::{CStr, CString},
@@ -19,11 +20,11 @@ use std::{
 };
 
 pub use aya_obj::generated::{
-    BPF_F_ALLOW_MULTI, BPF_PSEUDO_MAP_FD, bpf_attach_type, bpf_insn, bpf_link_type, bpf_map_type,
-    bpf_prog_type,
+    BPF_CMPXCHG, BPF_F_ALLOW_MULTI, BPF_PSEUDO_MAP_FD, bpf_attach_type, bpf_func_id, bpf_insn,
+    bpf_link_type, bpf_map_type, bpf_prog_type,
 };
 use aya_obj::generated::{
-    bpf_attr, bpf_cmd, bpf_link_info, bpf_map_info, bpf_prog_info, bpf_stats_type,
+    BPF_OBJ_NAME_LEN, bpf_attr, bpf_cmd, bpf_link_info, bpf_map_info, bpf_prog_info, bpf_stats_type,
 };
 
 /// bpf(2) with `attr`, zero beyond what the command uses (the kernel refuses non-zero bytes it
@@ -76,9 +77,10 @@ fn c_path(path: &Path) -> io::Result<CString> {
 }
 
 /// A kernel object name (`char[BPF_OBJ_NAME_LEN]`): at most 15 bytes and a NUL.
-fn object_name(name: &str) -> [libc::c_char; 16] {
-    let mut out = [0; 16];
-    for (to, from) in out.iter_mut().zip(name.as_bytes().iter().take(15)) {
+fn object_name(name: &str) -> [libc::c_char; BPF_OBJ_NAME_LEN as usize] {
+    let mut out = [0; BPF_OBJ_NAME_LEN as usize];
+    let bytes = name.as_bytes().iter().take(out.len() - 1);
+    for (to, from) in out.iter_mut().zip(bytes) {
         *to = *from as libc::c_char;
     }
     out
@@ -545,7 +547,7 @@ mod tests {
 
     #[test]
     fn registers_pack_dst_low_src_high() {
-        let i = insn(0xbf, 6, 1, -4, 7);
+        let i = insn(asm::MOV64_REG, 6, 1, -4, 7);
         assert_eq!((i.dst_reg(), i.src_reg(), i.off, i.imm), (6, 1, -4, 7));
         assert_eq!(size_of::<bpf_insn>(), 8);
     }

@@ -1,5 +1,5 @@
 //! Network namespaces and rtnetlink: what the node needs of them that neither std nor nix
-//! offers safely (an nsfs ioctl, a socket option newer than the libraries, netlink sockets, and
+//! offers safely (an nsfs ioctl, a socket option nix has no wrapper for, netlink sockets, and
 //! entering a namespace in a child before it runs a program).
 use std::{
     io,
@@ -10,16 +10,15 @@ use std::{
     process::Command,
 };
 
-/// `SO_NETNS_COOKIE` from `<asm-generic/socket.h>` (Linux 5.14).
-const SO_NETNS_COOKIE: libc::c_int = 71;
-/// `NS_GET_NSTYPE` ioctl from `<linux/nsfs.h>` (Linux 4.11).
-const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+/// The loopback interface's index, the same in every network namespace: `LOOPBACK_IFINDEX` of
+/// the kernel's `include/net/net_namespace.h`, which no UAPI header exports (Linux 4.9).
+pub const LOOPBACK_IFINDEX: u32 = 1;
 
 /// Whether `fd` (an open nsfs file, e.g. `/run/netns/NAME` or `/proc/PID/ns/net`) is a network
 /// namespace. Any other file is not (the ioctl fails on it).
 pub fn is_network_namespace(fd: BorrowedFd<'_>) -> bool {
     // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd.
-    let nstype = unsafe { libc::ioctl(fd.as_raw_fd(), NS_GET_NSTYPE) };
+    let nstype = unsafe { libc::ioctl(fd.as_raw_fd(), libc::NS_GET_NSTYPE) };
     nstype == libc::CLONE_NEWNET
 }
 
@@ -32,7 +31,7 @@ pub fn socket_netns_cookie(socket: BorrowedFd<'_>) -> io::Result<u64> {
         libc::getsockopt(
             socket.as_raw_fd(),
             libc::SOL_SOCKET,
-            SO_NETNS_COOKIE,
+            libc::SO_NETNS_COOKIE,
             (&raw mut cookie).cast(),
             &mut len,
         )
@@ -119,5 +118,48 @@ pub fn enter_netns_before_exec(command: &mut Command, netns: RawFd) {
             }
             Ok(())
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::{fs::File, os::fd::AsFd as _};
+
+    #[test]
+    fn a_network_namespace_is_told_from_other_namespaces() {
+        let net = File::open("/proc/self/ns/net").unwrap();
+        let uts = File::open("/proc/self/ns/uts").unwrap();
+        assert!(is_network_namespace(net.as_fd()));
+        assert!(!is_network_namespace(uts.as_fd()));
+    }
+
+    #[test]
+    fn loopback_has_the_kernels_fixed_index() {
+        // SAFETY: a NUL-terminated name; if_nametoindex only reads it.
+        let index = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+        assert_eq!(index, LOOPBACK_IFINDEX);
+    }
+
+    /// Whether the running kernel is at least `major.minor`.
+    fn kernel_at_least(major: u32, minor: u32) -> bool {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let mut numbers = release
+            .split(['.', '-'])
+            .map(|n| n.parse::<u32>().unwrap_or(0));
+        (numbers.next().unwrap(), numbers.next().unwrap()) >= (major, minor)
+    }
+
+    #[test]
+    fn sockets_of_one_namespace_have_its_cookie() {
+        if !kernel_at_least(5, 14) {
+            eprintln!("skipped: SO_NETNS_COOKIE needs Linux 5.14");
+            return;
+        }
+        let socket = || std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let (a, b) = (socket(), socket());
+        let cookie = socket_netns_cookie(a.as_fd()).unwrap();
+        assert_ne!(cookie, 0);
+        assert_eq!(socket_netns_cookie(b.as_fd()).unwrap(), cookie);
     }
 }

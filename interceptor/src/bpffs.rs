@@ -8,7 +8,6 @@ use std::{
 };
 
 pub const BPFFS_ROOT: &str = "/sys/fs/bpf";
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BpffsError {
@@ -24,7 +23,7 @@ pub fn ensure_bpffs(path: &Path) -> Result<bool, BpffsError> {
         File::open(p)
             .ok()
             .and_then(|f| nix::sys::statfs::fstatfs(f.as_fd()).ok())
-            .is_some_and(|fs| fs.filesystem_type().0 == BPF_FS_MAGIC)
+            .is_some_and(|fs| fs.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)
     };
     if is_bpffs(path) {
         return Ok(false);

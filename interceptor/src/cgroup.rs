@@ -21,8 +21,6 @@ pub enum CgroupError {
     NotCgroup2 { path: PathBuf },
 }
 
-const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
-
 /// The root of the cgroup2 hierarchy, from this process's mount table (never hard-coded: on
 /// hybrid systems it is /sys/fs/cgroup/unified, on unified ones /sys/fs/cgroup).
 pub fn cgroup2_root() -> Result<PathBuf, CgroupError> {
@@ -74,7 +72,7 @@ pub fn open_cgroup2(path: &Path) -> Result<File, CgroupError> {
         path: path.to_owned(),
         source: e.into(),
     })?;
-    if fs.filesystem_type().0 as i64 != CGROUP2_SUPER_MAGIC || !path.is_dir() {
+    if fs.filesystem_type() != nix::sys::statfs::CGROUP2_SUPER_MAGIC || !path.is_dir() {
         return Err(CgroupError::NotCgroup2 {
             path: path.to_owned(),
         });

@@ -8,7 +8,11 @@
 //! never pretend a feature is there.
 use std::{collections::BTreeSet, fmt, sync::OnceLock};
 
-use interceptor_sys::{ProgLoad, bpf_attach_type, bpf_insn as Insn, bpf_prog_type, insn};
+use interceptor_sys::{
+    BPF_CMPXCHG, ProgLoad,
+    asm::{ATOMIC_DW, CALL, EXIT, LDX_W, MOV64_IMM, SK_PASS, ST_DW},
+    bpf_attach_type, bpf_func_id, bpf_insn as Insn, bpf_prog_type, insn,
+};
 use serde::{Deserialize, Serialize};
 
 /// The variable that takes features away (tests, and a user working around a kernel bug).
@@ -77,14 +81,14 @@ impl Feature {
                 Some(bpf_attach_type::BPF_SK_LOOKUP),
                 &[
                     insn(
-                        0x61,
+                        LDX_W,
                         2,
                         1,
                         interceptor_common::sk_lookup_ctx::INGRESS_IFINDEX,
                         0,
                     ),
-                    insn(0xb7, 0, 0, 0, 1),
-                    insn(0x95, 0, 0, 0, 0),
+                    insn(MOV64_IMM, 0, 0, 0, SK_PASS),
+                    insn(EXIT, 0, 0, 0, 0),
                 ],
             ),
             Feature::NetnsCookieSockops => loads(
@@ -192,25 +196,23 @@ fn loads(prog_type: bpf_prog_type, attach: Option<bpf_attach_type>, insns: &[Ins
 /// `*(u64 *)(r10 - 8) = 0; r0 = 0; r0 = cmpxchg(r10 - 8, r0, r1); r0 = 0; exit`: before 5.12 the
 /// verifier refuses the atomic's `imm` ("BPF_STX uses reserved fields").
 fn compare_exchange_on_stack() -> [Insn; 6] {
-    const BPF_CMPXCHG: i32 = 0xf0 | 0x01;
     [
-        insn(0x7a, 10, 0, -8, 0),
-        insn(0xb7, 0, 0, 0, 0),
-        insn(0xb7, 1, 0, 0, 1),
-        insn(0xdb, 10, 1, -8, BPF_CMPXCHG),
-        insn(0xb7, 0, 0, 0, 0),
-        insn(0x95, 0, 0, 0, 0),
+        insn(ST_DW, 10, 0, -8, 0),
+        insn(MOV64_IMM, 0, 0, 0, 0),
+        insn(MOV64_IMM, 1, 0, 0, 1),
+        insn(ATOMIC_DW, 10, 1, -8, BPF_CMPXCHG as i32),
+        insn(MOV64_IMM, 0, 0, 0, 0),
+        insn(EXIT, 0, 0, 0, 0),
     ]
 }
 
 /// `call bpf_get_netns_cookie(ctx); r0 = 1; exit`: "unknown func bpf_get_netns_cookie#122"
 /// where the program type may not call it.
 fn netns_cookie_of_ctx() -> [Insn; 3] {
-    const BPF_FUNC_GET_NETNS_COOKIE: i32 = 122;
     [
-        insn(0x85, 0, 0, 0, BPF_FUNC_GET_NETNS_COOKIE),
-        insn(0xb7, 0, 0, 0, 1),
-        insn(0x95, 0, 0, 0, 0),
+        insn(CALL, 0, 0, 0, bpf_func_id::BPF_FUNC_get_netns_cookie as i32),
+        insn(MOV64_IMM, 0, 0, 0, 1),
+        insn(EXIT, 0, 0, 0, 0),
     ]
 }
 

@@ -20,22 +20,24 @@ use std::{
 
 use interceptor_common::names;
 use interceptor_sys::{
-    BPF_PSEUDO_MAP_FD, ProgLoad, bpf_attach_type, bpf_insn as Insn, bpf_prog_type, insn,
+    BPF_PSEUDO_MAP_FD, ProgLoad,
+    asm::{
+        ADD64_IMM, CALL, EXIT, JEQ_IMM, JNE_IMM, LD_IMM64, LDX_DW, LDX_W, MOV64_IMM, MOV64_REG,
+        SK_DROP, SK_PASS, ST_W, STX_DW,
+    },
+    bpf_attach_type, bpf_func_id, bpf_insn as Insn, bpf_prog_type, insn,
+    netns::LOOPBACK_IFINDEX,
 };
 
-const BPF_FUNC_MAP_LOOKUP_ELEM: i32 = 1;
-const BPF_FUNC_TAIL_CALL: i32 = 12;
+const MAP_LOOKUP_ELEM: i32 = bpf_func_id::BPF_FUNC_map_lookup_elem as i32;
+const TAIL_CALL: i32 = bpf_func_id::BPF_FUNC_tail_call as i32;
 /// `src_reg` of a 64-bit immediate load whose value is a map fd.
 const PSEUDO_MAP_FD: u8 = BPF_PSEUDO_MAP_FD as u8;
-const SK_DROP: i32 = 0;
-const SK_PASS: i32 = 1;
-const IPPROTO_TCP: i32 = 6;
-const LOOPBACK_IFINDEX: i32 = 1;
 
 /// `dst = imm64` as its two instructions.
 fn ld_imm64(dst: u8, src: u8, imm: u64) -> [Insn; 2] {
     [
-        insn(0x18, dst, src, 0, imm as u32 as i32),
+        insn(LD_IMM64, dst, src, 0, imm as u32 as i32),
         insn(0, 0, 0, 0, (imm >> 32) as u32 as i32),
     ]
 }
@@ -45,12 +47,12 @@ fn ld_imm64(dst: u8, src: u8, imm: u64) -> [Insn; 2] {
 fn lookup_u32(map_fd: i32, key: i32) -> [Insn; 6] {
     let [load_lo, load_hi] = ld_imm64(1, PSEUDO_MAP_FD, map_fd as u32 as u64);
     [
-        insn(0x62, 10, 0, -4, key),
-        insn(0xbf, 2, 10, 0, 0),
-        insn(0x07, 2, 0, 0, -4),
+        insn(ST_W, 10, 0, -4, key),
+        insn(MOV64_REG, 2, 10, 0, 0),
+        insn(ADD64_IMM, 2, 0, 0, -4),
         load_lo,
         load_hi,
-        insn(0x85, 0, 0, 0, BPF_FUNC_MAP_LOOKUP_ELEM),
+        insn(CALL, 0, 0, 0, MAP_LOOKUP_ELEM),
     ]
 }
 
@@ -109,17 +111,17 @@ fn instructions(
     if loopback_by_ifindex {
         prog.extend(let_loopback_through(maps, slot));
     }
-    prog.push(insn(0xbf, 6, 1, 0, 0));
+    prog.push(insn(MOV64_REG, 6, 1, 0, 0));
     prog.extend(lookup_u32(maps.lookup_pod, 0));
-    prog.push(insn(0x15, 0, 0, 8, 0));
+    prog.push(insn(JEQ_IMM, 0, 0, 8, 0));
     prog.extend(ld_imm64(1, 0, netns_cookie.0));
-    prog.extend([insn(0x7b, 0, 1, 0, 0), insn(0xbf, 1, 6, 0, 0)]);
+    prog.extend([insn(STX_DW, 0, 1, 0, 0), insn(MOV64_REG, 1, 6, 0, 0)]);
     prog.extend(ld_imm64(2, PSEUDO_MAP_FD, maps.programs as u32 as u64));
     prog.extend([
-        insn(0xb7, 3, 0, 0, 0),
-        insn(0x85, 0, 0, 0, BPF_FUNC_TAIL_CALL),
-        insn(0xb7, 0, 0, 0, SK_DROP),
-        insn(0x95, 0, 0, 0, 0),
+        insn(MOV64_IMM, 3, 0, 0, 0),
+        insn(CALL, 0, 0, 0, TAIL_CALL),
+        insn(MOV64_IMM, 0, 0, 0, SK_DROP),
+        insn(EXIT, 0, 0, 0, 0),
     ]);
     prog
 }
@@ -128,19 +130,19 @@ fn instructions(
 fn let_loopback_through(maps: &Maps, slot: PodSlot) -> Vec<Insn> {
     let from_pod = (Decision::InboundFromPod as usize * size_of::<u64>()) as i16;
     let mut prog = vec![
-        insn(0x61, 2, 1, sk_lookup_ctx::INGRESS_IFINDEX, 0),
-        insn(0x55, 2, 0, 14, LOOPBACK_IFINDEX),
-        insn(0x61, 2, 1, sk_lookup_ctx::PROTOCOL, 0),
-        insn(0x55, 2, 0, 10, IPPROTO_TCP),
+        insn(LDX_W, 2, 1, sk_lookup_ctx::INGRESS_IFINDEX, 0),
+        insn(JNE_IMM, 2, 0, 14, LOOPBACK_IFINDEX as i32),
+        insn(LDX_W, 2, 1, sk_lookup_ctx::PROTOCOL, 0),
+        insn(JNE_IMM, 2, 0, 10, libc::IPPROTO_TCP),
     ];
     prog.extend(lookup_u32(maps.counters, slot.0 as i32));
     prog.extend([
-        insn(0x15, 0, 0, 3, 0),
-        insn(0x79, 1, 0, from_pod, 0),
-        insn(0x07, 1, 0, 0, 1),
-        insn(0x7b, 0, 1, from_pod, 0),
-        insn(0xb7, 0, 0, 0, SK_PASS),
-        insn(0x95, 0, 0, 0, 0),
+        insn(JEQ_IMM, 0, 0, 3, 0),
+        insn(LDX_DW, 1, 0, from_pod, 0),
+        insn(ADD64_IMM, 1, 0, 0, 1),
+        insn(STX_DW, 0, 1, from_pod, 0),
+        insn(MOV64_IMM, 0, 0, 0, SK_PASS),
+        insn(EXIT, 0, 0, 0, 0),
     ]);
     prog
 }
@@ -236,7 +238,7 @@ mod tests {
         assert!(
             without
                 .iter()
-                .all(|i| !(i.code == 0x61 && i.off == sk_lookup_ctx::INGRESS_IFINDEX)),
+                .all(|i| !(i.code == LDX_W && i.off == sk_lookup_ctx::INGRESS_IFINDEX)),
             "reads no ingress_ifindex"
         );
     }
@@ -250,46 +252,49 @@ mod tests {
     fn loopback_passes_and_everything_else_reaches_the_tail_call() {
         let prog = program();
         assert_eq!(prog.len(), 34);
-        assert_eq!((prog[1].code, prog[1].imm), (0x55, LOOPBACK_IFINDEX));
+        assert_eq!(
+            (prog[1].code, prog[1].imm),
+            (JNE_IMM, LOOPBACK_IFINDEX as i32)
+        );
         let not_loopback = target(&prog, 1);
         assert_eq!(
             (prog[not_loopback].code, prog[not_loopback].src_reg()),
-            (0xbf, 1)
+            (MOV64_REG, 1)
         );
-        assert_eq!((prog[3].code, prog[3].imm), (0x55, IPPROTO_TCP));
+        assert_eq!((prog[3].code, prog[3].imm), (JNE_IMM, libc::IPPROTO_TCP));
         for jump in [3, 10] {
             let to = target(&prog, jump);
             assert_eq!(
                 (prog[to].code, prog[to].imm),
-                (0xb7, SK_PASS),
+                (MOV64_IMM, SK_PASS),
                 "jump at {jump}"
             );
-            assert_eq!(prog[to + 1].code, 0x95);
+            assert_eq!(prog[to + 1].code, EXIT);
         }
     }
 
     #[test]
     fn loopback_is_counted_in_the_pods_slot() {
         let prog = program();
-        assert_eq!((prog[4].code, prog[4].imm), (0x62, 7), "key: the slot");
+        assert_eq!((prog[4].code, prog[4].imm), (ST_W, 7), "key: the slot");
         assert_eq!(
             (prog[7].src_reg(), prog[7].imm),
             (1, 5),
             "r1 = counters map fd"
         );
         let from_pod = Decision::InboundFromPod as i16 * 8;
-        assert_eq!((prog[11].code, prog[11].off), (0x79, from_pod));
-        assert_eq!((prog[13].code, prog[13].off), (0x7b, from_pod));
+        assert_eq!((prog[11].code, prog[11].off), (LDX_DW, from_pod));
+        assert_eq!((prog[13].code, prog[13].off), (STX_DW, from_pod));
     }
 
     #[test]
     fn the_null_check_jumps_to_the_refusal() {
         let prog = program();
         let jump = 23;
-        assert_eq!(prog[jump].code, 0x15);
+        assert_eq!(prog[jump].code, JEQ_IMM);
         let to = target(&prog, jump);
-        assert_eq!((prog[to].code, prog[to].imm), (0xb7, SK_DROP));
-        assert_eq!(prog[33].code, 0x95);
+        assert_eq!((prog[to].code, prog[to].imm), (MOV64_IMM, SK_DROP));
+        assert_eq!(prog[33].code, EXIT);
     }
 
     #[test]

@@ -245,10 +245,6 @@ pub fn named_path(id: NsId, dirs: &[&Path]) -> Option<PathBuf> {
 /// Set in [`PodNetns::inode_key`]'s keys: a real netns cookie never has it.
 pub const INODE_KEY_BIT: u64 = 1 << 63;
 
-/// `RTMGRP_IPV4_IFADDR` and `RTMGRP_IPV6_IFADDR` from `<linux/rtnetlink.h>`.
-const RTMGRP_IPV4_IFADDR: u32 = 0x10;
-const RTMGRP_IPV6_IFADDR: u32 = 0x100;
-
 impl PodNetns {
     /// A netlink socket, bound inside the namespace, that becomes readable whenever an address
     /// of either family is added or removed there. The socket stays in the namespace it was created in.
@@ -260,13 +256,15 @@ impl PodNetns {
                 path: path.clone(),
                 source,
             };
-            let fd = interceptor_sys::netns::route_socket(RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR)
-                .map_err(|e| {
-                    error(
-                        "socket(NETLINK_ROUTE) bound to RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR",
-                        nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
-                    )
-                })?;
+            let fd = interceptor_sys::netns::route_socket(
+                (libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32,
+            )
+            .map_err(|e| {
+                error(
+                    "socket(NETLINK_ROUTE) bound to RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR",
+                    nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+                )
+            })?;
             Ok(fd)
         })
     }
