@@ -512,17 +512,22 @@ pub fn object_kind(fd: BorrowedFd<'_>) -> io::Result<ObjectKind> {
     })
 }
 
-/// A duplicate of file descriptor `fd` of process `pid` (pidfd_open, then pidfd_getfd): how the
-/// agent takes a proxy's listening socket that predates registration. Needs ptrace access to
-/// the process (root has it). Kernel >= 5.6.
-pub fn duplicate_fd_of(pid: i32, fd: i32) -> io::Result<OwnedFd> {
+/// A pidfd of process `pid`: readable once the process has exited (poll/epoll). Kernel >= 5.3.
+pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
     // SAFETY: plain integer arguments; the fd returned on success is new and owned at once.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if pidfd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: as above.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+    Ok(unsafe { OwnedFd::from_raw_fd(pidfd as i32) })
+}
+
+/// A duplicate of file descriptor `fd` of process `pid` (pidfd_open, then pidfd_getfd): how the
+/// agent takes a proxy's listening socket that predates registration. Needs ptrace access to
+/// the process (root has it). Kernel >= 5.6.
+pub fn duplicate_fd_of(pid: i32, fd: i32) -> io::Result<OwnedFd> {
+    let pidfd = pidfd_open(pid)?;
     // SAFETY: plain integer arguments; the fd returned on success is new and owned at once.
     let dup = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
     if dup < 0 {

@@ -78,6 +78,67 @@ pub fn route_socket(groups: u32) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Has a netlink socket receive the notifications of every network namespace that has an id in
+/// its own (`NETLINK_LISTEN_ALL_NSID`, Linux 4.2); [`recv_with_nsid`] tells which one each came
+/// from. Delivery from another namespace needs CAP_NET_BROADCAST over it.
+pub fn listen_all_nsid(socket: BorrowedFd<'_>) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: `on` is a valid c_int for the option's length.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_NETLINK,
+            libc::NETLINK_LISTEN_ALL_NSID,
+            (&raw const on).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Receives one datagram into `buf` on a socket set up with [`listen_all_nsid`]: its length, and
+/// the id (in the socket's namespace) of the namespace it came from; `None` for the socket's own
+/// namespace or one without an id.
+pub fn recv_with_nsid(socket: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Option<i32>)> {
+    // Room for one control message holding an i32, aligned as CMSG_SPACE wants.
+    let mut control = [0u64; 4];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain data; zeroed is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = size_of_val(&control) as _;
+    // SAFETY: msg points at buffers valid for the lengths it gives.
+    let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &raw mut msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut nsid = None;
+    // SAFETY: the CMSG_* macros walk the control buffer recvmsg filled, within msg_controllen.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_NETLINK
+                && (*cmsg).cmsg_type == libc::NETLINK_LISTEN_ALL_NSID
+                && (*cmsg).cmsg_len as usize >= libc::CMSG_LEN(size_of::<i32>() as u32) as usize
+            {
+                nsid = Some(std::ptr::read_unaligned(
+                    libc::CMSG_DATA(cmsg).cast::<i32>(),
+                ));
+            }
+            cmsg = libc::CMSG_NXTHDR(&raw const msg, cmsg);
+        }
+    }
+    Ok((n as usize, nsid))
+}
+
 /// Sends one datagram on a connected or netlink socket (to the kernel, for netlink).
 pub fn send(socket: BorrowedFd<'_>, datagram: &[u8]) -> io::Result<usize> {
     // SAFETY: datagram is valid for reads of its length.

@@ -223,9 +223,11 @@ pub struct DaemonArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub orig_dst_capacity: u32,
 
-    /// How often pods are checked for a vanished or replaced network namespace and for
-    /// address changes, in milliseconds.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
+    /// The safety sweep's round, in milliseconds: every pod is checked once per round for a
+    /// vanished or replaced network namespace and for address changes, one pod at a time spread
+    /// over it. Changes are seen at once through events (namespaces removed, address
+    /// notifications, pins removed); the sweep catches what no event reported.
+    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(10..))]
     pub reconcile_ms: u64,
 
     /// Serve Prometheus metrics (`/metrics`), readiness (`/ready`) and liveness (`/live`) here,

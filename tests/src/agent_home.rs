@@ -194,11 +194,6 @@ impl AgentHome {
     }
 
     fn launch(&self, extra: &[&str], level: &str, stderr: Stdio, failpoints: &str) -> Agent {
-        let reconcile = if extra.contains(&"--reconcile-ms") {
-            &[][..]
-        } else {
-            &["--reconcile-ms", "100"][..]
-        };
         // The backend the test asks for, eBPF unless it says otherwise: never one a probe chose.
         let mode = if extra.contains(&"--mode") {
             &[][..]
@@ -217,7 +212,6 @@ impl AgentHome {
             .args(self.location())
             .args(cgroup)
             .args(mode)
-            .args(reconcile)
             .args(["--log-level", level])
             .args(extra)
             .env("FAILPOINTS", failpoints)

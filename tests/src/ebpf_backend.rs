@@ -64,3 +64,17 @@ pub fn attach(node: &mut EbpfNode, cgroup: &std::path::Path) {
     node.attach(cgroup)
         .unwrap_or_else(|e| panic!("attach: {e}"));
 }
+
+/// A connect4 program of someone else's, as another product would load it.
+pub fn foreign_program() -> std::os::fd::OwnedFd {
+    use interceptor_sys::{ProgLoad, bpf_attach_type, bpf_prog_type, insn};
+    let insns = [insn(0xb7, 0, 0, 0, 1), insn(0x95, 0, 0, 0, 0)];
+    interceptor_sys::prog_load(&ProgLoad {
+        prog_type: bpf_prog_type::BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
+        expected_attach_type: Some(bpf_attach_type::BPF_CGROUP_INET4_CONNECT),
+        name: "foreign_allow",
+        insns: &insns,
+        license: c"GPL",
+    })
+    .expect("load the foreign program")
+}

@@ -14,10 +14,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use interceptor_sys::{LinkTarget, ProgLoad, bpf_attach_type, bpf_map_type, bpf_prog_type};
+use interceptor_sys::{LinkTarget, bpf_attach_type, bpf_map_type};
 use interceptor_tests::{
     Cgroup, Landing, Netns, PodFixture, Probe,
     agent_home::{AgentHome, UNREACHABLE, all_reached_the_proxy, check_load},
+    ebpf_backend::foreign_program,
     privileged,
     scenario::{APP_UID, Servers},
 };
@@ -183,22 +184,6 @@ fn a_restart_after_the_old_cgroup_was_removed_replaces_the_defunct_links() {
         );
     }
     assert!(!leftover.exists(), "the temporary pin is removed");
-}
-
-/// A connect4 program of someone else's, as another product would load it.
-fn foreign_program() -> OwnedFd {
-    let insns = [
-        interceptor_sys::insn(0xb7, 0, 0, 0, 1),
-        interceptor_sys::insn(0x95, 0, 0, 0, 0),
-    ];
-    interceptor_sys::prog_load(&ProgLoad {
-        prog_type: bpf_prog_type::BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
-        expected_attach_type: Some(bpf_attach_type::BPF_CGROUP_INET4_CONNECT),
-        name: "foreign_allow",
-        insns: &insns,
-        license: c"GPL",
-    })
-    .expect("load the foreign program")
 }
 
 /// `interceptor daemon` on `home`, which must fail: its stderr.
@@ -404,7 +389,7 @@ fn pins_removed_while_the_agent_runs_are_pinned_again() {
     let fixture = PodFixture::new("pinsgone");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start_with(&["--reconcile-ms", "100"]);
+    let agent = home.start();
     home.mesh(&fixture.pod.path(), &[]);
     let cookie = home.pods()[0]["netns_cookie"].as_u64().unwrap();
     let mut links: Vec<PathBuf> = NODE_LINKS.iter().map(|l| home.bpffs.join(l)).collect();

@@ -306,7 +306,7 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
     assert_eq!(security["allowPrivilegeEscalation"], false);
     assert_eq!(
         security["capabilities"],
-        json!({"drop": ["ALL"], "add": ["BPF", "PERFMON", "NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"]})
+        json!({"drop": ["ALL"], "add": ["BPF", "PERFMON", "NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE", "NET_BROADCAST"]})
     );
     assert_eq!(security["appArmorProfile"], json!({"type": "Unconfined"}));
     assert_eq!(
@@ -808,12 +808,12 @@ fn the_daemonsets_pod_meshes_pods_and_keeps_them_meshed_through_a_replay() {
     agent_pod.play(false);
     assert!(agent_pod.network.bin_dir.join("interceptor-cni").is_file());
     // Not privileged: the agent runs with exactly the capabilities the DaemonSet lists
-    // (CAP_NET_ADMIN 12, NET_RAW 13, SYS_PTRACE 19, SYS_ADMIN 21, PERFMON 38, BPF 39), the
-    // installer with its two (DAC_OVERRIDE 1, FOWNER 3).
+    // (CAP_NET_BROADCAST 11, NET_ADMIN 12, NET_RAW 13, SYS_PTRACE 19, SYS_ADMIN 21, PERFMON 38,
+    // BPF 39), the installer with its two (DAC_OVERRIDE 1, FOWNER 3).
     let bits = |caps: &[u32]| caps.iter().fold(0u64, |all, cap| all | 1 << cap);
     assert_eq!(
         agent_pod.capabilities("agent"),
-        bits(&[12, 13, 19, 21, 38, 39])
+        bits(&[11, 12, 13, 19, 21, 38, 39])
     );
     assert_eq!(agent_pod.capabilities("install-cni"), bits(&[1, 3]));
 

@@ -45,6 +45,20 @@ impl PodsSkipped {
     }
 }
 
+/// Pods checked against their namespace (gone, replaced, new addresses), by what asked for the
+/// check: an event (`event`; `lost` when notifications were lost and every pod is checked) or
+/// the safety sweep (`sweep`). At rest only the sweep checks pods, one at a time.
+#[derive(Clone, Default)]
+pub struct PodChecks(Family<Labels, Counter>);
+
+impl PodChecks {
+    pub fn count(&self, trigger: &'static str) {
+        self.0
+            .get_or_create(&vec![("trigger".to_owned(), trigger.to_owned())])
+            .inc();
+    }
+}
+
 /// What the repair of pods started without the CNI plugin did (see `repair`).
 #[derive(Clone, Default)]
 pub struct Repairs {
@@ -182,6 +196,11 @@ fn render(agent: &Agent) -> String {
             repairs.failed.clone(),
         );
     }
+    registry.register(
+        "pod_checks",
+        "Pods checked against their network namespace (gone, replaced, addresses changed), by trigger: event (a namespace removed, an address notification), lost (notifications were lost: every pod) or sweep (the safety sweep, one pod at a time over --reconcile-ms)",
+        agent.pod_checks.0.clone(),
+    );
     registry.register(
         "cni_chain_restored",
         "Times the CNI installer chained the plugin again into the node's primary network configuration, which the primary CNI had rewritten without it (as the installer reported them)",

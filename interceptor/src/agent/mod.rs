@@ -29,7 +29,7 @@ use std::{
     net::SocketAddr,
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, atomic::AtomicBool},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -134,7 +134,9 @@ struct Agent {
     kube: Option<Arc<kube_pods::KubePods>>,
     /// What the repair of pods started without the CNI plugin did, when it is on.
     repairs: Option<metrics::Repairs>,
-    netns_watch: watch::NetnsWatch,
+    /// Pods checked against their namespaces, by trigger.
+    pod_checks: metrics::PodChecks,
+    netns_watch: watch::Watch,
     /// Where the node's programs are attached (`--cgroup`).
     cgroup: PathBuf,
 }
@@ -174,7 +176,6 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
     };
     let records = Records::open(&paths.records())
         .with_context(|| format!("opening {}", paths.records().display()))?;
-    let (netns_watch, mut deleted) = watch::NetnsWatch::start()?;
     let (backend, older) = match options.backend {
         BackendChoice::Ebpf => {
             let (node, older) = load_ebpf(&paths, &options)?;
@@ -189,6 +190,9 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
             (backend::Backend::Iptables(pods), Vec::new())
         }
     };
+    // The pins are the eBPF backend's: their directory exists once the programs are loaded.
+    let pins = (backend.kind() == api::Backend::Ebpf).then_some(paths.bpffs.as_path());
+    let (netns_watch, mut events) = watch::Watch::start(pins)?;
     let mut agent = Agent {
         backend,
         records,
@@ -197,6 +201,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         cni_chain_restored: Default::default(),
         kube: None,
         repairs: None,
+        pod_checks: metrics::PodChecks::default(),
         netns_watch,
         cgroup: cgroup.to_owned(),
     };
@@ -254,14 +259,14 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
 
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
-    let mut reconcile = tokio::time::interval(options.reconcile_every);
-    let reconciling = Arc::new(AtomicBool::new(false));
+    let reconciler = reconcile::Reconciler::start(agent.clone());
+    let mut sweep = reconcile::Sweep::new(options.reconcile_every);
     loop {
         tokio::select! {
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
-            _ = reconcile.tick() => reconcile::start(&agent, &reconciling),
-            Some(()) = deleted.recv() => reconcile::start(&agent, &reconciling),
+            _ = tokio::time::sleep_until(sweep.next_at()) => sweep.step(&agent, &reconciler),
+            Some(event) = events.recv() => reconciler.on(event),
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => drop(tokio::spawn(server::serve(agent.clone(), stream))),
                 Err(e) => warn!(error = %e, "accepting an API connection"),

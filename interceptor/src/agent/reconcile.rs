@@ -1,67 +1,122 @@
 //! Keeping the pods in step with their namespaces: a pod whose namespace disappeared (or was
-//! replaced: another cookie at the same path) is removed, and address changes are applied.
-//! Runs periodically, and at once when a watched namespace directory loses an entry. Each run
-//! also pins again any of the agent's links whose pin went missing.
+//! replaced: another cookie at the same path) is removed, and address changes are applied; a
+//! link whose pin went missing is pinned again.
 //!
-//! Each namespace is visited without the agent's lock (a switch into it per pod, which adds up
-//! on a node with many pods); the lock is taken only to apply what changed.
+//! Driven by events (`watch`): only the pods an event names are checked, so an agent at rest
+//! does no work per pod. The safety sweep catches what no event reported (a path nothing can
+//! watch, a lost notification): one pod at a time, spread evenly over `--reconcile-ms`, and the
+//! pins once per round. Its cost is that of one pod check per `--reconcile-ms / pods`.
+//!
+//! Checks run on one thread of their own, in order, without the agent's lock while they visit a
+//! namespace (a switch into it per pod); the lock is taken only to apply what changed.
 use std::{
     path::PathBuf,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, Mutex, mpsc},
+    time::Duration,
 };
 
 use interceptor_common::NetnsCookie;
+use tokio::time::Instant;
 use tracing::warn;
 
-use super::{Agent, backend::identify_lenient, lock};
+use super::{Agent, backend::identify_lenient, lock, watch::Event};
 use crate::netns::PodNetns;
 
-/// Starts a reconciliation on a blocking thread unless one is still running.
-pub(super) fn start(agent: &Arc<Mutex<Agent>>, running: &Arc<AtomicBool>) {
-    if running.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    let (agent, running) = (agent.clone(), running.clone());
-    tokio::task::spawn_blocking(move || {
-        reconcile(&agent);
-        running.store(false, Ordering::Release);
-    });
+/// Work for the reconciler's thread.
+enum Work {
+    /// Check these pods; the trigger is counted (`PodChecks`).
+    Pods(Vec<NetnsCookie>, &'static str),
+    /// Check the pods whose namespace is at this path.
+    At(PathBuf),
+    /// Pin again the links whose pins are missing.
+    Pins,
+    /// Notifications were lost: the pins and every pod.
+    All,
 }
 
-fn reconcile(agent: &Mutex<Agent>) {
-    restore_missing_pins(&lock(agent));
-    let (kind, pods): (_, Vec<(NetnsCookie, PathBuf)>) = {
-        let agent = lock(agent);
-        let pods = agent
-            .backend
-            .registered()
-            .map(|(cookie, facts)| (cookie, facts.netns.clone()))
-            .collect();
-        (agent.backend.kind(), pods)
-    };
-    for (cookie, path) in pods {
-        // One switch into the namespace for both.
-        let current = PodNetns::open(&path).and_then(|n| identify_lenient(kind, &n));
-        let mut agent = lock(agent);
-        // Removed or replaced through the API meanwhile.
-        if agent.backend.facts(cookie).map(|f| &f.netns) != Some(&path) {
-            continue;
-        }
-        match current {
-            Ok((c, addresses)) if c == cookie => {
-                if let Some(addresses) = addresses
-                    && agent.backend.addresses(cookie) != addresses
-                    && let Err(e) = agent.backend.set_addresses(cookie, &addresses)
-                {
-                    warn!(netns = %path.display(), error = %e, "updating pod addresses: the previous ones stay in force");
+/// Hands checks to the reconciler's thread.
+pub(super) struct Reconciler {
+    work: mpsc::Sender<Work>,
+}
+
+impl Reconciler {
+    pub fn start(agent: Arc<Mutex<Agent>>) -> Self {
+        let (work, receiver) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("reconcile".into())
+            .spawn(move || {
+                for work in receiver {
+                    run(&agent, work);
                 }
-            }
-            Ok(_) => agent.forget(cookie, "its network namespace was replaced"),
-            Err(_) => agent.forget(cookie, "its network namespace is gone"),
+            })
+            .expect("spawning the reconciliation thread");
+        Self { work }
+    }
+
+    pub fn on(&self, event: Event) {
+        let work = match event {
+            Event::NetnsRemoved(path) => Work::At(path),
+            Event::Addresses(cookie) => Work::Pods(vec![cookie], "event"),
+            Event::PinRemoved => Work::Pins,
+            Event::Lost => Work::All,
+        };
+        let _ = self.work.send(work);
+    }
+}
+
+fn run(agent: &Mutex<Agent>, work: Work) {
+    let (pods, trigger) = match work {
+        Work::Pods(pods, trigger) => (pods, trigger),
+        Work::At(path) => {
+            let pods = lock(agent)
+                .backend
+                .registered()
+                .filter(|(_, facts)| facts.netns == path)
+                .map(|(cookie, _)| cookie)
+                .collect();
+            (pods, "event")
         }
+        Work::Pins => return restore_missing_pins(&lock(agent)),
+        Work::All => {
+            restore_missing_pins(&lock(agent));
+            let pods = lock(agent).backend.registered().map(|(c, _)| c).collect();
+            (pods, "lost")
+        }
+    };
+    for cookie in pods {
+        check(agent, cookie, trigger);
+    }
+}
+
+/// Checks one pod against its namespace: removed if the namespace is gone or was replaced, its
+/// addresses applied if they changed.
+fn check(agent: &Mutex<Agent>, cookie: NetnsCookie, trigger: &'static str) {
+    let (kind, path) = {
+        let agent = lock(agent);
+        let Some(facts) = agent.backend.facts(cookie) else {
+            return;
+        };
+        agent.pod_checks.count(trigger);
+        (agent.backend.kind(), facts.netns.clone())
+    };
+    // One switch into the namespace for both.
+    let current = PodNetns::open(&path).and_then(|n| identify_lenient(kind, &n));
+    let mut agent = lock(agent);
+    // Removed or replaced through the API meanwhile.
+    if agent.backend.facts(cookie).map(|f| &f.netns) != Some(&path) {
+        return;
+    }
+    match current {
+        Ok((c, addresses)) if c == cookie => {
+            if let Some(addresses) = addresses
+                && agent.backend.addresses(cookie) != addresses
+                && let Err(e) = agent.backend.set_addresses(cookie, &addresses)
+            {
+                warn!(netns = %path.display(), error = %e, "updating pod addresses: the previous ones stay in force");
+            }
+        }
+        Ok(_) => agent.forget(cookie, "its network namespace was replaced"),
+        Err(_) => agent.forget(cookie, "its network namespace is gone"),
     }
 }
 
@@ -77,5 +132,52 @@ fn restore_missing_pins(agent: &Agent) {
     }
     for (path, error) in failed {
         warn!(path = %path.display(), %error, "a link's pin was removed and pinning it again failed: its interception ends with this process");
+    }
+}
+
+/// The safety sweep: one pod per step, in cookie order, each step `period / pods` after the
+/// last; the pins at the start of each round.
+pub(super) struct Sweep {
+    period: Duration,
+    next_at: Instant,
+    /// The last pod checked; the round starts again after the highest cookie.
+    last: Option<NetnsCookie>,
+}
+
+impl Sweep {
+    pub fn new(period: Duration) -> Self {
+        Self {
+            period,
+            next_at: Instant::now() + period,
+            last: None,
+        }
+    }
+
+    pub fn next_at(&self) -> Instant {
+        self.next_at
+    }
+
+    /// Hands the next pod (and at a round's start, the pins) to the reconciler, and schedules
+    /// the next step.
+    pub fn step(&mut self, agent: &Mutex<Agent>, reconciler: &Reconciler) {
+        let (next, pods) = {
+            let agent = lock(agent);
+            let pods = agent.backend.len();
+            let mut registered = agent.backend.registered().map(|(c, _)| c);
+            let next = match self.last {
+                Some(last) => registered.find(|c| *c > last),
+                None => registered.next(),
+            };
+            (next, pods)
+        };
+        if self.last.is_none() {
+            let _ = reconciler.work.send(Work::Pins);
+        }
+        if let Some(cookie) = next {
+            let _ = reconciler.work.send(Work::Pods(vec![cookie], "sweep"));
+        }
+        self.last = next;
+        let steps = u32::try_from(pods.max(1)).unwrap_or(u32::MAX);
+        self.next_at = Instant::now() + self.period / steps;
     }
 }

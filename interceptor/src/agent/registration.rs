@@ -53,7 +53,8 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
         meta: add.meta.clone(),
         meshed_by: PodBackend::default(),
     };
-    let applied = lock(agent).apply(&spec, facts, add.update)?;
+    let nsid = namespace_id(&netns);
+    let applied = lock(agent).apply(&spec, facts, nsid, add.update)?;
     if applied != Applied::Nothing {
         let agent = if backend == Backend::Ebpf {
             // Its configuration is in force, so a listen() from here on is caught by sock_ops;
@@ -90,7 +91,14 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
 impl Agent {
     /// Applies a pod's configuration to the maps (and the pod table), then saves its record;
     /// on failure nothing changed.
-    fn apply(&mut self, spec: &PodSpec, facts: PodFacts, update: bool) -> Result<Applied, Refusal> {
+    /// `nsid`: the namespace's id in the agent's, for its address notifications (`watch`).
+    fn apply(
+        &mut self,
+        spec: &PodSpec,
+        facts: PodFacts,
+        nsid: Option<i32>,
+        update: bool,
+    ) -> Result<Applied, Refusal> {
         let cookie = spec.netns_cookie;
         let existing = self.backend.record(cookie);
         // Whether only the pod's names change: what is in force stays, nothing is written again.
@@ -168,7 +176,7 @@ impl Agent {
                 format!("saving the pod record: {e}; the pod's interception is as it was"),
             ));
         }
-        self.netns_watch.watch(&record.netns);
+        self.netns_watch.watch(cookie, &record.netns, nsid);
         Ok(if existing.is_none() {
             Applied::NewPod
         } else {
@@ -216,6 +224,7 @@ impl Agent {
         self.backend
             .remove(cookie)
             .map_err(|e| (ErrorKind::Internal, e))?;
+        self.netns_watch.unwatch(cookie);
         crash_point!("agent-before-record-removal");
         let _ = self.records.remove(cookie);
         info!(netns = %netns.display(), netns_cookie = %cookie, "pod removed");
@@ -230,6 +239,7 @@ impl Agent {
             warn!(netns_cookie = %cookie, error = %e, "removing a pod's map entries");
             return;
         }
+        self.netns_watch.unwatch(cookie);
         let _ = self.records.remove(cookie);
         if let Some(netns) = netns {
             warn!(netns = %netns.display(), netns_cookie = %cookie, "pod removed: {why}");
@@ -309,6 +319,16 @@ impl Agent {
         }
         Health { problems, backend }
     }
+}
+
+/// The id of the pod's namespace in the agent's, given one if it has none, for its address
+/// notifications; without one, its address changes wait for the safety sweep.
+pub(super) fn namespace_id(netns: &PodNetns) -> Option<i32> {
+    crate::netns::nsid::nsid_of(netns)
+        .inspect_err(|e| {
+            warn!(netns = %netns.path().display(), error = %e, "no namespace id for the pod: its address changes are applied by the safety sweep only");
+        })
+        .ok()
 }
 
 /// Called once the pod is intercepted by the programs: its iptables chains can go.

@@ -14,7 +14,7 @@ use super::{
     Agent,
     backend::{Backend, identify},
     records::{PodBackend, PodRecord},
-    registration::take_over_from_iptables,
+    registration::{namespace_id, take_over_from_iptables},
 };
 use crate::{
     crash_points::crash_point,
@@ -49,8 +49,8 @@ impl Agent {
             let cookie = record.netns_cookie;
             let netns = record.netns.clone();
             match self.restore_one(record, in_maps.as_mut(), migrating) {
-                Ok(()) => {
-                    self.netns_watch.watch(&netns);
+                Ok(nsid) => {
+                    self.netns_watch.watch(cookie, &netns, nsid);
                     crash_point!("restore-pod");
                 }
                 Err(NotRestored::Refused(why)) if migrating => bail!(
@@ -77,13 +77,13 @@ impl Agent {
     }
 
     /// Restores one pod into the pod table; `migrating`: into new maps, where no pod is yet
-    /// (nothing to repair).
+    /// (nothing to repair). Returns its namespace's id, for its address notifications.
     fn restore_one(
         &mut self,
         record: PodRecord,
         in_maps: Option<&mut InMaps>,
         migrating: bool,
-    ) -> Result<(), NotRestored> {
+    ) -> Result<Option<i32>, NotRestored> {
         let gone = |e: crate::netns::NetnsError| NotRestored::Gone(e.to_string());
         let netns = PodNetns::open(&record.netns).map_err(gone)?;
         let (cookie, addresses) = identify(self.backend.kind(), &netns).map_err(gone)?;
@@ -140,7 +140,7 @@ impl Agent {
             }
             (Backend::Ebpf(_), None) => unreachable!("the eBPF backend has maps"),
         }
-        Ok(())
+        Ok(namespace_id(&netns))
     }
 
     /// Moves the pods the iptables backend meshed, registered in the maps by

@@ -1,60 +1,324 @@
-//! Noticing at once that a pod's network namespace was deleted: inotify on the directories its
-//! path lives in (`/run/netns`, `/var/run/netns`, a CNI runtime's). The periodic reconciliation
-//! stays the backstop (paths under `/proc` cannot be watched, and events can be missed).
+//! What the agent hears instead of polling its pods:
+//!
+//! - a pod's namespace removed: inotify on the directories the paths live in (`/run/netns`, a
+//!   runtime's), or, for a `/proc/PID/ns/net` path (which inotify cannot watch), a pidfd that
+//!   becomes readable when the process exits;
+//! - a pod's address added or removed: one rtnetlink socket hearing every namespace that has an
+//!   id in the agent's (`netns::nsid`), each pod's namespace given one when it is watched;
+//! - a pin of the agent's links removed: inotify on its bpffs directory.
+//!
+//! Events can be missed (an overflow, a path nothing can watch): the slow safety sweep
+//! (`reconcile`) stays the backstop.
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet, HashMap},
+    os::fd::OwnedFd,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use interceptor_common::NetnsCookie;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use tokio::sync::mpsc;
-use tracing::warn;
+use tracing::{info, warn};
 
-pub struct NetnsWatch {
-    inotify: Arc<Inotify>,
-    watched: BTreeSet<PathBuf>,
+use crate::netns::nsid::{AddressChanges, Heard};
+
+/// Something changed that may concern the pods.
+#[derive(Debug)]
+pub enum Event {
+    /// The namespace at this path is gone: its directory entry was removed, or its process
+    /// exited.
+    NetnsRemoved(PathBuf),
+    /// An address of the pod's namespace was added or removed.
+    Addresses(NetnsCookie),
+    /// A pin in the agent's bpffs directory was removed.
+    PinRemoved,
+    /// Notifications were lost: every pod is to be checked.
+    Lost,
 }
 
-impl NetnsWatch {
-    /// Starts the watch; the receiver gets a message whenever an entry of a watched directory is
-    /// removed or renamed away.
-    pub fn start() -> nix::Result<(Self, mpsc::UnboundedReceiver<()>)> {
+/// What an inotify watch descriptor stands for.
+enum Watched {
+    NetnsDir(PathBuf),
+    Pins,
+}
+
+pub struct Watch {
+    inotify: Arc<Inotify>,
+    watched: Arc<Mutex<HashMap<WatchDescriptor, Watched>>>,
+    netns_dirs: BTreeSet<PathBuf>,
+    /// The pod each namespace id stands for, read by the address listener.
+    nsids: Arc<Mutex<HashMap<i32, NetnsCookie>>>,
+    /// Each pod's namespace id and its process watch, to be dropped with the pod.
+    pods: BTreeMap<NetnsCookie, (Option<i32>, Option<u64>)>,
+    processes: Processes,
+    events: mpsc::UnboundedSender<Event>,
+}
+
+/// The processes whose namespaces are pods' (`/proc/PID/ns/net` paths): their pidfds in one
+/// epoll set, which a thread of its own waits on.
+#[derive(Clone)]
+struct Processes {
+    epoll: Arc<Epoll>,
+    /// By the key their epoll event carries.
+    watched: Arc<Mutex<HashMap<u64, (OwnedFd, PathBuf)>>>,
+    next_key: Arc<AtomicU64>,
+}
+
+impl Watch {
+    /// Starts the watches: inotify (and on `pins`, the eBPF agent's bpffs directory) and the
+    /// address listener. Events arrive on the receiver.
+    pub fn start(pins: Option<&Path>) -> nix::Result<(Self, mpsc::UnboundedReceiver<Event>)> {
         let inotify = Arc::new(Inotify::init(InitFlags::IN_CLOEXEC)?);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let reader = inotify.clone();
-        std::thread::spawn(move || {
-            while let Ok(events) = reader.read_events() {
-                if !events.is_empty() && tx.send(()).is_err() {
-                    return;
-                }
-            }
-        });
-        Ok((
-            Self {
-                inotify,
-                watched: BTreeSet::new(),
-            },
-            rx,
-        ))
+        let watched = Arc::new(Mutex::new(HashMap::new()));
+        let nsids = Arc::new(Mutex::new(HashMap::new()));
+        let (events, receiver) = mpsc::unbounded_channel();
+        spawn_inotify_reader(inotify.clone(), watched.clone(), events.clone());
+        spawn_address_listener(nsids.clone(), events.clone());
+        let processes = Processes {
+            epoll: Arc::new(Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?),
+            watched: Arc::default(),
+            next_key: Arc::default(),
+        };
+        spawn_process_waiter(processes.clone(), events.clone());
+        let watch = Self {
+            inotify,
+            watched,
+            netns_dirs: BTreeSet::new(),
+            nsids,
+            pods: BTreeMap::new(),
+            processes,
+            events,
+        };
+        if let Some(pins) = pins {
+            watch.add(pins, Watched::Pins);
+        }
+        Ok((watch, receiver))
     }
 
-    /// Watches the directory `netns` lives in, once.
-    pub fn watch(&mut self, netns: &Path) {
-        let Some(dir) = netns.parent() else { return };
-        if dir.starts_with("/proc") || self.watched.contains(dir) {
-            return;
-        }
+    fn add(&self, dir: &Path, what: Watched) -> bool {
         match self
             .inotify
             .add_watch(dir, AddWatchFlags::IN_DELETE | AddWatchFlags::IN_MOVED_FROM)
         {
-            Ok(_) => {
-                self.watched.insert(dir.to_owned());
+            Ok(wd) => {
+                lock(&self.watched).insert(wd, what);
+                true
             }
             Err(e) => {
-                warn!(dir = %dir.display(), error = %e, "cannot watch for deleted namespaces; the periodic check still removes their pods")
+                warn!(dir = %dir.display(), error = %e, "cannot watch for removed entries; the safety sweep still notices");
+                false
             }
         }
+    }
+
+    /// Watches a registered pod: its namespace's removal (its directory, or its process for a
+    /// `/proc` path) and, with its namespace id `nsid` (see `netns::nsid`), its addresses.
+    /// Watching a pod again replaces its watches.
+    pub fn watch(&mut self, cookie: NetnsCookie, netns: &Path, nsid: Option<i32>) {
+        self.unwatch(cookie);
+        let process = match proc_pid(netns) {
+            Some(pid) => self.watch_process(pid, netns),
+            None => {
+                if let Some(dir) = netns.parent()
+                    && !self.netns_dirs.contains(dir)
+                    && self.add(dir, Watched::NetnsDir(dir.to_owned()))
+                {
+                    self.netns_dirs.insert(dir.to_owned());
+                }
+                None
+            }
+        };
+        if let Some(nsid) = nsid {
+            lock(&self.nsids).insert(nsid, cookie);
+        }
+        self.pods.insert(cookie, (nsid, process));
+    }
+
+    /// Stops watching a pod that is no longer registered.
+    pub fn unwatch(&mut self, cookie: NetnsCookie) {
+        let Some((nsid, process)) = self.pods.remove(&cookie) else {
+            return;
+        };
+        if let Some(nsid) = nsid {
+            let mut nsids = lock(&self.nsids);
+            // An id is reused once its namespace is gone: only ours is removed.
+            if nsids.get(&nsid) == Some(&cookie) {
+                nsids.remove(&nsid);
+            }
+        }
+        if let Some(key) = process
+            && let Some((pidfd, _)) = lock(&self.processes.watched).remove(&key)
+        {
+            let _ = self.processes.epoll.delete(&pidfd);
+        }
+    }
+
+    /// Sends [`Event::NetnsRemoved`] when process `pid` exits (its pidfd becomes readable).
+    /// Returns the watch's key.
+    fn watch_process(&self, pid: i32, netns: &Path) -> Option<u64> {
+        let pidfd = match interceptor_sys::pidfd_open(pid) {
+            Ok(fd) => fd,
+            // Gone already: the check this triggers removes the pod.
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                let _ = self.events.send(Event::NetnsRemoved(netns.to_owned()));
+                return None;
+            }
+            Err(e) => {
+                warn!(netns = %netns.display(), error = %e, "cannot watch the process whose namespace the pod is; the safety sweep still notices its exit");
+                return None;
+            }
+        };
+        let key = self.processes.next_key.fetch_add(1, Ordering::Relaxed);
+        let mut watched = lock(&self.processes.watched);
+        if let Err(e) = self
+            .processes
+            .epoll
+            .add(&pidfd, EpollEvent::new(EpollFlags::EPOLLIN, key))
+        {
+            warn!(netns = %netns.display(), error = %e, "cannot watch the process whose namespace the pod is; the safety sweep still notices its exit");
+            return None;
+        }
+        watched.insert(key, (pidfd, netns.to_owned()));
+        Some(key)
+    }
+}
+
+/// The pid of a `/proc/PID/ns/net` (or `/proc/PID/task/TID/ns/net`) path.
+fn proc_pid(netns: &Path) -> Option<i32> {
+    let rest = netns.strip_prefix("/proc").ok()?;
+    let pid = rest.components().next()?.as_os_str().to_str()?;
+    pid.parse().ok()
+}
+
+fn spawn_inotify_reader(
+    inotify: Arc<Inotify>,
+    watched: Arc<Mutex<HashMap<WatchDescriptor, Watched>>>,
+    events: mpsc::UnboundedSender<Event>,
+) {
+    std::thread::spawn(move || {
+        while let Ok(read) = inotify.read_events() {
+            for event in read {
+                let heard = if event.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                    Some(Event::Lost)
+                } else {
+                    match lock(&watched).get(&event.wd) {
+                        Some(Watched::Pins) => Some(Event::PinRemoved),
+                        Some(Watched::NetnsDir(dir)) => event
+                            .name
+                            .as_ref()
+                            .map(|name| Event::NetnsRemoved(dir.join(name))),
+                        None => None,
+                    }
+                };
+                if let Some(heard) = heard
+                    && events.send(heard).is_err()
+                {
+                    return;
+                }
+            }
+        }
+    });
+}
+
+fn spawn_process_waiter(processes: Processes, events: mpsc::UnboundedSender<Event>) {
+    std::thread::spawn(move || {
+        let mut ready = [EpollEvent::empty(); 16];
+        loop {
+            let n = match processes.epoll.wait(&mut ready, EpollTimeout::NONE) {
+                Ok(n) => n,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => {
+                    warn!(error = %e, "waiting for the pods' processes stopped; the safety sweep still notices their exits");
+                    return;
+                }
+            };
+            for event in &ready[..n] {
+                // An exited process stays readable: its watch goes with this one event.
+                let Some((pidfd, netns)) = lock(&processes.watched).remove(&event.data()) else {
+                    continue;
+                };
+                let _ = processes.epoll.delete(&pidfd);
+                if events.send(Event::NetnsRemoved(netns)).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+}
+
+fn spawn_address_listener(
+    nsids: Arc<Mutex<HashMap<i32, NetnsCookie>>>,
+    events: mpsc::UnboundedSender<Event>,
+) {
+    let mut changes = match AddressChanges::open() {
+        Ok(changes) => changes,
+        Err(e) => {
+            warn!(error = %e, "cannot listen for address changes in the pods; the safety sweep still applies them");
+            return;
+        }
+    };
+    if !has_net_broadcast() {
+        warn!(
+            "without CAP_NET_BROADCAST the kernel does not deliver the pods' address changes to the agent; the safety sweep still applies them (--reconcile-ms)"
+        );
+    }
+    std::thread::spawn(move || {
+        loop {
+            let event = match changes.wait() {
+                Ok(Heard::In(nsid)) => match lock(&nsids).get(&nsid) {
+                    Some(cookie) => Event::Addresses(*cookie),
+                    None => continue,
+                },
+                Ok(Heard::Elsewhere) => continue,
+                Ok(Heard::Lost) => Event::Lost,
+                Err(e) => {
+                    warn!(error = %e, "the pods' address notifications stopped; the safety sweep still applies changes");
+                    return;
+                }
+            };
+            if events.send(event).is_err() {
+                return;
+            }
+        }
+    });
+    info!("listening for address changes in the pods' namespaces");
+}
+
+/// `CAP_NET_BROADCAST` (`<linux/capability.h>`; neither libc nor nix exports it).
+const CAP_NET_BROADCAST: u32 = 11;
+
+/// Whether this process has CAP_NET_BROADCAST, which the kernel wants before it delivers another
+/// namespace's notifications.
+fn has_net_broadcast() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+            u64::from_str_radix(hex.trim(), 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << CAP_NET_BROADCAST) != 0)
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proc_path_names_its_process() {
+        assert_eq!(proc_pid(Path::new("/proc/42/ns/net")), Some(42));
+        assert_eq!(proc_pid(Path::new("/proc/42/task/43/ns/net")), Some(42));
+        assert_eq!(proc_pid(Path::new("/proc/self/ns/net")), None);
+        assert_eq!(proc_pid(Path::new("/run/netns/pod")), None);
     }
 }
