@@ -1078,7 +1078,15 @@ fn status_and_ready_say_when_interception_is_not_as_configured() {
     let cookie = home.pods()[0]["netns_cookie"].as_u64().unwrap();
     let pod_link = home.bpffs.join(format!("link_icpt_sk_lookup_{cookie}"));
     displace(&pod_link);
-    let (ready, body) = http_get(&addr, "/ready");
+    // /ready answers from each pod's last check, which the pin's removal asked for.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (ready, body) = loop {
+        let (ready, body) = http_get(&addr, "/ready");
+        if ready.contains(" 503 ") || Instant::now() > deadline {
+            break (ready, body);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(ready.contains(" 503 "), "{ready}");
     let problem = format!("its sk_lookup link: {}", pod_link.display());
     assert!(body.contains(&problem), "{body}");

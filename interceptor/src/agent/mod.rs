@@ -136,6 +136,10 @@ struct Agent {
     repairs: Option<metrics::Repairs>,
     /// Pods checked against their namespaces, by trigger.
     pod_checks: metrics::PodChecks,
+    /// What the last check of each pod's entries found wrong (see [`Agent::recheck`]):
+    /// `/ready`, polled every few seconds, answers from it instead of reading every pod's
+    /// entries and pins from the kernel.
+    pod_problems: std::collections::BTreeMap<interceptor_common::NetnsCookie, String>,
     netns_watch: watch::Watch,
     /// Where the node's programs are attached (`--cgroup`).
     cgroup: PathBuf,
@@ -202,6 +206,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         kube: None,
         repairs: None,
         pod_checks: metrics::PodChecks::default(),
+        pod_problems: Default::default(),
         netns_watch,
         cgroup: cgroup.to_owned(),
     };
@@ -209,6 +214,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         start_ebpf(&mut agent, cgroup, &older)?;
     } else {
         agent.restore(false)?;
+        agent.recheck_all();
     }
     let (changes, repair_changes) = match &options.repair {
         Some(_) => {
@@ -345,6 +351,7 @@ fn start_ebpf(agent: &mut Agent, cgroup: &Path, older: &[PathBuf]) -> anyhow::Re
         agent.restore(false)?;
     }
     agent.take_over_iptables_pods();
+    agent.recheck_all();
     Ok(())
 }
 

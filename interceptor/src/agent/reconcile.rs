@@ -76,9 +76,16 @@ fn run(agent: &Mutex<Agent>, work: Work) {
                 .collect();
             (pods, "event")
         }
-        Work::Pins => return restore_missing_pins(&lock(agent)),
+        Work::Pins => {
+            let mut agent = lock(agent);
+            restore_missing_pins(&agent);
+            return agent.recheck_all();
+        }
         Work::All => {
-            restore_missing_pins(&lock(agent));
+            let mut locked = lock(agent);
+            restore_missing_pins(&locked);
+            locked.recheck_all();
+            drop(locked);
             let pods = lock(agent).backend.registered().map(|(c, _)| c).collect();
             (pods, "lost")
         }
@@ -115,9 +122,10 @@ fn check(agent: &Mutex<Agent>, cookie: NetnsCookie, trigger: &'static str) {
                 warn!(netns = %path.display(), error = %e, "updating pod addresses: the previous ones stay in force");
             }
         }
-        Ok(_) => agent.forget(cookie, "its network namespace was replaced"),
-        Err(_) => agent.forget(cookie, "its network namespace is gone"),
+        Ok(_) => return agent.forget(cookie, "its network namespace was replaced"),
+        Err(_) => return agent.forget(cookie, "its network namespace is gone"),
     }
+    agent.recheck(cookie);
 }
 
 /// A pin removed by hand (or by a cleanup script) while the agent runs leaves the attachment

@@ -85,7 +85,9 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
     if add.takeover_iptables && backend == Backend::Ebpf {
         take_over_from_iptables(&add.netns)?;
     }
-    Ok(lock(agent).info(cookie).into_iter().collect())
+    let mut agent = lock(agent);
+    agent.recheck(cookie);
+    Ok(agent.info(cookie).into_iter().collect())
 }
 
 impl Agent {
@@ -225,6 +227,7 @@ impl Agent {
             .remove(cookie)
             .map_err(|e| (ErrorKind::Internal, e))?;
         self.netns_watch.unwatch(cookie);
+        self.pod_problems.remove(&cookie);
         crash_point!("agent-before-record-removal");
         let _ = self.records.remove(cookie);
         info!(netns = %netns.display(), netns_cookie = %cookie, "pod removed");
@@ -240,6 +243,7 @@ impl Agent {
             return;
         }
         self.netns_watch.unwatch(cookie);
+        self.pod_problems.remove(&cookie);
         let _ = self.records.remove(cookie);
         if let Some(netns) = netns {
             warn!(netns = %netns.display(), netns_cookie = %cookie, "pod removed: {why}");
@@ -277,20 +281,49 @@ impl Agent {
         })
     }
 
+    /// Checks a pod's entries (or chains: its configuration entry and sk_lookup link) against
+    /// what was written, and keeps what is wrong for `/ready`. Done after each change to the
+    /// pod, each check of it (events, the sweep) and after pins were restored.
+    pub(super) fn recheck(&mut self, cookie: NetnsCookie) {
+        match self
+            .backend
+            .facts(cookie)
+            .and_then(|_| self.backend.problem(cookie))
+        {
+            Some(problem) => self.pod_problems.insert(cookie, problem),
+            None => self.pod_problems.remove(&cookie),
+        };
+    }
+
+    pub(super) fn recheck_all(&mut self) {
+        let cookies: Vec<NetnsCookie> = self.backend.registered().map(|(c, _)| c).collect();
+        self.pod_problems.retain(|c, _| cookies.contains(c));
+        for cookie in cookies {
+            self.recheck(cookie);
+        }
+    }
+
     /// What is not in force as configured: the node's links, then each pod's entries. A
-    /// `thorough` check (the API's, for `status` and tests) also walks the address and subnet
-    /// maps, the pins and the records for anything that belongs to no registered pod, and
-    /// reads every iptables pod's chains; `/ready`, polled often, does not.
+    /// `thorough` check (the API's, for `status` and tests) reads each pod's entries from the
+    /// kernel, and also walks the address and subnet maps, the pins and the records for
+    /// anything that belongs to no registered pod, and reads every iptables pod's chains.
+    /// `/ready`, polled every few seconds, takes each pod's problem as its last check found
+    /// it ([`Self::recheck`]): its cost does not grow with the pods.
     pub(super) fn health(&self, thorough: bool) -> Health {
         let backend = self.backend.kind();
         let mut problems = self.backend.node_problems(&self.cgroup);
+        if !thorough {
+            for (cookie, problem) in &self.pod_problems {
+                if let Some(facts) = self.backend.facts(*cookie) {
+                    problems.push(format!("pod {}: {problem}", facts.netns.display()));
+                }
+            }
+            return Health { problems, backend };
+        }
         for (cookie, facts) in self.backend.registered() {
             if let Some(problem) = self.backend.problem(cookie) {
                 problems.push(format!("pod {}: {problem}", facts.netns.display()));
             }
-        }
-        if !thorough {
-            return Health { problems, backend };
         }
         let in_maps = self.backend.in_maps();
         for record in self.backend.records() {
