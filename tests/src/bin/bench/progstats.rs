@@ -3,12 +3,20 @@
 //! of the programs a process holds, read before and after a run.
 use std::{
     collections::BTreeSet,
+    fmt::Write as _,
     fs,
     os::fd::{AsFd as _, OwnedFd},
 };
 
 use anyhow::Context as _;
 use interceptor_sys::ProgInfo;
+
+use super::{
+    base_case,
+    lab::{Interception, Lab},
+    load::{Case, Family, Mode},
+    matrix::DIRECTIONS,
+};
 
 /// One program's share of a connection.
 pub struct ProgramCost {
@@ -23,10 +31,54 @@ impl ProgramCost {
     }
 }
 
+/// The programs' costs in each headline case, one run of `seconds` (at least 1) per direction
+/// with the eBPF pod's `interceptor run`.
+pub fn measure(
+    lab: &mut Lab,
+    family: Family,
+    seconds: f64,
+) -> anyhow::Result<Vec<(Case, Vec<ProgramCost>)>> {
+    let mut measured = Vec::new();
+    for direction in DIRECTIONS {
+        let case = base_case(direction, family);
+        let Interception::Ebpf(meshed) = &lab.pod(Mode::Ebpf, 0)?.interception else {
+            unreachable!("the eBPF pod is meshed by interceptor run");
+        };
+        let pid = meshed.child.id();
+        let costs = program_costs(pid, || {
+            Ok(lab.measure(&case, Mode::Ebpf, seconds.max(1.0))?.conns)
+        })?;
+        measured.push((case, costs));
+    }
+    Ok(measured)
+}
+
+/// The report's section.
+pub fn section(measured: &[(Case, Vec<ProgramCost>)]) -> String {
+    let mut md = String::from(
+        "\n## Where the eBPF time goes\n\nA separate run with the kernel's per-program statistics on (`kernel.bpf_stats_enabled`; they slow every program run, so these runs are not in the tables).\n\n| case | program | ns/run | runs/conn | µs/conn |\n|---|---|---:|---:|---:|\n",
+    );
+    for (case, costs) in measured {
+        let total: f64 = costs.iter().map(ProgramCost::us_per_conn).sum();
+        for cost in costs {
+            let _ = writeln!(
+                md,
+                "| {case} | {} | {:.0} | {:.2} | {:.2} |",
+                cost.name,
+                cost.ns_per_run,
+                cost.runs_per_conn,
+                cost.us_per_conn()
+            );
+        }
+        let _ = writeln!(md, "| {case} | **total** | | | **{total:.2}** |");
+    }
+    md
+}
+
 /// Per program held by process `pid`: average run time and runs per connection over `run`,
 /// which returns how many connections it made. The programs are found through the process's
 /// program and link fds, so the programs of pods' links count too.
-pub fn program_costs(
+fn program_costs(
     pid: u32,
     run: impl FnOnce() -> anyhow::Result<f64>,
 ) -> anyhow::Result<Vec<ProgramCost>> {

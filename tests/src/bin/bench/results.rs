@@ -1,0 +1,292 @@
+//! results.md: each measurement's section, the targets with what this run measured, and the
+//! charts beside it.
+use std::{collections::BTreeMap, fmt::Write as _, fs, path::Path};
+
+use super::{
+    Settings, agent_sweep, base_case,
+    load::{Case, Direction, MODES, Mode},
+    matrix::DIRECTIONS,
+    outside::{self, OutsideResult},
+    progstats::{self, ProgramCost},
+    report::{self, CaseResult, Spread},
+};
+
+/// Everything one run measured; a part the run left out is empty.
+pub struct Results {
+    pub per_connection: Vec<CaseResult>,
+    pub ignored_ports: Vec<CaseResult>,
+    pub outside: Vec<OutsideResult>,
+    pub program_costs: Vec<(Case, Vec<ProgramCost>)>,
+    pub pods: Option<agent_sweep::PodsSweep>,
+}
+
+/// Writes results.md (`header` and a section per measurement) and the charts to `out_dir`, and
+/// prints the report.
+pub fn write(
+    out_dir: &Path,
+    header: &str,
+    results: &Results,
+    settings: &Settings,
+) -> anyhow::Result<()> {
+    let mut md = header.to_owned();
+    if !results.per_connection.is_empty() {
+        md.push_str(&per_connection_section(
+            &results.per_connection,
+            out_dir,
+            settings,
+        )?);
+    }
+    if !results.ignored_ports.is_empty() {
+        md.push_str(&ignored_ports_section(&results.ignored_ports, out_dir)?);
+    }
+    if !results.outside.is_empty() {
+        md.push_str(&outside::section(&results.outside));
+    }
+    if let Some(sweep) = &results.pods {
+        md.push_str(&pods_section(sweep, out_dir)?);
+    }
+    if !results.program_costs.is_empty() {
+        md.push_str(&progstats::section(&results.program_costs));
+    }
+    md.push_str(&targets_section(
+        &results.per_connection,
+        &results.ignored_ports,
+        results.pods.as_ref(),
+    ));
+    fs::write(out_dir.join("results.md"), &md)?;
+    println!("\n{md}\nwritten to {}", out_dir.display());
+    Ok(())
+}
+
+fn per_connection_section(
+    results: &[CaseResult],
+    out_dir: &Path,
+    settings: &Settings,
+) -> anyhow::Result<String> {
+    let Settings {
+        repetitions,
+        seconds,
+        ..
+    } = *settings;
+    let refs: Vec<&CaseResult> = results.iter().collect();
+    report::ratio_chart(
+        &out_dir.join("per-connection.svg"),
+        "Connection rate, interception vs none",
+        &refs,
+    )?;
+    Ok(format!(
+        "\n## Per-connection cost\n\nThe modes of a case take turns in 20 ms slices, grouped into {repetitions} repetitions of {seconds} s per mode ({} for the first case of each direction, the targets' cases); \"vs limit\" is the connection rate over the rate with no interception in the same repetition (median, and min-max over repetitions); +µs/conn is the wall-clock time one connection takes more.\n\n{}\n![per-connection](per-connection.svg)\n",
+        repetitions * 3,
+        report::table(&refs)
+    ))
+}
+
+fn ignored_ports_section(results: &[CaseResult], out_dir: &Path) -> anyhow::Result<String> {
+    let refs: Vec<&CaseResult> = results.iter().collect();
+    let mut lines = Vec::new();
+    for direction in DIRECTIONS {
+        for &mode in &MODES[1..] {
+            let points: Vec<(f64, Spread)> = results
+                .iter()
+                .filter(|r| r.case.direction == direction)
+                .filter_map(|r| Some((r.case.ignored_ports as f64, r.summary(mode)?.ratio)))
+                .collect();
+            if points.len() > 1 {
+                lines.push((mode, format!("{} {direction:?}", mode.name()), points));
+            }
+        }
+    }
+    if !lines.is_empty() {
+        report::sweep_chart(
+            &out_dir.join("ignored-ports.svg"),
+            "Connection rate as ignored ports grow",
+            "ports in each ignore list",
+            &lines,
+        )?;
+    }
+    Ok(format!(
+        "\n## Ignored ports\n\nThe same ports in both ignore lists; the connections go to a port that is not ignored, so every rule is passed.\n\n{}{}",
+        report::table(&refs),
+        if lines.is_empty() {
+            ""
+        } else {
+            "\n![ignored ports](ignored-ports.svg)\n"
+        }
+    ))
+}
+
+fn pods_section(sweep: &agent_sweep::PodsSweep, out_dir: &Path) -> anyhow::Result<String> {
+    let mut md = String::from(
+        "\n## Registered pods (node agent)\n\nOne agent (`interceptor daemon`), the measured pod registered first, empty pods added through the API up to each count; the limit and the agent's pod taking turns in 20 ms slices.\n\n| pods | case | eBPF vs limit (min-max) | +µs/conn | p99 vs limit | agent RSS MiB |\n|---:|---|---|---:|---:|---:|\n",
+    );
+    let mut lines: BTreeMap<String, Vec<(f64, Spread)>> = BTreeMap::new();
+    for point in &sweep.points {
+        for (case, limit, ebpf) in &point.cases {
+            let result = CaseResult {
+                case: *case,
+                modes: vec![Mode::Limit, Mode::Ebpf],
+                samples: vec![limit.clone(), ebpf.clone()],
+            };
+            let s = result.summary(Mode::Ebpf).expect("measured");
+            let _ = writeln!(
+                md,
+                "| {} | {case} | **{:.3}** ({:.3}-{:.3}) | {:+.2} | {:.2}x | {:.1} |",
+                point.pods,
+                s.ratio.median,
+                s.ratio.min,
+                s.ratio.max,
+                s.extra_us,
+                s.p99_ratio,
+                point.rss_mib
+            );
+            lines
+                .entry(format!("eBPF {:?}", case.direction))
+                .or_default()
+                .push((point.pods as f64, s.ratio));
+        }
+    }
+    let (round_trip, round_trip_p99) = agent_sweep::percentiles(&sweep.registration_ms);
+    let (inside, inside_p99) = agent_sweep::percentiles(&sweep.agent_registration_ms);
+    let _ = write!(
+        md,
+        "\nPod registration, {} pods one after another, request to interception in force: inside the agent (its log) p50 {:.2} ms, p99 {inside_p99:.2} ms, max {:.2} ms; round trip through the API from the bench (its JSON work included) p50 {:.2} ms, p99 {round_trip_p99:.2} ms, max {:.2} ms.\n\n![pods](pods.svg)\n",
+        sweep.registration_ms.len(),
+        inside.median,
+        inside.max,
+        round_trip.median,
+        round_trip.max
+    );
+    let lines: Vec<_> = lines
+        .into_iter()
+        .map(|(label, points)| (Mode::Ebpf, label, points))
+        .collect();
+    report::sweep_chart(
+        &out_dir.join("pods.svg"),
+        "Connection rate as registered pods grow",
+        "pods registered with the agent",
+        &lines,
+    )?;
+    Ok(md)
+}
+
+/// The performance targets set for interception (rate and p99 against the limit, iptables
+/// beaten, no conntrack, flat in ignored ports and registered pods, registration time, agent
+/// memory), each with what this run measured.
+fn targets_section(
+    matrix: &[CaseResult],
+    sweep: &[CaseResult],
+    pods: Option<&agent_sweep::PodsSweep>,
+) -> String {
+    let mut md = String::from("\n## Targets\n\n| target | measured | met |\n|---|---|---|\n");
+    let mut row = |target: &str, measured: String, met: bool| {
+        let _ = writeln!(
+            md,
+            "| {target} | {measured} | {} |",
+            if met { "yes" } else { "**no**" }
+        );
+    };
+    let base = |direction| {
+        matrix
+            .iter()
+            .find(|r| r.case == base_case(direction, r.case.family))
+    };
+    for (direction, goal) in [(Direction::Outbound, 0.95), (Direction::Inbound, 0.97)] {
+        if let Some(s) = base(direction).and_then(|r| r.summary(Mode::Ebpf)) {
+            row(
+                &format!("eBPF {direction:?} >= {goal} of the limit"),
+                format!("{:.3}", s.ratio.median),
+                s.ratio.median >= goal,
+            );
+            row(
+                &format!("eBPF {direction:?} p99 <= 1.10x the limit's"),
+                format!("{:.2}x", s.p99_ratio),
+                s.p99_ratio <= 1.10,
+            );
+        }
+    }
+    let all: Vec<&CaseResult> = matrix.iter().chain(sweep).collect();
+    let behind: Vec<String> = all
+        .iter()
+        .filter(|r| {
+            let e = r.summary(Mode::Ebpf).map_or(0.0, |s| s.ratio.median);
+            [Mode::IptablesLegacy, Mode::IptablesNft]
+                .iter()
+                .any(|&m| r.summary(m).is_some_and(|s| s.ratio.median >= e))
+        })
+        .map(|r| r.case.to_string())
+        .collect();
+    row(
+        "eBPF ahead of both iptables modes in every case",
+        if behind.is_empty() {
+            format!("{} of {} cases", all.len(), all.len())
+        } else {
+            format!("behind in: {}", behind.join("; "))
+        },
+        behind.is_empty(),
+    );
+    let conntrack = all
+        .iter()
+        .filter_map(|r| r.summary(Mode::Ebpf))
+        .map(|s| s.conntrack)
+        .max()
+        .unwrap_or(0);
+    row(
+        "eBPF leaves 0 conntrack entries",
+        conntrack.to_string(),
+        conntrack == 0,
+    );
+    for direction in DIRECTIONS {
+        let ratio_at = |n: usize| {
+            sweep
+                .iter()
+                .find(|r| r.case.direction == direction && r.case.ignored_ports == n)
+                .and_then(|r| r.summary(Mode::Ebpf))
+                .map(|s| s.ratio.median)
+        };
+        if let (Some(one), Some(many)) = (ratio_at(1), ratio_at(3000)) {
+            let change = many / one - 1.0;
+            row(
+                &format!("eBPF {direction:?} flat within 3% from 1 to 3,000 ignored ports"),
+                format!("{:+.1}%", change * 100.0),
+                change.abs() <= 0.03,
+            );
+        }
+    }
+    if let Some(pods) = pods {
+        for direction in DIRECTIONS {
+            let ratio_at = |n: usize| {
+                let point = pods.points.iter().find(|p| p.pods == n)?;
+                let (_, limit, ebpf) = point.cases.iter().find(|c| c.0.direction == direction)?;
+                let ratios: Vec<f64> = ebpf
+                    .iter()
+                    .zip(limit)
+                    .map(|(e, l)| e.rate / l.rate)
+                    .collect();
+                Some(Spread::of(&ratios).median)
+            };
+            if let (Some(one), Some(many)) = (ratio_at(1), ratio_at(1000)) {
+                let change = many / one - 1.0;
+                row(
+                    &format!("eBPF {direction:?} flat within 3% from 1 to 1,000 pods"),
+                    format!("{:+.1}%", change * 100.0),
+                    change.abs() <= 0.03,
+                );
+            }
+        }
+        let (_, inside_p99) = agent_sweep::percentiles(&pods.agent_registration_ms);
+        let (_, round_trip_p99) = agent_sweep::percentiles(&pods.registration_ms);
+        row(
+            "pod registration p99 < 1 ms (inside the agent; round trip from the bench)",
+            format!("{inside_p99:.2} ms ({round_trip_p99:.2} ms)"),
+            inside_p99 < 1.0,
+        );
+        if let Some(last) = pods.points.last() {
+            row(
+                &format!("agent RSS < 30 MB at {} pods", last.pods),
+                format!("{:.1} MiB", last.rss_mib),
+                last.rss_mib * 1.048_576 < 30.0,
+            );
+        }
+    }
+    md
+}
