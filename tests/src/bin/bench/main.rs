@@ -32,6 +32,7 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::{Command, ExitCode},
+    time::Duration,
 };
 
 use anyhow::{Context as _, ensure};
@@ -60,8 +61,8 @@ struct Args {
     /// sockets outside meshed pods; no worker/pinning/close matrix, no pod sweep.
     #[arg(long)]
     quick: bool,
-    /// Only the node agent's pod sweep: 1, 100 and 1,000 registered pods, registration time and
-    /// memory (about a minute).
+    /// Only the node agent's pod sweep: 1, 100 and 1,000 registered pods, registration time,
+    /// memory, and CPU at rest with 0, 100 and 1,000 (about two minutes).
     #[arg(long, conflicts_with = "quick")]
     pods_only: bool,
     /// Seconds per mode and repetition: a case runs for repetitions x seconds x modes.
@@ -71,6 +72,10 @@ struct Args {
     /// 7 otherwise].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     repetitions: Option<u32>,
+    /// Seconds the node agent's CPU time is counted at rest, at each pod count [default: 10
+    /// with --pods-only, 30 otherwise; no pod sweep with --quick].
+    #[arg(long)]
+    rest_seconds: Option<f64>,
     /// The app's sockets and destinations.
     #[arg(long, value_enum, default_value = "ipv4")]
     family: Family,
@@ -85,6 +90,8 @@ pub struct Settings {
     pub repetitions: usize,
     /// Seconds per mode and repetition.
     pub seconds: f64,
+    /// How long the node agent's CPU time is counted at rest.
+    pub rest_window: Duration,
 }
 
 impl Settings {
@@ -92,6 +99,11 @@ impl Settings {
         Self {
             repetitions: args.repetitions.unwrap_or(if args.quick { 5 } else { 7 }) as usize,
             seconds: args.seconds,
+            rest_window: Duration::from_secs_f64(args.rest_seconds.unwrap_or(if args.pods_only {
+                10.0
+            } else {
+                30.0
+            })),
         }
     }
 }
@@ -108,6 +120,8 @@ fn base_case(direction: Direction, family: Family) -> Case {
 }
 
 const POD_COUNTS: [usize; 3] = [1, 100, 1000];
+/// The node agent at rest: with no pod, and with as many as the sweep registers.
+const REST_COUNTS: [usize; 3] = [0, 100, 1000];
 
 fn run(args: &Args) -> anyhow::Result<()> {
     survive_ctrl_c();
@@ -192,7 +206,8 @@ fn sockets_outside_pods(lab: &mut Lab, settings: &Settings) -> anyhow::Result<Ve
     )
 }
 
-/// The node agent with 1, 100 and 1,000 pods registered, its pod against the limit's.
+/// The node agent with 1, 100 and 1,000 pods registered, its pod against the limit's, and at
+/// rest with 0, 100 and 1,000.
 fn pod_sweep(
     lab: &mut Lab,
     family: Family,
@@ -207,6 +222,8 @@ fn pod_sweep(
         &lab.client_cgroup.path,
         &cases,
         &POD_COUNTS,
+        &REST_COUNTS,
+        settings.rest_window,
         settings.repetitions,
         settings.seconds,
         |line| println!("{line}"),
@@ -217,6 +234,7 @@ fn header(args: &Args, settings: &Settings) -> anyhow::Result<String> {
     let Settings {
         repetitions,
         seconds,
+        ..
     } = *settings;
     let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo

@@ -44,6 +44,7 @@ pub fn write(
     }
     if let Some(sweep) = &results.pods {
         md.push_str(&pods_section(sweep, out_dir)?);
+        md.push_str(&at_rest_section(sweep));
     }
     if !results.program_costs.is_empty() {
         md.push_str(&progstats::section(&results.program_costs));
@@ -145,17 +146,8 @@ fn pods_section(sweep: &agent_sweep::PodsSweep, out_dir: &Path) -> anyhow::Resul
                 .push((point.pods as f64, s.ratio));
         }
     }
-    let (round_trip, round_trip_p99) = agent_sweep::percentiles(&sweep.registration_ms);
-    let (inside, inside_p99) = agent_sweep::percentiles(&sweep.agent_registration_ms);
-    let _ = write!(
-        md,
-        "\nPod registration, {} pods one after another, request to interception in force: inside the agent (its log) p50 {:.2} ms, p99 {inside_p99:.2} ms, max {:.2} ms; round trip through the API from the bench (its JSON work included) p50 {:.2} ms, p99 {round_trip_p99:.2} ms, max {:.2} ms.\n\n![pods](pods.svg)\n",
-        sweep.registration_ms.len(),
-        inside.median,
-        inside.max,
-        round_trip.median,
-        round_trip.max
-    );
+    md.push_str(&registration_table(sweep));
+    md.push_str("\n![pods](pods.svg)\n");
     let lines: Vec<_> = lines
         .into_iter()
         .map(|(label, points)| (Mode::Ebpf, label, points))
@@ -167,6 +159,78 @@ fn pods_section(sweep: &agent_sweep::PodsSweep, out_dir: &Path) -> anyhow::Resul
         &lines,
     )?;
     Ok(md)
+}
+
+/// Registration times, request to interception in force, over every registration and in
+/// stretches between the sweep's counts (whether they grow with the pods registered).
+fn registration_table(sweep: &agent_sweep::PodsSweep) -> String {
+    let (round_trip, inside) = (&sweep.registration_ms, &sweep.agent_registration_ms);
+    let mut md = format!(
+        "\nPod registration, {} pods one after another, request to interception in force: inside the agent (its log) and the round trip through the API from the bench (its JSON work included).\n\n| registrations | inside the agent p50 / p99 / max ms | round trip p50 / p99 / max ms |\n|---|---|---|\n",
+        round_trip.len()
+    );
+    let stats = |values: &[f64]| {
+        if values.is_empty() {
+            return "-".to_owned();
+        }
+        let (spread, p99) = agent_sweep::percentiles(values);
+        format!("{:.2} / {p99:.2} / {:.2}", spread.median, spread.max)
+    };
+    // The agent logs one line per registration, in order; should one be missing, only the
+    // totals are given for it.
+    let inside_in = |from: usize, to: usize| {
+        if inside.len() == round_trip.len() {
+            stats(&inside[from..to])
+        } else {
+            "-".to_owned()
+        }
+    };
+    let mut bounds: Vec<usize> = std::iter::once(0)
+        .chain(sweep.points.iter().map(|p| p.pods).filter(|&n| n >= 10))
+        .filter(|&n| n <= round_trip.len())
+        .collect();
+    bounds.dedup();
+    if bounds.len() > 2 {
+        for pair in bounds.windows(2) {
+            let _ = writeln!(
+                md,
+                "| {} to {} | {} | {} |",
+                pair[0] + 1,
+                pair[1],
+                inside_in(pair[0], pair[1]),
+                stats(&round_trip[pair[0]..pair[1]])
+            );
+        }
+    }
+    let _ = writeln!(
+        md,
+        "| all {} | {} | {} |",
+        round_trip.len(),
+        stats(inside),
+        stats(round_trip)
+    );
+    md
+}
+
+/// The node agent's own CPU time and memory with pods registered and nothing happening.
+fn at_rest_section(sweep: &agent_sweep::PodsSweep) -> String {
+    let Some(first) = sweep.at_rest.first() else {
+        return String::new();
+    };
+    let mut md = format!(
+        "\n## At rest (node agent)\n\nThe agent (`interceptor daemon {}`) with pods registered through its API, each in a network namespace of its own, nothing connecting and no registration coming; its user and system time (`/proc/PID/stat`) over {:.0} s, after {:.0} s to settle.\n\n| pods registered | agent CPU, % of one CPU | agent RSS MiB |\n|---:|---:|---:|\n",
+        sweep.agent_flags.join(" "),
+        first.window.as_secs_f64(),
+        agent_sweep::SETTLE.as_secs_f64(),
+    );
+    for rest in &sweep.at_rest {
+        let _ = writeln!(
+            md,
+            "| {} | {:.2} | {:.1} |",
+            rest.pods, rest.cpu_percent, rest.rss_mib
+        );
+    }
+    md
 }
 
 /// The performance targets set for interception (rate and p99 against the limit, iptables
