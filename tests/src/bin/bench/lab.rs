@@ -4,7 +4,9 @@
 use std::{any::Any, collections::BTreeMap, path::PathBuf, process::Stdio};
 
 use anyhow::Context as _;
-use interceptor::{config::InterceptionConfig, iptables::IptablesMode};
+use interceptor::{
+    config::InterceptionConfig, ebpf::features::FEATURES_ENV, iptables::IptablesMode,
+};
 use interceptor_tests::{
     Cgroup, PodFixture,
     agent_home::PROXY_FLAGS,
@@ -14,13 +16,15 @@ use interceptor_tests::{
     scenario::Backend as _,
 };
 
-use super::load::{self, Case, MODES, Mode};
+use super::load::{self, Case, Mode, Without};
 
 /// A mode's pod and what intercepts its connections.
 pub struct ModePod {
     /// Detached before the pod is removed.
     pub interception: Interception,
     pub pod: PodFixture,
+    /// With eBPF, the variants the loader chose where a hook has several (see [`variants`]).
+    pub variants: Option<String>,
 }
 
 pub enum Interception {
@@ -40,7 +44,7 @@ pub struct Lab {
     pub connload: PathBuf,
     /// Where inbound clients' sockets are made: a cgroup nothing is attached to.
     pub client_cgroup: Cgroup,
-    pods: BTreeMap<(usize, usize), ModePod>,
+    pods: BTreeMap<(Mode, usize), ModePod>,
 }
 
 impl Lab {
@@ -55,10 +59,9 @@ impl Lab {
 
     /// The key of a mode's pod: the limit ignores nothing whatever the case, one pod serves
     /// every case.
-    fn key(mode: Mode, ignored_ports: usize) -> (usize, usize) {
-        let index = MODES.iter().position(|&m| m == mode).expect("a mode");
+    fn key(mode: Mode, ignored_ports: usize) -> (Mode, usize) {
         (
-            index,
+            mode,
             if mode == Mode::Limit {
                 0
             } else {
@@ -70,6 +73,11 @@ impl Lab {
     /// A pod [`Self::pod`] already created.
     pub fn existing_pod(&self, mode: Mode, ignored_ports: usize) -> &ModePod {
         &self.pods[&Self::key(mode, ignored_ports)]
+    }
+
+    /// The variants mode's pod (without ignored ports) runs, if it was created and is eBPF.
+    pub fn variants(&self, mode: Mode) -> Option<&str> {
+        self.pods.get(&Self::key(mode, 0))?.variants.as_deref()
     }
 
     pub fn pod(&mut self, mode: Mode, ignored_ports: usize) -> anyhow::Result<&ModePod> {
@@ -85,6 +93,9 @@ impl Lab {
         let slug = match mode {
             Mode::Limit => "limit",
             Mode::Ebpf => "ebpf",
+            Mode::EbpfWithout(Without::Atomics) => "ebpf-noatomics",
+            Mode::EbpfWithout(Without::IngressIfindex) => "ebpf-noifindex",
+            Mode::EbpfWithout(Without::Both) => "ebpf-noall",
             Mode::IptablesLegacy => "legacy",
             Mode::IptablesNft => "nft",
         };
@@ -100,22 +111,35 @@ impl Lab {
         };
         let interception = match mode {
             Mode::Limit => Interception::None,
-            Mode::Ebpf => {
+            Mode::Ebpf | Mode::EbpfWithout(_) => {
                 let instance = pod.pod.name.clone();
                 let mut args = meshed::run_args(&pod, &instance);
                 args.extend(["--mode", "ebpf", "--log-level", "warn"].map(String::from));
                 args.extend(flags.iter().cloned());
-                Interception::Ebpf(Meshed::start(
+                let env: &[(&str, &str)] = match mode {
+                    Mode::EbpfWithout(without) => &[(FEATURES_ENV, without.features_taken_away())],
+                    _ => &[],
+                };
+                Interception::Ebpf(Meshed::start_with_env(
                     &self.interceptor,
                     &instance,
                     &args,
+                    env,
                     Stdio::inherit(),
                 ))
             }
             Mode::IptablesLegacy => iptables(IptablesMode::Legacy)?,
             Mode::IptablesNft => iptables(IptablesMode::Nft)?,
         };
-        Ok(ModePod { interception, pod })
+        let variants = match &interception {
+            Interception::Ebpf(meshed) => Some(variants(&meshed.status())),
+            _ => None,
+        };
+        Ok(ModePod {
+            interception,
+            pod,
+            variants,
+        })
     }
 
     pub fn measure(
@@ -153,4 +177,28 @@ fn ignore_flags(n: usize) -> Vec<String> {
         "--inbound-ports-to-ignore".into(),
         ports,
     ]
+}
+
+/// The variants an `interceptor run` chose, from its `status --json` report, e.g.
+/// `connect4, connect6, sock_ops: slots; sk_lookup: ifindex` (hooks with one program left out).
+fn variants(status: &serde_json::Value) -> String {
+    let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+    for program in status["programs"].as_array().into_iter().flatten() {
+        let variant = program["variant"].as_str().unwrap_or_default();
+        if variant.is_empty() || variant == "main" {
+            continue;
+        }
+        let hook = program["attach_type"].as_str().unwrap_or("?");
+        let hook = hook.strip_prefix("cgroup/").unwrap_or(hook);
+        let hook = hook.split(',').next().unwrap_or(hook).to_owned();
+        match groups.iter_mut().find(|(v, _)| v == variant) {
+            Some((_, hooks)) => hooks.push(hook),
+            None => groups.push((variant.to_owned(), vec![hook])),
+        }
+    }
+    groups
+        .iter()
+        .map(|(variant, hooks)| format!("{}: {variant}", hooks.join(", ")))
+        .collect::<Vec<_>>()
+        .join("; ")
 }

@@ -41,7 +41,7 @@ use interceptor_tests::program;
 
 use self::{
     lab::Lab,
-    load::{Case, Close, Direction, Family, Mode},
+    load::{Case, Close, Direction, Family, HEADLINE_MODES, Mode},
     matrix::DIRECTIONS,
     outside::OutsideResult,
     results::Results,
@@ -184,7 +184,12 @@ fn measure(lab: &mut Lab, args: &Args, settings: &Settings) -> anyhow::Result<Re
     } else {
         Some(pod_sweep(lab, args.family, settings)?)
     };
+    let variants = HEADLINE_MODES
+        .into_iter()
+        .filter_map(|mode| Some((mode, lab.variants(mode)?.to_owned())))
+        .collect();
     Ok(Results {
+        variants,
         per_connection,
         ignored_ports,
         outside,

@@ -5,7 +5,7 @@ use interceptor_tests::PodFixture;
 use super::{
     Args, Settings, base_case,
     lab::Lab,
-    load::{self, Case, Close, Direction, MODES, Mode},
+    load::{self, Case, Close, Direction, HEADLINE_MODES, MODES, Mode},
     report::CaseResult,
 };
 
@@ -69,6 +69,15 @@ pub fn is_headline(case: &Case) -> bool {
     *case == base_case(case.direction, case.family)
 }
 
+/// The modes `case` compares: in the headline cases, the eBPF programs of older kernels too.
+pub fn modes(case: &Case) -> &'static [Mode] {
+    if is_headline(case) {
+        &HEADLINE_MODES
+    } else {
+        &MODES
+    }
+}
+
 /// `cases` one after the other, the headline ones with three times the repetitions.
 pub fn run_cases(
     lab: &mut Lab,
@@ -84,18 +93,19 @@ pub fn run_cases(
         .collect()
 }
 
-/// Every mode interleaved in slices for `repetitions` × `seconds` each, grouped into
-/// `repetitions` samples.
-pub fn run_case(
+/// The case's modes (see [`modes`]) interleaved in slices for `repetitions` × `seconds` each,
+/// grouped into `repetitions` samples.
+fn run_case(
     lab: &mut Lab,
     case: &Case,
     repetitions: usize,
     seconds: f64,
 ) -> anyhow::Result<CaseResult> {
-    for mode in MODES {
+    let modes = modes(case);
+    for &mode in modes {
         lab.pod(mode, case.ignored_ports)?;
     }
-    let pods: Vec<(Mode, &PodFixture)> = MODES
+    let pods: Vec<(Mode, &PodFixture)> = modes
         .iter()
         .map(|&mode| (mode, &lab.existing_pod(mode, case.ignored_ports).pod))
         .collect();
@@ -104,12 +114,12 @@ pub fn run_case(
         &pods,
         &lab.client_cgroup.path,
         case,
-        repetitions as f64 * seconds * MODES.len() as f64,
+        repetitions as f64 * seconds * modes.len() as f64,
         repetitions,
     )?;
     let result = CaseResult {
         case: *case,
-        modes: MODES.to_vec(),
+        modes: modes.to_vec(),
         samples,
     };
     let line = result

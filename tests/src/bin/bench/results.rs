@@ -4,10 +4,10 @@ use std::{collections::BTreeMap, fmt::Write as _, fs, path::Path};
 
 use super::{
     Settings, agent_sweep, base_case,
-    load::{Case, Direction, MODES, Mode},
+    load::{Direction, MODES, Mode},
     matrix::DIRECTIONS,
     outside::{self, OutsideResult},
-    progstats::{self, ProgramCost},
+    progstats,
     report::{self, CaseResult, Spread},
 };
 
@@ -16,7 +16,9 @@ pub struct Results {
     pub per_connection: Vec<CaseResult>,
     pub ignored_ports: Vec<CaseResult>,
     pub outside: Vec<OutsideResult>,
-    pub program_costs: Vec<(Case, Vec<ProgramCost>)>,
+    pub program_costs: Vec<progstats::Costs>,
+    /// Per eBPF mode measured, the program variants its `interceptor run` chose.
+    pub variants: Vec<(Mode, String)>,
     pub pods: Option<agent_sweep::PodsSweep>,
 }
 
@@ -29,6 +31,10 @@ pub fn write(
     settings: &Settings,
 ) -> anyhow::Result<()> {
     let mut md = header.to_owned();
+    md.push_str(&headline_section(
+        &results.per_connection,
+        &results.variants,
+    ));
     if !results.per_connection.is_empty() {
         md.push_str(&per_connection_section(
             &results.per_connection,
@@ -57,6 +63,45 @@ pub fn write(
     fs::write(out_dir.join("results.md"), &md)?;
     println!("\n{md}\nwritten to {}", out_dir.display());
     Ok(())
+}
+
+/// Every mode of the headline cases (one pinned worker, RST close) with both directions' ratio
+/// to the limit: eBPF with this kernel's programs and with those of older kernels, iptables.
+fn headline_section(per_connection: &[CaseResult], variants: &[(Mode, String)]) -> String {
+    let headline = |direction: Direction| {
+        per_connection
+            .iter()
+            .find(|r| r.case == base_case(direction, r.case.family))
+    };
+    let (Some(outbound), Some(inbound)) =
+        (headline(Direction::Outbound), headline(Direction::Inbound))
+    else {
+        return String::new();
+    };
+    let mut md = String::from(
+        "\n## Headline: every program variant\n\nOne pinned worker, RST close (the first outbound and inbound cases below: the limit and every mode take turns in 20 ms slices). `eBPF -X` runs the programs the loader chooses when `INTERCEPTOR_KERNEL_FEATURES=-X` takes features away, as on an older kernel.\n\n| mode | programs (where a hook has variants) | outbound vs limit (min-max) | +µs/conn | inbound vs limit (min-max) | +µs/conn |\n|---|---|---|---:|---|---:|\n",
+    );
+    let cell = |result: &CaseResult, mode: Mode| match result.summary(mode) {
+        Some(s) => format!(
+            "**{:.3}** ({:.3}-{:.3}) | {:+.2}",
+            s.ratio.median, s.ratio.min, s.ratio.max, s.extra_us
+        ),
+        None => "- | -".to_owned(),
+    };
+    for &mode in outbound.modes.iter().filter(|&&m| m != Mode::Limit) {
+        let programs = variants
+            .iter()
+            .find(|(m, _)| *m == mode)
+            .map_or("-", |(_, v)| v.as_str());
+        let _ = writeln!(
+            md,
+            "| {} | {programs} | {} | {} |",
+            mode.name(),
+            cell(outbound, mode),
+            cell(inbound, mode)
+        );
+    }
+    md
 }
 
 fn per_connection_section(
