@@ -36,6 +36,8 @@ pub struct AtRest {
     /// The agent's user and system time over the window, as a share of one CPU, %.
     pub cpu_percent: f64,
     pub window: Duration,
+    /// What one clock tick of CPU time, the unit of `/proc/PID/stat`, is over the window, %.
+    pub tick_percent: f64,
     /// The agent's resident memory at the end of the window, MiB.
     pub rss_mib: f64,
 }
@@ -96,6 +98,7 @@ fn at_rest(agent: &Agent, pods: usize, window: Duration) -> anyhow::Result<AtRes
         pods,
         cpu_percent: (after - before) as f64 / ticks_per_second / window.as_secs_f64() * 100.0,
         window,
+        tick_percent: 100.0 / ticks_per_second / window.as_secs_f64(),
         rss_mib: agent.rss_kib() as f64 / 1024.0,
     })
 }

@@ -263,8 +263,9 @@ fn at_rest_section(sweep: &agent_sweep::PodsSweep) -> String {
         return String::new();
     };
     let mut md = format!(
-        "\n## At rest (node agent)\n\nThe agent (`interceptor daemon {}`) with pods registered through its API, each in a network namespace of its own, nothing connecting and no registration coming; its user and system time (`/proc/PID/stat`) over {:.0} s, after {:.0} s to settle.\n\n| pods registered | agent CPU, % of one CPU | agent RSS MiB |\n|---:|---:|---:|\n",
+        "\n## At rest (node agent)\n\nThe agent (`interceptor daemon {}`) with pods registered through its API, each in a network namespace of its own, nothing connecting and no registration coming; its user and system time (`/proc/PID/stat`, in clock ticks: one is {:.2} % here) over {:.0} s, after {:.0} s to settle.\n\n| pods registered | agent CPU, % of one CPU | agent RSS MiB |\n|---:|---:|---:|\n",
         sweep.agent_flags.join(" "),
+        first.tick_percent,
         first.window.as_secs_f64(),
         agent_sweep::SETTLE.as_secs_f64(),
     );
