@@ -4,10 +4,11 @@
 //! Every mode has a throwaway pod of its own (the kit's `PodFixture`), set up once: nothing
 //! attached (the limit: the client connects to the proxy itself), eBPF (`interceptor run`),
 //! iptables-legacy and iptables-nft (the chains proxy-init writes, installed as
-//! `interceptor run --mode iptables` does). Pods never switch modes, so no mode inherits
-//! another's state (iptables leaves conntrack behind in a namespace). `connload`, a lean load
-//! generator and proxy, connects, accepts, asks SO_ORIGINAL_DST and checks it on every
-//! connection. The modes of a case run at once, one connload process each, taking turns in
+//! `interceptor run --mode iptables` does); in the headline cases also eBPF with the program
+//! variants the loader picks on older kernels (`INTERCEPTOR_KERNEL_FEATURES`). Pods never
+//! switch modes, so no mode inherits another's state (iptables leaves conntrack behind in a
+//! namespace). `connload`, a lean load generator and proxy, connects, accepts, asks
+//! SO_ORIGINAL_DST and checks it on every connection. The modes of a case run at once, one connload process each, taking turns in
 //! 20 ms slices (`load::measure_interleaved`); the slices are grouped into repetitions, and the
 //! report gives medians of the per-repetition ratios to the limit with their range.
 //!
@@ -57,8 +58,9 @@ fn main() -> ExitCode {
     about = "Measure what interception costs per connection, eBPF next to iptables (results in target/bench/, see docs/BENCHMARKS.md). Needs root."
 )]
 struct Args {
-    /// About a minute: outbound and inbound with one pinned worker, plus 3,000 ignored ports and
-    /// sockets outside meshed pods; no worker/pinning/close matrix, no pod sweep.
+    /// About two minutes: outbound and inbound with one pinned worker (every program variant),
+    /// plus 3,000 ignored ports and sockets outside meshed pods; no worker/pinning/close matrix,
+    /// no pod sweep.
     #[arg(long)]
     quick: bool,
     /// Only the node agent's pod sweep: 1, 100 and 1,000 registered pods, registration time,
