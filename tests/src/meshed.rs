@@ -55,8 +55,21 @@ impl Meshed {
     /// waits until its status says it runs and lists its pod. Its log goes to `log`; piped, it
     /// is what [`Self::stop`] returns.
     pub fn start(binary: &Path, instance: &str, args: &[String], log: Stdio) -> Self {
+        Self::start_with_env(binary, instance, args, &[], log)
+    }
+
+    /// [`Self::start`] with `env` added to its environment (e.g. `INTERCEPTOR_KERNEL_FEATURES`,
+    /// for the programs of an older kernel).
+    pub fn start_with_env(
+        binary: &Path,
+        instance: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+        log: Stdio,
+    ) -> Self {
         let child = Command::new(binary)
             .args(args)
+            .envs(env.iter().copied())
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("start {}: {e}", binary.display()));

@@ -1,13 +1,18 @@
 //! The node agent as the number of pods grows: the per-connection cost of one pod among 1, 100
 //! and 1,000 registered (against the limit, interleaved), how long each registration takes
-//! through the agent's API (what the CNI plugin waits for), and the agent's memory.
-use std::{fs, path::Path};
+//! through the agent's API (what the CNI plugin waits for), the agent's memory, and its own CPU
+//! time at rest (pods registered, nothing connecting).
+use std::{
+    fs,
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use anyhow::Context as _;
 use interceptor::config::InterceptionConfig;
 use interceptor_tests::{
     PodFixture,
-    agent_home::{AgentHome, PROXY_FLAGS},
+    agent_home::{Agent, AgentHome, PROXY_FLAGS},
     fixture::Namespaces,
 };
 
@@ -25,8 +30,25 @@ pub struct PodsPoint {
     pub rss_mib: f64,
 }
 
+/// The agent at rest with some pods registered: nothing connects, no registration comes.
+pub struct AtRest {
+    pub pods: usize,
+    /// The agent's user and system time over the window, as a share of one CPU, %.
+    pub cpu_percent: f64,
+    pub window: Duration,
+    /// What one clock tick of CPU time, the unit of `/proc/PID/stat`, is over the window, %.
+    pub tick_percent: f64,
+    /// The agent's resident memory at the end of the window, MiB.
+    pub rss_mib: f64,
+}
+
 pub struct PodsSweep {
+    /// The flags the agent ran with beyond its places (state directory, bpffs, cgroup, mode,
+    /// log level).
+    pub agent_flags: Vec<&'static str>,
     pub points: Vec<PodsPoint>,
+    /// At each count of pods asked for, ascending.
+    pub at_rest: Vec<AtRest>,
     /// Every registration's round trip through the API, ms, in order, the bench's JSON work
     /// included.
     pub registration_ms: Vec<f64>,
@@ -55,8 +77,54 @@ fn logged_registrations_ms(log: &Path) -> anyhow::Result<Vec<f64>> {
         .collect())
 }
 
-/// Measures `cases` with the bench pod registered among `counts` pods (ascending), interleaved
-/// with the limit pod.
+/// What the agent ran with: JSON lines for [`logged_registrations_ms`], and the periodic check
+/// at the daemon's default (the test kit's agents check every 100 ms unless told).
+const AGENT_FLAGS: [&str; 4] = ["--log-format", "json", "--reconcile-ms", "1000"];
+
+/// How long the agent is left alone before its CPU time is counted: the tail of a burst of
+/// registrations (and the check it triggers) is not rest.
+pub const SETTLE: Duration = Duration::from_secs(2);
+
+/// The agent's user and system time and its RSS over `window`, with `pods` registered.
+fn at_rest(agent: &Agent, pods: usize, window: Duration) -> anyhow::Result<AtRest> {
+    std::thread::sleep(SETTLE);
+    let pid = agent.child.id();
+    let (before, started) = (cpu_ticks(pid)?, Instant::now());
+    std::thread::sleep(window);
+    let (after, window) = (cpu_ticks(pid)?, started.elapsed());
+    // SAFETY: sysconf has no preconditions.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(AtRest {
+        pods,
+        cpu_percent: (after - before) as f64 / ticks_per_second / window.as_secs_f64() * 100.0,
+        window,
+        tick_percent: 100.0 / ticks_per_second / window.as_secs_f64(),
+        rss_mib: agent.rss_kib() as f64 / 1024.0,
+    })
+}
+
+/// utime + stime of process `pid` (all its threads, those gone included), in clock ticks.
+fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    // The fields after the command name, which may hold spaces and parentheses: state is
+    // field 3, utime and stime fields 14 and 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let field = |n: usize| -> anyhow::Result<u64> {
+        fields
+            .get(n - 3)
+            .and_then(|f| f.parse().ok())
+            .with_context(|| format!("field {n} of {path}: {stat:?}"))
+    };
+    Ok(field(14)? + field(15)?)
+}
+
+/// Measures `cases` with the bench pod registered among `counts` pods, interleaved with the
+/// limit pod, and the agent at rest for `rest_window` with each of `rest_counts` pods
+/// registered (the bench pod first, then empty ones).
 #[allow(
     clippy::too_many_arguments,
     reason = "the sweep's inputs, each set once by the bench's main"
@@ -68,6 +136,8 @@ pub fn run(
     client_cgroup: &Path,
     cases: &[Case],
     counts: &[usize],
+    rest_counts: &[usize],
+    rest_window: Duration,
     repetitions: usize,
     seconds: f64,
     mut progress: impl FnMut(&str),
@@ -80,13 +150,33 @@ pub fn run(
     let home = AgentHome::new(&pod.cgroup.path).with_binary(interceptor.to_owned());
     let log = home.log_path();
     // The periodic check at its default, as on a node.
-    let agent = home.start_logged(&log, &["--log-format", "json", "--reconcile-ms", "1000"]);
-    let mut registration_ms = vec![ms(home.register(&pod.pod.path(), &config))];
+    let agent = home.start_logged(&log, &AGENT_FLAGS);
+    let mut registration_ms = Vec::new();
     let mut points = Vec::new();
-    for &count in counts {
-        let missing = count.saturating_sub(1 + fillers.len());
+    let mut rests = Vec::new();
+    let mut all_counts: Vec<usize> = counts.iter().chain(rest_counts).copied().collect();
+    all_counts.sort_unstable();
+    all_counts.dedup();
+    for count in all_counts {
+        if count > 0 && registration_ms.is_empty() {
+            registration_ms.push(ms(home.register(&pod.pod.path(), &config)));
+        }
+        let missing = count.saturating_sub(registration_ms.len());
         for netns in fillers.add(missing) {
             registration_ms.push(ms(home.register(&netns, &config)));
+        }
+        if rest_counts.contains(&count) {
+            let rest = at_rest(&agent, count, rest_window)?;
+            progress(&format!(
+                "{count:>5} pods  at rest: agent {:.2} % of one CPU over {:.0} s, RSS {:.1} MiB",
+                rest.cpu_percent,
+                rest.window.as_secs_f64(),
+                rest.rss_mib
+            ));
+            rests.push(rest);
+        }
+        if !counts.contains(&count) {
+            continue;
         }
         let mut point = PodsPoint {
             pods: count,
@@ -119,7 +209,9 @@ pub fn run(
         points.push(point);
     }
     Ok(PodsSweep {
+        agent_flags: AGENT_FLAGS.to_vec(),
         points,
+        at_rest: rests,
         agent_registration_ms: logged_registrations_ms(&log)?,
         registration_ms,
     })

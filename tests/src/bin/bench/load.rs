@@ -43,19 +43,34 @@ pub enum Close {
 }
 
 /// What is in force in the pod.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 pub enum Mode {
     /// Nothing: the app (or peer) connects to the proxy itself. The same work minus
     /// interception, the limit the others are compared with.
     Limit,
+    /// eBPF with the programs the loader chooses on this kernel.
     Ebpf,
+    /// eBPF with the programs the loader chooses on a kernel without some features.
+    EbpfWithout(Without),
     IptablesLegacy,
     IptablesNft,
 }
 
+/// The modes of every case.
 pub const MODES: [Mode; 4] = [
     Mode::Limit,
     Mode::Ebpf,
+    Mode::IptablesLegacy,
+    Mode::IptablesNft,
+];
+
+/// The modes of the headline cases: every program variant too.
+pub const HEADLINE_MODES: [Mode; 7] = [
+    Mode::Limit,
+    Mode::Ebpf,
+    Mode::EbpfWithout(Without::Atomics),
+    Mode::EbpfWithout(Without::IngressIfindex),
+    Mode::EbpfWithout(Without::Both),
     Mode::IptablesLegacy,
     Mode::IptablesNft,
 ];
@@ -65,8 +80,40 @@ impl Mode {
         match self {
             Mode::Limit => "no interception",
             Mode::Ebpf => "eBPF",
+            Mode::EbpfWithout(Without::Atomics) => "eBPF -atomics",
+            Mode::EbpfWithout(Without::IngressIfindex) => "eBPF -ingress_ifindex",
+            Mode::EbpfWithout(Without::Both) => "eBPF -all",
             Mode::IptablesLegacy => "iptables-legacy",
             Mode::IptablesNft => "iptables-nft",
+        }
+    }
+
+    pub fn is_ebpf(self) -> bool {
+        matches!(self, Mode::Ebpf | Mode::EbpfWithout(_))
+    }
+}
+
+/// What an older kernel lacks of what the programs use, taken away from the loader by
+/// `INTERCEPTOR_KERNEL_FEATURES`: it then picks the variants made for such a kernel
+/// (interceptor's `ebpf::variants`).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+pub enum Without {
+    /// BPF atomics (5.12): without, connect4/6 and sock_ops hand the original destination over
+    /// through LRU maps, not slot arrays.
+    Atomics,
+    /// `ingress_ifindex` in sk_lookup (5.17): without, loopback is told by address.
+    IngressIfindex,
+    /// Both.
+    Both,
+}
+
+impl Without {
+    /// The value of `INTERCEPTOR_KERNEL_FEATURES`.
+    pub fn features_taken_away(self) -> &'static str {
+        match self {
+            Without::Atomics => "-atomics",
+            Without::IngressIfindex => "-ingress_ifindex",
+            Without::Both => "-all",
         }
     }
 }

@@ -3,12 +3,20 @@
 //! of the programs a process holds, read before and after a run.
 use std::{
     collections::BTreeSet,
+    fmt::Write as _,
     fs,
     os::fd::{AsFd as _, OwnedFd},
 };
 
 use anyhow::Context as _;
 use interceptor_sys::ProgInfo;
+
+use super::{
+    base_case,
+    lab::{Interception, Lab},
+    load::{Case, Family, HEADLINE_MODES, Mode},
+    matrix::DIRECTIONS,
+};
 
 /// One program's share of a connection.
 pub struct ProgramCost {
@@ -23,10 +31,70 @@ impl ProgramCost {
     }
 }
 
+/// One eBPF mode's programs in one case.
+pub struct Costs {
+    pub mode: Mode,
+    pub case: Case,
+    pub programs: Vec<ProgramCost>,
+}
+
+/// The programs' costs in each headline case with each eBPF mode of [`HEADLINE_MODES`] (the
+/// programs of this kernel and of older ones), one run of `seconds` (at least 1) each with that
+/// mode's `interceptor run`.
+pub fn measure(lab: &mut Lab, family: Family, seconds: f64) -> anyhow::Result<Vec<Costs>> {
+    let mut measured = Vec::new();
+    for mode in HEADLINE_MODES.into_iter().filter(|m| m.is_ebpf()) {
+        for direction in DIRECTIONS {
+            let case = base_case(direction, family);
+            let Interception::Ebpf(meshed) = &lab.pod(mode, 0)?.interception else {
+                unreachable!("an eBPF pod is meshed by interceptor run");
+            };
+            let pid = meshed.child.id();
+            let programs = program_costs(pid, || {
+                Ok(lab.measure(&case, mode, seconds.max(1.0))?.conns)
+            })?;
+            measured.push(Costs {
+                mode,
+                case,
+                programs,
+            });
+        }
+    }
+    Ok(measured)
+}
+
+/// The report's section.
+pub fn section(measured: &[Costs]) -> String {
+    let mut md = String::from(
+        "\n## Where the eBPF time goes\n\nA separate run with the kernel's per-program statistics on (`kernel.bpf_stats_enabled`; they slow every program run, so these runs are not in the tables), for the programs of this kernel and those the loader chooses when `INTERCEPTOR_KERNEL_FEATURES` takes features away.\n\n| case | mode | program | ns/run | runs/conn | µs/conn |\n|---|---|---|---:|---:|---:|\n",
+    );
+    for Costs {
+        mode,
+        case,
+        programs,
+    } in measured
+    {
+        let mode = mode.name();
+        let total: f64 = programs.iter().map(ProgramCost::us_per_conn).sum();
+        for cost in programs {
+            let _ = writeln!(
+                md,
+                "| {case} | {mode} | {} | {:.0} | {:.2} | {:.2} |",
+                cost.name,
+                cost.ns_per_run,
+                cost.runs_per_conn,
+                cost.us_per_conn()
+            );
+        }
+        let _ = writeln!(md, "| {case} | {mode} | **total** | | | **{total:.2}** |");
+    }
+    md
+}
+
 /// Per program held by process `pid`: average run time and runs per connection over `run`,
 /// which returns how many connections it made. The programs are found through the process's
 /// program and link fds, so the programs of pods' links count too.
-pub fn program_costs(
+fn program_costs(
     pid: u32,
     run: impl FnOnce() -> anyhow::Result<f64>,
 ) -> anyhow::Result<Vec<ProgramCost>> {

@@ -4,7 +4,7 @@ use std::{fmt::Write as _, path::Path};
 
 use plotters::prelude::*;
 
-use super::load::{Case, MODES, Mode, Sample};
+use super::load::{Case, HEADLINE_MODES, Mode, Sample};
 
 /// Median and range of a value over repetitions.
 #[derive(Clone, Copy, Debug)]
@@ -136,15 +136,19 @@ pub fn table(results: &[&CaseResult]) -> String {
     out
 }
 
-const COLORS: [RGBColor; 4] = [
+/// In [`HEADLINE_MODES`] order: eBPF in blues, the older kernels' programs lighter.
+const COLORS: [RGBColor; 7] = [
     RGBColor(120, 120, 120),
     RGBColor(31, 119, 180),
+    RGBColor(84, 160, 210),
+    RGBColor(128, 190, 225),
+    RGBColor(174, 214, 238),
     RGBColor(214, 39, 40),
     RGBColor(255, 127, 14),
 ];
 
 fn color(mode: Mode) -> RGBColor {
-    COLORS[MODES.iter().position(|&m| m == mode).unwrap_or(0)]
+    COLORS[HEADLINE_MODES.iter().position(|&m| m == mode).unwrap_or(0)]
 }
 
 type DrawResult = Result<(), Box<dyn std::error::Error>>;
@@ -174,10 +178,10 @@ fn draw_ratio_chart(path: &Path, title: &str, results: &[&CaseResult]) -> DrawRe
         .x_desc("case (see the table)")
         .y_desc("connection rate / no interception")
         .draw()?;
-    let intercepting: Vec<Mode> = MODES
+    let intercepting: Vec<Mode> = HEADLINE_MODES
         .iter()
         .copied()
-        .filter(|&m| m != Mode::Limit)
+        .filter(|&m| m != Mode::Limit && results.iter().any(|r| r.modes.contains(&m)))
         .collect();
     let bar = 0.8 / intercepting.len() as f64;
     for (m, &mode) in intercepting.iter().enumerate() {
