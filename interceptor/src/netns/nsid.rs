@@ -25,17 +25,21 @@ const NOT_ASSIGNED: i32 = -1;
 /// The id the namespace has in the calling thread's, given one first if it has none.
 pub fn nsid_of(netns: &PodNetns) -> io::Result<i32> {
     let fd = netns.file().as_raw_fd() as u32;
-    match ask(RouteNetlinkMessage::GetNsId(by_fd(fd, None)))? {
+    let socket = route_socket(0)?;
+    match ask(&socket, RouteNetlinkMessage::GetNsId(by_fd(fd, None)))? {
         Some(id) if id != NOT_ASSIGNED => return Ok(id),
         _ => {}
     }
     // Another process may assign one in between: EEXIST, and the next question has it.
-    match ask(RouteNetlinkMessage::NewNsId(by_fd(fd, Some(NOT_ASSIGNED)))) {
+    match ask(
+        &socket,
+        RouteNetlinkMessage::NewNsId(by_fd(fd, Some(NOT_ASSIGNED))),
+    ) {
         Ok(_) => {}
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
         Err(e) => return Err(e),
     }
-    match ask(RouteNetlinkMessage::GetNsId(by_fd(fd, None)))? {
+    match ask(&socket, RouteNetlinkMessage::GetNsId(by_fd(fd, None)))? {
         Some(id) if id != NOT_ASSIGNED => Ok(id),
         _ => Err(io::Error::other(
             "the kernel assigned the namespace no id (RTM_NEWNSID)",
@@ -51,9 +55,9 @@ fn by_fd(fd: u32, id: Option<i32>) -> NsidMessage {
 }
 
 /// Sends one request and reads its answer: the id a `NEWNSID` answer carries, `None` for an
-/// acknowledgement.
-fn ask(request: RouteNetlinkMessage) -> io::Result<Option<i32>> {
-    let socket = route_socket(0)?;
+/// acknowledgement. The answer and its acknowledgement are read up to the acknowledgement, so
+/// the next request on `socket` reads its own.
+fn ask(socket: &OwnedFd, request: RouteNetlinkMessage) -> io::Result<Option<i32>> {
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_REQUEST | NLM_F_ACK;
     header.sequence_number = 1;
@@ -63,29 +67,30 @@ fn ask(request: RouteNetlinkMessage) -> io::Result<Option<i32>> {
     message.serialize(&mut datagram);
     send(socket.as_fd(), &datagram)?;
     let mut buf = vec![0u8; 4096];
-    let n = recv(socket.as_fd(), &mut buf)?;
-    let mut data = &buf[..n];
     let mut id = None;
-    while data.len() >= size_of::<libc::nlmsghdr>() {
-        let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(data)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        match reply.payload {
-            NetlinkPayload::Error(e) => match e.code {
-                Some(_) => return Err(e.to_io()),
-                None => return Ok(id),
-            },
-            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewNsId(answer)) => {
-                id = answer.attributes.iter().find_map(|a| match a {
-                    NsidAttribute::Id(id) => Some(*id),
-                    _ => None,
-                });
+    loop {
+        let n = recv(socket.as_fd(), &mut buf)?;
+        let mut data = &buf[..n];
+        while data.len() >= size_of::<libc::nlmsghdr>() {
+            let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(data)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            match reply.payload {
+                NetlinkPayload::Error(e) => match e.code {
+                    Some(_) => return Err(e.to_io()),
+                    None => return Ok(id),
+                },
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewNsId(answer)) => {
+                    id = answer.attributes.iter().find_map(|a| match a {
+                        NsidAttribute::Id(id) => Some(*id),
+                        _ => None,
+                    });
+                }
+                _ => {}
             }
-            _ => {}
+            let len = (reply.header.length as usize).next_multiple_of(NLMSG_ALIGNTO.into());
+            data = data.get(len..).unwrap_or_default();
         }
-        let len = (reply.header.length as usize).next_multiple_of(NLMSG_ALIGNTO.into());
-        data = data.get(len..).unwrap_or_default();
     }
-    Ok(id)
 }
 
 /// Address notifications from every namespace with an id in the calling thread's.
