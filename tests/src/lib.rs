@@ -51,6 +51,19 @@ pub fn unique_name(tag: &str) -> String {
     )
 }
 
+/// Polls `done` until it holds, for up to `within`, and fails naming `what` if it never does.
+#[track_caller]
+pub fn eventually(what: &str, within: std::time::Duration, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {within:?}: {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Polls `read` until it returns `expected`, for up to 30 s (the kernel tests also run in slow
 /// emulated guests), then asserts with the last value read. For what the kernel does after the
 /// call that caused it returns, e.g. a map entry removed when a peer's close is processed.

@@ -15,6 +15,7 @@ use interceptor_tests::{
         AgentHome, LINKERD_FLAGS, UNREACHABLE, all_reached_the_proxy, check_load,
         free_loopback_addr, http_get, stderr,
     },
+    eventually,
     fixture::Namespaces,
     privileged,
     scenario::{APP_UID, Servers},
@@ -211,7 +212,6 @@ fn an_agent_at_rest_checks_only_the_pods_an_event_names() {
     );
 
     changing.ip(&["addr", "add", "192.0.2.77/32", "dev", "lo"]);
-    let deadline = Instant::now() + Duration::from_secs(5);
     let in_force = || {
         home.pods()
             .into_iter()
@@ -224,20 +224,19 @@ fn an_agent_at_rest_checks_only_the_pods_an_event_names() {
                     .any(|a| a == "192.0.2.77")
             })
     };
-    while !in_force() {
-        assert!(Instant::now() < deadline, "the new address is applied");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually(
+        "the new address is applied",
+        Duration::from_secs(5),
+        in_force,
+    );
     // One notification per address (and its prefix route is no address): one check.
     assert_eq!((checks("event"), checks("sweep")), (1, 0));
 
     let doomed_path = doomed.path().display().to_string();
     drop(doomed);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while home.pods().iter().any(|p| p["netns"] == doomed_path) {
-        assert!(Instant::now() < deadline, "the gone pod is removed");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually("the gone pod is removed", Duration::from_secs(5), || {
+        !home.pods().iter().any(|p| p["netns"] == doomed_path)
+    });
     assert_eq!((checks("event"), checks("sweep")), (2, 0));
     assert_eq!(home.pods().len(), PODS + 1);
 }
@@ -1079,14 +1078,10 @@ fn status_and_ready_say_when_interception_is_not_as_configured() {
     let pod_link = home.bpffs.join(format!("link_icpt_sk_lookup_{cookie}"));
     displace(&pod_link);
     // /ready answers from each pod's last check, which the pin's removal asked for.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let (ready, body) = loop {
-        let (ready, body) = http_get(&addr, "/ready");
-        if ready.contains(" 503 ") || Instant::now() > deadline {
-            break (ready, body);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    eventually("/ready says 503", Duration::from_secs(5), || {
+        http_get(&addr, "/ready").0.contains(" 503 ")
+    });
+    let (ready, body) = http_get(&addr, "/ready");
     assert!(ready.contains(" 503 "), "{ready}");
     let problem = format!("its sk_lookup link: {}", pod_link.display());
     assert!(body.contains(&problem), "{body}");
@@ -1100,11 +1095,11 @@ fn status_and_ready_say_when_interception_is_not_as_configured() {
     );
     // Once the foreign pin goes, the agent pins its link again, steering all along.
     std::fs::remove_file(&pod_link).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !http_get(&addr, "/ready").0.contains(" 200 ") {
-        assert!(Instant::now() < deadline, "the pod's link is pinned again");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually(
+        "the pod's link is pinned again",
+        Duration::from_secs(5),
+        || http_get(&addr, "/ready").0.contains(" 200 "),
+    );
     let landing = fixture.on_remote().connect("10.77.0.1:80");
     assert!(
         matches!(&landing, Landing::Proxy { name, .. } if name == "inbound"),
@@ -1124,11 +1119,11 @@ fn status_and_ready_say_when_interception_is_not_as_configured() {
         UNREACHABLE
     );
     std::fs::remove_file(&node_link).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !http_get(&addr, "/ready").0.contains(" 200 ") {
-        assert!(Instant::now() < deadline, "the node's link is pinned again");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually(
+        "the node's link is pinned again",
+        Duration::from_secs(5),
+        || http_get(&addr, "/ready").0.contains(" 200 "),
+    );
     agent.stop();
     let _agent = home.start_with(&["--metrics-addr", &addr]);
     assert!(http_get(&addr, "/ready").0.contains(" 200 "));

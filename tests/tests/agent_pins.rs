@@ -51,12 +51,8 @@ fn inode(path: &Path) -> u64 {
 
 /// Waits (bounded) until `done`: the kernel releases a removed cgroup's or namespace's
 /// attachments asynchronously.
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+fn eventually(what: &str, done: impl FnMut() -> bool) {
+    interceptor_tests::eventually(what, Duration::from_secs(15), done);
 }
 
 /// The pod's app, in `cgroup`.

@@ -10,7 +10,7 @@
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use interceptor_tests::{
@@ -79,12 +79,8 @@ fn api_with_namespace(annotations: &[(&str, &str)], pods: Vec<Value>) -> FakeApi
     FakeApi::start(objects)
 }
 
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !done() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+fn eventually(what: &str, done: impl FnMut() -> bool) {
+    interceptor_tests::eventually(what, Duration::from_secs(20), done);
 }
 
 /// A node's CNI network whose plugin entry does not declare the annotations capability: the
