@@ -72,14 +72,7 @@ const USER_BUILDS: &[(&str, &[&str])] = &[
     ("a root `cargo build --release`", &[]),
     (
         "the demo's and the bench's `cargo build --release`",
-        &[
-            "-p",
-            "interceptor",
-            "-p",
-            "interceptor-cni",
-            "-p",
-            "interceptor-tests",
-        ],
+        crate::kit::DEMO_AND_BENCH_PACKAGES,
     ),
     ("`cargo install --path interceptor`", &["-p", "interceptor"]),
 ];

@@ -7,6 +7,17 @@ use anyhow::{Context as _, ensure};
 
 use crate::{cmd, setup, workspace_root};
 
+/// The packages the demo's and the bench's release build takes (checked for crash points by
+/// `crash_points::check_user_builds`).
+pub const DEMO_AND_BENCH_PACKAGES: &[&str] = &[
+    "-p",
+    "interceptor",
+    "-p",
+    "interceptor-cni",
+    "-p",
+    "interceptor-tests",
+];
+
 /// Runs the release build of the kit's `program` with `args`; returns only if it cannot start.
 pub fn run(program: &str, args: &[OsString]) -> anyhow::Result<()> {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -21,17 +32,9 @@ pub fn run(program: &str, args: &[OsString]) -> anyhow::Result<()> {
     cmd::run(
         cmd::cargo()
             .current_dir(workspace_root())
-            .args([
-                "build",
-                "--release",
-                "-p",
-                "interceptor",
-                "-p",
-                "interceptor-cni",
-                "-p",
-                "interceptor-tests",
-                "--bins",
-            ])
+            .args(["build", "--release"])
+            .args(DEMO_AND_BENCH_PACKAGES)
+            .arg("--bins")
             .env("PATH", &path),
     )?;
     let target = std::env::var_os("CARGO_TARGET_DIR").unwrap_or_else(|| "target".into());
