@@ -77,16 +77,9 @@ fn run(agent: &Mutex<Agent>, work: Work) {
                 .collect();
             (pods, "event")
         }
-        Work::Pins => {
-            let mut agent = lock(agent);
-            restore_missing_pins(&agent);
-            return agent.recheck_all();
-        }
+        Work::Pins => return repin(agent),
         Work::All => {
-            let mut locked = lock(agent);
-            restore_missing_pins(&locked);
-            locked.recheck_all();
-            drop(locked);
+            repin(agent);
             let pods = lock(agent).backend.registered().map(|(c, _)| c).collect();
             (pods, "lost")
         }
@@ -127,6 +120,14 @@ fn check(agent: &Mutex<Agent>, cookie: NetnsCookie, trigger: &'static str) {
         Err(_) => return agent.forget(cookie, "its network namespace is gone"),
     }
     agent.recheck(cookie);
+}
+
+/// Pins again what went missing, then takes every pod's problem afresh (a pod's link may be
+/// among the pins).
+fn repin(agent: &Mutex<Agent>) {
+    let mut agent = lock(agent);
+    restore_missing_pins(&agent);
+    agent.recheck_all();
 }
 
 /// A pin removed by hand (or by a cleanup script) while the agent runs leaves the attachment
