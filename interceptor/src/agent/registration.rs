@@ -226,10 +226,8 @@ impl Agent {
         self.backend
             .remove(cookie)
             .map_err(|e| (ErrorKind::Internal, e))?;
-        self.netns_watch.unwatch(cookie);
-        self.pod_problems.remove(&cookie);
         crash_point!("agent-before-record-removal");
-        let _ = self.records.remove(cookie);
+        self.untrack(cookie);
         info!(netns = %netns.display(), netns_cookie = %cookie, "pod removed");
         Ok(info.into_iter().collect())
     }
@@ -242,12 +240,18 @@ impl Agent {
             warn!(netns_cookie = %cookie, error = %e, "removing a pod's map entries");
             return;
         }
-        self.netns_watch.unwatch(cookie);
-        self.pod_problems.remove(&cookie);
-        let _ = self.records.remove(cookie);
+        self.untrack(cookie);
         if let Some(netns) = netns {
             warn!(netns = %netns.display(), netns_cookie = %cookie, "pod removed: {why}");
         }
+    }
+
+    /// Drops what is kept beside the table for a pod no longer in it: its watches, its last
+    /// problem and its record.
+    fn untrack(&mut self, cookie: NetnsCookie) {
+        self.netns_watch.unwatch(cookie);
+        self.pod_problems.remove(&cookie);
+        let _ = self.records.remove(cookie);
     }
 
     /// Every pod's information; the listener map is walked once, not once per pod.
