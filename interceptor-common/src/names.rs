@@ -17,10 +17,6 @@ pub const PROG_SK_LOOKUP: &str = "icpt_sk_lookup";
 
 /// Variants of the programs above for kernels that lack what those need (see
 /// `interceptor::ebpf::variants`). Each attaches where its original does, under the same link.
-/// Without BPF atomics (Linux 5.12): the LRU maps instead of the slot arrays.
-pub const PROG_CONNECT4_LRU: &str = "icpt_conn4_lru";
-pub const PROG_CONNECT6_LRU: &str = "icpt_conn6_lru";
-pub const PROG_SOCKOPS_LRU: &str = "icpt_sockop_lru";
 /// Without `bpf_sk_lookup.ingress_ifindex` (Linux 5.17): loopback told by the source address.
 pub const PROG_SK_LOOKUP_ADDR: &str = "icpt_sklkp_addr";
 
@@ -95,9 +91,6 @@ mod tests {
             PROG_PEERNAME6,
             PROG_SK_LOOKUP,
             PROG_POD_LOOKUP,
-            PROG_CONNECT4_LRU,
-            PROG_CONNECT6_LRU,
-            PROG_SOCKOPS_LRU,
             PROG_SK_LOOKUP_ADDR,
         ];
         for name in programs.iter().chain(&SHARED_MAPS) {

@@ -11,8 +11,9 @@
 //! `CONNECT_SLOT_STALE_NS`, longer than TCP's connect attempts last, the next connect with that
 //! index takes it over.
 //!
-//! `SLOTS` false is the variant for kernels without BPF atomics (before 5.12, whose verifier
-//! rejects compare-and-exchange with "BPF_STX uses reserved fields"): the LRU map alone.
+//! Kernels without BPF atomics (before 5.12, whose verifier rejects compare-and-exchange with
+//! "BPF_STX uses reserved fields") load none of these programs: every kernel with the helpers
+//! sock_ops and getsockopt need (5.15) has atomics, so a variant without them would never run.
 use interceptor_common::{CONNECT_SLOT_STALE_NS, CONNECT_SLOTS, OrigDst};
 
 use crate::{
@@ -23,10 +24,7 @@ use crate::{
 /// Records `orig` for the socket with `socket_cookie`: in its slot if it can take it, else in
 /// `ICPT_CONNECTING`. `Err(errno)` when neither took it.
 #[inline(always)]
-pub fn record<const SLOTS: bool>(socket_cookie: u64, orig: &OrigDst) -> Result<(), i32> {
-    if !SLOTS {
-        return CONNECTING.insert(socket_cookie, orig, 0);
-    }
+pub fn record(socket_cookie: u64, orig: &OrigDst) -> Result<(), i32> {
     if let Some(slot) = CONNECT_SLOT_ARRAY.get_ptr_mut(index(socket_cookie)) {
         // SAFETY: the helper has no arguments and no preconditions.
         let now = unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns() };
@@ -48,12 +46,11 @@ pub fn record<const SLOTS: bool>(socket_cookie: u64, orig: &OrigDst) -> Result<(
 }
 
 /// Takes the original destination recorded for the socket with `socket_cookie` out of its slot
-/// or out of `ICPT_CONNECTING`. None for a socket connect4/6 did not redirect.
+/// or out of `ICPT_CONNECTING`, with when the connect was recorded (coarse ns: sock_ops dates
+/// its entry with it instead of asking the clock again). None for a socket connect4/6 did not
+/// redirect.
 #[inline(always)]
-pub fn take<const SLOTS: bool>(socket_cookie: u64) -> Option<OrigDst> {
-    if !SLOTS {
-        return take_from_lru(socket_cookie);
-    }
+pub fn take(socket_cookie: u64) -> Option<(OrigDst, u64)> {
     if let Some(slot) = CONNECT_SLOT_ARRAY.get_ptr_mut(index(socket_cookie)) {
         // SAFETY: as in `record`. The value is copied between reading the cookie and giving the
         // slot back: if the slot was taken over meanwhile (its connect was older than
@@ -62,11 +59,16 @@ pub fn take<const SLOTS: bool>(socket_cookie: u64) -> Option<OrigDst> {
             let cookie = &raw mut (*slot).socket_cookie;
             if core::ptr::read_volatile(cookie) == socket_cookie {
                 let orig = core::ptr::read_volatile(&raw const (*slot).orig);
-                return exchange(cookie, socket_cookie, 0).then_some(orig);
+                let taken_ns = core::ptr::read_volatile(&raw const (*slot).taken_ns);
+                return exchange(cookie, socket_cookie, 0).then_some((orig, taken_ns));
             }
         }
     }
-    take_from_lru(socket_cookie)
+    let orig = take_from_lru(socket_cookie)?;
+    // SAFETY: the helper has no arguments and no preconditions.
+    Some((orig, unsafe {
+        aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns()
+    }))
 }
 
 #[inline(always)]

@@ -35,35 +35,23 @@ const TCP_CLOSE: u32 = 7;
 /// both ends): all but four callbacks return after the first compares.
 #[sock_ops]
 pub fn icpt_sockops(ctx: SockOpsContext) -> u32 {
-    sockops::<true>(&ctx)
-}
-
-/// For kernels without BPF atomics (before 5.12): connections are indexed in the LRU maps only.
-#[sock_ops]
-pub fn icpt_sockop_lru(ctx: SockOpsContext) -> u32 {
-    sockops::<false>(&ctx)
-}
-
-/// `SLOTS`: whether the slot arrays are used (atomics), or only the LRU maps.
-#[inline(always)]
-fn sockops<const SLOTS: bool>(ctx: &SockOpsContext) -> u32 {
-    match try_sockops::<SLOTS>(ctx) {
+    match try_sockops(&ctx) {
         Ok(()) => 1,
         // What failed is only logged: the connection goes on either way.
         Err(e) => {
-            e.log(ctx, names::PROG_SOCKOPS);
+            e.log(&ctx, names::PROG_SOCKOPS);
             1
         }
     }
 }
 
 #[inline(always)]
-fn try_sockops<const SLOTS: bool>(ctx: &SockOpsContext) -> Result<(), Error> {
+fn try_sockops(ctx: &SockOpsContext) -> Result<(), Error> {
     match ctx.op() {
-        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => index_redirected_connection::<SLOTS>(ctx),
-        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => watch_proxy_side::<SLOTS>(ctx),
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => index_redirected_connection(ctx),
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => watch_proxy_side(ctx),
         BPF_SOCK_OPS_STATE_CB if ctx.arg(1) == TCP_CLOSE => {
-            forget_closed_connection::<SLOTS>(ctx);
+            forget_closed_connection(ctx);
             Ok(())
         }
         BPF_SOCK_OPS_TCP_LISTEN_CB => remember_inbound_listener(ctx),
@@ -126,12 +114,12 @@ unsafe fn sock_ops_addr(ctx: &SockOpsContext, ip6: *const [u32; 4], ip4_be: u32)
 /// The app side of a redirected connection is established: its source port is known now, so
 /// index the original destination under the tuple the proxy's socket will see as its peer.
 #[inline(always)]
-fn index_redirected_connection<const SLOTS: bool>(ctx: &SockOpsContext) -> Result<(), Error> {
+fn index_redirected_connection(ctx: &SockOpsContext) -> Result<(), Error> {
     // Present only for sockets connect4/connect6 redirected.
     // SAFETY: the helper only reads this run's socket, from its context; the verifier checks
     // that sock_ops may call it and that the argument is the context.
     let socket_cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let Some(orig) = connect_slots::take::<SLOTS>(socket_cookie) else {
+    let Some((orig, connected_ns)) = connect_slots::take(socket_cookie) else {
         return Ok(());
     };
     let key = PendingKey {
@@ -149,7 +137,7 @@ fn index_redirected_connection<const SLOTS: bool>(ctx: &SockOpsContext) -> Resul
         server_isn_next: unsafe { (*ctx.ops).rcv_nxt },
     };
     // On failure the proxy's SO_ORIGINAL_DST fails and it refuses the connection (fails closed).
-    pending::record::<SLOTS>(&key, &pending).map_err(|errno| Error::OrigDstNotIndexed {
+    pending::record(&key, &pending, connected_ns).map_err(|errno| Error::OrigDstNotIndexed {
         netns_cookie: orig.netns_cookie,
         errno,
     })
@@ -173,7 +161,7 @@ fn proxy_side_key(ctx: &SockOpsContext) -> PendingKey {
 /// The proxy side of a connection is established (the app side always is first). If it is a
 /// redirected connection, ask for this socket's state changes, so its entry goes when it closes.
 #[inline(always)]
-fn watch_proxy_side<const SLOTS: bool>(ctx: &SockOpsContext) -> Result<(), Error> {
+fn watch_proxy_side(ctx: &SockOpsContext) -> Result<(), Error> {
     // A redirected connection reaches the proxy on loopback (connect4/6 rewrite to 127.0.0.1,
     // ::ffff:127.0.0.1 or ::1): any other connection (every inbound one) needs no lookup.
     // SAFETY: `local_ip6` is a four-word field of this run's context.
@@ -182,7 +170,7 @@ fn watch_proxy_side<const SLOTS: bool>(ctx: &SockOpsContext) -> Result<(), Error
         return Ok(());
     }
     let key = proxy_side_key(ctx);
-    if !pending::watch::<SLOTS>(&key, proxy_side_isn_next(ctx)) {
+    if !pending::watch(&key, proxy_side_isn_next(ctx)) {
         return Ok(());
     }
     ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
@@ -192,10 +180,16 @@ fn watch_proxy_side<const SLOTS: bool>(ctx: &SockOpsContext) -> Result<(), Error
         })
 }
 
-/// The proxy's socket of a redirected connection closed: nobody can ask about it any more.
+/// The proxy's socket of a redirected connection closed: nobody can ask about it any more. Its
+/// state changes are not asked for any longer: a socket reset by its peer reaches TCP_CLOSE
+/// once when reset and again when the proxy closes it, and that second run would look for the
+/// entry in the LRU map, a hash and a bucket lock for nothing.
 #[inline(always)]
-fn forget_closed_connection<const SLOTS: bool>(ctx: &SockOpsContext) {
-    pending::forget::<SLOTS>(&proxy_side_key(ctx), proxy_side_isn_next(ctx));
+fn forget_closed_connection(ctx: &SockOpsContext) {
+    pending::forget(&proxy_side_key(ctx), proxy_side_isn_next(ctx));
+    // Fails only for a socket that is not a full one, which a closing TCP socket is: then the
+    // second run only finds nothing to forget.
+    let _ = ctx.set_cb_flags((ctx.cb_flags() & !BPF_SOCK_OPS_STATE_CB_FLAG) as i32);
 }
 
 /// The proxy side's initial sequence number + 1: `snd_una - bytes_acked` for the socket's whole

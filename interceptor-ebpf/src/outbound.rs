@@ -34,48 +34,24 @@ const LOCALHOST_BE: u32 = u32::from_be_bytes([127, 0, 0, 1]).to_be();
 
 #[cgroup_sock_addr(connect4)]
 pub fn icpt_connect4(ctx: SockAddrContext) -> i32 {
-    connect4::<true>(&ctx)
-}
-
-/// For kernels without BPF atomics (before 5.12): original destinations go through the LRU map.
-#[cgroup_sock_addr(connect4)]
-pub fn icpt_conn4_lru(ctx: SockAddrContext) -> i32 {
-    connect4::<false>(&ctx)
-}
-
-#[cgroup_sock_addr(connect6)]
-pub fn icpt_connect6(ctx: SockAddrContext) -> i32 {
-    connect6::<true>(&ctx)
-}
-
-/// For kernels without BPF atomics (before 5.12), as `icpt_conn4_lru`.
-#[cgroup_sock_addr(connect6)]
-pub fn icpt_conn6_lru(ctx: SockAddrContext) -> i32 {
-    connect6::<false>(&ctx)
-}
-
-/// `SLOTS`: whether original destinations are handed to sock_ops in the slot array (atomics) or
-/// only through the LRU map (see `connect_slots`).
-#[inline(always)]
-fn connect4<const SLOTS: bool>(ctx: &SockAddrContext) -> i32 {
-    match try_connect4::<SLOTS>(ctx) {
+    match try_connect4(&ctx) {
         Ok(()) => ALLOW,
         // Never refuse a connect: a decision either leaves it alone or rewrites it, and a
         // rewritten connect whose original destination could not be recorded still goes to the
         // proxy, which refuses it (letting it through would bypass the proxy).
         Err(e) => {
-            e.log(ctx, names::PROG_CONNECT4);
+            e.log(&ctx, names::PROG_CONNECT4);
             ALLOW
         }
     }
 }
 
-#[inline(always)]
-fn connect6<const SLOTS: bool>(ctx: &SockAddrContext) -> i32 {
-    match try_connect6::<SLOTS>(ctx) {
+#[cgroup_sock_addr(connect6)]
+pub fn icpt_connect6(ctx: SockAddrContext) -> i32 {
+    match try_connect6(&ctx) {
         Ok(()) => ALLOW,
         Err(e) => {
-            e.log(ctx, names::PROG_CONNECT6);
+            e.log(&ctx, names::PROG_CONNECT6);
             ALLOW
         }
     }
@@ -98,7 +74,7 @@ fn meshed_pod(ctx: &SockAddrContext) -> Option<(u64, &'static PodConfig)> {
 }
 
 #[inline(always)]
-fn try_connect4<const SLOTS: bool>(ctx: &SockAddrContext) -> Result<(), Error> {
+fn try_connect4(ctx: &SockAddrContext) -> Result<(), Error> {
     let Some((netns_cookie, pod)) = meshed_pod(ctx) else {
         return Ok(());
     };
@@ -114,11 +90,11 @@ fn try_connect4<const SLOTS: bool>(ctx: &SockAddrContext) -> Result<(), Error> {
         (*sa).user_ip4 = LOCALHOST_BE;
         (*sa).user_port = u32::from(pod.outbound_port.to_be());
     }
-    record_orig_dst::<SLOTS>(ctx, pod, &orig)
+    record_orig_dst(ctx, pod, &orig)
 }
 
 #[inline(always)]
-fn try_connect6<const SLOTS: bool>(ctx: &SockAddrContext) -> Result<(), Error> {
+fn try_connect6(ctx: &SockAddrContext) -> Result<(), Error> {
     let Some((netns_cookie, pod)) = meshed_pod(ctx) else {
         return Ok(());
     };
@@ -148,7 +124,7 @@ fn try_connect6<const SLOTS: bool>(ctx: &SockAddrContext) -> Result<(), Error> {
         core::ptr::write_volatile(words.add(3), proxy.words_be[3]);
         (*sa).user_port = u32::from(pod.outbound_port.to_be());
     }
-    record_orig_dst::<SLOTS>(ctx, pod, &orig)
+    record_orig_dst(ctx, pod, &orig)
 }
 
 /// Decides and counts. Returns the original destination when the connect is to be redirected
@@ -179,17 +155,13 @@ fn intercept(
 
 /// Records a redirected connect's original destination, for the proxy's `SO_ORIGINAL_DST`.
 #[inline(always)]
-fn record_orig_dst<const SLOTS: bool>(
-    ctx: &SockAddrContext,
-    pod: &PodConfig,
-    orig: &OrigDst,
-) -> Result<(), Error> {
+fn record_orig_dst(ctx: &SockAddrContext, pod: &PodConfig, orig: &OrigDst) -> Result<(), Error> {
     // By the socket cookie, unique for the machine's uptime (creating socket storage here cost
     // about 1 µs more per connection than an LRU insert, measured with bpf_stats).
     // SAFETY: the helper only reads this run's socket, from its context; the verifier checks
     // that connect4/6 may call it and that the argument is the context.
     let socket_cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    connect_slots::record::<SLOTS>(socket_cookie, orig).map_err(|errno| {
+    connect_slots::record(socket_cookie, orig).map_err(|errno| {
         count(pod.slot, Decision::OrigDstNotRecorded);
         Error::OrigDstNotRecorded {
             netns_cookie: orig.netns_cookie,

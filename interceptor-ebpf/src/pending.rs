@@ -17,9 +17,9 @@
 //! own slot changes only through its own sock_ops runs, which the socket's lock orders with its
 //! getsockopt.
 //!
-//! `SLOTS` false is the variant for kernels without BPF atomics (before 5.12): the LRU map
-//! alone. Readers (`find`) look in both either way, so programs of both variants can run side by
-//! side (during an upgrade).
+//! Readers (`find`) look in both, so programs of an older agent that kept every connection in
+//! the LRU map (its variant for kernels without BPF atomics) can run beside these during an
+//! upgrade.
 use interceptor_common::{
     PENDING_SLOT_STALE_SECS, PendingKey, PendingOrigDst, PendingSlot, pending_phase as phase,
 };
@@ -29,15 +29,13 @@ use crate::{
     maps::{PENDING, PENDING_SLOT_ARRAY},
 };
 
-/// Records the connection with `key`: in its slot if it can take it, else in `ICPT_PENDING`.
-/// `Err(errno)` when neither took it.
+/// Records the connection with `key`, whose connect was recorded at `connected_ns` (coarse
+/// ns): in its slot if it can take it, else in `ICPT_PENDING`. `Err(errno)` when neither took
+/// it.
 #[inline(always)]
-pub fn record<const SLOTS: bool>(key: &PendingKey, orig: &PendingOrigDst) -> Result<(), i32> {
-    if !SLOTS {
-        return PENDING.insert(key, orig, 0);
-    }
+pub fn record(key: &PendingKey, orig: &PendingOrigDst, connected_ns: u64) -> Result<(), i32> {
     if let Some(slot) = PENDING_SLOT_ARRAY.get_ptr_mut(key.slot_index()) {
-        let now = coarse_secs();
+        let now = coarse_secs(connected_ns);
         // SAFETY: `slot` points at a slot of a preallocated array, memory of the map for its
         // whole life; its state is only changed atomically, and its other fields only by the
         // program that set it BUSY.
@@ -102,10 +100,7 @@ pub fn find(key: &PendingKey, isn_next: Option<u32>) -> Option<PendingOrigDst> {
 /// The proxy side of the connection is established: if it is recorded, keep its slot until the
 /// proxy's socket closes (no take-over by age). Whether it is recorded.
 #[inline(always)]
-pub fn watch<const SLOTS: bool>(key: &PendingKey, isn_next: u32) -> bool {
-    if !SLOTS {
-        return find_in_lru(key, isn_next);
-    }
+pub fn watch(key: &PendingKey, isn_next: u32) -> bool {
     if let Some(slot) = PENDING_SLOT_ARRAY.get_ptr_mut(key.slot_index()) {
         // SAFETY: as in `record`.
         unsafe {
@@ -126,11 +121,7 @@ pub fn watch<const SLOTS: bool>(key: &PendingKey, isn_next: u32) -> bool {
 
 /// The proxy's socket of the connection closed: nobody can ask about it any more.
 #[inline(always)]
-pub fn forget<const SLOTS: bool>(key: &PendingKey, isn_next: u32) {
-    if !SLOTS {
-        let _ = PENDING.remove(key);
-        return;
-    }
+pub fn forget(key: &PendingKey, isn_next: u32) {
     if let Some(slot) = PENDING_SLOT_ARRAY.get_ptr_mut(key.slot_index()) {
         // SAFETY: as in `record`.
         unsafe {
@@ -169,7 +160,6 @@ fn find_in_lru(key: &PendingKey, isn_next: u32) -> bool {
 
 /// Coarse seconds (2^30 ns), enough for a take-over after minutes and cheaper than a division.
 #[inline(always)]
-fn coarse_secs() -> u64 {
-    // SAFETY: the helper has no arguments and no preconditions.
-    (unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns() }) >> 30
+fn coarse_secs(ns: u64) -> u64 {
+    ns >> 30
 }

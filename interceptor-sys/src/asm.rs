@@ -3,7 +3,7 @@
 //! aya-obj generates them), and the return codes that no binding of userspace carries.
 use aya_obj::generated::{
     BPF_ADD, BPF_ALU64, BPF_ATOMIC, BPF_CALL, BPF_DW, BPF_EXIT, BPF_IMM, BPF_JEQ, BPF_JMP, BPF_JNE,
-    BPF_K, BPF_LD, BPF_LDX, BPF_MEM, BPF_MOV, BPF_ST, BPF_STX, BPF_W, BPF_X,
+    BPF_K, BPF_LD, BPF_LDX, BPF_MEM, BPF_MOV, BPF_RSH, BPF_ST, BPF_STX, BPF_W, BPF_X,
 };
 
 /// `dst = imm64`: the first of two instructions, the second's `imm` being the upper 32 bits.
@@ -27,6 +27,8 @@ pub const MOV64_REG: u8 = (BPF_ALU64 | BPF_MOV | BPF_X) as u8;
 pub const MOV64_IMM: u8 = (BPF_ALU64 | BPF_MOV | BPF_K) as u8;
 /// `dst += imm`.
 pub const ADD64_IMM: u8 = (BPF_ALU64 | BPF_ADD | BPF_K) as u8;
+/// `dst >>= imm` (logical).
+pub const RSH64_IMM: u8 = (BPF_ALU64 | BPF_RSH | BPF_K) as u8;
 /// `if dst == imm goto pc + off`.
 pub const JEQ_IMM: u8 = (BPF_JMP | BPF_JEQ | BPF_K) as u8;
 /// `if dst != imm goto pc + off`.
@@ -56,9 +58,9 @@ mod tests {
         );
         assert_eq!(
             [
-                MOV64_REG, MOV64_IMM, ADD64_IMM, JEQ_IMM, JNE_IMM, CALL, EXIT
+                MOV64_REG, MOV64_IMM, ADD64_IMM, RSH64_IMM, JEQ_IMM, JNE_IMM, CALL, EXIT
             ],
-            [0xbf, 0xb7, 0x07, 0x15, 0x55, 0x85, 0x95]
+            [0xbf, 0xb7, 0x07, 0x77, 0x15, 0x55, 0x85, 0x95]
         );
     }
 }

@@ -366,6 +366,47 @@ pub fn map_delete_elem(fd: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {
     unsafe { sys_bpf(bpf_cmd::BPF_MAP_DELETE_ELEM, &mut attr) }.map(drop)
 }
 
+/// Whether the map `fd` has an element at `key`, for maps whose values userspace cannot read (a
+/// sock hash of listening sockets answers every lookup with ENOSPC). BPF_MAP_GET_NEXT_KEY from
+/// an absent key starts over at the map's first key, from a present one it goes on past it (or
+/// finds none past the last): the key is there exactly when that answer is not the first key.
+/// A few system calls where walking every key costs one per element. As racy as any read of a
+/// map others change. Kernel >= 4.12.
+pub fn map_has_key(fd: BorrowedFd<'_>, key: &[u8]) -> io::Result<bool> {
+    let key_size = map_info(fd)?.key_size as usize;
+    if key.len() != key_size {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a {}-byte key for a map of {key_size}-byte keys", key.len()),
+        ));
+    }
+    let mut first = vec![0u8; key_size];
+    if !map_next_key(fd, None, &mut first)? {
+        return Ok(false);
+    }
+    let mut after = vec![0u8; key_size];
+    if !map_next_key(fd, Some(key), &mut after)? {
+        return Ok(true);
+    }
+    Ok(after != first)
+}
+
+/// BPF_MAP_GET_NEXT_KEY: the key after `key` (the first with `None`) into `next`, which is the
+/// map's key size; false when there is none.
+fn map_next_key(fd: BorrowedFd<'_>, key: Option<&[u8]>, next: &mut [u8]) -> io::Result<bool> {
+    let mut attr = zeroed_attr();
+    attr.__bindgen_anon_2.map_fd = fd.as_raw_fd() as u32;
+    attr.__bindgen_anon_2.key = key.map_or(0, |k| k.as_ptr() as u64);
+    attr.__bindgen_anon_2.__bindgen_anon_1.next_key = next.as_mut_ptr() as u64;
+    // SAFETY: `key` (when given) is readable and `next` writable for the map's key size, all
+    // the kernel reads and writes (the caller checked the size).
+    match unsafe { sys_bpf(bpf_cmd::BPF_MAP_GET_NEXT_KEY, &mut attr) } {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// A read-only view of the values of a `BPF_F_MMAPABLE` array map (mmap(2) of its fd), unmapped
 /// when dropped: reading a large array costs memory reads, not a system call per element.
 /// Kernel >= 5.5.

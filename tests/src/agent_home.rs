@@ -323,6 +323,20 @@ impl AgentHome {
             .cloned()
             .unwrap_or_default()
     }
+
+    /// `pod get --json` of the pod in `netns`: its report alone (its listener looked up by its
+    /// own keys, where `pods` reads every pod's).
+    pub fn pod(&self, netns: &Path) -> Value {
+        let out = self.cli(&[
+            "pod",
+            "get",
+            "--json",
+            "--netns",
+            &netns.display().to_string(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).expect("pod get --json")
+    }
 }
 
 impl Drop for AgentHome {

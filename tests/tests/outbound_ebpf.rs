@@ -429,26 +429,14 @@ fn a_taken_connect_slot_sends_the_connect_to_the_lru_map_and_a_stale_one_is_take
         "moved on once established"
     );
 
-    // Every slot taken long ago: taken over by the connects, then given back; the LRU variant
-    // (no atomics) never touches a slot.
+    // Every slot taken long ago: taken over by the connects, then given back.
     fill(now.wrapping_sub(CONNECT_SLOT_STALE_NS + 1_000_000_000));
     twenty_connects_land_right(&app);
     let free = read_slots().iter().filter(|s| s.socket_cookie == 0).count();
-    if slot_variant() {
-        assert_eq!(
-            free, 20,
-            "each connect took a stale slot over and gave it back"
-        );
-    } else {
-        assert_eq!(free, 0, "the LRU variant took a slot");
-    }
-}
-
-/// Whether the programs use the slot arrays (this kernel has BPF atomics, not taken away): the
-/// LRU variant keeps every connection in the LRU maps.
-fn slot_variant() -> bool {
-    use interceptor::ebpf::features::{Feature, KernelFeatures};
-    KernelFeatures::get().has(Feature::Atomics)
+    assert_eq!(
+        free, 20,
+        "each connect took a stale slot over and gave it back"
+    );
 }
 
 /// The pinned `ICPT_PEND_SLOTS` of a test's own maps, to fill with other connections' entries.
@@ -578,17 +566,9 @@ fn a_held_pending_slot_sends_the_connection_to_the_lru_map_and_a_stale_or_same_k
     }
 
     // Recorded long ago and never watched (the proxy side never got established): taken over,
-    // then freed when the proxy's socket closes. The LRU variant never touches a slot.
+    // then freed when the proxy's socket closes.
     pending_slots.fill(cookie, pending_phase::RECORDED, stale);
     twenty_connects_land_right(&app);
-    if !slot_variant() {
-        assert_eq!(
-            untouched(pending_phase::RECORDED, stale),
-            PENDING_SLOTS as usize,
-            "the LRU variant took a slot"
-        );
-        return;
-    }
     eventually_eq(
         "slots freed: each connection took a stale slot over and freed it at close",
         20,

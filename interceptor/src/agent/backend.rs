@@ -222,10 +222,14 @@ impl Backend {
     }
 
     /// What the backend knows of a registered pod; `None` if the eBPF registry does not have it.
+    /// `listening`: the pods whose proxy listens, read once for a report of many pods (`None`:
+    /// this pod's listener is looked up alone). `check`: whether to check an eBPF pod's entries
+    /// and link for its problem (a pod just checked has it in the agent's `pod_problems`).
     pub fn details(
         &self,
         cookie: NetnsCookie,
-        listening: &BTreeSet<NetnsCookie>,
+        listening: Option<&BTreeSet<NetnsCookie>>,
+        check: bool,
     ) -> Option<PodDetails> {
         match self {
             Self::Ebpf(node) => {
@@ -239,9 +243,12 @@ impl Backend {
                 Some(PodDetails {
                     slot: Some(pods.slot(cookie)?),
                     counters: Some(counters),
-                    inbound_listener: Some(listening.contains(&cookie)),
+                    inbound_listener: Some(match listening {
+                        Some(listening) => listening.contains(&cookie),
+                        None => pods.has_listener(cookie),
+                    }),
                     addresses: pods.addresses(cookie),
-                    problem: pods.problem(cookie),
+                    problem: if check { pods.problem(cookie) } else { None },
                 })
             }
             Self::Iptables(pods) => Some(PodDetails {

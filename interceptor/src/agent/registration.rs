@@ -87,7 +87,19 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
     }
     let mut agent = lock(agent);
     agent.recheck(cookie);
-    Ok(agent.info(cookie).into_iter().collect())
+    // The answer's problem is the check just made: the pod's entries and link are read once;
+    // its listener is looked up alone, not every pod's read.
+    let info = agent.info_checked(cookie, None, Checked::Just);
+    Ok(info.into_iter().collect())
+}
+
+/// Where a pod's report takes its problem from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Checked {
+    /// Checked afresh for the report.
+    Now,
+    /// The check the caller has just made ([`Agent::recheck`]).
+    Just,
 }
 
 impl Agent {
@@ -264,12 +276,27 @@ impl Agent {
     }
 
     pub(super) fn info(&self, cookie: NetnsCookie) -> Option<PodInfo> {
-        self.info_with(cookie, &self.backend.listening())
+        self.info_checked(cookie, None, Checked::Now)
     }
 
     fn info_with(&self, cookie: NetnsCookie, listening: &BTreeSet<NetnsCookie>) -> Option<PodInfo> {
+        self.info_checked(cookie, Some(listening), Checked::Now)
+    }
+
+    /// `listening`: as [`Backend::details`] takes it.
+    fn info_checked(
+        &self,
+        cookie: NetnsCookie,
+        listening: Option<&BTreeSet<NetnsCookie>>,
+        checked: Checked,
+    ) -> Option<PodInfo> {
         let record = self.backend.record(cookie)?;
-        let details = self.backend.details(cookie, listening)?;
+        let mut details = self
+            .backend
+            .details(cookie, listening, checked == Checked::Now)?;
+        if checked == Checked::Just && details.problem.is_none() {
+            details.problem = self.pod_problems.get(&cookie).cloned();
+        }
         Some(PodInfo {
             netns: record.netns,
             netns_cookie: cookie,

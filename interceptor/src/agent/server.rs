@@ -1,10 +1,11 @@
 //! The agent's API: one JSON request per connection on its Unix socket, one JSON response.
 //!
-//! Each connection is served by a task of its own with a deadline, and its request is handled on
-//! a blocking thread, so a client that connects and says nothing delays nobody: not another
-//! client's `pod add` (a pod waiting to start), nor the periodic reconciliation. The agent's lock
-//! is held only for the map and record changes themselves (see `registration`).
+//! Each connection is served by a task of its own with a deadline, and its request is handled
+//! and answered on a blocking thread, so a client that connects and says nothing delays nobody:
+//! not another client's `pod add` (a pod waiting to start), nor the periodic reconciliation. The
+//! agent's lock is held only for the map and record changes themselves (see `registration`).
 use std::{
+    io::Write as _,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -14,7 +15,7 @@ use tokio::{
     net::UnixStream,
     time::timeout,
 };
-use tracing::info;
+use tracing::{info, warn};
 
 use super::{
     Agent, Refusal,
@@ -33,11 +34,8 @@ pub(super) async fn serve(agent: Arc<Mutex<Agent>>, stream: UnixStream) {
     let uid = stream.peer_cred().map(|c| c.uid()).ok();
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
-    let read = timeout(
-        REQUEST_DEADLINE,
-        BufReader::new(read.take(MAX_REQUEST_BYTES)).read_line(&mut line),
-    )
-    .await;
+    let mut reader = BufReader::new(read.take(MAX_REQUEST_BYTES));
+    let read = timeout(REQUEST_DEADLINE, reader.read_line(&mut line)).await;
     // The socket is mode 0600 already; the peer's credentials are checked too, in case it is
     // reached through a descriptor passed on.
     let response = if uid != Some(0) {
@@ -57,11 +55,21 @@ pub(super) async fn serve(agent: Arc<Mutex<Agent>>, stream: UnixStream) {
                     let kube = lock(&agent).kube.clone();
                     pod_annotations(kube, &namespace, &name, uid.as_deref()).await
                 }
-                Ok(request) => tokio::task::spawn_blocking(move || handle(&agent, request))
-                    .await
-                    .unwrap_or_else(|e| {
-                        refuse((ErrorKind::Internal, format!("handling the request: {e}")))
-                    }),
+                Ok(request) => {
+                    // The answer leaves from the thread that made it, not once this task has
+                    // been woken to send it: one thread wake-up less in each request's round
+                    // trip (a registration's answer is what a pod's start waits for).
+                    let stream = reader.into_inner().into_inner().reunite(write);
+                    match stream.map_err(|e| e.to_string()).and_then(blocking_stream) {
+                        Ok(stream) => drop(tokio::task::spawn_blocking(move || {
+                            answer_blocking(stream, &handle(&agent, request));
+                        })),
+                        // Not seen: the halves are this connection's own. The client sees the
+                        // connection close unanswered, as if the agent had stopped.
+                        Err(e) => warn!(error = %e, "an API connection could not be answered"),
+                    }
+                    return;
+                }
                 Err(e) => refuse(not_a_request(&line, e)),
             },
             Ok(_) => refuse((ErrorKind::BadRequest, "no request read".into())),
@@ -71,9 +79,33 @@ pub(super) async fn serve(agent: Arc<Mutex<Agent>>, stream: UnixStream) {
             )),
         }
     };
-    let mut out = serde_json::to_string(&response).unwrap_or_default();
+    let _ = timeout(
+        REQUEST_DEADLINE,
+        write.write_all(answer(&response).as_bytes()),
+    )
+    .await;
+}
+
+/// A response as its line on the wire.
+fn answer(response: &Response) -> String {
+    let mut out = serde_json::to_string(response).unwrap_or_default();
     out.push('\n');
-    let _ = timeout(REQUEST_DEADLINE, write.write_all(out.as_bytes())).await;
+    out
+}
+
+/// The connection as a blocking socket whose writes give up after the deadline.
+fn blocking_stream(stream: UnixStream) -> Result<std::os::unix::net::UnixStream, String> {
+    let stream = stream.into_std().map_err(|e| e.to_string())?;
+    stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+    stream
+        .set_write_timeout(Some(REQUEST_DEADLINE))
+        .map_err(|e| e.to_string())?;
+    Ok(stream)
+}
+
+/// Answers on a blocking thread. A client gone meanwhile has nobody to tell.
+fn answer_blocking(mut stream: std::os::unix::net::UnixStream, response: &Response) {
+    let _ = stream.write_all(answer(response).as_bytes());
 }
 
 async fn pod_annotations(

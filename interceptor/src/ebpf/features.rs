@@ -2,9 +2,10 @@
 //! that use each feature (as `bpftool feature probe` does), never guessed from a version:
 //! distributions backport features, and RHEL 9's 5.14 is not upstream's 5.14.
 //!
-//! `INTERCEPTOR_KERNEL_FEATURES` takes features away for tests: `-atomics,-ingress_ifindex`
-//! makes the loader act as on a kernel without them (it picks the variants made for such
-//! kernels), `-all` takes away every feature a variant can do without. It can only take away,
+//! `INTERCEPTOR_KERNEL_FEATURES` takes features away for tests: `-ingress_ifindex` makes the
+//! loader act as on a kernel without it (it picks the variant made for such kernels), `-all`
+//! takes away every feature a variant can do without, `-atomics` (or any required feature)
+//! makes the eBPF backend unusable, as on 5.10. It can only take away,
 //! never pretend a feature is there.
 use std::{collections::BTreeSet, fmt, sync::OnceLock};
 
@@ -23,6 +24,8 @@ pub const FEATURES_ENV: &str = "INTERCEPTOR_KERNEL_FEATURES";
 #[serde(rename_all = "snake_case")]
 pub enum Feature {
     /// BPF compare-and-exchange and exchange (`BPF_ATOMIC`, Linux 5.12): the slot arrays.
+    /// Required: every kernel with `bpf_get_netns_cookie` in sock_ops and getsockopt (5.15) has
+    /// it, so the programs have no variant without it.
     Atomics,
     /// `bpf_sk_lookup.ingress_ifindex` (Linux 5.17): loopback told by the interface.
     IngressIfindex,
@@ -44,7 +47,7 @@ impl Feature {
     ];
 
     /// The features some program variant does without (what `-all` takes away).
-    pub const OPTIONAL: [Feature; 2] = [Feature::Atomics, Feature::IngressIfindex];
+    pub const OPTIONAL: [Feature; 1] = [Feature::IngressIfindex];
 
     pub fn name(self) -> &'static str {
         match self {

@@ -30,7 +30,7 @@ pub struct ProgramState {
     pub name: String,
     pub id: u32,
     pub attach_type: String,
-    /// Which of the hook's variants runs (`slots`, `lru`, ...; see `variants`). Absent in the
+    /// Which of the hook's variants runs (`slots`, `ifindex`, `address`, ...; see `variants`). Absent in the
     /// state of an older run.
     #[serde(default)]
     pub variant: String,

@@ -1,4 +1,4 @@
-//! Each pod's own sk_lookup program: thirty-four instructions, assembled here and loaded with a
+//! Each pod's own sk_lookup program: thirty-five instructions, assembled here and loaded with a
 //! raw BPF_PROG_LOAD, that let loopback connections through and, for any other, record which pod
 //! the lookup is for and tail-call the shared sk_lookup program (`interceptor-ebpf/src/inbound.rs`).
 //!
@@ -11,6 +11,15 @@
 //! rule): every redirected outbound connection reaches the proxy that way, so deciding it here,
 //! before the tail call and the pod lookup, took 65 ns off each (131 -> 66 ns per run with
 //! `kernel.bpf_stats_enabled`, whose own overhead is most of what is left).
+//!
+//! The tail call's index is read from the context (the protocol shifted right by eight: 0 for
+//! TCP and UDP, the only protocols sk_lookup runs for) rather than written as a constant. With a
+//! constant the JIT patches a direct jump into the program and the kernel tracks it in the
+//! program array: the patch stops every CPU of the node (text_poke's IPIs), which was 120 of
+//! the 310 µs a load took here, and each pod's program is patched again whenever the shared
+//! program is replaced. An index the verifier cannot know makes an indirect tail call: a
+//! bounds check and an indirect jump more per lookup, and registration that touches no other
+//! CPU.
 use interceptor_common::{NetnsCookie, PodSlot, counters::Decision, sk_lookup_ctx};
 use std::{
     io,
@@ -23,7 +32,7 @@ use interceptor_sys::{
     BPF_PSEUDO_MAP_FD, ProgLoad,
     asm::{
         ADD64_IMM, CALL, EXIT, JEQ_IMM, JNE_IMM, LD_IMM64, LDX_DW, LDX_W, MOV64_IMM, MOV64_REG,
-        SK_DROP, SK_PASS, ST_W, STX_DW,
+        RSH64_IMM, SK_DROP, SK_PASS, ST_W, STX_DW,
     },
     bpf_attach_type, bpf_func_id, bpf_insn as Insn, bpf_prog_type, insn,
     netns::LOOPBACK_IFINDEX,
@@ -87,19 +96,20 @@ struct Maps {
 /// 19: r2 += -4
 /// 20: r1 = map ICPT_LOOKUP_POD     ; (two instructions)
 /// 22: call bpf_map_lookup_elem
-/// 23: if r0 == 0 goto 32
+/// 23: if r0 == 0 goto 33
 /// 24: r1 = netns_cookie            ; (two instructions)
 /// 26: *(u64 *)(r0 + 0) = r1        ; this CPU's slot: the pod being looked up
 /// 27: r1 = r6
 /// 28: r2 = map ICPT_SK_LOOKUP      ; (two instructions)
-/// 30: r3 = 0
-/// 31: call bpf_tail_call           ; does not return when the shared program is there
-/// 32: r0 = SK_DROP                 ; it is not: refuse rather than let the app be reached
-/// 33: exit                         ;   around the proxy
+/// 30: r3 = *(u32 *)(r6 + protocol) ; index 0, unknown to the verifier (see the module's doc)
+/// 31: r3 >>= 8
+/// 32: call bpf_tail_call           ; does not return when the shared program is there
+/// 33: r0 = SK_DROP                 ; it is not: refuse rather than let the app be reached
+/// 34: exit                         ;   around the proxy
 /// ```
 ///
 /// Without `loopback_by_ifindex` (kernels before 5.17 have no `ingress_ifindex` in the context,
-/// and the verifier refuses the read) it is instructions 16 to 33: the shared program tells
+/// and the verifier refuses the read) it is instructions 16 to 34: the shared program tells
 /// loopback by the source address.
 fn instructions(
     maps: &Maps,
@@ -113,12 +123,13 @@ fn instructions(
     }
     prog.push(insn(MOV64_REG, 6, 1, 0, 0));
     prog.extend(lookup_u32(maps.lookup_pod, 0));
-    prog.push(insn(JEQ_IMM, 0, 0, 8, 0));
+    prog.push(insn(JEQ_IMM, 0, 0, 9, 0));
     prog.extend(ld_imm64(1, 0, netns_cookie.0));
     prog.extend([insn(STX_DW, 0, 1, 0, 0), insn(MOV64_REG, 1, 6, 0, 0)]);
     prog.extend(ld_imm64(2, PSEUDO_MAP_FD, maps.programs as u32 as u64));
     prog.extend([
-        insn(MOV64_IMM, 3, 0, 0, 0),
+        insn(LDX_W, 3, 6, sk_lookup_ctx::PROTOCOL, 0),
+        insn(RSH64_IMM, 3, 0, 0, 8),
         insn(CALL, 0, 0, 0, TAIL_CALL),
         insn(MOV64_IMM, 0, 0, 0, SK_DROP),
         insn(EXIT, 0, 0, 0, 0),
@@ -229,7 +240,7 @@ mod tests {
     fn without_ingress_ifindex_it_is_the_tail_call_alone() {
         let with = program();
         let without = instructions(&MAPS, NetnsCookie(0x1122_3344_5566_7788), PodSlot(7), false);
-        assert_eq!(without.len(), 18);
+        assert_eq!(without.len(), 19);
         let same = |a: &Insn, b: &Insn| {
             (a.code, a.dst_reg(), a.src_reg(), a.off, a.imm)
                 == (b.code, b.dst_reg(), b.src_reg(), b.off, b.imm)
@@ -251,7 +262,7 @@ mod tests {
     #[test]
     fn loopback_passes_and_everything_else_reaches_the_tail_call() {
         let prog = program();
-        assert_eq!(prog.len(), 34);
+        assert_eq!(prog.len(), 35);
         assert_eq!(
             (prog[1].code, prog[1].imm),
             (JNE_IMM, LOOPBACK_IFINDEX as i32)
@@ -294,7 +305,33 @@ mod tests {
         assert_eq!(prog[jump].code, JEQ_IMM);
         let to = target(&prog, jump);
         assert_eq!((prog[to].code, prog[to].imm), (MOV64_IMM, SK_DROP));
-        assert_eq!(prog[33].code, EXIT);
+        assert_eq!(prog[34].code, EXIT);
+    }
+
+    /// A constant index would make the JIT patch a direct jump, stopping every CPU at each load.
+    #[test]
+    fn the_tail_calls_index_is_read_from_the_context_not_a_constant() {
+        let prog = program();
+        assert_eq!((prog[32].code, prog[32].imm), (CALL, TAIL_CALL));
+        assert_eq!(
+            (
+                prog[30].code,
+                prog[30].dst_reg(),
+                prog[30].src_reg(),
+                prog[30].off
+            ),
+            (LDX_W, 3, 6, sk_lookup_ctx::PROTOCOL)
+        );
+        assert_eq!(
+            (prog[31].code, prog[31].dst_reg(), prog[31].imm),
+            (RSH64_IMM, 3, 8)
+        );
+        // 0 for both protocols sk_lookup runs for.
+        assert_eq!([libc::IPPROTO_TCP >> 8, libc::IPPROTO_UDP >> 8], [0, 0]);
+        assert!(
+            prog.iter()
+                .all(|i| !(i.code == MOV64_IMM && i.dst_reg() == 3))
+        );
     }
 
     #[test]

@@ -3,7 +3,8 @@ use std::{collections::BTreeSet, net::IpAddr, os::fd::AsFd as _, path::Path};
 
 use aya::maps::{MapData, PerCpuArray};
 use interceptor_common::{
-    NetnsCookie, PENDING_SLOTS, PendingSlot, PodCounters, PodSlot, names, pending_phase,
+    ListenerKey, NetnsCookie, PENDING_SLOTS, PendingSlot, PodCounters, PodSlot, addr::family,
+    names, pending_phase,
 };
 
 use super::{FillLevels, InMaps, PodRegistry};
@@ -160,9 +161,18 @@ impl<D> PodRegistry<D> {
             .collect()
     }
 
-    /// Whether the pod's proxy is listening, in either family (as far as steering knows).
+    /// Whether the pod's proxy is listening, in either family (as far as steering knows): its
+    /// two keys looked up, not every pod's listeners read.
     pub fn has_listener(&self, cookie: NetnsCookie) -> bool {
-        self.listening_cookies().contains(&cookie)
+        let fd = self.maps.listeners.fd().as_fd();
+        [family::IPV4, family::IPV6].into_iter().any(|family| {
+            let key = ListenerKey {
+                netns_cookie: cookie.0,
+                family,
+                _pad: 0,
+            };
+            interceptor_sys::map_has_key(fd, bytemuck::bytes_of(&key)).unwrap_or(false)
+        })
     }
 
     pub fn counters(&self, cookie: NetnsCookie) -> Result<Option<Counters>, EbpfError> {

@@ -93,9 +93,7 @@ impl Lab {
         let slug = match mode {
             Mode::Limit => "limit",
             Mode::Ebpf => "ebpf",
-            Mode::EbpfWithout(Without::Atomics) => "ebpf-noatomics",
             Mode::EbpfWithout(Without::IngressIfindex) => "ebpf-noifindex",
-            Mode::EbpfWithout(Without::Both) => "ebpf-noall",
             Mode::IptablesLegacy => "legacy",
             Mode::IptablesNft => "nft",
         };

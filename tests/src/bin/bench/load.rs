@@ -65,12 +65,10 @@ pub const MODES: [Mode; 4] = [
 ];
 
 /// The modes of the headline cases: every program variant too.
-pub const HEADLINE_MODES: [Mode; 7] = [
+pub const HEADLINE_MODES: [Mode; 5] = [
     Mode::Limit,
     Mode::Ebpf,
-    Mode::EbpfWithout(Without::Atomics),
     Mode::EbpfWithout(Without::IngressIfindex),
-    Mode::EbpfWithout(Without::Both),
     Mode::IptablesLegacy,
     Mode::IptablesNft,
 ];
@@ -80,9 +78,7 @@ impl Mode {
         match self {
             Mode::Limit => "no interception",
             Mode::Ebpf => "eBPF",
-            Mode::EbpfWithout(Without::Atomics) => "eBPF -atomics",
             Mode::EbpfWithout(Without::IngressIfindex) => "eBPF -ingress_ifindex",
-            Mode::EbpfWithout(Without::Both) => "eBPF -all",
             Mode::IptablesLegacy => "iptables-legacy",
             Mode::IptablesNft => "iptables-nft",
         }
@@ -98,22 +94,16 @@ impl Mode {
 /// (interceptor's `ebpf::variants`).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 pub enum Without {
-    /// BPF atomics (5.12): without, connect4/6 and sock_ops hand the original destination over
-    /// through LRU maps, not slot arrays.
-    Atomics,
-    /// `ingress_ifindex` in sk_lookup (5.17): without, loopback is told by address.
+    /// `ingress_ifindex` in sk_lookup (5.17): without, loopback is told by address. (BPF
+    /// atomics have no variant: every kernel the programs load on has them.)
     IngressIfindex,
-    /// Both.
-    Both,
 }
 
 impl Without {
     /// The value of `INTERCEPTOR_KERNEL_FEATURES`.
     pub fn features_taken_away(self) -> &'static str {
         match self {
-            Without::Atomics => "-atomics",
             Without::IngressIfindex => "-ingress_ifindex",
-            Without::Both => "-all",
         }
     }
 }
