@@ -180,16 +180,10 @@ fn watch_proxy_side(ctx: &SockOpsContext) -> Result<(), Error> {
         })
 }
 
-/// The proxy's socket of a redirected connection closed: nobody can ask about it any more. Its
-/// state changes are not asked for any longer: a socket reset by its peer reaches TCP_CLOSE
-/// once when reset and again when the proxy closes it, and that second run would look for the
-/// entry in the LRU map, a hash and a bucket lock for nothing.
+/// The proxy's socket of a redirected connection closed: nobody can ask about it any more.
 #[inline(always)]
 fn forget_closed_connection(ctx: &SockOpsContext) {
     pending::forget(&proxy_side_key(ctx), proxy_side_isn_next(ctx));
-    // Fails only for a socket that is not a full one, which a closing TCP socket is: then the
-    // second run only finds nothing to forget.
-    let _ = ctx.set_cb_flags((ctx.cb_flags() & !BPF_SOCK_OPS_STATE_CB_FLAG) as i32);
 }
 
 /// The proxy side's initial sequence number + 1: `snd_una - bytes_acked` for the socket's whole
