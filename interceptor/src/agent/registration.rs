@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use super::{
     Agent, Refusal,
     api::{Backend, ErrorKind, Health, PodAdd, PodInfo},
-    backend::identify,
+    backend::{identify, same_path},
     lock,
     records::{PodBackend, PodFacts},
 };
@@ -142,7 +142,7 @@ impl Agent {
         let stale = self
             .backend
             .registered()
-            .find(|(c, f)| f.netns == facts.netns && *c != cookie)
+            .find(|(c, f)| same_path(&f.netns, &facts.netns) && *c != cookie)
             .map(|(c, _)| c);
         if let Some(stale) = stale {
             self.forget(stale, "its network namespace was replaced");
