@@ -351,13 +351,7 @@ pub fn map_create(
 /// Deletes the element of the map `fd` at `key` (BPF_MAP_DELETE_ELEM); a key that is not the
 /// map's key size is refused. Kernel >= 4.13.
 pub fn map_delete_elem(fd: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {
-    let key_size = map_info(fd)?.key_size as usize;
-    if key.len() != key_size {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("a {}-byte key for a map of {key_size}-byte keys", key.len()),
-        ));
-    }
+    map_key_size(fd, &[key])?;
     let mut attr = zeroed_attr();
     attr.__bindgen_anon_2.map_fd = fd.as_raw_fd() as u32;
     attr.__bindgen_anon_2.key = key.as_ptr() as u64;
@@ -366,29 +360,38 @@ pub fn map_delete_elem(fd: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {
     unsafe { sys_bpf(bpf_cmd::BPF_MAP_DELETE_ELEM, &mut attr) }.map(drop)
 }
 
-/// Whether the map `fd` has an element at `key`, for maps whose values userspace cannot read (a
-/// sock hash of listening sockets answers every lookup with ENOSPC). BPF_MAP_GET_NEXT_KEY from
-/// an absent key starts over at the map's first key, from a present one it goes on past it (or
-/// finds none past the last): the key is there exactly when that answer is not the first key.
-/// A few system calls where walking every key costs one per element. As racy as any read of a
-/// map others change. Kernel >= 4.12.
-pub fn map_has_key(fd: BorrowedFd<'_>, key: &[u8]) -> io::Result<bool> {
+/// The key size of the map `fd`, which every one of `keys` must have: a key of another size is
+/// refused before the kernel reads past it or short of it.
+fn map_key_size(fd: BorrowedFd<'_>, keys: &[&[u8]]) -> io::Result<usize> {
     let key_size = map_info(fd)?.key_size as usize;
-    if key.len() != key_size {
-        return Err(io::Error::new(
+    match keys.iter().find(|k| k.len() != key_size) {
+        Some(key) => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("a {}-byte key for a map of {key_size}-byte keys", key.len()),
-        ));
+        )),
+        None => Ok(key_size),
     }
+}
+
+/// Whether the map `fd` has an element at any of `keys`, for maps whose values userspace cannot
+/// read (a sock hash of listening sockets answers every lookup with ENOSPC). BPF_MAP_GET_NEXT_KEY
+/// from an absent key starts over at the map's first key, from a present one it goes on past it
+/// (or finds none past the last): a key is there exactly when that answer is not the first key.
+/// One system call per key and two more, where walking every key costs one per element. As
+/// racy as any read of a map others change. Kernel >= 4.12.
+pub fn map_has_any_key(fd: BorrowedFd<'_>, keys: &[&[u8]]) -> io::Result<bool> {
+    let key_size = map_key_size(fd, keys)?;
     let mut first = vec![0u8; key_size];
     if !map_next_key(fd, None, &mut first)? {
         return Ok(false);
     }
     let mut after = vec![0u8; key_size];
-    if !map_next_key(fd, Some(key), &mut after)? {
-        return Ok(true);
+    for key in keys {
+        if !map_next_key(fd, Some(key), &mut after)? || after != first {
+            return Ok(true);
+        }
     }
-    Ok(after != first)
+    Ok(false)
 }
 
 /// BPF_MAP_GET_NEXT_KEY: the key after `key` (the first with `None`) into `next`, which is the

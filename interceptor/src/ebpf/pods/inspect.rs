@@ -164,15 +164,14 @@ impl<D> PodRegistry<D> {
     /// Whether the pod's proxy is listening, in either family (as far as steering knows): its
     /// two keys looked up, not every pod's listeners read.
     pub fn has_listener(&self, cookie: NetnsCookie) -> bool {
-        let fd = self.maps.listeners.fd().as_fd();
-        [family::IPV4, family::IPV6].into_iter().any(|family| {
-            let key = ListenerKey {
-                netns_cookie: cookie.0,
-                family,
-                _pad: 0,
-            };
-            interceptor_sys::map_has_key(fd, bytemuck::bytes_of(&key)).unwrap_or(false)
-        })
+        let key = |family| ListenerKey {
+            netns_cookie: cookie.0,
+            family,
+            _pad: 0,
+        };
+        let keys = [key(family::IPV4), key(family::IPV6)];
+        let keys = keys.each_ref().map(bytemuck::bytes_of);
+        interceptor_sys::map_has_any_key(self.maps.listeners.fd().as_fd(), &keys).unwrap_or(false)
     }
 
     pub fn counters(&self, cookie: NetnsCookie) -> Result<Option<Counters>, EbpfError> {
