@@ -271,16 +271,12 @@ impl Agent {
         let listening = self.backend.listening();
         self.backend
             .registered()
-            .filter_map(|(c, _)| self.info_with(c, &listening))
+            .filter_map(|(c, _)| self.info_checked(c, Some(&listening), Checked::Now))
             .collect()
     }
 
     pub(super) fn info(&self, cookie: NetnsCookie) -> Option<PodInfo> {
         self.info_checked(cookie, None, Checked::Now)
-    }
-
-    fn info_with(&self, cookie: NetnsCookie, listening: &BTreeSet<NetnsCookie>) -> Option<PodInfo> {
-        self.info_checked(cookie, Some(listening), Checked::Now)
     }
 
     /// `listening`: as [`Backend::details`] takes it.
@@ -294,7 +290,8 @@ impl Agent {
         let mut details = self
             .backend
             .details(cookie, listening, checked == Checked::Now)?;
-        if checked == Checked::Just && details.problem.is_none() {
+        // Not checked for the report: the check just made is in `pod_problems`.
+        if checked == Checked::Just {
             details.problem = self.pod_problems.get(&cookie).cloned();
         }
         Some(PodInfo {
