@@ -85,11 +85,11 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
     if add.takeover_iptables && backend == Backend::Ebpf {
         take_over_from_iptables(&add.netns)?;
     }
-    let mut agent = lock(agent);
-    agent.recheck(cookie);
-    // The answer's problem is the check just made: the pod's entries and link are read once;
-    // its listener is looked up alone, not every pod's read.
-    let info = agent.info_checked(cookie, None, Checked::Just);
+    // The answer's problem is the one `apply` left: none, as its writes (or its check of a pod
+    // already in force) succeeded, unless a check since found one. Reading back what was just
+    // written (the pod's 24 KiB configuration entry, its link and program) would cost a tenth of
+    // a registration and find nothing more. Its listener is looked up alone, not every pod's.
+    let info = lock(agent).info_checked(cookie, None, Checked::Just);
     Ok(info.into_iter().collect())
 }
 
@@ -98,7 +98,8 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
 enum Checked {
     /// Checked afresh for the report.
     Now,
-    /// The check the caller has just made ([`Agent::recheck`]).
+    /// The last check or change of the pod ([`Agent::recheck`], [`Agent::apply`]), kept in
+    /// `pod_problems`.
     Just,
 }
 
@@ -124,6 +125,7 @@ impl Agent {
                 && self.backend.problem(cookie).is_none()
                 && self.backend.differs(existing, None).is_none();
             if settled && existing.meta == facts.meta {
+                self.pod_problems.remove(&cookie);
                 return Ok(Applied::Nothing);
             }
             names_only = settled;
@@ -191,6 +193,8 @@ impl Agent {
             ));
         }
         self.netns_watch.watch(cookie, &record.netns, nsid);
+        // Written as configured: whatever an earlier check found is mended.
+        self.pod_problems.remove(&cookie);
         Ok(if existing.is_none() {
             Applied::NewPod
         } else {

@@ -10,7 +10,8 @@ use std::{io, os::fd::AsFd as _, os::fd::AsRawFd as _, os::fd::OwnedFd};
 
 use interceptor_sys::netns::{listen_all_nsid, recv, recv_with_nsid, route_socket, send};
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_REQUEST, NLMSG_ALIGNTO, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    NLM_F_ACK, NLM_F_ECHO, NLM_F_REQUEST, NLMSG_ALIGNTO, NetlinkHeader, NetlinkMessage,
+    NetlinkPayload,
 };
 use netlink_packet_route::{
     RouteNetlinkMessage,
@@ -22,11 +23,13 @@ use super::PodNetns;
 /// `NETNSA_NSID_NOT_ASSIGNED`: the namespace has no id in ours.
 const NOT_ASSIGNED: i32 = -1;
 
-/// The id the namespace has in the calling thread's, given one first if it has none.
+/// The id the namespace has in the calling thread's, given one first if it has none: one round
+/// trip for a namespace that has one (a pod with a veth to the node has), two for one that has
+/// not (`RTM_NEWNSID` with `NLM_F_ECHO` answers with the id it assigned, since Linux 5.6).
 pub fn nsid_of(netns: &PodNetns) -> io::Result<i32> {
     let fd = netns.file().as_raw_fd() as u32;
     let socket = route_socket(0)?;
-    match ask(&socket, RouteNetlinkMessage::GetNsId(by_fd(fd, None)))? {
+    match ask(&socket, RouteNetlinkMessage::GetNsId(by_fd(fd, None)), 0)? {
         Some(id) if id != NOT_ASSIGNED => return Ok(id),
         _ => {}
     }
@@ -34,12 +37,14 @@ pub fn nsid_of(netns: &PodNetns) -> io::Result<i32> {
     match ask(
         &socket,
         RouteNetlinkMessage::NewNsId(by_fd(fd, Some(NOT_ASSIGNED))),
+        NLM_F_ECHO,
     ) {
+        Ok(Some(id)) if id != NOT_ASSIGNED => return Ok(id),
         Ok(_) => {}
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
         Err(e) => return Err(e),
     }
-    match ask(&socket, RouteNetlinkMessage::GetNsId(by_fd(fd, None)))? {
+    match ask(&socket, RouteNetlinkMessage::GetNsId(by_fd(fd, None)), 0)? {
         Some(id) if id != NOT_ASSIGNED => Ok(id),
         _ => Err(io::Error::other(
             "the kernel assigned the namespace no id (RTM_NEWNSID)",
@@ -54,12 +59,13 @@ fn by_fd(fd: u32, id: Option<i32>) -> NsidMessage {
     message
 }
 
-/// Sends one request and reads its answer: the id a `NEWNSID` answer carries, `None` for an
-/// acknowledgement. The answer and its acknowledgement are read up to the acknowledgement, so
-/// the next request on `socket` reads its own.
-fn ask(socket: &OwnedFd, request: RouteNetlinkMessage) -> io::Result<Option<i32>> {
+/// Sends one request (with `flags` beside `NLM_F_REQUEST | NLM_F_ACK`) and reads its answer:
+/// the id a `NEWNSID` answer (or echo) carries, `None` for an acknowledgement alone. The answer
+/// and its acknowledgement are read up to the acknowledgement, so the next request on `socket`
+/// reads its own.
+fn ask(socket: &OwnedFd, request: RouteNetlinkMessage, flags: u16) -> io::Result<Option<i32>> {
     let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_ACK;
+    header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
     header.sequence_number = 1;
     let mut message = NetlinkMessage::new(header, request.into());
     message.finalize();

@@ -147,7 +147,10 @@ pub fn run(
     let pod = PodFixture::new("bench-agent");
     // Empty pods; deleted after the agent has stopped, so it does not remove them one by one.
     let mut fillers = Namespaces::new("bench-fill", 0);
-    let home = AgentHome::new(&pod.cgroup.path).with_binary(interceptor.to_owned());
+    // Its state on a tmpfs, as a node's `/run/interceptor`: a pod record is a file created.
+    let home = AgentHome::new(&pod.cgroup.path)
+        .with_binary(interceptor.to_owned())
+        .with_state_on_tmpfs();
     let log = home.log_path();
     // The periodic check at its default, as on a node.
     let agent = home.start_logged(&log, &AGENT_FLAGS);

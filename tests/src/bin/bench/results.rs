@@ -211,7 +211,7 @@ fn pods_section(sweep: &agent_sweep::PodsSweep, out_dir: &Path) -> anyhow::Resul
 fn registration_table(sweep: &agent_sweep::PodsSweep) -> String {
     let (round_trip, inside) = (&sweep.registration_ms, &sweep.agent_registration_ms);
     let mut md = format!(
-        "\nPod registration, {} pods one after another, request to interception in force: inside the agent (its log) and the round trip through the API from the bench (its JSON work included).\n\n| registrations | inside the agent p50 / p99 / max ms | round trip p50 / p99 / max ms |\n|---|---|---|\n",
+        "\nPod registration, {} pods one after another, request to interception in force: inside the agent (its log) and the round trip through the API from the bench (its JSON work included). The agent's state (socket, pod records) is on a tmpfs, as a node's `/run`.\n\n| registrations | inside the agent p50 / p99 / max ms | round trip p50 / p99 / max ms |\n|---|---|---|\n",
         round_trip.len()
     );
     let stats = |values: &[f64]| {
