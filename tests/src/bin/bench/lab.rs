@@ -16,7 +16,10 @@ use interceptor_tests::{
     scenario::Backend as _,
 };
 
-use super::load::{self, Case, Mode, Without};
+use super::{
+    idle_hooks::IdleHooks,
+    load::{self, Case, Mode, Without},
+};
 
 /// A mode's pod and what intercepts its connections.
 pub struct ModePod {
@@ -29,6 +32,8 @@ pub struct ModePod {
 
 pub enum Interception {
     None,
+    /// Only held: the programs are detached when it is dropped.
+    IdleHooks(#[allow(dead_code, reason = "held for its Drop")] IdleHooks),
     Ebpf(Meshed),
     Iptables {
         /// Only held: the chains are removed when it is dropped.
@@ -62,7 +67,7 @@ impl Lab {
     fn key(mode: Mode, ignored_ports: usize) -> (Mode, usize) {
         (
             mode,
-            if mode == Mode::Limit {
+            if matches!(mode, Mode::Limit | Mode::IdleHooks) {
                 0
             } else {
                 ignored_ports
@@ -92,6 +97,7 @@ impl Lab {
     fn create_pod(&self, mode: Mode, ignored_ports: usize) -> anyhow::Result<ModePod> {
         let slug = match mode {
             Mode::Limit => "limit",
+            Mode::IdleHooks => "idle",
             Mode::Ebpf => "ebpf",
             Mode::EbpfWithout(Without::IngressIfindex) => "ebpf-noifindex",
             Mode::IptablesLegacy => "legacy",
@@ -109,6 +115,7 @@ impl Lab {
         };
         let interception = match mode {
             Mode::Limit => Interception::None,
+            Mode::IdleHooks => Interception::IdleHooks(IdleHooks::attach(&pod)?),
             Mode::Ebpf | Mode::EbpfWithout(_) => {
                 let instance = pod.pod.name.clone();
                 let mut args = meshed::run_args(&pod, &instance);

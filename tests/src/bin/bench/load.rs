@@ -48,6 +48,9 @@ pub enum Mode {
     /// Nothing: the app (or peer) connects to the proxy itself. The same work minus
     /// interception, the limit the others are compared with.
     Limit,
+    /// Connections as in the limit, with a program that does nothing at each of eBPF
+    /// interception's hooks: its floor (`idle_hooks`).
+    IdleHooks,
     /// eBPF with the programs the loader chooses on this kernel.
     Ebpf,
     /// eBPF with the programs the loader chooses on a kernel without some features.
@@ -64,9 +67,10 @@ pub const MODES: [Mode; 4] = [
     Mode::IptablesNft,
 ];
 
-/// The modes of the headline cases: every program variant too.
-pub const HEADLINE_MODES: [Mode; 5] = [
+/// The modes of the headline cases: every program variant too, and the floor of any program.
+pub const HEADLINE_MODES: [Mode; 6] = [
     Mode::Limit,
+    Mode::IdleHooks,
     Mode::Ebpf,
     Mode::EbpfWithout(Without::IngressIfindex),
     Mode::IptablesLegacy,
@@ -77,6 +81,7 @@ impl Mode {
     pub fn name(self) -> &'static str {
         match self {
             Mode::Limit => "no interception",
+            Mode::IdleHooks => "programs doing nothing",
             Mode::Ebpf => "eBPF",
             Mode::EbpfWithout(Without::IngressIfindex) => "eBPF -ingress_ifindex",
             Mode::IptablesLegacy => "iptables-legacy",
@@ -170,7 +175,7 @@ struct Addresses {
 }
 
 fn addresses(case: &Case, mode: Mode) -> Addresses {
-    let limit = mode == Mode::Limit;
+    let limit = matches!(mode, Mode::Limit | Mode::IdleHooks);
     // Outbound, the app connects to a documentation address (the pod's remote refuses it, so a
     // connection that is not intercepted fails); inbound, to the pod's port 80, where nothing
     // listens.

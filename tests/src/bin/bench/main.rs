@@ -19,6 +19,7 @@
 //! `outside` sockets outside meshed pods, `progstats` where the eBPF time goes, `agent_sweep`
 //! the node agent's pods, `results` results.md; `run` puts them in order.
 mod agent_sweep;
+mod idle_hooks;
 mod lab;
 mod load;
 mod matrix;

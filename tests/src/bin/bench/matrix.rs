@@ -69,9 +69,16 @@ pub fn is_headline(case: &Case) -> bool {
     *case == base_case(case.direction, case.family)
 }
 
-/// The modes `case` compares: in the headline cases, the eBPF programs of older kernels too.
+/// Whether `case` is one of the one-worker cases (pinned or not, RST or FIN close, no ignored
+/// ports), which every program variant must pass: the per-variant target is about them.
+pub fn is_one_worker(case: &Case) -> bool {
+    case.workers == 1 && case.ignored_ports == 0
+}
+
+/// The modes `case` compares: in the one-worker cases, the eBPF programs of older kernels and
+/// the programs doing nothing (the floor) too.
 pub fn modes(case: &Case) -> &'static [Mode] {
-    if is_headline(case) {
+    if is_one_worker(case) {
         &HEADLINE_MODES
     } else {
         &MODES

@@ -136,13 +136,13 @@ pub fn table(results: &[&CaseResult]) -> String {
     out
 }
 
-/// In [`HEADLINE_MODES`] order: eBPF in blues, the older kernels' programs lighter.
-const COLORS: [RGBColor; 7] = [
+/// In [`HEADLINE_MODES`] order: the programs doing nothing in light grey, eBPF in blues (the
+/// older kernels' programs lighter), iptables in red and orange.
+const COLORS: [RGBColor; HEADLINE_MODES.len()] = [
     RGBColor(120, 120, 120),
+    RGBColor(190, 190, 190),
     RGBColor(31, 119, 180),
-    RGBColor(84, 160, 210),
     RGBColor(128, 190, 225),
-    RGBColor(174, 214, 238),
     RGBColor(214, 39, 40),
     RGBColor(255, 127, 14),
 ];
