@@ -115,6 +115,14 @@ unsafe fn sock_ops_addr(ctx: &SockOpsContext, ip6: *const [u32; 4], ip4_be: u32)
 /// index the original destination under the tuple the proxy's socket will see as its peer.
 #[inline(always)]
 fn index_redirected_connection(ctx: &SockOpsContext) -> Result<(), Error> {
+    // connect4/6 redirect to the proxy on loopback: a connection to anywhere else (most of those
+    // of unmeshed pods, whose sockets pass here too where the programs are attached node-wide)
+    // was not redirected, and is left before its socket is given a cookie and its slot read.
+    // SAFETY: `remote_ip6` is a four-word field of this run's context.
+    let remote = unsafe { sock_ops_addr(ctx, &raw const (*ctx.ops).remote_ip6, ctx.remote_ip4()) };
+    if !remote.is_loopback_or_unspecified() {
+        return Ok(());
+    }
     // Present only for sockets connect4/connect6 redirected.
     // SAFETY: the helper only reads this run's socket, from its context; the verifier checks
     // that sock_ops may call it and that the argument is the context.

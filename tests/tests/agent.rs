@@ -1031,6 +1031,36 @@ fn a_full_pod_table_refuses_clearly_and_changes_nothing() {
     );
 }
 
+/// A request whose handling panics inside the agent gets an answer (an `internal` refusal, not a
+/// connection closed unanswered), and the agent serves the next ones.
+#[test]
+fn a_request_that_panics_inside_the_agent_is_answered_and_the_agent_serves_on() {
+    if !privileged("a_request_that_panics_inside_the_agent_is_answered_and_the_agent_serves_on") {
+        return;
+    }
+    let fixture = PodFixture::new("agentpanic");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    // The first registration panics after its maps are written, before its record is.
+    let _agent =
+        home.wait_ready(home.spawn_armed(&[], Stdio::null(), "agent-before-record=1*panic"));
+    let out = home.add(&fixture.pod.path(), &[], &*LINKERD_FLAGS);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("Internal") && stderr(&out).contains("failed while handling"),
+        "{}",
+        stderr(&out)
+    );
+    let second = Netns::new("panic2");
+    home.mesh(&second.path(), &[]);
+    assert!(
+        home.pods()
+            .iter()
+            .any(|p| p["netns"] == second.path().display().to_string()),
+        "{:?}",
+        home.pods()
+    );
+}
+
 /// `status` and `/ready` say when interception is not in force as configured (a pod's sk_lookup
 /// link or a node link no longer pinned), and what; a new `pod add` or a restart repairs it.
 #[test]

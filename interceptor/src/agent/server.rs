@@ -62,7 +62,7 @@ pub(super) async fn serve(agent: Arc<Mutex<Agent>>, stream: UnixStream) {
                     let stream = reader.into_inner().into_inner().reunite(write);
                     match stream.map_err(|e| e.to_string()).and_then(blocking_stream) {
                         Ok(stream) => drop(tokio::task::spawn_blocking(move || {
-                            answer_blocking(stream, &handle(&agent, request));
+                            answer_blocking(stream, &handle_or_refuse(&agent, request));
                         })),
                         // Not seen: the halves are this connection's own. The client sees the
                         // connection close unanswered, as if the agent had stopped.
@@ -130,6 +130,19 @@ async fn pod_annotations(
         Ok(pod) => Response::Annotations(pod),
         Err(message) => refuse((ErrorKind::Unavailable, message)),
     }
+}
+
+/// [`handle`], with a panic while handling answered as an `internal` refusal, as the runtime
+/// answered it when requests were handled on its tasks: the client learns that its request
+/// failed instead of seeing its connection close, and the agent serves on (see `lock`).
+fn handle_or_refuse(agent: &Mutex<Agent>, request: Request) -> Response {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle(agent, request)))
+        .unwrap_or_else(|_| {
+            refuse((
+                ErrorKind::Internal,
+                "the agent failed while handling the request (its log says why)".into(),
+            ))
+        })
 }
 
 fn handle(agent: &Mutex<Agent>, request: Request) -> Response {

@@ -59,9 +59,9 @@ fn main() -> ExitCode {
     about = "Measure what interception costs per connection, eBPF next to iptables (results in target/bench/, see docs/BENCHMARKS.md). Needs root."
 )]
 struct Args {
-    /// About two minutes: outbound and inbound with one pinned worker (every program variant),
-    /// plus 3,000 ignored ports and sockets outside meshed pods; no worker/pinning/close matrix,
-    /// no pod sweep.
+    /// About three minutes: outbound and inbound with one pinned worker (every program variant
+    /// and the floor), plus 3,000 ignored ports and sockets outside meshed pods; no
+    /// worker/pinning/close matrix, no pod sweep.
     #[arg(long)]
     quick: bool,
     /// Only the node agent's pod sweep: 1, 100 and 1,000 registered pods, registration time,
