@@ -1059,6 +1059,12 @@ fn a_request_that_panics_inside_the_agent_is_answered_and_the_agent_serves_on() 
         "{:?}",
         home.pods()
     );
+    // The first pod is in force, but its record was never written: the CNI plugin's retry of
+    // the refused `pod add` writes it, so a restarted agent would restore the pod.
+    home.mesh(&fixture.pod.path(), &[]);
+    let cookie = home.pod(&fixture.pod.path())["netns_cookie"].clone();
+    let record = home.state_dir.join(format!("agent-pods/{cookie}.json"));
+    assert!(record.exists(), "{} is missing", record.display());
 }
 
 /// `status` and `/ready` say when interception is not in force as configured (a pod's sk_lookup

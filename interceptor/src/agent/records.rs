@@ -117,6 +117,11 @@ impl Records {
         fs::rename(&tmp, &path)
     }
 
+    /// Whether the pod has a record.
+    pub fn exists(&self, cookie: NetnsCookie) -> bool {
+        self.path(cookie).exists()
+    }
+
     pub fn remove(&self, cookie: NetnsCookie) -> io::Result<()> {
         match fs::remove_file(self.path(cookie)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),

@@ -125,6 +125,13 @@ impl Agent {
                 && self.backend.problem(cookie).is_none()
                 && self.backend.differs(existing, None).is_none();
             if settled && existing.meta == facts.meta {
+                // In force as asked. A record that is missing (a panic between a registration's
+                // maps and its record) is written now, so a restart restores the pod.
+                if !self.records.exists(cookie) {
+                    self.records.save(existing).map_err(|e| {
+                        (ErrorKind::Internal, format!("saving the pod record: {e}"))
+                    })?;
+                }
                 self.pod_problems.remove(&cookie);
                 return Ok(Applied::Nothing);
             }
