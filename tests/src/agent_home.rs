@@ -131,26 +131,14 @@ impl AgentHome {
     pub fn with_state_on_tmpfs(mut self) -> Self {
         std::fs::create_dir_all(&self.state_dir)
             .unwrap_or_else(|e| panic!("create {}: {e}", self.state_dir.display()));
-        use std::os::unix::ffi::OsStrExt as _;
-        let target = std::ffi::CString::new(self.state_dir.as_os_str().as_bytes())
-            .expect("a path without NUL");
-        // SAFETY: every argument is a NUL-terminated string that outlives the call.
-        let mounted = unsafe {
-            libc::mount(
-                c"tmpfs".as_ptr(),
-                target.as_ptr(),
-                c"tmpfs".as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV,
-                c"mode=0755,size=64m".as_ptr().cast(),
-            )
-        };
-        if mounted != 0 {
-            panic!(
-                "mount a tmpfs on {}: {}",
-                self.state_dir.display(),
-                std::io::Error::last_os_error()
-            );
-        }
+        nix::mount::mount(
+            Some("tmpfs"),
+            &self.state_dir,
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some("mode=0755,size=64m"),
+        )
+        .unwrap_or_else(|e| panic!("mount a tmpfs on {}: {e}", self.state_dir.display()));
         self.state_on_tmpfs = true;
         self
     }
@@ -381,11 +369,7 @@ impl Drop for AgentHome {
             .args(self.location())
             .output();
         if self.state_on_tmpfs {
-            use std::os::unix::ffi::OsStrExt as _;
-            if let Ok(target) = std::ffi::CString::new(self.state_dir.as_os_str().as_bytes()) {
-                // SAFETY: `target` is a NUL-terminated string that outlives the call.
-                unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
-            }
+            let _ = nix::mount::umount2(&self.state_dir, nix::mount::MntFlags::MNT_DETACH);
         }
         let _ = std::fs::remove_dir_all(&self.state_dir);
         let _ = std::fs::remove_file(self.log_path());

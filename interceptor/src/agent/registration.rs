@@ -301,7 +301,7 @@ impl Agent {
         let mut details = self
             .backend
             .details(cookie, listening, checked == Checked::Now)?;
-        // Not checked for the report: the check just made is in `pod_problems`.
+        // Not checked for the report: the last check or change left its problem in `pod_problems`.
         if checked == Checked::Just {
             details.problem = self.pod_problems.get(&cookie).cloned();
         }

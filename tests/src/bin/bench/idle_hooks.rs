@@ -1,7 +1,7 @@
 //! The floor of eBPF interception: a program that does nothing (returns "go on") at each hook
 //! the interceptor uses, on a pod of its own. Connections go to the proxy directly, as in the
 //! limit, so what it costs beyond the limit is the kernel's price for running programs at those
-//! hooks at all: connect4/6, sock_ops (about nine callbacks per connection), getsockopt and
+//! hooks at all: connect4/6, sock_ops (about ten callbacks per connection), getsockopt and
 //! the pod's sk_lookup. No program of ours can cost less.
 use std::{
     fs::File,

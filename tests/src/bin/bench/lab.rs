@@ -62,17 +62,10 @@ impl Lab {
         }
     }
 
-    /// The key of a mode's pod: the limit ignores nothing whatever the case, one pod serves
-    /// every case.
+    /// The key of a mode's pod: the limit and the floor ignore nothing whatever the case, one
+    /// pod each serves every case.
     fn key(mode: Mode, ignored_ports: usize) -> (Mode, usize) {
-        (
-            mode,
-            if matches!(mode, Mode::Limit | Mode::IdleHooks) {
-                0
-            } else {
-                ignored_ports
-            },
-        )
+        (mode, if mode.redirects() { ignored_ports } else { 0 })
     }
 
     /// A pod [`Self::pod`] already created.

@@ -89,6 +89,12 @@ impl Mode {
         }
     }
 
+    /// Whether the mode's pod sends connections to the proxy (the others' go there directly, and
+    /// have no configuration, ignored ports included).
+    pub fn redirects(self) -> bool {
+        !matches!(self, Mode::Limit | Mode::IdleHooks)
+    }
+
     pub fn is_ebpf(self) -> bool {
         matches!(self, Mode::Ebpf | Mode::EbpfWithout(_))
     }
@@ -175,7 +181,7 @@ struct Addresses {
 }
 
 fn addresses(case: &Case, mode: Mode) -> Addresses {
-    let limit = matches!(mode, Mode::Limit | Mode::IdleHooks);
+    let limit = !mode.redirects();
     // Outbound, the app connects to a documentation address (the pod's remote refuses it, so a
     // connection that is not intercepted fails); inbound, to the pod's port 80, where nothing
     // listens.
