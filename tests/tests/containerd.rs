@@ -1318,6 +1318,9 @@ fn containerd_a_primary_rewriting_its_conflist_while_pods_start_ends_with_every_
         let held = round < 2;
         if held {
             nix::sys::signal::kill(installer_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+            // kill() returns before the installer has stopped: until it has, it may still act
+            // on an event queued from the last round, see our rewrite and chain the plugin again.
+            wait_stopped(installer_pid);
             node.unchain();
         } else {
             let mut list: Value =
@@ -1388,4 +1391,22 @@ fn containerd_a_primary_rewriting_its_conflist_while_pods_start_ends_with_every_
     wait_registered(&node, &expected);
     let _ = installer.kill();
     let _ = installer.wait();
+}
+
+/// Waits until process `pid` is stopped (state `T` in `/proc/PID/stat`).
+fn wait_stopped(pid: nix::unistd::Pid) {
+    let path = format!("/proc/{pid}/stat");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let stat = std::fs::read_to_string(&path).unwrap_or_default();
+        // The state follows the command name, which may hold spaces and parentheses.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next());
+        if state == Some("T") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{pid} never stopped: {stat:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
