@@ -3,14 +3,68 @@
 //! limit, so what it costs beyond the limit is the kernel's price for running programs at those
 //! hooks at all: connect4/6, sock_ops (about ten callbacks per connection), getsockopt and
 //! the pod's sk_lookup. No program of ours can cost less.
+//!
+//! [`Watch::Close`] adds what answering `SO_ORIGINAL_DST` for a connection's whole life without
+//! conntrack needs at the least: the proxy side of a connection on loopback (an outbound one)
+//! asks for its state changes when established, as ours does to free its entry when it closes,
+//! and sock_ops then runs for each of them (one more call with RST close, three with FIN).
 use std::{
     fs::File,
     os::fd::{AsFd as _, OwnedFd},
 };
 
 use anyhow::Context as _;
-use interceptor_sys::{ProgLoad, bpf_attach_type, bpf_prog_type, insn};
+use interceptor_sys::{ProgLoad, bpf_attach_type, bpf_insn, bpf_prog_type, insn};
 use interceptor_tests::PodFixture;
+
+/// Whether the idle sock_ops program asks for the state changes of redirected connections.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+pub enum Watch {
+    Nothing,
+    Close,
+}
+
+/// `struct bpf_sock_ops` offsets and values the watching program uses.
+const OPS_OP: i16 = 0;
+const OPS_LOCAL_IP4: i16 = 28;
+const OPS_LOCAL_IP6: i16 = 48;
+const PASSIVE_ESTABLISHED_CB: i32 = 5;
+const STATE_CB_FLAG: i32 = 4;
+const FUNC_SOCK_OPS_CB_FLAGS_SET: i32 = 59;
+/// 127.0.0.1 and the last word of ::1 as the context holds them (network order), read as u32.
+const LOCALHOST_BE: i32 = i32::from_ne_bytes([127, 0, 0, 1]);
+const IP6_LOOPBACK_LAST_BE: i32 = i32::from_ne_bytes([0, 0, 0, 1]);
+
+/// sock_ops for [`Watch::Close`]: at a passive establishment on 127.0.0.1 or ::1 (where
+/// connect4/6 send redirected connections), set `BPF_SOCK_OPS_STATE_CB_FLAG`; go on.
+fn watching_sock_ops() -> Vec<bpf_insn> {
+    const LDX_W: u8 = 0x61; // r_dst = *(u32 *)(r_src + off)
+    const JNE_K: u8 = 0x55;
+    const JEQ_K: u8 = 0x15;
+    const MOV_K: u8 = 0xb7;
+    const CALL: u8 = 0x85;
+    const EXIT: u8 = 0x95;
+    vec![
+        insn(LDX_W, 2, 1, OPS_OP, 0),
+        insn(JNE_K, 2, 0, 11, PASSIVE_ESTABLISHED_CB), // -> go on
+        insn(LDX_W, 2, 1, OPS_LOCAL_IP4, 0),
+        insn(JEQ_K, 2, 0, 7, LOCALHOST_BE), // -> watch
+        insn(LDX_W, 2, 1, OPS_LOCAL_IP6, 0),
+        insn(JNE_K, 2, 0, 7, 0),
+        insn(LDX_W, 2, 1, OPS_LOCAL_IP6 + 4, 0),
+        insn(JNE_K, 2, 0, 5, 0),
+        insn(LDX_W, 2, 1, OPS_LOCAL_IP6 + 8, 0),
+        insn(JNE_K, 2, 0, 3, 0),
+        insn(LDX_W, 2, 1, OPS_LOCAL_IP6 + 12, 0),
+        insn(JNE_K, 2, 0, 1, IP6_LOOPBACK_LAST_BE),
+        // watch: r1 is still the context.
+        insn(MOV_K, 2, 0, 0, STATE_CB_FLAG),
+        insn(CALL, 0, 0, 0, FUNC_SOCK_OPS_CB_FLAGS_SET),
+        // go on
+        insn(MOV_K, 0, 0, 0, 1),
+        insn(EXIT, 0, 0, 0, 0),
+    ]
+}
 
 /// The links of the idle programs; dropping them detaches the programs.
 pub struct IdleHooks {
@@ -18,7 +72,7 @@ pub struct IdleHooks {
 }
 
 impl IdleHooks {
-    pub fn attach(pod: &PodFixture) -> anyhow::Result<Self> {
+    pub fn attach(pod: &PodFixture, watch: Watch) -> anyhow::Result<Self> {
         let cgroup = File::open(&pod.cgroup.path)
             .with_context(|| format!("opening {}", pod.cgroup.path.display()))?;
         let netns = File::open(pod.pod.path())
@@ -45,14 +99,23 @@ impl IdleHooks {
             (pt::BPF_PROG_TYPE_SK_LOOKUP, Some(at::BPF_SK_LOOKUP), &netns),
         ];
         // `r0 = 1; exit`: allow the connect, keep the socket option's answer, pass the lookup on.
-        let go_on = [insn(0xb7, 0, 0, 0, 1), insn(0x95, 0, 0, 0, 0)];
+        let go_on = vec![insn(0xb7, 0, 0, 0, 1), insn(0x95, 0, 0, 0, 0)];
+        let sock_ops = match watch {
+            Watch::Nothing => go_on.clone(),
+            Watch::Close => watching_sock_ops(),
+        };
         let mut links = Vec::new();
         for (prog_type, expected, target) in hooks {
+            let insns = if prog_type == pt::BPF_PROG_TYPE_SOCK_OPS {
+                &sock_ops
+            } else {
+                &go_on
+            };
             let prog = interceptor_sys::prog_load(&ProgLoad {
                 prog_type,
                 expected_attach_type: expected,
                 name: "bench_idle",
-                insns: &go_on,
+                insns,
                 license: c"GPL",
             })
             .with_context(|| format!("loading an idle {prog_type:?} program"))?;

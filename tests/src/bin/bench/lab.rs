@@ -1,11 +1,18 @@
 //! The bench's pods: one per (mode, ignored ports), each set up once for its mode and never
 //! switched, so no mode inherits another's state (iptables leaves conntrack behind in a
 //! namespace).
-use std::{any::Any, collections::BTreeMap, path::PathBuf, process::Stdio};
+use std::{
+    any::Any,
+    collections::BTreeMap,
+    net::{Ipv6Addr, SocketAddr},
+    path::PathBuf,
+    process::Stdio,
+};
 
 use anyhow::Context as _;
 use interceptor::{
     config::InterceptionConfig, ebpf::features::FEATURES_ENV, iptables::IptablesMode,
+    netns::PodNetns,
 };
 use interceptor_tests::{
     Cgroup, PodFixture,
@@ -15,9 +22,10 @@ use interceptor_tests::{
     probe::sibling_binary,
     scenario::Backend as _,
 };
+use socket2::{Domain, Protocol, Socket, Type};
 
 use super::{
-    idle_hooks::IdleHooks,
+    idle_hooks::{IdleHooks, Watch},
     load::{self, Case, Mode, Without},
 };
 
@@ -28,6 +36,8 @@ pub struct ModePod {
     pub pod: PodFixture,
     /// With eBPF, the variants the loader chose where a hook has several (see [`variants`]).
     pub variants: Option<String>,
+    /// Only held: the pod's app port, bound (see [`bind_app_port`]).
+    _app_port: Socket,
 }
 
 pub enum Interception {
@@ -90,13 +100,15 @@ impl Lab {
     fn create_pod(&self, mode: Mode, ignored_ports: usize) -> anyhow::Result<ModePod> {
         let slug = match mode {
             Mode::Limit => "limit",
-            Mode::IdleHooks => "idle",
+            Mode::IdleHooks(Watch::Nothing) => "idle",
+            Mode::IdleHooks(Watch::Close) => "idle-watch",
             Mode::Ebpf => "ebpf",
             Mode::EbpfWithout(Without::IngressIfindex) => "ebpf-noifindex",
             Mode::IptablesLegacy => "legacy",
             Mode::IptablesNft => "nft",
         };
         let pod = PodFixture::new(&format!("bench-{slug}-{ignored_ports}"));
+        let app_port = bind_app_port(&pod)?;
         let mut flags: Vec<String> = PROXY_FLAGS.map(String::from).to_vec();
         flags.extend(ignore_flags(ignored_ports));
         let iptables = |mode| -> anyhow::Result<Interception> {
@@ -108,7 +120,7 @@ impl Lab {
         };
         let interception = match mode {
             Mode::Limit => Interception::None,
-            Mode::IdleHooks => Interception::IdleHooks(IdleHooks::attach(&pod)?),
+            Mode::IdleHooks(watch) => Interception::IdleHooks(IdleHooks::attach(&pod, watch)?),
             Mode::Ebpf | Mode::EbpfWithout(_) => {
                 let instance = pod.pod.name.clone();
                 let mut args = meshed::run_args(&pod, &instance);
@@ -137,6 +149,7 @@ impl Lab {
             interception,
             pod,
             variants,
+            _app_port: app_port,
         })
     }
 
@@ -157,6 +170,26 @@ impl Lab {
             seconds,
         )
     }
+}
+
+/// Binds the port inbound clients connect to, [`load::APP_PORT`], on every address of the
+/// pod, as the app a meshed pod runs has it bound: the kernel keeps one bind bucket per port
+/// and namespace, which a connection steered from that port to the proxy's listener joins.
+/// With the port unbound, sk_lookup's steering made and freed a bucket for each connection
+/// (`__inet_inherit_port`), a cost no pod serving the port has. The socket does not listen,
+/// so a connection that steering missed is still refused, never answered.
+fn bind_app_port(pod: &PodFixture) -> anyhow::Result<Socket> {
+    let netns = PodNetns::open(&pod.pod.path())?;
+    let bound = netns.run_inside(|| {
+        Ok((|| {
+            let socket = Socket::new(Domain::IPV6, Type::STREAM, Some(Protocol::TCP))?;
+            socket.set_only_v6(false)?;
+            let any = SocketAddr::from((Ipv6Addr::UNSPECIFIED, load::APP_PORT));
+            socket.bind(&any.into())?;
+            Ok::<_, std::io::Error>(socket)
+        })())
+    })?;
+    bound.with_context(|| format!("binding port {} in {}", load::APP_PORT, pod.pod.name))
 }
 
 /// `n` ports in both ignore lists: even ports from 10000, so none can merge into a range (one

@@ -2,6 +2,7 @@
 //! up for one mode, and what it measured.
 use std::{fmt, path::Path, process::Command};
 
+use super::idle_hooks::Watch;
 use anyhow::{Context as _, ensure};
 use interceptor_tests::{
     PodFixture,
@@ -49,8 +50,9 @@ pub enum Mode {
     /// interception, the limit the others are compared with.
     Limit,
     /// Connections as in the limit, with a program that does nothing at each of eBPF
-    /// interception's hooks: its floor (`idle_hooks`).
-    IdleHooks,
+    /// interception's hooks: its floor (`idle_hooks`); with [`Watch::Close`], the floor of any
+    /// interception that answers `SO_ORIGINAL_DST` until the proxy's socket closes.
+    IdleHooks(Watch),
     /// eBPF with the programs the loader chooses on this kernel.
     Ebpf,
     /// eBPF with the programs the loader chooses on a kernel without some features.
@@ -68,9 +70,10 @@ pub const MODES: [Mode; 4] = [
 ];
 
 /// The modes of the headline cases: every program variant too, and the floor of any program.
-pub const HEADLINE_MODES: [Mode; 6] = [
+pub const HEADLINE_MODES: [Mode; 7] = [
     Mode::Limit,
-    Mode::IdleHooks,
+    Mode::IdleHooks(Watch::Nothing),
+    Mode::IdleHooks(Watch::Close),
     Mode::Ebpf,
     Mode::EbpfWithout(Without::IngressIfindex),
     Mode::IptablesLegacy,
@@ -81,7 +84,8 @@ impl Mode {
     pub fn name(self) -> &'static str {
         match self {
             Mode::Limit => "no interception",
-            Mode::IdleHooks => "programs doing nothing",
+            Mode::IdleHooks(Watch::Nothing) => "programs doing nothing",
+            Mode::IdleHooks(Watch::Close) => "programs doing nothing, watching close",
             Mode::Ebpf => "eBPF",
             Mode::EbpfWithout(Without::IngressIfindex) => "eBPF -ingress_ifindex",
             Mode::IptablesLegacy => "iptables-legacy",
@@ -92,7 +96,7 @@ impl Mode {
     /// Whether the mode's pod sends connections to the proxy (the others' go there directly, and
     /// have no configuration, ignored ports included).
     pub fn redirects(self) -> bool {
-        !matches!(self, Mode::Limit | Mode::IdleHooks)
+        !matches!(self, Mode::Limit | Mode::IdleHooks(_))
     }
 
     pub fn is_ebpf(self) -> bool {
@@ -180,11 +184,15 @@ struct Addresses {
     expect: Option<String>,
 }
 
+/// The pod's app port, where inbound clients connect: the app has it bound (see
+/// `lab::bind_app_port`).
+pub const APP_PORT: u16 = 80;
+
 fn addresses(case: &Case, mode: Mode) -> Addresses {
     let limit = !mode.redirects();
     // Outbound, the app connects to a documentation address (the pod's remote refuses it, so a
-    // connection that is not intercepted fails); inbound, to the pod's port 80, where nothing
-    // listens.
+    // connection that is not intercepted fails); inbound, to the pod's port 80, which the app
+    // has bound but where nothing listens.
     let (listen, v6only, direct, redirected) = match (case.direction, case.family) {
         (Direction::Outbound, Family::Ipv4) => (
             "127.0.0.1:4140",
@@ -208,19 +216,19 @@ fn addresses(case: &Case, mode: Mode) -> Addresses {
             "0.0.0.0:4143",
             false,
             format!("{POD_ADDR}:4143"),
-            format!("{POD_ADDR}:80"),
+            format!("{POD_ADDR}:{APP_PORT}"),
         ),
         (Direction::Inbound, Family::Ipv4Mapped) => (
             "0.0.0.0:4143",
             false,
             format!("[::ffff:{POD_ADDR}]:4143"),
-            format!("[::ffff:{POD_ADDR}]:80"),
+            format!("[::ffff:{POD_ADDR}]:{APP_PORT}"),
         ),
         (Direction::Inbound, Family::Ipv6) => (
             "[::]:4143",
             true,
             format!("[{POD_ADDR6}]:4143"),
-            format!("[{POD_ADDR6}]:80"),
+            format!("[{POD_ADDR6}]:{APP_PORT}"),
         ),
     };
     // The proxy sees an IPv4-mapped client's connection as plain IPv4.
@@ -529,7 +537,7 @@ mod tests {
         );
         assert_eq!(
             expect(Direction::Inbound, Family::Ipv6),
-            Some(format!("[{POD_ADDR6}]:80"))
+            Some(format!("[{POD_ADDR6}]:{APP_PORT}"))
         );
         assert_eq!(
             addresses(&case(Direction::Outbound, Family::Ipv6), Mode::Limit).expect,

@@ -136,11 +136,12 @@ pub fn table(results: &[&CaseResult]) -> String {
     out
 }
 
-/// In [`HEADLINE_MODES`] order: the programs doing nothing in light grey, eBPF in blues (the
+/// In [`HEADLINE_MODES`] order: the programs doing nothing in light greys, eBPF in blues (the
 /// older kernels' programs lighter), iptables in red and orange.
 const COLORS: [RGBColor; HEADLINE_MODES.len()] = [
     RGBColor(120, 120, 120),
-    RGBColor(190, 190, 190),
+    RGBColor(210, 210, 210),
+    RGBColor(165, 165, 165),
     RGBColor(31, 119, 180),
     RGBColor(128, 190, 225),
     RGBColor(214, 39, 40),
