@@ -394,10 +394,14 @@ pub fn measure_interleaved(
     Ok(samples)
 }
 
-/// connload `processes` (each a name for errors and its command line, without the ring's
-/// arguments) at once, taking turns in slices of 20 ms for `seconds` in all: a ring of FIFOs
-/// passes the turn on (see connload's `ring`). Whatever else the machine does in a moment falls
-/// on all of them alike, which timed runs one after the other cannot give on a shared machine.
+/// connload `processes` (each a name for errors and its command line, without the turn's
+/// arguments) at once, taking turns in slices of 20 ms for `seconds` in all: the bench hands
+/// each process its turn through a FIFO and waits on another for the turn to come back (see
+/// connload's `ring`). Whatever else the machine does in a moment falls on all of them alike,
+/// which timed runs one after the other cannot give on a shared machine. Every round takes the
+/// processes in a new random order, so no mode always follows the same one: a mode after one
+/// whose slice left the CPU idle (iptables' connects waiting on a SYN retransmission with FIN
+/// close) or its caches cold would otherwise carry that in every sample.
 /// The slices are grouped into `repetitions` samples per process, in order (their `conntrack`
 /// is left at 0).
 pub fn interleave(
@@ -407,31 +411,33 @@ pub fn interleave(
 ) -> anyhow::Result<Vec<Vec<Sample>>> {
     let dir = std::env::temp_dir().join(interceptor_tests::unique_name("bench-ring"));
     std::fs::create_dir_all(&dir)?;
-    let fifo = |i: usize| dir.join(format!("turn-{i}"));
-    for i in 0..=processes.len() {
-        let path = std::ffi::CString::new(fifo(i).as_os_str().as_encoded_bytes())?;
-        let _ = std::fs::remove_file(fifo(i));
-        // SAFETY: a valid NUL-terminated path.
-        ensure!(
-            unsafe { libc::mkfifo(path.as_ptr(), 0o600) } == 0,
-            "mkfifo {}: {}",
-            fifo(i).display(),
-            std::io::Error::last_os_error()
-        );
+    // Process i's turn comes on `turn-i-in` and goes back on `turn-i-out`.
+    let fifo = |i: usize, way: &str| dir.join(format!("turn-{i}-{way}"));
+    for i in 0..processes.len() {
+        for way in ["in", "out"] {
+            let path = std::ffi::CString::new(fifo(i, way).as_os_str().as_encoded_bytes())?;
+            // SAFETY: a valid NUL-terminated path.
+            ensure!(
+                unsafe { libc::mkfifo(path.as_ptr(), 0o600) } == 0,
+                "mkfifo {}: {}",
+                fifo(i, way).display(),
+                std::io::Error::last_os_error()
+            );
+        }
     }
-    let result = run_ring(processes, seconds, repetitions, &fifo);
+    let result = run_turns(processes, seconds, repetitions, &fifo);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
-fn run_ring(
+fn run_turns(
     processes: Vec<(String, Command)>,
     seconds: f64,
     repetitions: usize,
-    fifo: &dyn Fn(usize) -> std::path::PathBuf,
+    fifo: &dyn Fn(usize, &str) -> std::path::PathBuf,
 ) -> anyhow::Result<Vec<Vec<Sample>>> {
     use std::io::{BufRead as _, Read as _, Write as _};
-    /// The mode processes, killed if the ring fails half-way: they would wait for their turn
+    /// The mode processes, killed if the run fails half-way: they would wait for their turn
     /// for ever.
     struct Children(
         Vec<(
@@ -448,13 +454,12 @@ fn run_ring(
         }
     }
     let mut children = Children(Vec::new());
-    let count = processes.len();
     let mut names = Vec::new();
     for (i, (name, mut cmd)) in processes.into_iter().enumerate() {
         cmd.arg("--ring-in")
-            .arg(fifo(i))
+            .arg(fifo(i, "in"))
             .arg("--ring-out")
-            .arg(fifo(i + 1))
+            .arg(fifo(i, "out"))
             .args(["--slice-ms", &SLICE_MS.to_string()])
             .stdout(std::process::Stdio::piped());
         let mut child = cmd.spawn().context("starting connload")?;
@@ -465,21 +470,33 @@ fn run_ring(
         ensure!(line.trim() == "ready", "connload for {name} did not start");
         names.push(name);
     }
+    // Read and write: opening a FIFO one way only would wait for the other end.
     let open = |path: std::path::PathBuf| {
         std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .open(path)
     };
-    let (mut head, mut tail) = (open(fifo(0))?, open(fifo(count))?);
-    let started = std::time::Instant::now();
+    let mut turns = (0..names.len())
+        .map(|i| Ok((open(fifo(i, "in"))?, open(fifo(i, "out"))?)))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut order: Vec<usize> = (0..turns.len()).collect();
+    // A fixed seed: two runs take the same orders.
+    let mut rng = fastrand::Rng::with_seed(0x5eed);
     let mut token = [0u8];
+    let started = std::time::Instant::now();
     while started.elapsed().as_secs_f64() < seconds {
-        head.write_all(b"t")?;
-        tail.read_exact(&mut token)?;
+        rng.shuffle(&mut order);
+        for &i in &order {
+            let (give, back) = &mut turns[i];
+            give.write_all(b"t")?;
+            back.read_exact(&mut token)?;
+        }
     }
-    head.write_all(b"q")?;
-    tail.read_exact(&mut token)?;
+    for (give, back) in &mut turns {
+        give.write_all(b"q")?;
+        back.read_exact(&mut token)?;
+    }
 
     let mut samples = Vec::new();
     for (name, (child, stdout)) in names.iter().zip(&mut children.0) {
