@@ -65,7 +65,7 @@ struct Args {
     cpu: Option<usize>,
     seconds: f64,
     close: Close,
-    /// Slices handed in on the first FIFO and passed on to the second: see `ring`.
+    /// Slices handed in on the first FIFO and handed back on the second: see `ring`.
     ring: Option<(PathBuf, PathBuf)>,
     slice_ms: f64,
 }
@@ -390,11 +390,11 @@ fn timed_run(listener: RawFd, args: &Arc<Args>) -> (f64, f64, Vec<Tally>, Vec<[f
     )
 }
 
-/// One process per mode sits in a ring of FIFOs, the bench at its head: a `t` on `input` is
+/// One process per mode, each with its own pair of FIFOs to the bench: a `t` on `input` is
 /// this process's turn, a slice of `--slice-ms` in which its workers connect; then the `t` goes
-/// on to `output`, to the next mode. A `q` goes round once and ends every process. The modes thus
-/// alternate every few tens of milliseconds, and whatever else the machine does lands on all of
-/// them alike. Returns (seconds in slices, CPU seconds, tallies, per slice [connections,
+/// back on `output`, and the bench gives the next mode its turn (in an order it shuffles every
+/// round). A `q` ends the process, which answers with a `q`. The modes thus alternate every few
+/// tens of milliseconds, and whatever else the machine does lands on all of them alike. Returns (seconds in slices, CPU seconds, tallies, per slice [connections,
 /// seconds, CPU seconds]).
 fn ring(
     listener: RawFd,
