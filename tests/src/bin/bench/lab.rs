@@ -33,11 +33,12 @@ use super::{
 pub struct ModePod {
     /// Detached before the pod is removed.
     pub interception: Interception,
+    /// Only held: the pod's app port, bound (see [`bind_app_port`]); closed before the pod is
+    /// removed.
+    _app_port: Socket,
     pub pod: PodFixture,
     /// With eBPF, the variants the loader chose where a hook has several (see [`variants`]).
     pub variants: Option<String>,
-    /// Only held: the pod's app port, bound (see [`bind_app_port`]).
-    _app_port: Socket,
 }
 
 pub enum Interception {
@@ -147,9 +148,9 @@ impl Lab {
         };
         Ok(ModePod {
             interception,
+            _app_port: app_port,
             pod,
             variants,
-            _app_port: app_port,
         })
     }
 
