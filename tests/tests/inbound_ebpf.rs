@@ -63,7 +63,13 @@ fn without_a_listening_proxy_inbound_fails_closed_then_steers_once_it_listens() 
     assert_steered(&client.connect("10.77.0.1:80"), "10.77.0.1:80");
     assert!(node.pods().has_listener(cookie));
     let counters = node.pods().counters(cookie).unwrap().unwrap();
-    assert_eq!(counters.get(Decision::InboundNoListener), 1);
+    // A lookup per SYN: one the client sent again before the refusal reached it is counted
+    // again (2 was seen once, on 6.1 under QEMU).
+    let refused = counters.get(Decision::InboundNoListener);
+    assert!(
+        (1..=2).contains(&refused),
+        "{refused} lookups without a listener"
+    );
     assert_eq!(counters.get(Decision::Steered), 1);
     assert_eq!(counters.get(Decision::InboundIgnoredPort), 1);
 }
