@@ -20,8 +20,9 @@ use std::{
 };
 
 pub use aya_obj::generated::{
-    BPF_CMPXCHG, BPF_F_ALLOW_MULTI, BPF_PSEUDO_MAP_FD, bpf_attach_type, bpf_func_id, bpf_insn,
-    bpf_link_type, bpf_map_type, bpf_prog_type,
+    BPF_CMPXCHG, BPF_F_ALLOW_MULTI, BPF_PSEUDO_MAP_FD, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
+    BPF_SOCK_OPS_STATE_CB_FLAG, bpf_attach_type, bpf_func_id, bpf_insn, bpf_link_type,
+    bpf_map_type, bpf_prog_type,
 };
 use aya_obj::generated::{
     BPF_OBJ_NAME_LEN, bpf_attr, bpf_cmd, bpf_link_info, bpf_map_info, bpf_prog_info, bpf_stats_type,

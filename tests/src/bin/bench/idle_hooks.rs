@@ -14,7 +14,10 @@ use std::{
 };
 
 use anyhow::Context as _;
-use interceptor_sys::{ProgLoad, bpf_attach_type, bpf_insn, bpf_prog_type, insn};
+use interceptor_sys::{
+    BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB_FLAG, ProgLoad, bpf_attach_type,
+    bpf_func_id, bpf_insn, bpf_prog_type, insn,
+};
 use interceptor_tests::PodFixture;
 
 /// Whether the idle sock_ops program asks for the state changes of redirected connections.
@@ -24,13 +27,14 @@ pub enum Watch {
     Close,
 }
 
-/// `struct bpf_sock_ops` offsets and values the watching program uses.
+/// `struct bpf_sock_ops` offsets the watching program reads (the uapi struct is not among the
+/// generated bindings).
 const OPS_OP: i16 = 0;
 const OPS_LOCAL_IP4: i16 = 28;
 const OPS_LOCAL_IP6: i16 = 48;
-const PASSIVE_ESTABLISHED_CB: i32 = 5;
-const STATE_CB_FLAG: i32 = 4;
-const FUNC_SOCK_OPS_CB_FLAGS_SET: i32 = 59;
+const PASSIVE_ESTABLISHED_CB: i32 = BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB as i32;
+const STATE_CB_FLAG: i32 = BPF_SOCK_OPS_STATE_CB_FLAG as i32;
+const FUNC_SOCK_OPS_CB_FLAGS_SET: i32 = bpf_func_id::BPF_FUNC_sock_ops_cb_flags_set as i32;
 /// 127.0.0.1 and the last word of ::1 as the context holds them (network order), read as u32.
 const LOCALHOST_BE: i32 = i32::from_ne_bytes([127, 0, 0, 1]);
 const IP6_LOOPBACK_LAST_BE: i32 = i32::from_ne_bytes([0, 0, 0, 1]);
