@@ -676,14 +676,14 @@ impl AgentPod {
         }
     }
 
-    /// `podman kube play` (again, replacing the pod, with `replace`); returns once the agent
-    /// answers its API and the installer has chained the plugin.
+    /// `podman kube play` (again, after removing the pod, with `replace`); returns once the
+    /// agent answers its API and the installer has chained the plugin.
     fn play(&self, replace: bool) {
+        if replace {
+            self.remove_pod();
+        }
         let mut cmd = self.podman.command(&["kube", "play", "--configmap"]);
         cmd.arg(&self.configmap);
-        if replace {
-            cmd.arg("--replace");
-        }
         run(cmd.arg(&self.yaml), None);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while interceptor::agent::api::call(
@@ -701,6 +701,29 @@ impl AgentPod {
                 );
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+
+    /// `podman pod rm -f`, tried again while podman's own clean-up of a killed container still
+    /// holds its `shm` mount: removal then fails with EBUSY (podman's known "unlinkat/EBUSY"
+    /// race, containers/podman#11594, #17216), as `kube play --replace` did once in CI.
+    fn remove_pod(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let out = self
+                .podman
+                .command(&["pod", "rm", "--force", "--time", "0"])
+                .arg(self.pod_name())
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            if out.status.success() {
+                return;
+            }
+            if !stderr.contains("device or resource busy") || std::time::Instant::now() > deadline {
+                panic!("podman pod rm: {stderr}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
         }
     }
 
