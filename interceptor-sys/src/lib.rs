@@ -591,6 +591,34 @@ pub fn limit_malloc_arenas(arenas: i32) -> bool {
     unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) == 1 }
 }
 
+/// Grows this process's table of file descriptors to hold at least `fds` of them, so that
+/// opening descriptor number `fds - 1` later does not grow it. The kernel grows the table by
+/// doubling when a descriptor does not fit, and in a process of more than one thread each
+/// growth waits for an RCU grace period (`expand_fdtable` -> `synchronize_rcu`): 10 to 40 ms
+/// here, paid by whichever call opened the descriptor. The table never shrinks. `any` is a
+/// descriptor to duplicate (the duplicate is closed at once); `fds` must not exceed the soft
+/// `RLIMIT_NOFILE`, else `EINVAL`.
+pub fn grow_fd_table(any: BorrowedFd<'_>, fds: u32) -> io::Result<()> {
+    let Some(highest) = fds.checked_sub(1) else {
+        return Ok(());
+    };
+    // SAFETY: F_DUPFD_CLOEXEC duplicates `any` onto the lowest free descriptor >= `highest`,
+    // growing the table to hold it, and returns it (or -1).
+    let fd = unsafe {
+        libc::fcntl(
+            any.as_raw_fd(),
+            libc::F_DUPFD_CLOEXEC,
+            highest as libc::c_int,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned to this function, and nothing else knows it.
+    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -600,6 +628,28 @@ mod tests {
         let i = insn(asm::MOV64_REG, 6, 1, -4, 7);
         assert_eq!((i.dst_reg(), i.src_reg(), i.off, i.imm), (6, 1, -4, 7));
         assert_eq!(size_of::<bpf_insn>(), 8);
+    }
+
+    #[test]
+    fn the_descriptor_table_is_grown_and_the_duplicate_closed() {
+        let fd_table = || {
+            std::fs::read_to_string("/proc/self/status")
+                .unwrap()
+                .lines()
+                .find_map(|l| l.strip_prefix("FDSize:"))
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .unwrap()
+        };
+        use std::os::fd::AsFd as _;
+        let root = std::fs::File::open("/").unwrap();
+        // 1,024 is the smallest soft limit a process is given.
+        grow_fd_table(root.as_fd(), 1000).unwrap();
+        assert!(fd_table() >= 1000, "{}", fd_table());
+        assert!(
+            !Path::new("/proc/self/fd/999").exists(),
+            "the duplicate is closed"
+        );
+        grow_fd_table(root.as_fd(), 0).unwrap();
     }
 
     #[test]

@@ -106,6 +106,8 @@ pub struct AgentHome {
     pub env: Vec<(String, String)>,
     /// Whether `state_dir` is a tmpfs of its own ([`Self::with_state_on_tmpfs`]).
     state_on_tmpfs: bool,
+    /// The open-files limit (soft, hard) the agent starts with ([`Self::with_open_files_limit`]).
+    open_files_limit: Option<(u64, u64)>,
 }
 
 impl AgentHome {
@@ -120,6 +122,7 @@ impl AgentHome {
             binary: interceptor_bin(),
             env: Vec::new(),
             state_on_tmpfs: false,
+            open_files_limit: None,
         }
     }
 
@@ -147,6 +150,13 @@ impl AgentHome {
     /// to take away what the eBPF programs need).
     pub fn with_env(mut self, key: &str, value: &str) -> Self {
         self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Starts the agent with this open-files limit (`RLIMIT_NOFILE`, soft and hard), as a
+    /// container runtime would.
+    pub fn with_open_files_limit(mut self, soft: u64, hard: u64) -> Self {
+        self.open_files_limit = Some((soft, hard));
         self
     }
 
@@ -230,7 +240,17 @@ impl AgentHome {
         } else {
             &["--cgroup", cgroup.as_str()][..]
         };
-        let child = Command::new(&self.binary)
+        let mut cmd = Command::new(&self.binary);
+        if let Some((soft, hard)) = self.open_files_limit {
+            use nix::sys::resource::{Resource, setrlimit};
+            // SAFETY: setrlimit is async-signal-safe, and the closure touches nothing else.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                    setrlimit(Resource::RLIMIT_NOFILE, soft, hard).map_err(std::io::Error::from)
+                });
+            }
+        }
+        let child = cmd
             .arg("daemon")
             .args(self.location())
             .args(cgroup)
@@ -396,6 +416,32 @@ impl Agent {
             .find_map(|l| l.strip_prefix("VmRSS:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .expect("VmRSS in /proc/PID/status")
+    }
+
+    /// The agent's open-files limit (soft, hard), from `/proc/PID/limits`.
+    pub fn open_files_limit(&self) -> (u64, u64) {
+        let pid = self.child.id();
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits"))
+            .unwrap_or_else(|e| panic!("the agent's /proc/{pid}/limits: {e}"));
+        let line = limits
+            .lines()
+            .find_map(|l| l.strip_prefix("Max open files"))
+            .expect("Max open files in /proc/PID/limits");
+        let mut values = line
+            .split_whitespace()
+            .map(|v| v.parse().expect("a number"));
+        (values.next().unwrap(), values.next().unwrap())
+    }
+
+    /// How many descriptors the agent's descriptor table holds (`FDSize`, which only grows).
+    pub fn fd_table_size(&self) -> u64 {
+        let pid = self.child.id();
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_else(|e| panic!("the agent's /proc/{pid}/status: {e}"))
+            .lines()
+            .find_map(|l| l.strip_prefix("FDSize:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("FDSize in /proc/PID/status")
     }
 
     /// SIGTERM: the agent exits, interception stays.

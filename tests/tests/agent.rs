@@ -1031,6 +1031,47 @@ fn a_full_pod_table_refuses_clearly_and_changes_nothing() {
     );
 }
 
+/// The agent makes room for a descriptor per pod (each pod's sk_lookup link) before it starts:
+/// a soft open-files limit of 512 is raised as far as `--max-pods` needs, and the descriptor
+/// table is grown once, so that no registration grows it (a growth in a process of several
+/// threads waits for an RCU grace period: the registrations that crossed 256, 512 and 1,024
+/// descriptors took 10 to 40 ms). A hard limit too low for `--max-pods` is said in the log,
+/// and the agent serves anyway.
+#[test]
+fn the_agent_makes_room_for_a_descriptor_per_pod_before_it_starts() {
+    if !privileged("the_agent_makes_room_for_a_descriptor_per_pod_before_it_starts") {
+        return;
+    }
+    let besides = u64::from(interceptor::agent::open_files::BESIDES_PODS);
+    {
+        let fixture = PodFixture::new("fdroom");
+        let home = AgentHome::new(&fixture.cgroup.path).with_open_files_limit(512, 4096);
+        let agent = home.start_with(&["--max-pods", "1024"]);
+        assert_eq!(agent.open_files_limit(), (1024 + besides, 4096));
+        // The kernel rounds the table up (to a power of two times 128); a process that did not
+        // grow it has 64 here.
+        assert!(
+            agent.fd_table_size() >= 1024 + besides,
+            "{}",
+            agent.fd_table_size()
+        );
+        home.mesh(&fixture.pod.path(), &[]);
+    }
+    let fixture = PodFixture::new("fdshort");
+    let home = AgentHome::new(&fixture.cgroup.path).with_open_files_limit(300, 400);
+    let log = home.log_path();
+    let agent = home.start_logged(&log, &["--max-pods", "1024"]);
+    assert_eq!(agent.open_files_limit(), (400, 400));
+    assert!(agent.fd_table_size() >= 400, "{}", agent.fd_table_size());
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        said.contains(&format!("room for about {} pods", 400 - besides)) && said.contains("nofile"),
+        "{said}"
+    );
+    home.mesh(&fixture.pod.path(), &[]);
+    assert_eq!(home.pods().len(), 1);
+}
+
 /// A request whose handling panics inside the agent gets an answer (an `internal` refusal, not a
 /// connection closed unanswered), and the agent serves the next ones.
 #[test]

@@ -16,6 +16,7 @@ mod backend;
 mod iptables_pods;
 pub mod kube_pods;
 mod metrics;
+pub mod open_files;
 mod reconcile;
 mod records;
 mod registration;

@@ -61,12 +61,16 @@ pub fn main() -> std::process::ExitCode {
         crate::cli::Command::IptablesCleanup(args) => iptables_cleanup(args),
         // API requests are handled on blocking threads (see `agent::server`); a few suffice, as
         // the map changes are serialized anyway, and each thread costs an allocator arena.
-        crate::cli::Command::Daemon(args) => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .max_blocking_threads(4)
-            .build()
-            .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(agent::daemon(args))),
+        crate::cli::Command::Daemon(args) => {
+            // Before any thread starts: see `open_files`.
+            crate::agent::open_files::make_room(args.max_pods);
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .max_blocking_threads(4)
+                .build()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| rt.block_on(agent::daemon(args)))
+        }
         crate::cli::Command::Pod(args) => agent::pod(args),
         crate::cli::Command::Uninstall(args) => agent::uninstall(args),
         crate::cli::Command::Validate(args) => validate::validate(args),
