@@ -325,6 +325,20 @@ impl AgentHome {
         started.elapsed()
     }
 
+    /// The round trip of a request that does next to nothing (`pod get` of a namespace never
+    /// registered: refused after one search of the pods' paths): the floor under a
+    /// registration's round trip, thread wake-ups included.
+    pub fn ask_nothing(&self) -> Duration {
+        let request = Request::Get {
+            netns: PathBuf::from("/nonexistent/netns/never-registered"),
+        };
+        let started = Instant::now();
+        let answer = api::call(&self.socket(), &request);
+        let elapsed = started.elapsed();
+        assert!(answer.is_err(), "a namespace never registered: {answer:?}");
+        elapsed
+    }
+
     /// How many pods' sk_lookup links are pinned.
     pub fn pinned_pod_links(&self) -> usize {
         std::fs::read_dir(&self.bpffs)

@@ -55,7 +55,13 @@ pub struct PodsSweep {
     /// Every registration as the agent timed it (its `pod registered` log line: from the request
     /// read to interception in force), ms, in order.
     pub agent_registration_ms: Vec<f64>,
+    /// Round trips of a request that does next to nothing ([`AgentHome::ask_nothing`]), ms,
+    /// with every pod registered: the floor under the registrations' round trip.
+    pub nothing_ms: Vec<f64>,
 }
+
+/// How many requests that do nothing measure the floor of a round trip.
+const NOTHING_REQUESTS: usize = 1000;
 
 /// (median and range, p99) of `values`.
 pub fn percentiles(values: &[f64]) -> (Spread, f64) {
@@ -211,12 +217,16 @@ pub fn run(
         }
         points.push(point);
     }
+    let nothing_ms = (0..NOTHING_REQUESTS)
+        .map(|_| ms(home.ask_nothing()))
+        .collect();
     Ok(PodsSweep {
         agent_flags: AGENT_FLAGS.to_vec(),
         points,
         at_rest: rests,
         agent_registration_ms: logged_registrations_ms(&log)?,
         registration_ms,
+        nothing_ms,
     })
 }
 

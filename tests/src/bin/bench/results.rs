@@ -255,6 +255,13 @@ fn registration_table(sweep: &agent_sweep::PodsSweep) -> String {
         stats(inside),
         stats(round_trip)
     );
+    let _ = writeln!(
+        md,
+        "| {} requests that do nothing, after (`pod get` of a namespace never registered: the floor) | - | {} |",
+        sweep.nothing_ms.len(),
+        stats(&sweep.nothing_ms)
+    );
+    md.push_str("\nThe floor's round trip is the API's own: a connection, a request read, a hand-off to a blocking thread and an answer, with the thread wake-ups between the bench and the agent. On this 2-vCPU VM a wake-up of the other vCPU can take 1-2 ms when the host is busy, so its p99 moves from run to run; the registrations' p99 is read against it.\n");
     md
 }
 
@@ -419,9 +426,14 @@ fn targets_section(
         }
         let (_, inside_p99) = agent_sweep::percentiles(&pods.agent_registration_ms);
         let (_, round_trip_p99) = agent_sweep::percentiles(&pods.registration_ms);
+        let nothing_p99 = if pods.nothing_ms.is_empty() {
+            f64::NAN
+        } else {
+            agent_sweep::percentiles(&pods.nothing_ms).1
+        };
         row(
-            "pod registration p99 < 1 ms (inside the agent; round trip from the bench)",
-            format!("{inside_p99:.2} ms ({round_trip_p99:.2} ms)"),
+            "pod registration p99 < 1 ms (inside the agent; round trip from the bench; a request that does nothing)",
+            format!("{inside_p99:.2} ms ({round_trip_p99:.2} ms; {nothing_p99:.2} ms)"),
             inside_p99 < 1.0,
         );
         if let Some(last) = pods.points.last() {
