@@ -423,13 +423,18 @@ impl Agent {
 
     /// The agent's resident memory, KiB.
     pub fn rss_kib(&self) -> u64 {
+        self.status_field("VmRSS", "kB")
+    }
+
+    /// A number in the agent's `/proc/PID/status`: the line `name:`, without `unit`.
+    fn status_field(&self, name: &str, unit: &str) -> u64 {
         let pid = self.child.id();
         std::fs::read_to_string(format!("/proc/{pid}/status"))
             .unwrap_or_else(|e| panic!("the agent's /proc/{pid}/status: {e}"))
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS in /proc/PID/status")
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches(unit).trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in /proc/{pid}/status"))
     }
 
     /// The agent's open-files limit (soft, hard), from `/proc/PID/limits`.
@@ -449,13 +454,7 @@ impl Agent {
 
     /// How many descriptors the agent's descriptor table holds (`FDSize`, which only grows).
     pub fn fd_table_size(&self) -> u64 {
-        let pid = self.child.id();
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_else(|e| panic!("the agent's /proc/{pid}/status: {e}"))
-            .lines()
-            .find_map(|l| l.strip_prefix("FDSize:"))
-            .and_then(|v| v.trim().parse().ok())
-            .expect("FDSize in /proc/PID/status")
+        self.status_field("FDSize", "")
     }
 
     /// SIGTERM: the agent exits, interception stays.
