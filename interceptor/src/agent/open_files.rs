@@ -22,23 +22,11 @@ use tracing::{info, warn};
 /// (the namespace, a netlink socket, an API connection, a listener taken from a process).
 pub const BESIDES_PODS: u32 = 256;
 
-/// What [`make_room`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Room {
-    /// The soft open-files limit before, and after.
-    pub soft_before: rlim_t,
-    pub soft: rlim_t,
-    /// Descriptors the table was grown to hold.
-    pub table: u32,
-    /// Pods that fit under the limit, if fewer than `--max-pods`.
-    pub short_of: Option<u32>,
-}
-
 /// Raises the soft open-files limit to what `max_pods` pods need (at most the hard limit) and
-/// grows the descriptor table to hold `max_pods` pods' descriptors and [`BESIDES_PODS`]. Never fails: a limit that
-/// cannot be raised, or a table that cannot be grown, is logged, and the agent runs with what
-/// it has (a registration beyond the limit is refused with the kernel's error).
-pub fn make_room(max_pods: u32) -> Room {
+/// grows the descriptor table to hold their descriptors and [`BESIDES_PODS`]. Never fails: a
+/// limit that cannot be raised, or a table that cannot be grown, is logged, and the agent runs
+/// with what it has (a registration beyond the limit is refused with the kernel's error).
+pub fn make_room(max_pods: u32) {
     let wanted = max_pods.saturating_add(BESIDES_PODS);
     let (soft_before, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap_or((0, 0));
     let mut soft = soft_before;
@@ -56,26 +44,20 @@ pub fn make_room(max_pods: u32) -> Room {
     if let Err(e) = grown {
         warn!(descriptors = table, error = %e, "growing the descriptor table ahead of the pods: a registration that grows it waits for an RCU grace period (tens of ms)");
     }
-    let short_of = (table < wanted).then(|| table.saturating_sub(BESIDES_PODS));
-    let room = Room {
-        soft_before,
-        soft,
-        table,
-        short_of,
-    };
-    match room.short_of {
-        Some(pods) => warn!(
+    if table < wanted {
+        let pods = table.saturating_sub(BESIDES_PODS);
+        warn!(
             limit = soft,
             max_pods,
             pods,
             "the open-files limit leaves room for about {pods} pods, fewer than --max-pods: registrations beyond fail with 'Too many open files'; raise the container's nofile limit (hard) to {wanted} or more, or lower --max-pods"
-        ),
-        None => info!(
+        );
+    } else {
+        info!(
             limit = soft,
             was = soft_before,
             descriptors = table,
             "room for a descriptor per pod"
-        ),
+        );
     }
-    room
 }
