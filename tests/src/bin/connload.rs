@@ -1,7 +1,8 @@
 //! A lean load generator and proxy in one process, for `cargo xtask bench`: each worker thread
-//! connects, accepts that connection on the proxy's listener, asks `SO_ORIGINAL_DST` and checks
-//! the answer, sends one byte back and reads it, then closes both ends. A few syscalls and no
-//! runtime, so the microsecond or so that interception adds per connection is visible.
+//! connects, accepts that connection on the proxy's listener (with its peer's address, as a
+//! proxy's runtime does), asks `SO_ORIGINAL_DST` and checks the answer, sends one byte back and
+//! reads it, then closes both ends. A few syscalls and no runtime, so the microsecond or so that
+//! interception adds per connection is visible.
 //!
 //! The listener is opened in `--listen-netns` (the pod) from the process's `--cgroup`; the
 //! connecting sockets in `--connect-netns` (the pod for outbound, its peer for inbound), from
@@ -293,11 +294,15 @@ fn connection(listener: RawFd, args: &Args, target: &Target, tally: &mut Tally) 
             tally.fail(format!("connect to {}: {err}", args.connect));
             return tally.failures <= 100;
         }
+        // With the peer's address, as a proxy's runtime accepts (tokio through mio, so
+        // linkerd2-proxy): the kernel runs the cgroup's getpeername program for it.
+        let mut peer: libc::sockaddr_storage = zeroed();
+        let mut peer_len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
         let accepted = check(
             libc::accept4(
                 listener,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
+                (&raw mut peer).cast(),
+                &mut peer_len,
                 libc::SOCK_CLOEXEC,
             ),
             "accept",

@@ -1,8 +1,9 @@
 //! The floor of eBPF interception: a program that does nothing (returns "go on") at each hook
 //! the interceptor uses, on a pod of its own. Connections go to the proxy directly, as in the
 //! limit, so what it costs beyond the limit is the kernel's price for running programs at those
-//! hooks at all: connect4/6, sock_ops (about ten callbacks per connection), getsockopt and
-//! the pod's sk_lookup. No program of ours can cost less.
+//! hooks at all: connect4/6, sock_ops (about ten callbacks per connection), getsockopt,
+//! getpeername4/6 (an accept that asks for the peer's address runs it) and the pod's sk_lookup.
+//! No program of ours can cost less.
 //!
 //! [`Watch::Close`] adds what answering `SO_ORIGINAL_DST` for a connection's whole life without
 //! conntrack needs at the least: the proxy side of a connection on loopback (an outbound one)
@@ -110,9 +111,20 @@ impl IdleHooks {
                 Some(at::BPF_CGROUP_GETSOCKOPT),
                 &cgroup,
             ),
+            (
+                pt::BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
+                Some(at::BPF_CGROUP_INET4_GETPEERNAME),
+                &cgroup,
+            ),
+            (
+                pt::BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
+                Some(at::BPF_CGROUP_INET6_GETPEERNAME),
+                &cgroup,
+            ),
             (pt::BPF_PROG_TYPE_SK_LOOKUP, Some(at::BPF_SK_LOOKUP), &netns),
         ];
-        // `r0 = 1; exit`: allow the connect, keep the socket option's answer, pass the lookup on.
+        // `r0 = 1; exit`: allow the connect, keep the socket option's and the peer name's
+        // answers, pass the lookup on.
         let go_on = vec![insn(0xb7, 0, 0, 0, 1), insn(0x95, 0, 0, 0, 0)];
         let sock_ops = match watch {
             Watch::Nothing => go_on.clone(),
