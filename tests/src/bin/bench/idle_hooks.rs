@@ -8,7 +8,7 @@
 //! [`Watch::Close`] adds what answering `SO_ORIGINAL_DST` for a connection's whole life without
 //! conntrack needs at the least: the proxy side of a connection on loopback (an outbound one)
 //! asks for its state changes when established, as ours does to free its entry when it closes,
-//! and sock_ops then runs for each of them (one more call with RST close, three with FIN).
+//! and sock_ops then runs for each of them (11 runs a connection with RST close instead of 9).
 use std::{
     fs::File,
     os::fd::{AsFd as _, OwnedFd},

@@ -254,7 +254,7 @@ fn header(args: &Args, settings: &Settings) -> anyhow::Result<String> {
         })
         .unwrap_or("unknown CPU");
     let mut md = format!(
-        "# interceptor bench, {}\n\n- command: `cargo xtask {}`\n- machine: {} CPUs ({model}), Linux {}\n- settings: {} repetitions of {seconds} s per mode and case, {:?} sockets; `connload` connects, accepts, asks SO_ORIGINAL_DST (checked on every connection), echoes one byte and closes; pinned = load generator and proxy on CPU 0\n",
+        "# interceptor bench, {}\n\n- command: `cargo xtask {}`\n- machine: {} CPUs ({model}), Linux {}\n- settings: {} repetitions of {seconds} s per mode and case, {:?} sockets; `connload` connects, accepts (with the peer's address, as a proxy's runtime does), asks SO_ORIGINAL_DST (checked on every connection), echoes one byte and closes; pinned = load generator and proxy on CPU 0\n",
         utc_stamp("%Y-%m-%d %H:%M UTC")?,
         std::iter::once("bench".to_owned())
             .chain(env::args().skip(1))
