@@ -89,7 +89,7 @@ struct Args {
 
 /// How long each measurement runs, from the arguments.
 pub struct Settings {
-    /// Samples per mode and case (three times as many for the headline cases).
+    /// Samples per mode and case (three times as many for the one-worker cases).
     pub repetitions: usize,
     /// Seconds per mode and repetition.
     pub seconds: f64,

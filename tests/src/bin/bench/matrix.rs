@@ -62,13 +62,6 @@ pub fn ignored_port_cases(args: &Args) -> Vec<Case> {
         .collect()
 }
 
-/// Whether `case` is one of the two the targets are about (one pinned worker, RST close, each
-/// direction): its medians are the headline, and a single run of it varies by several percent,
-/// so it gets three times the repetitions.
-pub fn is_headline(case: &Case) -> bool {
-    *case == base_case(case.direction, case.family)
-}
-
 /// Whether `case` is one of the one-worker cases (pinned or not, RST or FIN close, no ignored
 /// ports), which every program variant must pass: the per-variant target is about them.
 pub fn is_one_worker(case: &Case) -> bool {
@@ -85,7 +78,10 @@ pub fn modes(case: &Case) -> &'static [Mode] {
     }
 }
 
-/// `cases` one after the other, the headline ones with three times the repetitions.
+/// `cases` one after the other, the one-worker ones (every target's cases) with three times the
+/// repetitions: a median of seven samples of a case moves by a few percent from run to run, and
+/// the per-variant target takes the lowest of sixteen such medians. Runs before 2026-11-26
+/// 14:30 UTC gave three times the repetitions to the two headline cases only.
 pub fn run_cases(
     lab: &mut Lab,
     cases: &[Case],
@@ -94,7 +90,7 @@ pub fn run_cases(
     cases
         .iter()
         .map(|case| {
-            let repetitions = settings.repetitions * if is_headline(case) { 3 } else { 1 };
+            let repetitions = settings.repetitions * if is_one_worker(case) { 3 } else { 1 };
             run_case(lab, case, repetitions, settings.seconds)
         })
         .collect()
