@@ -66,6 +66,9 @@ pub fn run(
         .args([
             "--disable-kvm",
             "--force-9p",
+            // The guest kernel's console in console.log: a guest that stops mid-run (a panic)
+            // leaves its reason there.
+            "--verbose",
             "--memory",
             MEMORY,
             "--cpus",
