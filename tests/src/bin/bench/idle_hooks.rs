@@ -16,8 +16,9 @@ use std::{
 
 use anyhow::Context as _;
 use interceptor_sys::{
-    BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB_FLAG, ProgLoad, bpf_attach_type,
-    bpf_func_id, bpf_insn, bpf_prog_type, insn,
+    BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB_FLAG, ProgLoad,
+    asm::{CALL, EXIT, JEQ_IMM, JNE_IMM, LDX_W, MOV64_IMM},
+    bpf_attach_type, bpf_func_id, bpf_insn, bpf_prog_type, insn,
 };
 use interceptor_tests::PodFixture;
 
@@ -43,40 +44,34 @@ const IP6_LOOPBACK_LAST_BE: i32 = i32::from_ne_bytes([0, 0, 0, 1]);
 /// sock_ops for [`Watch::Close`]: at a passive establishment on 127.0.0.1 or ::1 (where
 /// connect4/6 send redirected connections), set `BPF_SOCK_OPS_STATE_CB_FLAG`; go on.
 ///
-/// Runs before 2026-11-26 14:00 UTC had every jump one instruction short: each callback but
+/// Runs before 2026-11-26 13:00 UTC had every jump one instruction short: each callback but
 /// the one watched called `bpf_sock_ops_cb_flags_set` with whatever `r2` held, and the proxy
 /// side of every connection got every callback flag (RTT, header options and all), 15 sock_ops
 /// runs a connection where ours has 11. That floor read 0.8 to 3.8 % below the one without
 /// watching; it was not the least watching close costs.
 fn watching_sock_ops() -> Vec<bpf_insn> {
-    const LDX_W: u8 = 0x61; // r_dst = *(u32 *)(r_src + off)
-    const JNE_K: u8 = 0x55;
-    const JEQ_K: u8 = 0x15;
-    const MOV_K: u8 = 0xb7;
-    const CALL: u8 = 0x85;
-    const EXIT: u8 = 0x95;
     // Where the jumps go: a jump's offset counts from the instruction after it.
     const WATCH: i16 = 12;
     const GO_ON: i16 = 14;
     let to = |from: i16, target: i16| target - from - 1;
     vec![
         insn(LDX_W, 2, 1, OPS_OP, 0),
-        insn(JNE_K, 2, 0, to(1, GO_ON), PASSIVE_ESTABLISHED_CB),
+        insn(JNE_IMM, 2, 0, to(1, GO_ON), PASSIVE_ESTABLISHED_CB),
         insn(LDX_W, 2, 1, OPS_LOCAL_IP4, 0),
-        insn(JEQ_K, 2, 0, to(3, WATCH), LOCALHOST_BE),
+        insn(JEQ_IMM, 2, 0, to(3, WATCH), LOCALHOST_BE),
         insn(LDX_W, 2, 1, OPS_LOCAL_IP6, 0),
-        insn(JNE_K, 2, 0, to(5, GO_ON), 0),
+        insn(JNE_IMM, 2, 0, to(5, GO_ON), 0),
         insn(LDX_W, 2, 1, OPS_LOCAL_IP6 + 4, 0),
-        insn(JNE_K, 2, 0, to(7, GO_ON), 0),
+        insn(JNE_IMM, 2, 0, to(7, GO_ON), 0),
         insn(LDX_W, 2, 1, OPS_LOCAL_IP6 + 8, 0),
-        insn(JNE_K, 2, 0, to(9, GO_ON), 0),
+        insn(JNE_IMM, 2, 0, to(9, GO_ON), 0),
         insn(LDX_W, 2, 1, OPS_LOCAL_IP6 + 12, 0),
-        insn(JNE_K, 2, 0, to(11, GO_ON), IP6_LOOPBACK_LAST_BE),
+        insn(JNE_IMM, 2, 0, to(11, GO_ON), IP6_LOOPBACK_LAST_BE),
         // WATCH: r1 is still the context.
-        insn(MOV_K, 2, 0, 0, STATE_CB_FLAG),
+        insn(MOV64_IMM, 2, 0, 0, STATE_CB_FLAG),
         insn(CALL, 0, 0, 0, FUNC_SOCK_OPS_CB_FLAGS_SET),
         // GO_ON
-        insn(MOV_K, 0, 0, 0, 1),
+        insn(MOV64_IMM, 0, 0, 0, 1),
         insn(EXIT, 0, 0, 0, 0),
     ]
 }
@@ -125,7 +120,7 @@ impl IdleHooks {
         ];
         // `r0 = 1; exit`: allow the connect, keep the socket option's and the peer name's
         // answers, pass the lookup on.
-        let go_on = vec![insn(0xb7, 0, 0, 0, 1), insn(0x95, 0, 0, 0, 0)];
+        let go_on = vec![insn(MOV64_IMM, 0, 0, 0, 1), insn(EXIT, 0, 0, 0, 0)];
         let sock_ops = match watch {
             Watch::Nothing => go_on.clone(),
             Watch::Close => watching_sock_ops(),
@@ -164,11 +159,12 @@ mod tests {
     #[test]
     fn the_watching_programs_jumps_land_where_they_are_meant_to() {
         let prog = watching_sock_ops();
-        let sets_flag = |i: usize| prog[i].code == 0xb7 && prog[i].dst_reg() == 2;
-        let goes_on = |i: usize| prog[i].code == 0xb7 && prog[i].dst_reg() == 0 && prog[i].imm == 1;
+        let sets_flag = |i: usize| prog[i].code == MOV64_IMM && prog[i].dst_reg() == 2;
+        let goes_on =
+            |i: usize| prog[i].code == MOV64_IMM && prog[i].dst_reg() == 0 && prog[i].imm == 1;
         let mut jumps = 0;
         for (i, jump) in prog.iter().enumerate() {
-            if jump.code & 0x07 != 0x05 || jump.code == 0x85 || jump.code == 0x95 {
+            if jump.code != JEQ_IMM && jump.code != JNE_IMM {
                 continue;
             }
             jumps += 1;
@@ -180,7 +176,7 @@ mod tests {
             );
         }
         assert_eq!(jumps, 6);
-        let call = prog.iter().position(|i| i.code == 0x85).unwrap();
+        let call = prog.iter().position(|i| i.code == CALL).unwrap();
         assert!(sets_flag(call - 1) && prog[call - 1].imm == STATE_CB_FLAG);
     }
 }

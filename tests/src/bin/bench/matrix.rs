@@ -78,6 +78,9 @@ pub fn modes(case: &Case) -> &'static [Mode] {
     }
 }
 
+/// How many times `--repetitions` the one-worker cases get (see [`run_cases`]).
+pub const ONE_WORKER_REPETITIONS: usize = 3;
+
 /// `cases` one after the other, the one-worker ones (every target's cases) with three times the
 /// repetitions: a median of seven samples of a case moves by a few percent from run to run, and
 /// the per-variant target takes the lowest of sixteen such medians. Runs before 2026-11-26
@@ -90,7 +93,12 @@ pub fn run_cases(
     cases
         .iter()
         .map(|case| {
-            let repetitions = settings.repetitions * if is_one_worker(case) { 3 } else { 1 };
+            let repetitions = settings.repetitions
+                * if is_one_worker(case) {
+                    ONE_WORKER_REPETITIONS
+                } else {
+                    1
+                };
             run_case(lab, case, repetitions, settings.seconds)
         })
         .collect()

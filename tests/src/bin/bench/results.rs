@@ -123,7 +123,7 @@ fn per_connection_section(
     )?;
     Ok(format!(
         "\n## Per-connection cost\n\nThe modes of a case take turns in 20 ms slices, grouped into {repetitions} repetitions of {seconds} s per mode ({} for the one-worker cases, the targets' cases); \"vs limit\" is the connection rate over the rate with no interception in the same repetition (median, and min-max over repetitions); +µs/conn is the wall-clock time one connection takes more.\n\n{}\n![per-connection](per-connection.svg)\n",
-        repetitions * 3,
+        repetitions * super::matrix::ONE_WORKER_REPETITIONS,
         report::table(&refs)
     ))
 }
