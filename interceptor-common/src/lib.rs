@@ -21,7 +21,8 @@ pub use counters::{Decision, PodCounters};
 pub use ids::{NetnsCookie, PodSlot, SocketCookie};
 pub use pod::{IP4_MAPPED_PREFIX_BITS, PodConfig, PortBitmap, SUBNET_KEY_FIXED_BITS, SubnetKey};
 pub use socket::{
-    ConnectSlot, ListenerKey, OrigDst, PendingKey, PendingOrigDst, PendingSlot, pending_phase,
+    ConnectSlot, CounterSlotTag, ListenerKey, OrigDst, PendingKey, PendingOrigDst, PendingSlot,
+    pending_phase,
 };
 
 /// The version of the maps' layout (their names, key and value types). Bump it with any change to

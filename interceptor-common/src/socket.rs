@@ -28,9 +28,37 @@ pub struct OrigDst {
     pub netns_cookie: u64,
     pub addr: Ip6Addr,
     pub port_be: u16,
-    pub _pad: u16,
+    /// See [`CounterSlotTag`]: sock_ops copies it into the connection's [`PendingOrigDst`].
+    pub counter_slot: CounterSlotTag,
     pub _pad2: u32,
 }
+
+/// The pod's counter slot + 1 (`PodConfig::slot`), carried with a redirected connection so that
+/// the proxy's `SO_ORIGINAL_DST` is counted without looking the pod up again; 0 when not known.
+/// Layout 5's field was padding, written 0 by the programs of agents before it carried the slot:
+/// an entry of theirs met during an upgrade is counted after looking the pod up, as before.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Pod, Zeroable)]
+pub struct CounterSlotTag(pub u16);
+
+impl CounterSlotTag {
+    pub const UNKNOWN: Self = Self(0);
+
+    /// The tag of counter slot `slot` (below `MAX_PODS`, so `slot + 1` fits).
+    pub const fn of(slot: u32) -> Self {
+        Self((slot as u16).wrapping_add(1))
+    }
+
+    /// The counter slot, if known.
+    pub const fn slot(self) -> Option<u32> {
+        match self.0 {
+            0 => None,
+            tag => Some(tag as u32 - 1),
+        }
+    }
+}
+
+const _: () = assert!(crate::MAX_PODS < u16::MAX as u32);
 
 /// A slot of `ICPT_CONN_SLOTS`, the array that hands a redirected connect's original
 /// destination from connect4/6 to sock_ops when the socket is established, indexed by the app
@@ -68,7 +96,8 @@ pub struct PendingOrigDst {
     /// `IP6T_SO_ORIGINAL_DST` answers the others.
     pub addr: Ip6Addr,
     pub port_be: u16,
-    pub _pad: u16,
+    /// The pod's counter slot, from the connect's [`OrigDst`].
+    pub counter_slot: CounterSlotTag,
     /// The proxy side's initial sequence number + 1, as the app socket saw it in the SYN-ACK
     /// (`rcv_nxt` when established). The proxy's socket derives the same number from
     /// `snd_una - bytes_acked`; a mismatch means the entry is from an earlier connection that
@@ -156,6 +185,15 @@ mod tests {
             client_port,
             _pad: 0,
         }
+    }
+
+    #[test]
+    fn a_counter_slot_tag_gives_back_its_slot_and_zero_is_unknown() {
+        for slot in [0, 1, crate::MAX_PODS - 1] {
+            assert_eq!(CounterSlotTag::of(slot).slot(), Some(slot));
+        }
+        assert_eq!(CounterSlotTag::UNKNOWN.slot(), None);
+        assert_eq!(CounterSlotTag::zeroed(), CounterSlotTag::UNKNOWN);
     }
 
     #[test]

@@ -140,7 +140,7 @@ fn index_redirected_connection(ctx: &SockOpsContext) -> Result<(), Error> {
     let pending = PendingOrigDst {
         addr: orig.addr,
         port_be: orig.port_be,
-        _pad: 0,
+        counter_slot: orig.counter_slot,
         // SAFETY: `ops` is this run's context; the verifier checks the field read.
         server_isn_next: unsafe { (*ctx.ops).rcv_nxt },
     };
@@ -275,21 +275,51 @@ fn serve_orig_dst(ctx: &SockoptContext, ipv6: bool) -> Result<(), Error> {
     // SAFETY: the helper only reads this run's socket, from its context; the verifier checks
     // that getsockopt may call it and that the argument is the context.
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    // SAFETY: a `bpf_sock` field read, checked by the verifier.
+    let local_port = unsafe { (*sk).src_port } as u16;
+    let local_port_be = local_port.to_be();
+    // The proxy's side of a redirected outbound connection is on loopback (connect4/6 rewrite to
+    // 127.0.0.1, ::ffff:127.0.0.1 or ::1). Its entry is almost always in its slot, and carries
+    // the pod's counter slot: answered without looking the pod up. Only the slot is read here,
+    // so a socket that is not such a connection pays no hash before the pod's lookup below.
+    if local.is_loopback_or_unspecified()
+        && let Some(pending) = redirected_connection(sk, netns_cookie, peer, pending::find_in_slot)?
+    {
+        let slot = pending
+            .counter_slot
+            .slot()
+            .or_else(|| pod_config(netns_cookie).map(|pod| pod.slot));
+        answer_orig_dst(ctx, &pending, slot);
+        return Ok(());
+    }
     let Some(pod) = pod_config(netns_cookie) else {
         return Ok(());
     };
     if ipv6 && pod.flags & flags::INTERCEPT_IPV6 == 0 {
         return Ok(());
     }
-    // SAFETY: a `bpf_sock` field read, checked by the verifier.
-    let local_port = unsafe { (*sk).src_port } as u16;
-    let local_port_be = local_port.to_be();
     // Redirected outbound connections all land on the proxy's outbound port: any other socket
     // (an inbound one above all) needs no lookup.
     if local_port != pod.outbound_port {
         answer_local_address(ctx, local, local_port_be);
         return Ok(());
     }
+    match redirected_connection(sk, netns_cookie, peer, pending::find)? {
+        Some(pending) => answer_orig_dst(ctx, &pending, Some(pod.slot)),
+        None => answer_local_address(ctx, local, local_port_be),
+    }
+    Ok(())
+}
+
+/// The entry of the redirected connection whose proxy-side socket is `sk`, found with `find`
+/// (`pending::find` or `pending::find_in_slot`), if there is one.
+#[inline(always)]
+fn redirected_connection(
+    sk: *mut bpf_sock,
+    netns_cookie: u64,
+    peer: Ip6Addr,
+    find: impl FnOnce(&PendingKey, Option<u32>) -> Option<PendingOrigDst>,
+) -> Result<Option<PendingOrigDst>, Error> {
     let key = PendingKey {
         netns_cookie,
         client: peer,
@@ -307,14 +337,17 @@ fn serve_orig_dst(ctx: &SockoptContext, ipv6: bool) -> Result<(), Error> {
     // entry that does not match is from an earlier connection that reused the 4-tuple.
     // SAFETY: `tcp` is not null; the verifier checks each `bpf_tcp_sock` field read.
     let isn_next = unsafe { (*tcp).snd_una.wrapping_sub((*tcp).bytes_acked as u32) };
-    let Some(pending) = pending::find(&key, Some(isn_next)) else {
-        answer_local_address(ctx, local, local_port_be);
-        return Ok(());
-    };
-    // The entry stays until the socket closes: a proxy may ask more than once.
+    Ok(find(&key, Some(isn_next)))
+}
+
+/// Answers with the connection's original destination, counted in the pod's `counter_slot`
+/// where it is known. The entry stays until the socket closes: a proxy may ask more than once.
+#[inline(always)]
+fn answer_orig_dst(ctx: &SockoptContext, pending: &PendingOrigDst, counter_slot: Option<u32>) {
     write_sockaddr(ctx, pending.addr, pending.port_be);
-    count(pod.slot, Decision::OrigDstServed);
-    Ok(())
+    if let Some(slot) = counter_slot {
+        count(slot, Decision::OrigDstServed);
+    }
 }
 
 /// Not an outbound-redirected connection: the original destination is the socket's own local

@@ -16,7 +16,7 @@ use aya_ebpf::{
     programs::SockAddrContext,
 };
 use interceptor_common::{
-    Ip6Addr, OrigDst, PodConfig,
+    CounterSlotTag, Ip6Addr, OrigDst, PodConfig,
     counters::Decision,
     names,
     pod::{direction, flags},
@@ -148,7 +148,7 @@ fn intercept(
         netns_cookie,
         addr: dst,
         port_be: dst_port_be,
-        _pad: 0,
+        counter_slot: CounterSlotTag::of(pod.slot),
         _pad2: 0,
     })
 }

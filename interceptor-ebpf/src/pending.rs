@@ -77,24 +77,35 @@ unsafe fn can_take(slot: *const PendingSlot, held: u64, key: &PendingKey, now: u
 /// number + 1 is `isn_next` (`None`: any, for the app side, which cannot read it).
 #[inline(always)]
 pub fn find(key: &PendingKey, isn_next: Option<u32>) -> Option<PendingOrigDst> {
-    let matches = |orig: &PendingOrigDst| isn_next.is_none_or(|isn| orig.server_isn_next == isn);
-    if let Some(slot) = PENDING_SLOT_ARRAY.get_ptr(key.slot_index()) {
-        // SAFETY: as in `record`; key and value are copied, and kept only if the key is ours.
-        unsafe {
-            if phase::holds_a_connection(core::ptr::read_volatile(&raw const (*slot).state)) {
-                let found = core::ptr::read_volatile(&raw const (*slot).key);
-                let orig = core::ptr::read_volatile(&raw const (*slot).orig);
-                if found == *key && matches(&orig) {
-                    return Some(orig);
-                }
-            }
-        }
+    if let Some(orig) = find_in_slot(key, isn_next) {
+        return Some(orig);
     }
     // SAFETY: `PENDING` is preallocated: the element stays memory of the map, and the value is
     // copied at once. An element evicted and reused by another CPU during the copy holds another
     // connection's `server_isn_next`, which `matches` refuses where the caller knows its own.
     let orig = (unsafe { PENDING.get(key) }).copied()?;
-    matches(&orig).then_some(orig)
+    matches(&orig, isn_next).then_some(orig)
+}
+
+/// As [`find`], in the key's slot only: an inlined array lookup, where `ICPT_PENDING` costs a
+/// hash. `None` for a connection that is not recorded there, recorded or not in `ICPT_PENDING`.
+#[inline(always)]
+pub fn find_in_slot(key: &PendingKey, isn_next: Option<u32>) -> Option<PendingOrigDst> {
+    let slot = PENDING_SLOT_ARRAY.get_ptr(key.slot_index())?;
+    // SAFETY: as in `record`; key and value are copied, and kept only if the key is ours.
+    unsafe {
+        if !phase::holds_a_connection(core::ptr::read_volatile(&raw const (*slot).state)) {
+            return None;
+        }
+        let found = core::ptr::read_volatile(&raw const (*slot).key);
+        let orig = core::ptr::read_volatile(&raw const (*slot).orig);
+        (found == *key && matches(&orig, isn_next)).then_some(orig)
+    }
+}
+
+#[inline(always)]
+fn matches(orig: &PendingOrigDst, isn_next: Option<u32>) -> bool {
+    isn_next.is_none_or(|isn| orig.server_isn_next == isn)
 }
 
 /// The proxy side of the connection is established: if it is recorded, keep its slot until the

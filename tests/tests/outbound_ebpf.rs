@@ -11,8 +11,8 @@ use interceptor::{
     ebpf::LoadOptions,
 };
 use interceptor_common::{
-    CONNECT_SLOT_STALE_NS, CONNECT_SLOTS, ConnectSlot, Ip6Addr, NetnsCookie, OrigDst,
-    PENDING_SLOT_STALE_SECS, PENDING_SLOTS, PendingKey, PendingOrigDst, PendingSlot,
+    CONNECT_SLOT_STALE_NS, CONNECT_SLOTS, ConnectSlot, CounterSlotTag, Ip6Addr, NetnsCookie,
+    OrigDst, PENDING_SLOT_STALE_SECS, PENDING_SLOTS, PendingKey, PendingOrigDst, PendingSlot,
     counters::Decision, names, pending_phase,
 };
 use interceptor_tests::{
@@ -394,7 +394,7 @@ fn a_taken_connect_slot_sends_the_connect_to_the_lru_map_and_a_stale_one_is_take
             netns_cookie: 1,
             addr: Ip6Addr::from_ip4_be(u32::from_be_bytes([203, 0, 113, 9]).to_be()),
             port_be: 9u16.to_be(),
-            _pad: 0,
+            counter_slot: CounterSlotTag::UNKNOWN,
             _pad2: 0,
         };
         for index in 0..CONNECT_SLOTS {
@@ -483,7 +483,7 @@ fn other_connection(cookie: NetnsCookie, index: u32, phase: u64, secs: u64) -> P
         orig: PendingOrigDst {
             addr: Ip6Addr::from(std::net::IpAddr::from([203, 0, 113, 9])),
             port_be: 9u16.to_be(),
-            _pad: 0,
+            counter_slot: CounterSlotTag::UNKNOWN,
             server_isn_next: index,
         },
     }
