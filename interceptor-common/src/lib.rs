@@ -12,6 +12,7 @@ pub mod addr;
 pub mod counters;
 pub mod ids;
 pub mod names;
+pub mod outbound_ports;
 pub mod pod;
 pub mod sk_lookup_ctx;
 pub mod socket;
@@ -25,11 +26,12 @@ pub use socket::{
     pending_phase,
 };
 
-/// The version of the maps' layout (their names, key and value types). Bump it with any change to
-/// a map's name (list the old name in `names::RETIRED_MAPS`) or to a type stored in a map: the
+/// The version of the maps' layout (their names, key and value types). Bump it with any map added,
+/// any change to a map's name (list the old name in `names::RETIRED_MAPS`) or to a type stored
+/// in a map (6: `ICPT_OUT_PORTS` added, which an agent of layout 5 would not fill): the
 /// node agent keeps its maps in a directory per layout, and an agent that finds only an older one
 /// builds new maps from its pod records and switches over.
-pub const MAP_LAYOUT_VERSION: u32 = 5;
+pub const MAP_LAYOUT_VERSION: u32 = 6;
 
 /// The most pods one node attachment serves. Bounds the per-CPU counter array (one slot per pod)
 /// and the pod configuration map.

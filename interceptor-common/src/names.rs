@@ -43,6 +43,9 @@ pub const MAP_PENDING_SLOTS: &str = "ICPT_PEND_SLOTS";
 pub const MAP_PENDING: &str = "ICPT_PENDING";
 /// Sock hash [`crate::ListenerKey`] -> the proxy's inbound listening socket(s), per family.
 pub const MAP_LISTENERS: &str = "ICPT_LISTENERS";
+/// Array of 1,024 `u64` words, a bit per port: every proxy outbound port of a pod registered
+/// since the maps were made (see [`crate::outbound_ports`]).
+pub const MAP_OUTBOUND_PORTS: &str = "ICPT_OUT_PORTS";
 
 /// Program array, index 0: [`PROG_SK_LOOKUP`].
 pub const MAP_SK_LOOKUP_PROG: &str = "ICPT_SK_LOOKUP";
@@ -51,7 +54,7 @@ pub const MAP_LOOKUP_POD: &str = "ICPT_LOOKUP_POD";
 
 /// Maps shared by the node's programs and every pod's sk_lookup program (through pins), and
 /// read by `interceptor status` from another process.
-pub const SHARED_MAPS: [&str; 10] = [
+pub const SHARED_MAPS: [&str; 11] = [
     MAP_PODS,
     MAP_SUBNETS,
     MAP_COUNTERS,
@@ -60,6 +63,7 @@ pub const SHARED_MAPS: [&str; 10] = [
     MAP_PENDING_SLOTS,
     MAP_PENDING,
     MAP_LISTENERS,
+    MAP_OUTBOUND_PORTS,
     MAP_SK_LOOKUP_PROG,
     MAP_LOOKUP_POD,
 ];

@@ -10,6 +10,7 @@ use interceptor_common::{
     CONNECT_SLOTS, ConnectSlot, DEFAULT_PENDING_ORIG_DST_CAPACITY, Ip6Addr, ListenerKey, MAX_PODS,
     MAX_SUBNET_RULES, OrigDst, PENDING_SLOTS, PendingKey, PendingOrigDst, PendingSlot, PodConfig,
     PodCounters, SUBNET_KEY_FIXED_BITS, SubnetKey, addr::family, counters::Decision,
+    outbound_ports,
 };
 
 /// Not preallocated: a `PodConfig` is 24 KiB and most nodes run far fewer than `MAX_PODS` pods.
@@ -56,6 +57,19 @@ pub static PENDING: LruHashMap<PendingKey, PendingOrigDst> =
 /// the next listen() on the inbound port puts the new one in.
 #[map(name = "ICPT_LISTENERS")]
 pub static LISTENERS: SockHash<ListenerKey> = SockHash::with_max_entries(2 * MAX_PODS, 0);
+
+/// A bit per port (network order) that is a registered pod's proxy outbound port: see
+/// `interceptor_common::outbound_ports`.
+#[map(name = "ICPT_OUT_PORTS")]
+pub static OUTBOUND_PORTS: Array<u64> = Array::with_max_entries(outbound_ports::WORDS, 0);
+
+/// Whether `port_be` is some pod's proxy outbound port (or was: bits are never cleared).
+#[inline(always)]
+pub fn is_outbound_port(port_be: u16) -> bool {
+    OUTBOUND_PORTS
+        .get(outbound_ports::word(port_be))
+        .is_some_and(|word| word & outbound_ports::bit(port_be) != 0)
+}
 
 /// Index 0: the sk_lookup program every pod's own program tail-calls (see `inbound`). One
 /// verified program serves every pod, and an upgrade swaps it for all pods with one update.

@@ -5,7 +5,8 @@
 //! The original destination is already indexed for the proxy (`pending`, from the app side's
 //! establishment until the proxy side closes) under the app socket's own address and port, so
 //! answering costs one lookup, and only for a socket whose peer is the pod's proxy outbound
-//! port on loopback: every other socket pays a field compare. `getpeername()` before the
+//! port on loopback: every other socket pays a few compares and, on loopback, one read of the
+//! node's set of outbound ports. `getpeername()` before the
 //! connection is established fails with ENOTCONN before these programs run, so the entry is
 //! always there when it is asked, unless the LRU fallback dropped it under pressure; the app then
 //! sees the proxy's address, as before.
@@ -22,7 +23,7 @@ use aya_ebpf::{
 use interceptor_common::{Ip6Addr, PendingKey, PendingOrigDst};
 
 use crate::{
-    maps::{pod_config, read_ip6},
+    maps::{is_outbound_port, pod_config, read_ip6},
     pending,
 };
 
@@ -82,6 +83,9 @@ fn original_destination(ctx: &SockAddrContext, peer: Ip6Addr) -> Option<PendingO
     let (protocol, peer_port_be) = unsafe { ((*sa).protocol, (*sa).user_port as u16) };
     if !(protocol == IPPROTO_TCP || protocol == IPPROTO_MPTCP)
         || !(peer == Ip6Addr::LOOPBACK || peer == Ip6Addr::from_ip4_be(LOCALHOST_BE))
+        // The proxy's side of every redirected connection (its accept asks for the peer, the
+        // app's ephemeral port) leaves here, before the netns cookie and the pod's hash.
+        || !is_outbound_port(peer_port_be)
     {
         return None;
     }

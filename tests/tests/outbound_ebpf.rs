@@ -13,7 +13,7 @@ use interceptor::{
 use interceptor_common::{
     CONNECT_SLOT_STALE_NS, CONNECT_SLOTS, ConnectSlot, CounterSlotTag, Ip6Addr, NetnsCookie,
     OrigDst, PENDING_SLOT_STALE_SECS, PENDING_SLOTS, PendingKey, PendingOrigDst, PendingSlot,
-    counters::Decision, names, pending_phase,
+    counters::Decision, names, outbound_ports, pending_phase,
 };
 use interceptor_tests::{
     Landing, PodFixture,
@@ -76,6 +76,52 @@ fn counters_count_each_decision_per_pod() {
             "{}: {counters:?}",
             decision.name()
         );
+    }
+}
+
+/// getpeername4/6 leave before the pod's lookup for any socket whose peer port is in the node's
+/// set of outbound ports (`ICPT_OUT_PORTS`): a pod whose proxy listens on another port than the
+/// others gets its port in the set when registered, and its app still sees the address it
+/// dialled; a port no pod has is not in it.
+#[test]
+fn an_app_sees_the_address_it_dialled_whatever_its_pods_outbound_port() {
+    if !privileged("an_app_sees_the_address_it_dialled_whatever_its_pods_outbound_port") {
+        return;
+    }
+    const OTHER_PORT: u16 = 5140;
+    let a = PodFixture::new("outport-a");
+    let b = PodFixture::new("outport-b").share_cgroup_with(&a);
+    let config_a = linkerd_config();
+    let mut config_b = linkerd_config();
+    config_b.outgoing_proxy_port = OTHER_PORT;
+    let options = options();
+    let pin = options.pin_dir.join(names::MAP_OUTBOUND_PORTS);
+    let mut node = load(options);
+    register(&mut node, &a.pod, &config_a);
+    register(&mut node, &b.pod, &config_b);
+    attach(&mut node, &a.cgroup.path);
+    let _proxy_a = a
+        .in_pod()
+        .uid(PROXY_UID)
+        .listen(&["proxy", &format!("127.0.0.1:{OUTBOUND_PORT}")]);
+    let _proxy_b = b
+        .in_pod()
+        .uid(PROXY_UID)
+        .listen(&["proxy", &format!("127.0.0.1:{OTHER_PORT}")]);
+
+    let set: Array<MapData, u64> = pinned_array(&pin);
+    let in_set = |port: u16| {
+        let port_be = port.to_be();
+        set.get(&outbound_ports::word(port_be), 0).unwrap() & outbound_ports::bit(port_be) != 0
+    };
+    assert!(in_set(OUTBOUND_PORT), "{OUTBOUND_PORT} not in the set");
+    assert!(in_set(OTHER_PORT), "{OTHER_PORT} not in the set");
+    assert!(!in_set(OTHER_PORT + 1), "a port no pod has is in the set");
+
+    for (fixture, dialled) in [(&a, "192.0.2.5:80"), (&b, "192.0.2.6:81")] {
+        let (landing, app_peer) = fixture.in_pod().uid(APP_UID).connect_seen(dialled, &[]);
+        assert_eq!(landing.proxy_orig().to_string(), dialled, "{landing:?}");
+        assert_eq!(app_peer.as_deref(), Some(dialled), "getpeername()");
     }
 }
 

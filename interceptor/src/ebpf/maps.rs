@@ -1,7 +1,7 @@
 //! The maps userspace reads and writes, taken out of the loaded object once.
 use aya::{
     Ebpf,
-    maps::{HashMap, Map, MapData, MapError, PerCpuArray, SockHash, lpm_trie::LpmTrie},
+    maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, SockHash, lpm_trie::LpmTrie},
 };
 use interceptor_common::{
     ListenerKey, OrigDst, PendingKey, PendingOrigDst, PodConfig, PodCounters, SubnetKey, names,
@@ -20,6 +20,8 @@ pub(super) struct PodMaps {
     pub(super) pending: HashMap<MapData, PendingKey, PendingOrigDst>,
     pub(super) connecting: HashMap<MapData, SocketCookie, OrigDst>,
     pub(super) listeners: SockHash<MapData, ListenerKey>,
+    /// `ICPT_OUT_PORTS`: see `interceptor_common::outbound_ports`.
+    pub(super) outbound_ports: Array<MapData, u64>,
 }
 
 pub(super) fn map_error(map: &'static str) -> impl Fn(MapError) -> EbpfError {
@@ -61,6 +63,9 @@ impl PodMaps {
             listeners: take(ebpf, names::MAP_LISTENERS)?
                 .try_into()
                 .map_err(map_error(names::MAP_LISTENERS))?,
+            outbound_ports: take(ebpf, names::MAP_OUTBOUND_PORTS)?
+                .try_into()
+                .map_err(map_error(names::MAP_OUTBOUND_PORTS))?,
         })
     }
 }

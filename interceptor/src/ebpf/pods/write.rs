@@ -2,7 +2,9 @@
 //! maps cannot hold before anything is written.
 use std::{collections::BTreeSet, net::IpAddr};
 
-use interceptor_common::{MAX_LOCAL_ADDRS_PER_POD, MAX_SUBNET_RULES, PodSlot, names};
+use interceptor_common::{
+    MAX_LOCAL_ADDRS_PER_POD, MAX_SUBNET_RULES, PodSlot, names, outbound_ports,
+};
 
 use super::{InForce, PodRegistry, Registered, Written};
 use crate::{
@@ -65,7 +67,8 @@ impl<D> PodRegistry<D> {
         let config = pod_config(slot, &spec.config, &addresses);
         let mut written = Written::default();
         let switched = self
-            .write_new_entries(before, &subnets, &mut written)
+            .mark_outbound_port(config.outbound_port)
+            .and_then(|()| self.write_new_entries(before, &subnets, &mut written))
             .and_then(|()| {
                 crash_point!("pod-entries-written");
                 self.maps
@@ -94,6 +97,20 @@ impl<D> PodRegistry<D> {
             problem,
             data,
         })
+    }
+
+    /// Puts `port` in the node's set of outbound ports before a pod's entry names it (see
+    /// `interceptor_common::outbound_ports`); never taken out.
+    fn mark_outbound_port(&mut self, port: u16) -> Result<(), EbpfError> {
+        let port_be = port.to_be();
+        let index = outbound_ports::word(port_be);
+        let error = map_error(names::MAP_OUTBOUND_PORTS);
+        let word = self.maps.outbound_ports.get(&index, 0).map_err(&error)?;
+        if word & outbound_ports::bit(port_be) != 0 {
+            return Ok(());
+        }
+        let word = word | outbound_ports::bit(port_be);
+        self.maps.outbound_ports.set(index, word, 0).map_err(error)
     }
 
     /// Refuses a change the maps cannot hold, before anything is written. The old and the new
