@@ -58,17 +58,18 @@ pub static PENDING: LruHashMap<PendingKey, PendingOrigDst> =
 #[map(name = "ICPT_LISTENERS")]
 pub static LISTENERS: SockHash<ListenerKey> = SockHash::with_max_entries(2 * MAX_PODS, 0);
 
-/// A bit per port (network order) that is a registered pod's proxy outbound port: see
+/// A bit per port (host order) that is a registered pod's proxy outbound port: see
 /// `interceptor_common::outbound_ports`.
 #[map(name = "ICPT_OUT_PORTS")]
 pub static OUTBOUND_PORTS: Array<u64> = Array::with_max_entries(outbound_ports::WORDS, 0);
 
-/// Whether `port_be` is some pod's proxy outbound port (or was: bits are never cleared).
+/// Whether `port` (host order) is some pod's proxy outbound port (or was: bits are never
+/// cleared).
 #[inline(always)]
-pub fn is_outbound_port(port_be: u16) -> bool {
+pub fn is_outbound_port(port: u16) -> bool {
     OUTBOUND_PORTS
-        .get(outbound_ports::word(port_be))
-        .is_some_and(|word| word & outbound_ports::bit(port_be) != 0)
+        .get(outbound_ports::word(port))
+        .is_some_and(|word| word & outbound_ports::bit(port) != 0)
 }
 
 /// Index 0: the sk_lookup program every pod's own program tail-calls (see `inbound`). One

@@ -85,7 +85,7 @@ fn original_destination(ctx: &SockAddrContext, peer: Ip6Addr) -> Option<PendingO
         || !(peer == Ip6Addr::LOOPBACK || peer == Ip6Addr::from_ip4_be(LOCALHOST_BE))
         // The proxy's side of every redirected connection (its accept asks for the peer, the
         // app's ephemeral port) leaves here, before the netns cookie and the pod's hash.
-        || !is_outbound_port(peer_port_be)
+        || !is_outbound_port(u16::from_be(peer_port_be))
     {
         return None;
     }

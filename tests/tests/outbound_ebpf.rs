@@ -111,8 +111,7 @@ fn an_app_sees_the_address_it_dialled_whatever_its_pods_outbound_port() {
 
     let set: Array<MapData, u64> = pinned_array(&pin);
     let in_set = |port: u16| {
-        let port_be = port.to_be();
-        set.get(&outbound_ports::word(port_be), 0).unwrap() & outbound_ports::bit(port_be) != 0
+        set.get(&outbound_ports::word(port), 0).unwrap() & outbound_ports::bit(port) != 0
     };
     assert!(in_set(OUTBOUND_PORT), "{OUTBOUND_PORT} not in the set");
     assert!(in_set(OTHER_PORT), "{OTHER_PORT} not in the set");

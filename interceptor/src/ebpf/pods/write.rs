@@ -102,14 +102,13 @@ impl<D> PodRegistry<D> {
     /// Puts `port` in the node's set of outbound ports before a pod's entry names it (see
     /// `interceptor_common::outbound_ports`); never taken out.
     fn mark_outbound_port(&mut self, port: u16) -> Result<(), EbpfError> {
-        let port_be = port.to_be();
-        let index = outbound_ports::word(port_be);
+        let index = outbound_ports::word(port);
         let error = map_error(names::MAP_OUTBOUND_PORTS);
         let word = self.maps.outbound_ports.get(&index, 0).map_err(&error)?;
-        if word & outbound_ports::bit(port_be) != 0 {
+        if word & outbound_ports::bit(port) != 0 {
             return Ok(());
         }
-        let word = word | outbound_ports::bit(port_be);
+        let word = word | outbound_ports::bit(port);
         self.maps.outbound_ports.set(index, word, 0).map_err(error)
     }
 
