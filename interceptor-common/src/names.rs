@@ -43,8 +43,8 @@ pub const MAP_PENDING_SLOTS: &str = "ICPT_PEND_SLOTS";
 pub const MAP_PENDING: &str = "ICPT_PENDING";
 /// Sock hash [`crate::ListenerKey`] -> the proxy's inbound listening socket(s), per family.
 pub const MAP_LISTENERS: &str = "ICPT_LISTENERS";
-/// Array of 1,024 `u64` words, a bit per port (host order): every proxy outbound port of a pod registered
-/// since the maps were made (see [`crate::outbound_ports`]).
+/// Array of 1,024 `u64` words, a bit per port (host order): every proxy outbound port of a pod
+/// registered since the maps were made (see [`crate::outbound_ports`]).
 pub const MAP_OUTBOUND_PORTS: &str = "ICPT_OUT_PORTS";
 
 /// Program array, index 0: [`PROG_SK_LOOKUP`].
