@@ -1,10 +1,15 @@
-//! What ships: the Kubernetes manifests (`deploy/kubernetes`, rendered by `kubectl kustomize`)
-//! validate against Kubernetes 1.31's schema, strictly, and say what the agent needs; the
-//! commands they run are accepted by this build's command line and CNI plugin; and the OCI image
-//! (`cargo xtask image`, whose path `cargo xtask test` passes in `INTERCEPTOR_IMAGE`) runs the
-//! agent, the plugin and both iptables modes.
+//! What ships: the Helm chart `charts/interceptor`, the one source of the Kubernetes manifests,
+//! rendered and linted by Helm's own code (tests/helm_render.py, on helm-python-sdk's libhelm_c,
+//! which `cargo xtask setup` installs beside the schema validator and puts first on PATH). It
+//! lints clean; each render validates strictly against Kubernetes 1.31's schema (the oldest
+//! Linkerd supports) and the newest the validator ships; it names its objects as linkerd-cni
+//! does, which `linkerd check` reads, puts every value of linkerd2-cni's chart where linkerd-cni
+//! puts it, and refuses what it cannot run; its values reference cannot drift from values.yaml;
+//! the commands it runs are accepted by this build's command line and CNI plugin; and the OCI
+//! image (`cargo xtask image`, whose path `cargo xtask test` passes in `INTERCEPTOR_IMAGE`) runs
+//! the agent, the plugin and both iptables modes, and the DaemonSet's pod under podman.
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     io::Write as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
@@ -49,42 +54,95 @@ fn run(cmd: &mut Command, input: Option<&str>) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// The kustomizations users apply: the base and each platform's overlay.
-const KUSTOMIZATIONS: [&str; 3] = [
-    "deploy/kubernetes",
-    "deploy/overlays/gke",
-    "deploy/overlays/k3s",
+/// The chart, and the namespace users install it in (`-n linkerd-cni`, where `linkerd check`
+/// looks).
+const CHART: &str = "charts/interceptor";
+const NAMESPACE: &str = "linkerd-cni";
+/// Every value set to something other than its default.
+const EVERY_VALUE: &str = "charts/interceptor/ci/every-value.yaml";
+/// Each platform's values file, and the host's CNI plugin and configuration directories it
+/// gives.
+const PLATFORMS: [(&str, &str, &str); 2] = [
+    (
+        "charts/platforms/gke.yaml",
+        "/home/kubernetes/bin",
+        "/etc/cni/net.d",
+    ),
+    (
+        "charts/platforms/k3s.yaml",
+        "/var/lib/rancher/k3s/data/cni",
+        "/var/lib/rancher/k3s/agent/etc/cni/net.d",
+    ),
 ];
 
-/// The base's rendered manifests, and the same as JSON objects.
-fn rendered() -> (String, Vec<Value>) {
-    rendered_from("deploy/kubernetes")
+/// tests/helm_render.py with `args`, run by the test tools' Python (first on PATH).
+fn helm(args: &[&str]) -> Command {
+    let mut cmd = Command::new("python3");
+    cmd.arg(workspace_root().join("tests/helm_render.py"))
+        .args(args)
+        .current_dir(workspace_root());
+    cmd
 }
 
-/// A kustomization's rendered manifests, and the same as JSON objects (through the validator's
-/// own PyYAML: `cargo xtask setup` puts its virtual environment first on PATH).
-fn rendered_from(kustomization: &str) -> (String, Vec<Value>) {
-    let yaml = run(
-        Command::new("kubectl")
-            .arg("kustomize")
-            .arg(workspace_root().join(kustomization)),
-        None,
-    );
-    let json = run(
-        Command::new("python3").args([
-            "-c",
-            "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(sys.stdin))))",
-        ]),
-        Some(&yaml),
-    );
-    (yaml, serde_json::from_str(&json).unwrap())
+/// A render of the chart: its objects (hooks included), the same as manifests, and NOTES.txt.
+struct Rendered {
+    objects: Vec<Value>,
+    yaml: String,
+    notes: String,
 }
 
-fn find<'a>(objects: &'a [Value], kind: &str) -> &'a Value {
-    objects
-        .iter()
-        .find(|o| o["kind"] == kind)
-        .unwrap_or_else(|| panic!("no {kind} in the manifests"))
+impl Rendered {
+    fn get(&self, kind: &str, name: &str) -> Option<&Value> {
+        self.objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+    }
+
+    fn find(&self, kind: &str, name: &str) -> &Value {
+        self.get(kind, name)
+            .unwrap_or_else(|| panic!("no {kind} {name} in the chart's objects"))
+    }
+
+    fn daemonset(&self) -> &Value {
+        self.find("DaemonSet", "linkerd-cni")
+    }
+
+    /// The ConfigMap's data, which the containers' `$(VAR)`s name.
+    fn config(&self) -> BTreeMap<String, String> {
+        serde_json::from_value(self.find("ConfigMap", "linkerd-cni-config")["data"].clone())
+            .unwrap()
+    }
+}
+
+/// The chart rendered by Helm as `helm install linkerd2-cni charts/interceptor -n linkerd-cni`
+/// would, with `values` (values files, from the workspace's root, or JSON objects) merged in
+/// order, as a `.Release.Service` of `release_service` when given; Helm's refusal otherwise.
+fn try_render(values: &[&str], release_service: Option<&str>) -> Result<Rendered, String> {
+    let mut cmd = helm(&["render", CHART, NAMESPACE]);
+    for values in values {
+        cmd.arg("--values").arg(values);
+    }
+    if let Some(service) = release_service {
+        cmd.args(["--release-service", service]);
+    }
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    if !out.status.success() {
+        return Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let out: Value = serde_json::from_slice(&out.stdout).unwrap();
+    Ok(Rendered {
+        objects: out["objects"].as_array().unwrap().clone(),
+        yaml: out["yaml"].as_str().unwrap().to_owned(),
+        notes: out["notes"].as_str().unwrap().to_owned(),
+    })
+}
+
+fn render(values: &[&str]) -> Rendered {
+    try_render(values, None).unwrap_or_else(|e| panic!("rendering with {values:?}: {e}"))
 }
 
 fn container<'a>(daemonset: &'a Value, name: &str) -> &'a Value {
@@ -136,58 +194,215 @@ fn args_of(container: &Value, config: &BTreeMap<String, String>, namespace: &str
         .collect()
 }
 
-#[test]
-fn the_manifests_validate_against_kubernetes_1_31_strictly() {
-    for kustomization in KUSTOMIZATIONS {
-        let (yaml, _) = rendered_from(kustomization);
-        let file = std::env::temp_dir().join(format!("{}.yaml", unique_name("manifests")));
-        std::fs::write(&file, &yaml).unwrap();
-        let out = run(
-            Command::new("kubernetes-validate")
-                .args(["--strict", "--kubernetes-version", "1.31.0"])
-                .arg(&file),
-            None,
-        );
-        let _ = std::fs::remove_file(&file);
-        for kind in [
-            "namespace",
-            "serviceaccount",
-            "role",
-            "rolebinding",
-            "clusterrole",
-            "clusterrolebinding",
-            "configmap",
-            "resourcequota",
-            "daemonset",
-        ] {
-            assert!(
-                out.lines()
-                    .any(|l| l.contains("passed") && l.contains(&format!("resource {kind}/"))),
-                "{kustomization}: {kind} not validated: {out}"
-            );
-        }
-    }
+/// `args` as this build's command line parses them.
+fn parse(args: &[String], what: &str) -> interceptor::cli::Cli {
+    interceptor::cli::Cli::try_parse_from(
+        std::iter::once("interceptor".to_owned()).chain(args.iter().cloned()),
+    )
+    .unwrap_or_else(|e| panic!("the {what}'s arguments {args:?}: {e}"))
+}
 
-    let (yaml, _) = rendered();
-    // The same validator refuses what the schema does not know, so a pass means something.
-    let bad = yaml.replace("hostPID: true", "hostPID: true\n      hostPIDs: true");
-    let bad_file = std::env::temp_dir().join(format!("{}.yaml", unique_name("bad-manifests")));
-    std::fs::write(&bad_file, bad).unwrap();
-    let refused = Command::new("kubernetes-validate")
-        .args(["--strict", "--quiet", "--kubernetes-version", "1.31.0"])
-        .arg(&bad_file)
+/// The agent's `daemon` arguments, parsed, and its log level.
+fn agent_args(rendered: &Rendered) -> (String, interceptor::cli::DaemonArgs) {
+    let args = args_of(
+        container(rendered.daemonset(), "agent"),
+        &rendered.config(),
+        NAMESPACE,
+    );
+    let cli = parse(&args, "agent");
+    let interceptor::cli::Command::Daemon(daemon) = cli.command else {
+        panic!("the agent container runs {args:?}, not `daemon`");
+    };
+    (cli.log_level, daemon)
+}
+
+/// kubernetes-validate's version is the newest Kubernetes whose schemas it ships (1.37.0 ships
+/// 1.25 to 1.37; `cargo xtask setup` pins it).
+fn newest_schemas() -> String {
+    run(Command::new("kubernetes-validate").arg("--version"), None)
+        .trim()
+        .to_owned()
+}
+
+/// kubernetes-validate's report on `yaml` against Kubernetes `version`, strictly (a field the
+/// schema does not know is refused); `Err` when it refuses.
+fn validate(yaml: &str, version: &str) -> Result<String, String> {
+    let file = std::env::temp_dir().join(format!("{}.yaml", unique_name("manifests")));
+    std::fs::write(&file, yaml).unwrap();
+    let out = Command::new("kubernetes-validate")
+        .args(["--strict", "--kubernetes-version", version])
+        .arg(&file)
         .output()
         .unwrap();
-    let _ = std::fs::remove_file(&bad_file);
-    assert!(!refused.status.success());
+    let _ = std::fs::remove_file(&file);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(text)
+    }
+}
+
+#[test]
+fn the_chart_passes_helm_lint_strict() {
+    let out = helm(&["lint", CHART]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The default render, the Namespace `linkerd install-cni`-style tools get, each platform's
+/// and the one with every value set, against the oldest and the newest schemas: every object of
+/// Kubernetes' own kinds passes (the ServiceMonitor's kind is the Prometheus Operator's, and has
+/// no schema there).
+#[test]
+fn every_render_validates_against_kubernetes_1_31_and_the_newest_schemas_strictly() {
+    let newest = newest_schemas();
+    assert!(
+        newest.as_str() > "1.31.0",
+        "kubernetes-validate {newest} ships no schemas newer than 1.31"
+    );
+    let mut renders = vec![
+        ("default".to_owned(), render(&[])),
+        (
+            "release service CLI".to_owned(),
+            try_render(&[], Some("CLI")).unwrap(),
+        ),
+        (EVERY_VALUE.to_owned(), render(&[EVERY_VALUE])),
+    ];
+    for (file, _, _) in PLATFORMS {
+        renders.push((file.to_owned(), render(&[file])));
+    }
+    let mut kinds = BTreeSet::new();
+    for (what, rendered) in &renders {
+        for version in ["1.31.0", newest.as_str()] {
+            let out = validate(&rendered.yaml, version)
+                .unwrap_or_else(|e| panic!("{what} against {version}: {e}"));
+            for object in &rendered.objects {
+                let kind = object["kind"].as_str().unwrap();
+                let name = object["metadata"]["name"].as_str().unwrap();
+                let line = if kind == "ServiceMonitor" {
+                    "Couldn't find schema for kind ServiceMonitor".to_owned()
+                } else {
+                    format!("passed for resource {}/{name}", kind.to_lowercase())
+                };
+                assert!(
+                    out.lines().any(|l| l.contains(&line)),
+                    "{what}: {kind} {name} not validated against {version}: {out}"
+                );
+                kinds.insert(kind.to_owned());
+            }
+        }
+    }
+    assert_eq!(
+        kinds,
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "DaemonSet",
+            "Job",
+            "Namespace",
+            "ResourceQuota",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount",
+            "ServiceMonitor",
+        ]
+        .map(String::from)
+        .into()
+    );
+
+    // The same validator refuses what the schema does not know, so a pass means something.
+    let bad = renders[0]
+        .1
+        .yaml
+        .replace("hostPID: true", "hostPID: true\n      hostPIDs: true");
+    assert_ne!(bad, renders[0].1.yaml);
+    for version in ["1.31.0", newest.as_str()] {
+        assert!(validate(&bad, version).is_err(), "{version}");
+    }
+}
+
+/// What `linkerd check`'s linkerd-cni-plugin category GETs by name (linkerd/linkerd2
+/// pkg/healthcheck/healthcheck.go: `linkerdCNIResourceName` and `linkerdCNIConfigMapName` at
+/// :157-158, the six checks at :864-962): the ConfigMap, the ClusterRole, the ClusterRoleBinding,
+/// the ServiceAccount and the DaemonSet (twice: it exists, and its ready pods equal its
+/// scheduled ones), the namespaced ones in `--cni-namespace` (default linkerd-cni). And the
+/// DaemonSet's selector, linkerd-cni's (charts/linkerd2-cni/templates/cni-plugin.yaml:199-201),
+/// which cannot change: `helm upgrade linkerd2-cni` onto this chart replaces its pods in place.
+#[test]
+fn linkerd_check_finds_linkerd_cnis_objects_by_name_and_the_selector_is_linkerd_cnis() {
+    const READ_BY_LINKERD_CHECK: [(&str, &str, bool); 5] = [
+        ("ConfigMap", "linkerd-cni-config", true),
+        ("ClusterRole", "linkerd-cni", false),
+        ("ClusterRoleBinding", "linkerd-cni", false),
+        ("ServiceAccount", "linkerd-cni", true),
+        ("DaemonSet", "linkerd-cni", true),
+    ];
+    for values in [&[][..], &[EVERY_VALUE][..]] {
+        let rendered = render(values);
+        for (kind, name, namespaced) in READ_BY_LINKERD_CHECK {
+            let object = rendered.find(kind, name);
+            let namespace = &object["metadata"]["namespace"];
+            if namespaced {
+                assert_eq!(namespace, NAMESPACE, "{kind} {name}");
+            } else {
+                assert!(namespace.is_null(), "{kind} {name}");
+            }
+            // Part of the release (a hook is not kept by `helm upgrade` as an object).
+            assert!(
+                object["metadata"]["annotations"]["helm.sh/hook"].is_null(),
+                "{kind} {name}"
+            );
+        }
+        let daemonset = rendered.daemonset();
+        assert_eq!(
+            daemonset["spec"]["selector"],
+            json!({"matchLabels": {"k8s-app": "linkerd-cni"}})
+        );
+        let template = &daemonset["spec"]["template"]["metadata"];
+        assert_eq!(template["labels"]["k8s-app"], "linkerd-cni");
+        // Linkerd's injector and control-plane lookups skip objects with linkerd-cni's resource
+        // label; the agent and the installer tell the DaemonSet is still theirs by
+        // app.kubernetes.io/name.
+        for object in rendered.objects.iter().chain([template]) {
+            let labels = if object["metadata"].is_object() {
+                &object["metadata"]["labels"]
+            } else {
+                &object["labels"]
+            };
+            for (key, value) in [
+                ("linkerd.io/cni-resource", "true"),
+                ("app.kubernetes.io/name", "interceptor"),
+                ("app.kubernetes.io/part-of", "interceptor"),
+            ] {
+                assert_eq!(labels[key], value, "{key} on {object}");
+            }
+        }
+        assert_eq!(template["annotations"]["linkerd.io/inject"], "disabled");
+    }
+    // The one label the code reads off the DaemonSet, which commonLabels cannot replace.
+    let rendered = render(&[r#"{"commonLabels": {"app.kubernetes.io/name": "other"}}"#]);
+    assert_eq!(
+        rendered.daemonset()["metadata"]["labels"]["app.kubernetes.io/name"],
+        interceptor::kubernetes::OWN_LABEL.1
+    );
 }
 
 #[test]
 fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
-    let (_, objects) = rendered();
-    let daemonset = find(&objects, "DaemonSet");
-    let config: BTreeMap<String, String> =
-        serde_json::from_value(find(&objects, "ConfigMap")["data"].clone()).unwrap();
+    let rendered = render(&[]);
+    let daemonset = rendered.daemonset();
+    let config = rendered.config();
     let pod = &daemonset["spec"]["template"]["spec"];
 
     // Off the CNI chain it installs (its own ADD would wait for the agent it starts), on every
@@ -195,85 +410,95 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
     assert_eq!(pod["hostNetwork"], true);
     assert_eq!(pod["hostPID"], true, "the listener adoption reads /proc");
     assert_eq!(pod["priorityClassName"], "system-node-critical");
-    assert!(
-        pod["tolerations"]
-            .as_array()
-            .unwrap()
-            .contains(&json!({"operator": "Exists"}))
-    );
+    assert_eq!(pod["tolerations"], json!([{"operator": "Exists"}]));
     assert_eq!(
-        daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
-        1
+        daemonset["spec"]["updateStrategy"],
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}})
     );
+    assert_eq!(daemonset["spec"]["revisionHistoryLimit"], 10);
     assert_eq!(pod["nodeSelector"], json!({"kubernetes.io/os": "linux"}));
+    assert!(pod.get("affinity").is_none(), "{pod}");
     // Admitted where system-node-critical is limited to quotas (GKE): one scoped to that class.
-    let quota = find(&objects, "ResourceQuota");
+    let quota = rendered.find("ResourceQuota", "interceptor-critical-pods");
     assert_eq!(
         quota["spec"]["scopeSelector"]["matchExpressions"],
         json!([{"operator": "In", "scopeName": "PriorityClass", "values": ["system-node-critical"]}])
     );
-    // Neither meshed nor sent to Linkerd's webhooks, as linkerd-cni's namespace.
-    let labels = &find(&objects, "Namespace")["metadata"]["labels"];
-    assert_eq!(labels["linkerd.io/inject"], "disabled");
-    assert_eq!(labels["config.linkerd.io/admission-webhooks"], "disabled");
-    // The API access, for the DaemonSet's account: pods get/list/watch, namespaces get and the
-    // `kubernetes` Service for the agent, and get of this DaemonSet, in its namespace, for the
-    // installer; nothing more.
+    // The API access, for the DaemonSet's account: what the agent reads and writes, and get of
+    // this DaemonSet, in its namespace, for the agent and the installer; nothing more.
     assert_eq!(pod["automountServiceAccountToken"], true);
-    let namespace = daemonset["metadata"]["namespace"].as_str().unwrap();
-    let account = json!([{"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": namespace}]);
-    let role = find(&objects, "ClusterRole");
+    assert_eq!(pod["serviceAccountName"], "linkerd-cni");
+    let account =
+        json!([{"kind": "ServiceAccount", "name": "linkerd-cni", "namespace": NAMESPACE}]);
+    let role = rendered.find("ClusterRole", "linkerd-cni");
     assert_eq!(
         role["rules"],
         json!([
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]},
             {"apiGroups": [""], "resources": ["services"], "resourceNames": ["kubernetes"], "verbs": ["get"]},
+            {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
         ])
     );
-    let binding = find(&objects, "ClusterRoleBinding");
-    assert_eq!(binding["subjects"], account);
-    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
-    let role = find(&objects, "Role");
-    assert_eq!(role["metadata"]["namespace"], namespace);
-    assert_eq!(
-        role["rules"],
-        json!([{"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": [daemonset["metadata"]["name"]], "verbs": ["get"]}])
-    );
-    let binding = find(&objects, "RoleBinding");
-    assert_eq!(binding["metadata"]["namespace"], namespace);
+    let binding = rendered.find("ClusterRoleBinding", "linkerd-cni");
     assert_eq!(binding["subjects"], account);
     assert_eq!(
         binding["roleRef"],
-        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]})
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "linkerd-cni"})
     );
+    let role = rendered.find("Role", "linkerd-cni-own-daemonset");
+    assert_eq!(role["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": ["linkerd-cni"], "verbs": ["get"]}])
+    );
+    let binding = rendered.find("RoleBinding", "linkerd-cni-own-daemonset");
+    assert_eq!(binding["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(binding["subjects"], account);
+    assert_eq!(
+        binding["roleRef"],
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "linkerd-cni-own-daemonset"})
+    );
+    let own_daemonset = Some(interceptor::kubernetes::DaemonSetRef {
+        namespace: NAMESPACE.to_owned(),
+        name: "linkerd-cni".to_owned(),
+    });
 
     // The agent: its flags parse, its metrics port is the named, scraped one, and /ready is the
     // readiness probe.
     let agent = container(daemonset, "agent");
-    let args = args_of(agent, &config, namespace);
-    let cli = interceptor::cli::Cli::try_parse_from(
-        std::iter::once("interceptor".to_owned()).chain(args.clone()),
-    )
-    .unwrap_or_else(|e| panic!("the agent's arguments {args:?}: {e}"));
-    let interceptor::cli::Command::Daemon(daemon) = cli.command else {
-        panic!("the agent container runs {args:?}, not `daemon`");
-    };
+    let (log_level, daemon) = agent_args(&rendered);
     assert!(daemon.kubernetes, "--kubernetes");
     // Repair registers a pod with what its ADD would have given: the plugin's linkerd block.
     assert_eq!(daemon.linkerd, config["linkerd"], "--linkerd");
-    assert!(daemon.repair_interval > 0, "repair is on");
+    assert_eq!(daemon.repair_interval, 10, "repair is on");
+    assert_eq!(daemon.max_pods, interceptor_common::MAX_PODS);
     assert_eq!(
         daemon.mode,
         interceptor::cli::Mode::Auto,
         "eBPF where it loads, else iptables"
     );
+    assert_eq!(
+        daemon.iptables.iptables_mode,
+        interceptor::iptables::IptablesMode::Nft,
+        "Linkerd's default"
+    );
+    assert!(daemon.iptables.use_wait_flag);
+    assert_eq!(log_level, "info");
+    // On SIGTERM it asks the API whether this DaemonSet is going away.
+    assert_eq!(daemon.daemonset, own_daemonset);
+    // Ready only while the installer reports the plugin chained, in the directory both mount.
+    let chain_report = Path::new("/run/interceptor/cni-chain.json");
+    assert_eq!(daemon.cni_chain_report.as_deref(), Some(chain_report));
+    assert_eq!(daemon.startup_taint, None, "no startupTaint");
     let metrics = daemon.metrics_addr.expect("--metrics-addr");
     // The node's own address only (status.hostIP), not every interface of the host.
     assert_eq!(metrics.ip().to_string(), HOST_IP, "{metrics}");
+    assert_eq!(metrics.port(), 9990);
     assert_eq!(
-        agent["ports"][0],
-        json!({"name": "metrics", "containerPort": metrics.port(), "protocol": "TCP"})
+        agent["ports"],
+        json!([{"name": "metrics", "containerPort": metrics.port(), "protocol": "TCP"}])
     );
     let annotations = &daemonset["spec"]["template"]["metadata"]["annotations"];
     assert_eq!(annotations["prometheus.io/scrape"], "true");
@@ -298,6 +523,11 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
         daemon.kubepods_under.as_deref(),
         Some(Path::new("/host/sys/fs/cgroup"))
     );
+    assert_eq!(
+        agent["resources"],
+        json!({"requests": {"cpu": "20m", "memory": "32Mi"}, "limits": {"memory": "256Mi"}})
+    );
+    assert!(rendered.get("Service", "linkerd-cni-metrics").is_none());
 
     // Not privileged: the capabilities it uses, AppArmor unconfined as Cilium's agent, the
     // runtime's seccomp profile, spc_t under SELinux.
@@ -323,9 +553,7 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
     assert_eq!(mounts["/sys/fs/bpf"]["mountPropagation"], "HostToContainer");
     // The host's bpffs is mounted, where the node has none, by a privileged init container that
     // does nothing else.
-    let init = daemonset["spec"]["template"]["spec"]["initContainers"]
-        .as_array()
-        .expect("initContainers");
+    let init = pod["initContainers"].as_array().expect("initContainers");
     assert_eq!(init.len(), 1);
     let mount = &init[0];
     assert_eq!(mount["securityContext"], json!({"privileged": true}));
@@ -333,12 +561,9 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
         mount["volumeMounts"],
         json!([{"name": "bpffs", "mountPath": "/sys/fs/bpf", "mountPropagation": "Bidirectional"}])
     );
-    let args = args_of(mount, &config, namespace);
-    let cli = interceptor::cli::Cli::try_parse_from(
-        std::iter::once("interceptor".to_owned()).chain(args.clone()),
-    )
-    .unwrap_or_else(|e| panic!("the init container's arguments {args:?}: {e}"));
-    let interceptor::cli::Command::MountBpffs(bpffs) = cli.command else {
+    let args = args_of(mount, &config, NAMESPACE);
+    let interceptor::cli::Command::MountBpffs(bpffs) = parse(&args, "init container").command
+    else {
         panic!("the init container runs {args:?}, not `mount-bpffs`");
     };
     assert_eq!(bpffs.path, Path::new("/sys/fs/bpf"));
@@ -353,34 +578,51 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
     // The installer: its flags parse; it watches, and on SIGTERM asks the API for this very
     // DaemonSet with the pod's account; the plugin accepts the ConfigMap's linkerd block.
     let installer = container(daemonset, "install-cni");
-    let args = args_of(installer, &config, namespace);
-    let cli = interceptor::cli::Cli::try_parse_from(
-        std::iter::once("interceptor".to_owned()).chain(args.clone()),
-    )
-    .unwrap_or_else(|e| panic!("the installer's arguments {args:?}: {e}"));
+    let args = args_of(installer, &config, NAMESPACE);
+    let cli = parse(&args, "installer");
+    assert_eq!(cli.log_level, "info", "logLevel");
     let interceptor::cli::Command::Cni(interceptor::cli::CniArgs {
         command:
             interceptor::cli::CniCommand::Install {
                 watch,
                 daemonset: owner,
                 kubeconfig,
+                linkerd,
+                chain_report: report,
                 ..
             },
-        ..
+        bin_dir,
+        conf_dir,
     }) = cli.command
     else {
         panic!("the installer container runs {args:?}, not `cni install`");
     };
     assert!(watch, "--watch");
-    assert_eq!(
-        owner,
-        Some(interceptor::kubernetes::DaemonSetRef {
-            namespace: namespace.to_owned(),
-            name: daemonset["metadata"]["name"].as_str().unwrap().to_owned(),
-        })
-    );
+    assert_eq!(owner, own_daemonset);
     assert_eq!(kubeconfig, None, "the pod's service account");
-    // Restores of the chain reach the agent: its socket where --agent-socket names it.
+    assert_eq!(linkerd, config["linkerd"], "--linkerd");
+    // The host's CNI directories (destCNIBinDir, destCNINetDir), where it is told to write.
+    let host_path = |mount_path: &Path| -> String {
+        let mount = installer["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| Path::new(m["mountPath"].as_str().unwrap()) == mount_path)
+            .unwrap_or_else(|| panic!("nothing mounted at {}", mount_path.display()));
+        pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap()["hostPath"]["path"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(host_path(&bin_dir), "/opt/cni/bin");
+    assert_eq!(host_path(&conf_dir), "/etc/cni/net.d");
+    // Restores of the chain reach the agent: its socket where --agent-socket names it, in the
+    // state directory, which the installer may write to.
     let socket = args
         .iter()
         .find_map(|a| a.strip_prefix("--agent-socket="))
@@ -395,6 +637,12 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
         Path::new(socket).parent().unwrap(),
         Path::new(state["mountPath"].as_str().unwrap())
     );
+    assert_eq!(state.get("readOnly"), None, "{state}");
+    assert_eq!(
+        report.as_deref(),
+        Some(chain_report),
+        "the agent's --cni-chain-report"
+    );
     let security = &installer["securityContext"];
     assert_eq!(security["readOnlyRootFilesystem"], true);
     assert_eq!(security["allowPrivilegeEscalation"], false);
@@ -404,73 +652,555 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
         json!({"type": "RuntimeDefault"})
     );
     assert_eq!(security["seLinuxOptions"]["type"], "spc_t");
-    let linkerd: Value = serde_json::from_str(&config["linkerd"]).unwrap();
+    for container in init.iter().chain(pod["containers"].as_array().unwrap()) {
+        assert_eq!(container["image"], "localhost/interceptor:0.1.0");
+        assert_eq!(container["imagePullPolicy"], "IfNotPresent");
+    }
+
+    // The block as linkerd2-cni renders it with its defaults
+    // (charts/linkerd2-cni/templates/cni-plugin.yaml:164-183), which the plugin accepts.
+    let linkerd = &config["linkerd"];
+    assert_eq!(
+        keys_in_order(linkerd),
+        [
+            "incoming-proxy-port",
+            "outgoing-proxy-port",
+            "proxy-uid",
+            "ports-to-redirect",
+            "inbound-ports-to-ignore",
+            "simulate",
+            "use-wait-flag",
+            "iptables-mode",
+            "ipv6",
+        ]
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(linkerd).unwrap(),
+        json!({
+            "incoming-proxy-port": 4143,
+            "outgoing-proxy-port": 4140,
+            "proxy-uid": 2102,
+            "ports-to-redirect": [],
+            "inbound-ports-to-ignore": ["4191", "4190"],
+            "simulate": false,
+            "use-wait-flag": false,
+            "iptables-mode": "nft",
+            "ipv6": false,
+        })
+    );
+    let settings = plugin_settings(linkerd);
+    assert_eq!(settings.config.incoming_proxy_port, 4143);
+    assert_eq!(settings.config.proxy_uid, Some(2102));
+    assert!(settings.config.ports_to_redirect.is_empty(), "every port");
+    // Linkerd's default proxy listens on IPv4 only (linkerd-cni writes "ipv6": false).
+    assert!(!settings.config.ipv6, "the ConfigMap meshes IPv4 only");
+    assert_eq!(config["mode"], "auto");
+    assert_eq!(config["iptables-mode"], "nft");
+
+    // Nothing in NOTES.txt about values this chart ignores: none was set.
+    assert!(!rendered.notes.contains("ignored"), "{}", rendered.notes);
+}
+
+/// The keys of a JSON object's text, in the order written.
+fn keys_in_order(json: &str) -> Vec<String> {
+    json.lines()
+        .filter_map(|line| {
+            let line = line.trim_start().strip_prefix('"')?;
+            let (key, rest) = line.split_once('"')?;
+            rest.starts_with(':').then(|| key.to_owned())
+        })
+        .collect()
+}
+
+/// The plugin's settings from a ConfigMap's `linkerd` block, as its ADD computes them.
+fn plugin_settings(linkerd: &str) -> interceptor_cni::PodSettings {
+    let linkerd: Value = serde_json::from_str(linkerd).unwrap();
     let conf: interceptor_cni::NetConf = serde_json::from_value(json!({
         "cniVersion": "1.0.0", "name": "k8s", "type": "interceptor-cni", "linkerd": linkerd,
     }))
     .unwrap();
-    let settings = interceptor_cni::pod_settings(&conf, &Default::default())
-        .unwrap_or_else(|e| panic!("the ConfigMap's linkerd block: {e}"));
-    assert_eq!(settings.config.incoming_proxy_port, 4143);
-    assert_eq!(settings.config.proxy_uid, Some(2102));
-    // Linkerd's default proxy listens on IPv4 only (linkerd-cni writes "ipv6": false).
-    assert!(!settings.config.ipv6, "the ConfigMap meshes IPv4 only");
+    interceptor_cni::pod_settings(&conf, &Default::default())
+        .unwrap_or_else(|e| panic!("the ConfigMap's linkerd block: {e}"))
 }
 
-/// Each platform's overlay moves the host's CNI directories, and changes nothing else: the
-/// same containers, mounted at the same paths in them.
+/// charts/interceptor/ci/every-value.yaml sets each value of linkerd2-cni's chart (and ours) to
+/// something other than its default; each lands where linkerd-cni puts it, or where this chart
+/// says it does.
 #[test]
-fn each_platform_overlay_moves_only_the_cni_directories() {
-    let (_, base) = rendered();
-    for (kustomization, bin, conf) in [
-        (
-            "deploy/overlays/gke",
-            "/home/kubernetes/bin",
-            "/etc/cni/net.d",
-        ),
-        (
-            "deploy/overlays/k3s",
-            "/var/lib/rancher/k3s/data/cni",
-            "/var/lib/rancher/k3s/agent/etc/cni/net.d",
-        ),
+fn every_value_lands_where_linkerd_cni_puts_it() {
+    let rendered = render(&[EVERY_VALUE]);
+    let daemonset = rendered.daemonset();
+    let config = rendered.config();
+    let template = &daemonset["spec"]["template"];
+    let pod = &template["spec"];
+
+    // The `linkerd` block, key by key and in order, as linkerd2-cni's chart renders it for the
+    // same values (linkerd/linkerd2 charts/linkerd2-cni/templates/cni-plugin.yaml:164-183, the
+    // lists split by charts/partials/templates/_helpers.tpl's partials.splitStringList):
+    // proxy-gid only when >= 0, ports-to-redirect as written (numbers), inbound-ports-to-ignore
+    // the admin port, the control port, then ignoreInboundPorts, outbound-ports-to-ignore only
+    // when set, "ipv6" the opposite of disableIPv6.
+    let linkerd = &config["linkerd"];
+    assert_eq!(
+        keys_in_order(linkerd),
+        [
+            "incoming-proxy-port",
+            "outgoing-proxy-port",
+            "proxy-uid",
+            "proxy-gid",
+            "ports-to-redirect",
+            "inbound-ports-to-ignore",
+            "outbound-ports-to-ignore",
+            "simulate",
+            "use-wait-flag",
+            "iptables-mode",
+            "ipv6",
+        ]
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(linkerd).unwrap(),
+        json!({
+            "incoming-proxy-port": 4243,
+            "outgoing-proxy-port": 4240,
+            "proxy-uid": 2103,
+            "proxy-gid": 2104,
+            "ports-to-redirect": [80, 443],
+            "inbound-ports-to-ignore": ["4291", "4290", "25", "8000-8080"],
+            "outbound-ports-to-ignore": ["3306", "5432-5433"],
+            "simulate": false,
+            "use-wait-flag": true,
+            "iptables-mode": "legacy",
+            "ipv6": true,
+        })
+    );
+    // And the plugin takes each as proxy-init would.
+    let settings = plugin_settings(linkerd);
+    let config_of = &settings.config;
+    assert_eq!(config_of.incoming_proxy_port, 4243);
+    assert_eq!(config_of.outgoing_proxy_port, 4240);
+    assert_eq!(config_of.proxy_uid, Some(2103));
+    assert_eq!(config_of.proxy_gid, Some(2104));
+    assert_eq!(config_of.ports_to_redirect, [80, 443]);
+    for port in [4291, 4290, 25, 8000, 8080] {
+        assert!(config_of.inbound_ports_to_ignore.contains(port), "{port}");
+    }
+    assert!(!config_of.inbound_ports_to_ignore.contains(4190));
+    for port in [3306, 5432, 5433] {
+        assert!(config_of.outbound_ports_to_ignore.contains(port), "{port}");
+    }
+    assert!(config_of.ipv6);
+    assert!(!settings.simulate);
+
+    // The pods: podLabels and commonLabels, the priority class (not a system one: no quota),
+    // the DaemonSet's history and strategy, tolerations, node affinity.
+    for (key, value) in [
+        ("team", "mesh"),
+        ("owner", "platform"),
+        ("k8s-app", "linkerd-cni"),
     ] {
-        let (_, overlay) = rendered_from(kustomization);
-        let volumes = |objects: &[Value]| -> BTreeMap<String, Value> {
-            find(objects, "DaemonSet")["spec"]["template"]["spec"]["volumes"]
-                .as_array()
+        assert_eq!(template["metadata"]["labels"][key], value, "{key}");
+    }
+    for object in &rendered.objects {
+        assert_eq!(
+            object["metadata"]["labels"]["owner"], "platform",
+            "{object}"
+        );
+    }
+    assert_eq!(pod["priorityClassName"], "mesh-critical");
+    assert!(
+        !rendered
+            .objects
+            .iter()
+            .any(|o| o["kind"] == "ResourceQuota"),
+        "a quota only for the system-* classes"
+    );
+    assert_eq!(daemonset["spec"]["revisionHistoryLimit"], 3);
+    assert_eq!(
+        daemonset["spec"]["updateStrategy"],
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}})
+    );
+    assert_eq!(
+        pod["tolerations"],
+        json!([{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}])
+    );
+    assert_eq!(
+        pod["affinity"],
+        json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "mesh", "operator": "In", "values": ["true"]}]}
+        ]}}})
+    );
+    // The image and its pull policy in every container of ours, the pull secrets on the
+    // account, the extra init containers after mount-bpffs.
+    let init = pod["initContainers"].as_array().unwrap();
+    assert_eq!(init[0]["name"], "mount-bpffs");
+    assert_eq!(
+        init[1..],
+        [json!({
+            "name": "wait-for-primary-cni",
+            "image": "registry.example.com/busybox:1.36",
+            "command": ["sh", "-c", "until ls /host/etc/cni/net.d/*.conflist; do sleep 1; done"],
+        })]
+    );
+    for container in init[..1]
+        .iter()
+        .chain(pod["containers"].as_array().unwrap())
+    {
+        assert_eq!(
+            container["image"], "registry.example.com/mesh/interceptor:0.1.0-rc.1",
+            "{}",
+            container["name"]
+        );
+        assert_eq!(container["imagePullPolicy"], "Always");
+    }
+    assert_eq!(
+        rendered.find("ServiceAccount", "linkerd-cni")["imagePullSecrets"],
+        json!([{"name": "registry-login"}])
+    );
+    // resources.*: the agent's.
+    assert_eq!(
+        container(daemonset, "agent")["resources"],
+        json!({
+            "limits": {"cpu": "500m", "memory": "512Mi", "ephemeral-storage": "1Gi"},
+            "requests": {"cpu": "50m", "memory": "64Mi", "ephemeral-storage": "100Mi"},
+        })
+    );
+    // destCNIBinDir, destCNINetDir: the host's directories.
+    let host_paths: BTreeMap<&str, &str> = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["name"].as_str().unwrap(),
+                v["hostPath"]["path"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(host_paths["cni-bin"], "/opt/custom/bin");
+    assert_eq!(host_paths["cni-conf"], "/etc/custom/net.d");
+
+    // Our own values: the agent's flags.
+    assert_eq!(config["mode"], "iptables");
+    assert_eq!(config["iptables-mode"], "legacy");
+    let (log_level, daemon) = agent_args(&rendered);
+    assert_eq!(
+        daemon.startup_taint.as_deref(),
+        Some("interceptor.linkerd.io/agent-not-ready")
+    );
+    assert_eq!(daemon.mode, interceptor::cli::Mode::Iptables);
+    assert_eq!(
+        daemon.iptables.iptables_mode,
+        interceptor::iptables::IptablesMode::Legacy
+    );
+    assert_eq!(daemon.max_pods, 250);
+    assert_eq!(daemon.repair_interval, 30);
+    assert_eq!(daemon.metrics_addr.unwrap().port(), 9991);
+    assert_eq!(log_level, "info,interceptor::ebpf=debug", "agentLogLevel");
+    let installer = args_of(container(daemonset, "install-cni"), &config, NAMESPACE);
+    assert_eq!(
+        parse(&installer, "installer").log_level,
+        "warn",
+        "logLevel: warning, in tracing's word"
+    );
+    assert_eq!(
+        container(daemonset, "agent")["ports"][0]["containerPort"],
+        9991
+    );
+    assert_eq!(
+        template["metadata"]["annotations"]["prometheus.io/port"],
+        "9991"
+    );
+    // serviceMonitor.enabled: a headless Service on the pods' metrics port, and a ServiceMonitor
+    // that selects it.
+    let service = rendered.find("Service", "linkerd-cni-metrics");
+    assert_eq!(service["spec"]["clusterIP"], "None");
+    assert_eq!(
+        service["spec"]["selector"],
+        json!({"k8s-app": "linkerd-cni"})
+    );
+    assert_eq!(
+        service["spec"]["ports"],
+        json!([{"name": "metrics", "port": 9991, "targetPort": "metrics", "protocol": "TCP"}])
+    );
+    let monitor = rendered.find("ServiceMonitor", "linkerd-cni");
+    for (key, value) in monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+    {
+        assert_eq!(&service["metadata"]["labels"][key], value, "{key}");
+    }
+    assert_eq!(
+        monitor["spec"]["endpoints"],
+        json!([{"port": "metrics", "path": "/metrics"}])
+    );
+    // createNamespaceMetadataJob: false.
+    assert!(
+        !rendered
+            .objects
+            .iter()
+            .any(|o| o["metadata"]["name"] == "namespace-metadata"),
+        "no namespace-metadata hook"
+    );
+
+    // The values with no meaning here are accepted, and NOTES.txt says why they do nothing.
+    for value in [
+        "enablePSP=true is ignored",
+        "privileged=true is ignored",
+        "repairController.enabled=true is ignored",
+    ] {
+        assert!(
+            rendered.notes.contains(value),
+            "{value}: {}",
+            rendered.notes
+        );
+    }
+}
+
+/// The Namespace `linkerd install-cni`-style tools render (`.Release.Service` "CLI"), and, for
+/// Helm installs (`--create-namespace` makes it bare), the post-install and post-upgrade Job
+/// that gives it the same labels and annotation, with an account that may touch only it.
+#[test]
+fn the_namespace_gets_linkerd_cnis_labels_whoever_installs() {
+    assert!(
+        render(&[]).get("Namespace", NAMESPACE).is_none(),
+        "Helm creates the namespace"
+    );
+    let cli = try_render(&[], Some("CLI")).unwrap();
+    let namespace = cli.find("Namespace", NAMESPACE);
+    let labels = &namespace["metadata"]["labels"];
+    // Neither sent to Linkerd's webhooks nor meshed (Linkerd reads inject as an annotation),
+    // as linkerd-cni's namespace; privileged pods admitted.
+    assert_eq!(labels["linkerd.io/cni-resource"], "true");
+    assert_eq!(labels["config.linkerd.io/admission-webhooks"], "disabled");
+    assert_eq!(labels["pod-security.kubernetes.io/enforce"], "privileged");
+    assert_eq!(labels["linkerd.io/extension"], "interceptor");
+    assert_eq!(labels.get("linkerd.io/inject"), None);
+    assert_eq!(
+        namespace["metadata"]["annotations"],
+        json!({"linkerd.io/inject": "disabled"})
+    );
+
+    let rendered = render(&[]);
+    let hook = |kind: &str| {
+        let object = rendered.find(kind, "namespace-metadata");
+        let annotations = &object["metadata"]["annotations"];
+        assert_eq!(
+            annotations["helm.sh/hook"], "post-install,post-upgrade",
+            "{kind}"
+        );
+        assert_eq!(
+            annotations["helm.sh/hook-delete-policy"], "before-hook-creation,hook-succeeded",
+            "{kind}"
+        );
+        assert_eq!(object["metadata"]["namespace"], NAMESPACE, "{kind}");
+        object
+    };
+    let job = hook("Job");
+    let role = hook("Role");
+    let binding = hook("RoleBinding");
+    hook("ServiceAccount");
+    // Its account exists before it runs.
+    assert!(
+        job["metadata"]["annotations"]["helm.sh/hook-weight"]
+            .as_str()
+            .unwrap()
+            > role["metadata"]["annotations"]["helm.sh/hook-weight"]
+                .as_str()
                 .unwrap()
-                .iter()
-                .map(|v| {
-                    (
-                        v["name"].as_str().unwrap().to_owned(),
-                        v["hostPath"]["path"].clone(),
-                    )
-                })
-                .collect()
-        };
+    );
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": [NAMESPACE], "verbs": ["get", "patch"]}])
+    );
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "namespace-metadata", "namespace": NAMESPACE}])
+    );
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "namespace-metadata");
+    assert_eq!(
+        job["spec"]["template"]["metadata"]["annotations"]["linkerd.io/inject"],
+        "disabled"
+    );
+    let containers = pod["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1);
+    assert_eq!(containers[0]["image"], "localhost/interceptor:0.1.0");
+    let args = args_of(&containers[0], &BTreeMap::new(), NAMESPACE);
+    let interceptor::cli::Command::NamespaceMetadata(metadata) =
+        parse(&args, "namespace-metadata Job").command
+    else {
+        panic!("the Job runs {args:?}, not `namespace-metadata`");
+    };
+    assert_eq!(metadata.namespace, NAMESPACE);
+    assert_eq!(metadata.kubeconfig, None, "the pod's service account");
+    assert_eq!(containers[0]["securityContext"]["runAsNonRoot"], true);
+}
+
+/// Linkerd's cni-plugin image is linkerd-cni's installer: a linkerd2-cni values file carried
+/// over names it, and the chart refuses it, saying what to do.
+#[test]
+fn linkerds_cni_plugin_image_is_refused() {
+    for name in [
+        "cr.l5d.io/linkerd/cni-plugin",
+        "registry.example.com/mirror/linkerd/cni-plugin",
+        "cr.l5d.io/linkerd/cni-plugin:v1.7.0",
+    ] {
+        let values = json!({"image": {"name": name, "version": "v1.7.0-alpha.1"}}).to_string();
+        let refused = try_render(&[&values], None)
+            .err()
+            .unwrap_or_else(|| panic!("{name} was rendered"));
+        assert!(
+            refused.contains(&format!("image.name={name} is Linkerd's cni-plugin image"))
+                && refused.contains("unset image.name"),
+            "{refused}"
+        );
+    }
+    let rendered = render(&[r#"{"image": {"name": "registry.example.com/linkerd/interceptor"}}"#]);
+    assert_eq!(
+        container(rendered.daemonset(), "agent")["image"],
+        "registry.example.com/linkerd/interceptor:0.1.0"
+    );
+}
+
+/// A mode the agent does not have, or a value of the wrong type, is refused by the values'
+/// schema before anything is rendered.
+#[test]
+fn a_bogus_mode_or_a_value_of_the_wrong_type_is_refused() {
+    for (values, path) in [
+        (r#"{"mode": "bogus"}"#, "/mode"),
+        (r#"{"inboundProxyPort": "4143"}"#, "/inboundProxyPort"),
+        (r#"{"disableIPv6": "false"}"#, "/disableIPv6"),
+        (r#"{"iptablesMode": "nftables"}"#, "/iptablesMode"),
+        (r#"{"ignoreInboundPorts": "25, 26"}"#, "/ignoreInboundPorts"),
+        (r#"{"metrics": {"prot": 9990}}"#, "/metrics"),
+    ] {
+        let refused = try_render(&[values], None)
+            .err()
+            .unwrap_or_else(|| panic!("{values} was rendered"));
+        assert!(
+            refused.contains("values don't meet the specifications of the schema")
+                && refused.contains(path),
+            "{values}: {refused}"
+        );
+    }
+    for mode in ["auto", "ebpf", "iptables"] {
+        let values = json!({"mode": mode}).to_string();
+        assert_eq!(render(&[&values]).config()["mode"], mode);
+    }
+}
+
+/// Each platform's values file moves the host's CNI directories, and changes nothing else: the
+/// same objects, the same containers, mounted at the same paths in them.
+#[test]
+fn each_platform_file_moves_only_the_cni_directories() {
+    let base = render(&[]);
+    let volumes = |rendered: &Rendered| -> BTreeMap<String, Value> {
+        rendered.daemonset()["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| {
+                (
+                    v["name"].as_str().unwrap().to_owned(),
+                    v["hostPath"]["path"].clone(),
+                )
+            })
+            .collect()
+    };
+    let without_volumes = |rendered: &Rendered| -> Vec<Value> {
+        rendered
+            .objects
+            .iter()
+            .cloned()
+            .map(|mut o| {
+                if o["kind"] == "DaemonSet" {
+                    o["spec"]["template"]["spec"]
+                        .as_object_mut()
+                        .unwrap()
+                        .remove("volumes");
+                }
+                o
+            })
+            .collect()
+    };
+    for (file, bin, conf) in PLATFORMS {
+        let platform = render(&[file]);
         let mut expected = volumes(&base);
         expected.insert("cni-bin".into(), json!(bin));
         expected.insert("cni-conf".into(), json!(conf));
-        assert_eq!(volumes(&overlay), expected, "{kustomization}");
-        let without_volumes = |objects: &[Value]| -> Vec<Value> {
-            objects
-                .iter()
-                .cloned()
-                .map(|mut o| {
-                    if o["kind"] == "DaemonSet" {
-                        o["spec"]["template"]["spec"]
-                            .as_object_mut()
-                            .unwrap()
-                            .remove("volumes");
-                    }
-                    o
-                })
-                .collect()
+        assert_eq!(volumes(&platform), expected, "{file}");
+        assert_eq!(without_volumes(&platform), without_volumes(&base), "{file}");
+    }
+}
+
+/// The chart's values: each value's path (`image.name`), down to the values the schema
+/// describes no further (a map of labels, a list of tolerations), with its default.
+fn value_paths(values: &Value, schema: &Value, prefix: &str, out: &mut BTreeMap<String, Value>) {
+    for (key, value) in values.as_object().unwrap() {
+        let path = format!("{prefix}{key}");
+        let node = &schema["properties"][key];
+        if node["properties"].is_object() {
+            value_paths(value, node, &format!("{path}."), out);
+        } else {
+            out.insert(path, value.clone());
+        }
+    }
+}
+
+/// The schema's values, as [`value_paths`] names them.
+fn schema_paths(schema: &Value, prefix: &str, out: &mut BTreeSet<String>) {
+    for (key, node) in schema["properties"].as_object().unwrap() {
+        let path = format!("{prefix}{key}");
+        if node["properties"].is_object() {
+            schema_paths(node, &format!("{path}."), out);
+        } else {
+            out.insert(path);
+        }
+    }
+}
+
+/// charts/interceptor/README.md's values table names every value of values.yaml and nothing
+/// else, with its default; values.schema.json types every value and nothing else.
+#[test]
+fn the_values_reference_and_the_schema_cover_every_value() {
+    let chart: Value = serde_json::from_str(&run(&mut helm(&["values", CHART]), None)).unwrap();
+    let mut values = BTreeMap::new();
+    value_paths(&chart["values"], &chart["schema"], "", &mut values);
+    let mut typed = BTreeSet::new();
+    schema_paths(&chart["schema"], "", &mut typed);
+    assert_eq!(
+        values.keys().cloned().collect::<BTreeSet<_>>(),
+        typed,
+        "values.yaml and values.schema.json"
+    );
+
+    let readme = std::fs::read_to_string(workspace_root().join(CHART).join("README.md")).unwrap();
+    let table = readme.split_once("## Values").expect("a Values section").1;
+    let rows: BTreeMap<String, String> = table
+        .lines()
+        .filter_map(|line| {
+            let mut cells = line.strip_prefix("| `")?.splitn(3, '|');
+            let name = cells.next()?.trim().strip_suffix('`')?.to_owned();
+            Some((name, cells.next()?.trim().to_owned()))
+        })
+        .collect();
+    assert_eq!(
+        rows.keys().cloned().collect::<BTreeSet<_>>(),
+        values.keys().cloned().collect::<BTreeSet<_>>(),
+        "the README's values table and values.yaml"
+    );
+    // Where a default is one word, the table says that word.
+    for (path, default) in &values {
+        let word = match default {
+            Value::String(s) if !s.is_empty() => format!("`{s}`"),
+            Value::Number(n) => format!("`{n}`"),
+            Value::Bool(b) => format!("`{b}`"),
+            _ => continue,
         };
-        assert_eq!(
-            without_volumes(&overlay),
-            without_volumes(&base),
-            "{kustomization}"
+        assert!(
+            rows[path].contains(&word),
+            "{path}: {} is not {word}",
+            rows[path]
         );
     }
 }
@@ -583,14 +1313,14 @@ impl AgentPod {
         let bpffs = Path::new("/sys/fs/bpf/interceptor-tests").join(unique_name("kubeplay"));
         std::fs::create_dir_all(&bpffs).unwrap();
 
-        let (_, objects) = rendered();
-        let mut config = find(&objects, "ConfigMap").clone();
+        let rendered = render(&[]);
+        let mut config = rendered.find("ConfigMap", "linkerd-cni-config").clone();
         // The pods here connect over both families (the proxies listen on both): the one line
         // a cluster whose Linkerd runs with disableIPv6=false changes.
         let linkerd = config["data"]["linkerd"].as_str().unwrap();
         assert!(linkerd.contains(r#""ipv6": false"#), "{linkerd}");
         config["data"]["linkerd"] = json!(linkerd.replace(r#""ipv6": false"#, r#""ipv6": true"#));
-        let daemonset = find(&objects, "DaemonSet");
+        let daemonset = rendered.daemonset();
         let namespace = daemonset["metadata"]["namespace"].as_str().unwrap();
         let mut spec = daemonset["spec"]["template"]["spec"].clone();
         // The host's cgroup2 mount is the test's own cgroup: no kubelet pod cgroup is found
@@ -619,8 +1349,9 @@ impl AgentPod {
             let mut args = args_of(container, &data, namespace);
             // No API server here to ask whether the DaemonSet is being deleted: without
             // --daemonset the installer unchains the plugin on SIGTERM, as deleting the
-            // DaemonSet does (tests/cni_install_kube.rs covers --daemonset against a stand-in
-            // API server).
+            // DaemonSet does, and the agent leaves interception in force, as for a rolling
+            // update (tests/cni_install_kube.rs covers --daemonset against a stand-in API
+            // server).
             args.retain(|a| !a.starts_with("--daemonset="));
             container["args"] = json!(args);
             // podman refuses port declarations on the host's network (Kubernetes takes them as

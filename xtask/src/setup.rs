@@ -74,20 +74,49 @@ pub fn run() -> anyhow::Result<OsString> {
     rust_src()?;
     nightly_version();
     bpf_linker(&install_root, &path)?;
-    let validator = kubernetes_validate()?;
-    let path = path_with_dir(&validator, &path)?;
-    ensure!(
-        find_on_path("kubectl", &path).is_some(),
-        "kubectl (with its kustomize) is needed to render deploy/kubernetes, and is not on PATH"
-    );
-    Ok(path)
+    path_with_dir(&chart_tools()?, &path)
 }
 
-/// The Kubernetes schema validator the manifests' test runs, pinned to the schemas of
-/// Kubernetes 1.31, in a virtual environment of the workspace's (it validates offline: the
-/// schemas ship with it). Returns its `bin` directory.
-fn kubernetes_validate() -> anyhow::Result<PathBuf> {
-    python_tool("kubernetes-validate", "kubernetes-validate", "1.31.0")
+/// The Kubernetes schema validator the chart's tests run: 1.37.0 ships the schemas of
+/// Kubernetes 1.25 to 1.37, so the tests validate against 1.31 (the oldest Linkerd supports)
+/// and 1.37, the newest it has. It validates offline: the schemas ship with it.
+const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
+/// Helm's Go SDK as a Python library (a bundled libhelm_c, no helm binary): the chart's tests
+/// render and lint the chart with it (tests/helm_render.py).
+const HELM_PYTHON_SDK_VERSION: &str = "0.2.2";
+
+/// The chart's test tools, in one virtual environment of the workspace's: the validator, and
+/// Helm beside it (its helper also reads YAML with the validator's PyYAML). Returns its `bin`
+/// directory, whose `python3` the tests run.
+fn chart_tools() -> anyhow::Result<PathBuf> {
+    let bin = python_tool(
+        "kubernetes-validate",
+        "kubernetes-validate",
+        KUBERNETES_VALIDATE_VERSION,
+    )?;
+    python_library(&bin, "helm-python-sdk", "helm_python", HELM_PYTHON_SDK_VERSION)?;
+    Ok(bin)
+}
+
+/// `package` at `version` from PyPI into the virtual environment of `bin`, unless its module
+/// `module` (which has no command to ask) already reports that `__version__`.
+fn python_library(bin: &Path, package: &str, module: &str, version: &str) -> anyhow::Result<()> {
+    let installed = Command::new(bin.join("python3"))
+        .arg("-c")
+        .arg(format!("import {module}; print({module}.__version__)"))
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == version);
+    if installed {
+        println!("{package} {version}: present");
+        return Ok(());
+    }
+    println!("{package} {version}: installing into {}...", bin.display());
+    cmd::run(
+        Command::new(bin.join("pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .arg(format!("{package}=={version}")),
+    )
+    .with_context(|| format!("installing {package} from PyPI"))
 }
 
 /// `package` at `version` from PyPI in a virtual environment of its own under `target/tools`,
