@@ -62,7 +62,7 @@ pub enum InstallError {
         "{conflist} chains plugins whose binaries are not in {bin_dir}: {}; nothing was written. \
          The bin directory is probably not this distribution's (GKE uses /home/kubernetes/bin, \
          k3s and RKE2 keep theirs under /var/lib/rancher/...): set --bin-dir to the directory \
-         the runtime takes its plugins from (the DaemonSet's overlays set it)",
+         the runtime takes its plugins from (the chart's destCNIBinDir sets it)",
         missing.join(", ")
     )]
     MissingPlugins {
