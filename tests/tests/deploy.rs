@@ -979,6 +979,13 @@ fn the_namespace_gets_linkerd_cnis_labels_whoever_installs() {
         namespace["metadata"]["annotations"],
         json!({"linkerd.io/inject": "disabled"})
     );
+    // What the Job below (`interceptor namespace-metadata`) gives a namespace Helm created.
+    for (key, value, _) in interceptor::health::NAMESPACE_LABELS {
+        assert_eq!(labels[key], *value, "{key}");
+    }
+    for (key, value, _) in interceptor::health::NAMESPACE_ANNOTATIONS {
+        assert_eq!(namespace["metadata"]["annotations"][key], *value, "{key}");
+    }
 
     let rendered = render(&[]);
     let hook = |kind: &str| {
