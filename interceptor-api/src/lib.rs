@@ -19,6 +19,8 @@ pub use interceptor_common::{NetnsCookie, PodSlot};
 pub use interceptor_config::{ConfigError, InterceptionConfig};
 use serde::{Deserialize, Serialize};
 
+pub mod node_status;
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 #[allow(
@@ -169,11 +171,15 @@ pub struct PodInfo {
 /// The agent's answer to [`Request::Health`].
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Health {
-    /// What is not in force as configured; empty when all is.
+    /// What is not in force as configured, the node's and each pod's; empty when all is.
     pub problems: Vec<String>,
     /// The agent's backend.
     #[serde(default)]
     pub backend: Backend,
+    /// The node's problems only (also in `problems`): what keeps new pods from being meshed,
+    /// which the agent's `/ready` answers. `None` from an agent that predates it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_problems: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

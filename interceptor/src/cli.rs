@@ -139,6 +139,13 @@ pub enum CniCommand {
         /// $KUBECONFIG or ~/.kube/config].
         #[arg(long, requires = "daemonset")]
         kubeconfig: Option<PathBuf>,
+        /// Keep a report of whether the plugin is chained in this file (JSON: `chained`, the
+        /// `conf` it is chained into or the `reason` it is not), rewritten whole whenever that
+        /// changes and removed with the plugin: the agent's --cni-chain-report, which makes
+        /// the agent ready only while it says chained (the chart passes
+        /// /run/interceptor/cni-chain.json).
+        #[arg(long, value_name = "FILE")]
+        chain_report: Option<PathBuf>,
     },
     /// Remove exactly what install added.
     Uninstall,
@@ -257,6 +264,18 @@ pub struct DaemonArgs {
     /// spec.nodeName).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
+    /// The CNI installer's report of the chain (its --chain-report, e.g.
+    /// /run/interceptor/cni-chain.json): the agent is ready (`/ready`, the node's status) only
+    /// while it says the plugin is chained, and not while it is missing. Without it the chain
+    /// is not the agent's concern.
+    #[arg(long, value_name = "FILE")]
+    pub cni_chain_report: Option<PathBuf>,
+    /// Remove every taint with this key from this node's Node once the agent can mesh pods (as
+    /// `/ready` would answer 200), as Cilium removes `node.cilium.io/agent-not-ready`: nodes
+    /// created with it run no pod that does not tolerate it before then. Needs --kubernetes and
+    /// a node name.
+    #[arg(long, value_name = "KEY")]
+    pub startup_taint: Option<String>,
     /// Repair pods that started without the CNI plugin (its entry was not chained when their
     /// sandbox was created): with --kubernetes and a node name, each such pod Linkerd injected
     /// is registered in place as the plugin would have, at once when the API reports it, and

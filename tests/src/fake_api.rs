@@ -13,8 +13,13 @@
 //! again), refuse every request (401 or 403, as when the caller's account or role is deleted) or
 //! those of some paths (403, as a role without a rule for them), close connections without an
 //! answer, or keep them open without one (the API is down).
+//!
+//! It also takes what the agent writes (see [`write`]): Events, kept for the tests to read
+//! ([`ApiState::events`]), and merge patches of Nodes ([`node`]), with the resourceVersion
+//! precondition the API server applies; it can refuse the next ones with 409 Conflict
+//! ([`ApiState::node_conflicts`]).
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
+    io::{BufRead as _, BufReader, Read as _, Write as _},
     net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
     sync::{
@@ -58,6 +63,15 @@ pub struct ApiState {
     pub mode: Mode,
     /// Requests of these paths are forbidden (403), as for a role without a rule for them.
     pub forbidden: Vec<String>,
+    /// The Events posted (events.k8s.io/v1 or core v1), as stored: a repeat's PATCH updates
+    /// the one it repeats.
+    pub events: Vec<Value>,
+    /// Every write, as `METHOD PATH`, in order.
+    pub writes: Vec<String>,
+    /// The next this many PATCHes of a Node made on the condition of its resourceVersion find
+    /// it changed meanwhile, as if by another client (its resourceVersion moves on): 409
+    /// Conflict.
+    pub node_conflicts: u32,
 }
 
 impl ApiState {
@@ -326,12 +340,29 @@ fn serve(mut stream: TcpStream, state: &Mutex<ApiState>) {
     if reader.read_line(&mut request_line).is_err() {
         return;
     }
+    let (mut content_length, mut content_type) = (0, String::new());
     loop {
         let mut header = String::new();
         if reader.read_line(&mut header).unwrap_or(0) == 0 || header == "\r\n" {
             break;
         }
+        if let Some((name, value)) = header.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                content_length = value.trim().parse().unwrap_or(0);
+            } else if name.eq_ignore_ascii_case("content-type") {
+                content_type = value.trim().to_owned();
+            }
+        }
     }
+    let mut body = vec![0; content_length];
+    if reader.read_exact(&mut body).is_err() {
+        return;
+    }
+    let method = request_line
+        .split(' ')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
     let target = request_line
         .split(' ')
         .nth(1)
@@ -372,6 +403,9 @@ fn serve(mut stream: TcpStream, state: &Mutex<ApiState>) {
             );
         }
     }
+    if method != "GET" {
+        return write(&mut stream, &mut guard, &method, path, &content_type, &body);
+    }
     let on_node = |pod: &&Value| {
         !query.contains("spec.nodeName")
             || query.contains(&format!(
@@ -403,6 +437,20 @@ fn serve(mut stream: TcpStream, state: &Mutex<ApiState>) {
                 "items": items,
             }),
         );
+    } else if let Some(name) = path
+        .strip_prefix("/api/v1/nodes/")
+        .filter(|name| !name.contains('/'))
+    {
+        let found = guard
+            .objects
+            .iter()
+            .find(|o| o["kind"] == "Node" && o["metadata"]["name"] == name)
+            .cloned();
+        drop(guard);
+        match found {
+            Some(object) => respond(&mut stream, "200 OK", &object),
+            None => respond(&mut stream, "404 Not Found", &not_found("nodes", "", name)),
+        }
     } else if let Some(name) = path
         .strip_prefix("/api/v1/namespaces/")
         .filter(|name| !name.contains('/'))
@@ -464,6 +512,191 @@ fn serve(mut stream: TcpStream, state: &Mutex<ApiState>) {
             }),
         );
     }
+}
+
+/// A Node as the API server returns it, with `taints` (key and effect).
+pub fn node(name: &str, taints: &[(&str, &str)]) -> Value {
+    let taints: Vec<Value> = taints
+        .iter()
+        .map(|(key, effect)| json!({ "key": key, "effect": effect }))
+        .collect();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "uid": format!("uid-node-{name}"),
+            "resourceVersion": "30",
+            "labels": { "kubernetes.io/hostname": name },
+        },
+        "spec": { "taints": taints },
+        "status": { "conditions": [{ "type": "Ready", "status": "True" }] },
+    })
+}
+
+/// A `NotFound` Status naming the object, as the API server answers.
+fn not_found(resource: &str, group: &str, name: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Status", "status": "Failure",
+        "reason": "NotFound", "code": 404,
+        "message": format!("{resource} \"{name}\" not found"),
+        "details": { "name": name, "group": group, "kind": resource },
+    })
+}
+
+/// A failure Status with `code` and `reason`.
+fn failure(code: u16, reason: &str, message: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Status", "status": "Failure",
+        "reason": reason, "code": code, "message": message,
+    })
+}
+
+/// The writes the agent makes: an Event created (POST, events.k8s.io/v1 or core v1) or
+/// updated as a repeat (PATCH), and a Node changed by a JSON merge patch, which may carry the
+/// Node's `metadata.resourceVersion` to be applied only to that version (409 Conflict if the
+/// Node changed since). Each Node change moves its resourceVersion on.
+fn write(
+    stream: &mut TcpStream,
+    state: &mut ApiState,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &[u8],
+) {
+    state.writes.push(format!("{method} {path}"));
+    let Ok(mut sent) = serde_json::from_slice::<Value>(body) else {
+        return respond(
+            stream,
+            "400 Bad Request",
+            &failure(400, "BadRequest", "not JSON"),
+        );
+    };
+    if method == "PATCH" && content_type != "application/merge-patch+json" {
+        let message = format!("this server applies merge patches only, not {content_type}");
+        return respond(
+            stream,
+            "415 Unsupported Media Type",
+            &failure(415, "UnsupportedMediaType", &message),
+        );
+    }
+    if let Some((namespace, name)) = events_path(path) {
+        match (method, name) {
+            ("POST", None) => {
+                sent["metadata"]["namespace"] = json!(namespace);
+                state.events.push(sent.clone());
+                respond(stream, "201 Created", &sent);
+            }
+            ("PATCH", Some(name)) => {
+                let stored = state.events.iter_mut().find(|e| {
+                    e["metadata"]["namespace"] == namespace && e["metadata"]["name"] == name
+                });
+                match stored {
+                    Some(event) => {
+                        merge_patch(event, &sent);
+                        respond(stream, "200 OK", event);
+                    }
+                    None => respond(stream, "404 Not Found", &not_found("events", "", name)),
+                }
+            }
+            _ => respond(
+                stream,
+                "405 Method Not Allowed",
+                &failure(405, "MethodNotAllowed", "not an event write"),
+            ),
+        }
+        return;
+    }
+    let node = path
+        .strip_prefix("/api/v1/nodes/")
+        .filter(|name| !name.contains('/') && method == "PATCH");
+    let Some(name) = node else {
+        return respond(
+            stream,
+            "405 Method Not Allowed",
+            &failure(405, "MethodNotAllowed", "this server takes no such write"),
+        );
+    };
+    let precondition = sent["metadata"]
+        .as_object_mut()
+        .and_then(|metadata| metadata.remove("resourceVersion"));
+    let changed_meanwhile = precondition.is_some() && state.node_conflicts > 0;
+    if changed_meanwhile {
+        state.node_conflicts -= 1;
+    }
+    let Some(stored) = state
+        .objects
+        .iter_mut()
+        .find(|o| o["kind"] == "Node" && o["metadata"]["name"] == name)
+    else {
+        return respond(stream, "404 Not Found", &not_found("nodes", "", name));
+    };
+    let version = |node: &Value| {
+        node["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_default()
+    };
+    if changed_meanwhile {
+        stored["metadata"]["resourceVersion"] = json!((version(stored) + 1).to_string());
+    }
+    if precondition.is_some_and(|v| v != stored["metadata"]["resourceVersion"]) {
+        let message = format!(
+            "Operation cannot be fulfilled on nodes \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+        );
+        return respond(stream, "409 Conflict", &failure(409, "Conflict", &message));
+    }
+    let next = json!((version(stored) + 1).to_string());
+    merge_patch(stored, &sent);
+    stored["metadata"]["resourceVersion"] = next;
+    let stored = stored.clone();
+    respond(stream, "200 OK", &stored);
+}
+
+/// `(namespace, name)` of an Events path (`None` for the collection).
+fn events_path(path: &str) -> Option<(&str, Option<&str>)> {
+    let rest = path
+        .strip_prefix("/apis/events.k8s.io/v1/namespaces/")
+        .or_else(|| path.strip_prefix("/api/v1/namespaces/"))?;
+    let mut parts = rest.split('/');
+    let namespace = parts.next()?;
+    if parts.next()? != "events" {
+        return None;
+    }
+    match (parts.next(), parts.next()) {
+        (None, _) => Some((namespace, None)),
+        (Some(name), None) => Some((namespace, Some(name))),
+        _ => None,
+    }
+}
+
+/// Applies a JSON merge patch (RFC 7386): objects merge key by key, `null` removes a key,
+/// anything else replaces.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let target = target.as_object_mut().expect("an object");
+    for (key, value) in patch {
+        if value.is_null() {
+            target.remove(key);
+        } else {
+            merge_patch(target.entry(key.clone()).or_insert(Value::Null), value);
+        }
+    }
+}
+
+/// The annotation `key` of the Node `name` as stored, parsed as JSON.
+pub fn node_annotation(state: &ApiState, name: &str, key: &str) -> Option<Value> {
+    let node = state
+        .objects
+        .iter()
+        .find(|o| o["kind"] == "Node" && o["metadata"]["name"] == name)?;
+    serde_json::from_str(node["metadata"]["annotations"][key].as_str()?).ok()
 }
 
 /// `(apiVersion, namespace, resource, name)` of a GET of a namespaced object:

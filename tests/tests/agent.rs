@@ -13,7 +13,7 @@ use interceptor_tests::{
     Landing, Netns, PodFixture,
     agent_home::{
         AgentHome, LINKERD_FLAGS, UNREACHABLE, all_reached_the_proxy, check_load,
-        free_loopback_addr, http_get, stderr,
+        free_loopback_addr, http_get, metric, stderr,
     },
     eventually,
     fixture::Namespaces,
@@ -1108,8 +1108,10 @@ fn a_request_that_panics_inside_the_agent_is_answered_and_the_agent_serves_on() 
     assert!(record.exists(), "{} is missing", record.display());
 }
 
-/// `status` and `/ready` say when interception is not in force as configured (a pod's sk_lookup
-/// link or a node link no longer pinned), and what; a new `pod add` or a restart repairs it.
+/// `status` says when interception is not in force as configured (a pod's sk_lookup link or a
+/// node link no longer pinned), and what; `/ready` says so for the node's links only (a pod's
+/// drift does not keep the node from meshing new pods); a new `pod add` or a restart repairs
+/// it.
 #[test]
 fn status_and_ready_say_when_interception_is_not_as_configured() {
     if !privileged("status_and_ready_say_when_interception_is_not_as_configured") {
@@ -1154,29 +1156,30 @@ fn status_and_ready_say_when_interception_is_not_as_configured() {
     let cookie = home.pods()[0]["netns_cookie"].as_u64().unwrap();
     let pod_link = home.bpffs.join(format!("link_icpt_sk_lookup_{cookie}"));
     displace(&pod_link);
-    // /ready answers from each pod's last check, which the pin's removal asked for.
-    eventually("/ready says 503", Duration::from_secs(5), || {
-        http_get(&addr, "/ready").0.contains(" 503 ")
+    // The pin's removal asked for the pod's check, which the gauge shows.
+    eventually("the pod counts as drifted", Duration::from_secs(5), || {
+        metric(&addr, "interceptor_pods_drifted") == Some(1.0)
     });
-    let (ready, body) = http_get(&addr, "/ready");
-    assert!(ready.contains(" 503 "), "{ready}");
     let problem = format!("its sk_lookup link: {}", pod_link.display());
-    assert!(body.contains(&problem), "{body}");
-    // Not ready is not dead: the liveness probe does not restart an agent for a pod's drift.
-    let (live, body) = http_get(&addr, "/live");
-    assert!(live.contains(" 200 ") && body == "live\n", "{live} {body}");
     let text = status();
     assert!(
         text.contains("DEGRADED") && text.contains(&format!("problem: {problem}")),
         "{text}"
+    );
+    // The pod's problem, not the node's: it still meshes new pods.
+    let (ready, body) = http_get(&addr, "/ready");
+    assert!(
+        ready.contains(" 200 ") && body == "ready\n",
+        "{ready} {body}"
     );
     // Once the foreign pin goes, the agent pins its link again, steering all along.
     std::fs::remove_file(&pod_link).unwrap();
     eventually(
         "the pod's link is pinned again",
         Duration::from_secs(5),
-        || http_get(&addr, "/ready").0.contains(" 200 "),
+        || metric(&addr, "interceptor_pods_drifted") == Some(0.0),
     );
+    assert!(status().contains("interception in force as configured"));
     let landing = fixture.on_remote().connect("10.77.0.1:80");
     assert!(
         matches!(&landing, Landing::Proxy { name, .. } if name == "inbound"),
@@ -1188,6 +1191,9 @@ fn status_and_ready_say_when_interception_is_not_as_configured() {
     let (ready, body) = http_get(&addr, "/ready");
     assert!(ready.contains(" 503 "), "{ready}");
     assert!(body.contains("link_icpt_connect4"), "{body}");
+    // Not ready is not dead: the liveness probe does not restart an agent for it.
+    let (live, body) = http_get(&addr, "/live");
+    assert!(live.contains(" 200 ") && body == "live\n", "{live} {body}");
     assert!(status().contains("DEGRADED"), "{}", status());
     // The agent still holds the link: connects are still intercepted.
     let app = fixture.in_pod().uid(APP_UID);

@@ -54,9 +54,14 @@ struct Installer {
 
 impl Installer {
     fn start(network: &CniNetwork, agent_socket: &Path) -> Self {
+        Self::start_with(network, agent_socket, &[])
+    }
+
+    fn start_with(network: &CniNetwork, agent_socket: &Path, extra: &[&str]) -> Self {
         let mut child = network
             .install(Path::new(INTERCEPTOR), Path::new(PLUGIN), agent_socket)
             .args(["--watch", "--check-ms", &CHECK.as_millis().to_string()])
+            .args(extra)
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -327,4 +332,53 @@ fn an_agent_that_never_answers_holds_up_no_restore_and_the_error_names_the_prima
     assert_eq!(installer.lines_with(&["Cilium"]), 0, "{}", installer.log());
     installer.terminate();
     assert_eq!(network.conflist(), primary, "uninstalled on SIGTERM");
+}
+
+/// The installer's report of the chain (`--chain-report`), which the agent's readiness goes by:
+/// not chained, with the installer's reason, while the primary's plugin is missing from the bin
+/// directory; chained into the primary's configuration once it is there (and still after a
+/// restore); gone once the installer removes the plugin.
+#[test]
+fn the_installer_reports_whether_the_plugin_is_chained() {
+    use interceptor::agent::api::node_status::ChainReport;
+    let network = CniNetwork::new("chainreport");
+    let loopback = network.bin_dir.join("loopback");
+    let kept = network.root.join("loopback");
+    std::fs::rename(&loopback, &kept).unwrap();
+    // In a directory not there yet, as the agent's state directory before the agent runs.
+    let report = network.root.join("state").join("cni-chain.json");
+    let installer = Installer::start_with(
+        &network,
+        &network.root.join("agent.sock"),
+        &["--chain-report", &report.display().to_string()],
+    );
+    let read = || ChainReport::read(&report).ok();
+    eventually_eq("reported not chained", Some(false), || {
+        read().map(|r| r.chained)
+    });
+    let reason = read().unwrap().reason.unwrap_or_default();
+    assert!(reason.contains("loopback"), "{reason}");
+    assert_eq!(network.chained(), 0);
+
+    // The primary's plugin appears: chained, and reported so.
+    std::fs::rename(&kept, &loopback).unwrap();
+    let chained = Some(ChainReport::chained(&network.primary_path));
+    eventually_eq("reported chained", chained.clone(), read);
+    assert_eq!(network.chained(), 1);
+    rewrite_and_wait(
+        &installer,
+        &network,
+        &CniNetwork::primary(),
+        1,
+        Rewrite::InPlace,
+    );
+    assert_eq!(read(), chained, "still chained after a restore");
+
+    installer.terminate();
+    assert_eq!(
+        network.conflist(),
+        CniNetwork::primary(),
+        "uninstalled on SIGTERM"
+    );
+    assert!(!report.exists(), "the report goes with the plugin");
 }

@@ -13,6 +13,7 @@ use std::{
     time::Duration,
 };
 
+use interceptor::agent::api::node_status::NODE_STATUS_ANNOTATION;
 use interceptor_tests::{
     Landing, Netns, PodFixture, Probe,
     agent_home::{Agent, AgentHome, free_loopback_addr, http_get, metric},
@@ -71,6 +72,7 @@ fn api_with(pods: Vec<Value>) -> FakeApi {
 fn api_with_namespace(annotations: &[(&str, &str)], pods: Vec<Value>) -> FakeApi {
     let mut objects = pods;
     objects.push(fake_api::namespace("shop", annotations));
+    objects.push(fake_api::node(NODE, &[]));
     objects.push(json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": { "name": "kubernetes", "namespace": "default" },
@@ -81,6 +83,50 @@ fn api_with_namespace(annotations: &[(&str, &str)], pods: Vec<Value>) -> FakeApi
 
 fn eventually(what: &str, done: impl FnMut() -> bool) {
     interceptor_tests::eventually(what, Duration::from_secs(20), done);
+}
+
+/// The Events posted with `reason` on pod `name`.
+fn events_on(api: &FakeApi, reason: &str, name: &str) -> Vec<Value> {
+    api.state()
+        .events
+        .iter()
+        .filter(|e| e["reason"] == reason && e["regarding"]["name"] == name)
+        .cloned()
+        .collect()
+}
+
+/// Waits for the one Event with `reason` on pod `name`, and checks what every Event of the
+/// agent says: of a Pod in `shop`, reported by the agent of node `NODE`.
+fn the_event(api: &FakeApi, reason: &str, name: &str) -> Value {
+    eventually(&format!("a {reason} event on {name}"), || {
+        !events_on(api, reason, name).is_empty()
+    });
+    let events = events_on(api, reason, name);
+    assert_eq!(events.len(), 1, "one event per occurrence: {events:#?}");
+    let event = events[0].clone();
+    assert_eq!(event["apiVersion"], "events.k8s.io/v1", "{event:#}");
+    assert_eq!(event["regarding"]["kind"], "Pod", "{event:#}");
+    assert_eq!(event["regarding"]["namespace"], "shop", "{event:#}");
+    assert_eq!(event["metadata"]["namespace"], "shop", "{event:#}");
+    assert_eq!(
+        event["reportingController"], "interceptor.linkerd.io/agent",
+        "{event:#}"
+    );
+    assert_eq!(event["reportingInstance"], NODE, "{event:#}");
+    event
+}
+
+/// The agent's status on node `NODE`'s annotation, as last written.
+fn node_status(api: &FakeApi) -> Option<Value> {
+    fake_api::node_annotation(&api.state(), NODE, NODE_STATUS_ANNOTATION)
+}
+
+/// Waits until the node's status satisfies `done`, and returns it.
+fn status_when(api: &FakeApi, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    eventually(&format!("the node's status: {what}"), || {
+        node_status(api).is_some_and(|s| done(&s))
+    });
+    node_status(api).unwrap()
 }
 
 /// A node's CNI network whose plugin entry does not declare the annotations capability: the
@@ -566,9 +612,10 @@ fn systemd_pod_process(node_cgroup: &Path, uid: &str, netns: &Path) -> (PathBuf,
 /// The repair finds a pod's namespace from its UID, whatever names the runtime gives it: here
 /// the kubelet's systemd layout and a namespace bind-mounted in /run/netns, which the record
 /// keeps (it outlives the pod's processes). The pod gets the configuration the plugin would
-/// give it, its namespace's annotations included. A pod the API reports as started that the
-/// node does not have yet (no cgroup) is reported once after its retries, and repaired once it
-/// is there.
+/// give it, its namespace's annotations included, and a `MeshedInPlace` Event. A pod the API
+/// reports as started that the node does not have yet (no cgroup) is reported once after its
+/// retries (a `NotMeshed` Event, `interceptor_pods_not_meshed`, the node's status names it),
+/// and repaired once it is there.
 #[test]
 fn repair_finds_a_pods_namespace_by_its_uid_and_reports_one_it_cannot_find_yet() {
     if !privileged("repair_finds_a_pods_namespace_by_its_uid_and_reports_one_it_cannot_find_yet") {
@@ -620,6 +667,15 @@ fn repair_finds_a_pods_namespace_by_its_uid_and_reports_one_it_cannot_find_yet()
         Landing::Failed("connect:ECONNREFUSED".into()),
         "the namespace's skipped port"
     );
+    // `kubectl describe pod` says so.
+    let event = the_event(&api, "MeshedInPlace", "named");
+    assert_eq!(event["type"], "Normal", "{event:#}");
+    assert_eq!(event["regarding"]["uid"], uid("named"), "{event:#}");
+    let note = event["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("before the CNI plugin was chained") && note.contains("opened before"),
+        "{note}"
+    );
 
     // The other pod has no cgroup on this node yet: reported once, after its retries.
     let failed = r#"interceptor_pods_repair_failed_total{reason="no_cgroup"}"#;
@@ -634,6 +690,24 @@ fn repair_finds_a_pods_namespace_by_its_uid_and_reports_one_it_cannot_find_yet()
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(warnings(&text), 1, "{text}");
     assert!(text.contains("no cgroup of the pod under"), "{text}");
+    let event = the_event(&api, "NotMeshed", "late");
+    assert_eq!(event["type"], "Warning", "{event:#}");
+    let note = event["note"].as_str().unwrap_or_default();
+    assert!(note.contains("no cgroup of the pod under"), "{note}");
+    assert_eq!(metric(&metrics, "interceptor_pods_not_meshed"), Some(1.0));
+    let status = status_when(&api, "it names the pod not meshed", |s| {
+        s["not_meshed_total"] == 1
+    });
+    assert_eq!(status["not_meshed"][0]["namespace"], "shop", "{status:#}");
+    assert_eq!(status["not_meshed"][0]["name"], "late", "{status:#}");
+    let reason = status["not_meshed"][0]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(reason.contains("no cgroup of the pod under"), "{status:#}");
+    assert_eq!(status["meshed"], 1, "{status:#}");
+    // Not meshing one pod is that pod's problem: the node meshes new pods.
+    assert_eq!(status["can_mesh"], true, "{status:#}");
+    assert!(http_get(&metrics, "/ready").0.contains(" 200 "));
 
     // Its sandbox appears: repaired at the next pass, reported no more.
     let late = Netns::new("repairuid-late");
@@ -648,11 +722,25 @@ fn repair_finds_a_pods_namespace_by_its_uid_and_reports_one_it_cannot_find_yet()
     assert_eq!(metric(&metrics, failed), Some(1.0));
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(warnings(&text), 1, "{text}");
+    the_event(&api, "MeshedInPlace", "late");
+    status_when(&api, "the pod is meshed, no longer named", |s| {
+        s["not_meshed_total"] == 0 && s["meshed"] == 2
+    });
+    assert_eq!(metric(&metrics, "interceptor_pods_not_meshed"), Some(0.0));
+    assert_eq!(events_on(&api, "NotMeshed", "late").len(), 1);
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"interceptor_events_posted_total{reason="MeshedInPlace"}"#
+        ),
+        Some(2.0)
+    );
 }
 
 /// Without the Kubernetes API, or without a watch of the node's pods, or with
 /// `--repair-interval 0`, there is no repair, and the agent says so once at start; a `--linkerd`
-/// block the plugin would refuse stops the agent before it starts.
+/// block the plugin would refuse, or a `--startup-taint` without the API or a node name, stops
+/// the agent before it starts.
 #[test]
 fn without_the_api_repair_is_off_and_the_agent_says_so_once() {
     if !privileged("without_the_api_repair_is_off_and_the_agent_says_so_once") {
@@ -705,4 +793,245 @@ fn without_the_api_repair_is_off_and_the_agent_says_so_once() {
             && error.contains("proxy-uid"),
         "{error}"
     );
+
+    // Only an agent that reads the API as its node's can remove the startup taint.
+    for (args, why) in [
+        (&[][..], "needs the Kubernetes API"),
+        (&["--kubeconfig", &kubeconfig][..], "needs this node's name"),
+    ] {
+        let out = std::process::Command::new(&home.binary)
+            .arg("daemon")
+            .args(home.location())
+            .args(["--cgroup", &fixture.cgroup.path.display().to_string()])
+            .args(["--startup-taint", STARTUP_TAINT])
+            .args(args)
+            .env_remove("NODE_NAME")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let error = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            error.contains(&format!("--startup-taint {STARTUP_TAINT} {why}")),
+            "{error}"
+        );
+    }
+}
+
+const STARTUP_TAINT: &str = "interceptor.linkerd.io/agent-not-ready";
+const OTHER_TAINT: &str = "example.com/maintenance";
+
+/// The keys of node `NODE`'s taints.
+fn taints(api: &FakeApi) -> Vec<String> {
+    let state = api.state();
+    let node = state
+        .objects
+        .iter()
+        .find(|o| o["kind"] == "Node" && o["metadata"]["name"] == NODE)
+        .expect("the node");
+    node["spec"]["taints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| t["key"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// The startup taint (`--startup-taint`) goes once the agent can mesh new pods, and not
+/// before: while the CNI installer's report (`--cni-chain-report`) says the plugin is not
+/// chained, `/ready` says why with a 503, the node's status says the node cannot mesh, and the
+/// taint stays. Once the report says chained, every taint with that key goes (a Node changed
+/// meanwhile is read again: a conflict), the Node's other taints stay, and the status says what
+/// the agent runs. A report gone later makes the node unready again; the taint is not put back.
+#[test]
+fn the_startup_taint_goes_once_the_node_can_mesh_pods() {
+    use interceptor::agent::api::node_status::ChainReport;
+    if !privileged("the_startup_taint_goes_once_the_node_can_mesh_pods") {
+        return;
+    }
+    let api = api_with(Vec::new());
+    {
+        let mut state = api.state();
+        state.objects.retain(|o| o["kind"] != "Node");
+        let tainted = fake_api::node(
+            NODE,
+            &[
+                (STARTUP_TAINT, "NoSchedule"),
+                (OTHER_TAINT, "NoExecute"),
+                (STARTUP_TAINT, "NoExecute"),
+            ],
+        );
+        state.objects.push(tainted);
+        state.node_conflicts = 1;
+    }
+    let fixture = PodFixture::new("taint");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let report = home.state_dir.join("cni-chain.json");
+    ChainReport::not_chained("no primary network configuration in /etc/cni/net.d")
+        .write(&report)
+        .unwrap();
+    let report_arg = report.display().to_string();
+    let (_agent, metrics) = agent_watching(
+        &api,
+        &home,
+        &[
+            "--startup-taint",
+            STARTUP_TAINT,
+            "--cni-chain-report",
+            &report_arg,
+        ],
+    );
+
+    let (ready, body) = http_get(&metrics, "/ready");
+    assert!(ready.contains(" 503 "), "{ready}");
+    let problem =
+        "the CNI plugin is not chained: no primary network configuration in /etc/cni/net.d";
+    assert!(body.contains(problem), "{body}");
+    let status = status_when(&api, "it cannot mesh", |s| s["can_mesh"] == false);
+    assert_eq!(status["chained"], false, "{status:#}");
+    assert_eq!(status["problems"], json!([problem]), "{status:#}");
+    // However long it waits: the pods the taint keeps away would start unmeshed.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(taints(&api), [STARTUP_TAINT, OTHER_TAINT, STARTUP_TAINT]);
+
+    ChainReport::chained(Path::new("/etc/cni/net.d/10-lo.conflist"))
+        .write(&report)
+        .unwrap();
+    // As the kubelet's probe asks.
+    eventually("/ready says 200", || {
+        http_get(&metrics, "/ready").0.contains(" 200 ")
+    });
+    eventually("the startup taint is removed", || {
+        taints(&api) == [OTHER_TAINT]
+    });
+    assert_eq!(api.state().node_conflicts, 0, "the conflict was met");
+    let status = status_when(&api, "it can mesh", |s| s["can_mesh"] == true);
+    assert_eq!(status["version"], env!("CARGO_PKG_VERSION"), "{status:#}");
+    assert_eq!(status["backend"], "ebpf", "{status:#}");
+    assert_eq!(status["chained"], true, "{status:#}");
+    assert!(status.get("problems").is_none(), "{status:#}");
+    assert_eq!(status["meshed"], 0, "{status:#}");
+    let variants: Vec<&str> = status["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(variants.len(), 7, "a variant per hook: {status:#}");
+    for hook in [
+        "cgroup/connect4=",
+        "sock_ops=",
+        "cgroup/getsockopt=",
+        "sk_lookup=",
+    ] {
+        assert!(
+            variants.iter().any(|v| v.starts_with(hook)),
+            "{hook}: {variants:?}"
+        );
+    }
+    let updated = status["updated"].as_str().unwrap();
+    assert!(updated.ends_with('Z') && updated.len() == 20, "{updated}");
+    let log = std::fs::read_to_string(home.log_path()).unwrap();
+    assert_eq!(
+        log.matches("its startup taint is removed").count(),
+        1,
+        "{log}"
+    );
+
+    home.mesh(
+        &fixture.pod.path(),
+        &["--name", "web", "--namespace", "shop"],
+    );
+    status_when(&api, "it counts the pod", |s| s["meshed"] == 1);
+
+    std::fs::remove_file(&report).unwrap();
+    let (ready, body) = http_get(&metrics, "/ready");
+    assert!(ready.contains(" 503 "), "{ready}");
+    assert!(body.contains("has not reported"), "{body}");
+    let status = status_when(&api, "it cannot mesh again", |s| s["can_mesh"] == false);
+    assert!(status.get("chained").is_none(), "not reported: {status:#}");
+    assert_eq!(taints(&api), [OTHER_TAINT]);
+}
+
+/// One pod's interception drifting (here its sk_lookup link's pin taken by someone else's
+/// program, which the agent cannot undo) is that pod's problem, not the node's: `/ready` stays
+/// 200 (the DaemonSet's readiness, which `linkerd check` waits on), while
+/// `interceptor_pods_drifted`, an `InterceptionDrifted` Event, the node's status and the API's
+/// health say which pod and why; all of them clear once it is in force again.
+#[test]
+fn a_pods_drift_leaves_the_node_ready_and_is_told_elsewhere() {
+    use std::os::fd::AsFd as _;
+    if !privileged("a_pods_drift_leaves_the_node_ready_and_is_told_elsewhere") {
+        return;
+    }
+    let api = api_with(Vec::new());
+    let fixture = PodFixture::new("drift");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let (_agent, metrics) = agent_watching(&api, &home, &["--repair-interval", "0"]);
+    home.mesh(
+        &fixture.pod.path(),
+        &["--name", "web", "--namespace", "shop", "--uid", "uid-web"],
+    );
+    status_when(&api, "it meshes the pod", |s| {
+        s["meshed"] == 1 && s["drifted_total"] == 0
+    });
+    assert_eq!(metric(&metrics, "interceptor_pods_drifted"), Some(0.0));
+
+    let foreign = interceptor_tests::ebpf_backend::foreign_program();
+    let cookie = home.pods()[0]["netns_cookie"].as_u64().unwrap();
+    let pod_link = home.bpffs.join(format!("link_icpt_sk_lookup_{cookie}"));
+    // The agent pins a removed pin again at once: retried until the foreign one is there.
+    let mut displaced = false;
+    for _ in 0..50 {
+        let _ = std::fs::remove_file(&pod_link);
+        match interceptor_sys::obj_pin(foreign.as_fd(), &pod_link) {
+            Ok(()) => {
+                displaced = true;
+                break;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
+            Err(e) => panic!("pinning at {}: {e}", pod_link.display()),
+        }
+    }
+    assert!(
+        displaced,
+        "{} was pinned again 50 times",
+        pod_link.display()
+    );
+
+    eventually("the gauge counts the drifted pod", || {
+        metric(&metrics, "interceptor_pods_drifted") == Some(1.0)
+    });
+    let (ready, body) = http_get(&metrics, "/ready");
+    assert!(
+        ready.contains(" 200 ") && body == "ready\n",
+        "{ready} {body}"
+    );
+    let problem = format!("its sk_lookup link: {}", pod_link.display());
+    let event = the_event(&api, "InterceptionDrifted", "web");
+    assert_eq!(event["type"], "Warning", "{event:#}");
+    assert_eq!(event["regarding"]["uid"], "uid-web", "{event:#}");
+    let note = event["note"].as_str().unwrap_or_default();
+    assert!(note.contains(&problem), "{note}");
+    let status = status_when(&api, "it names the drifted pod", |s| {
+        s["drifted_total"] == 1
+    });
+    assert_eq!(status["can_mesh"], true, "{status:#}");
+    assert_eq!(status["drifted"][0]["namespace"], "shop", "{status:#}");
+    assert_eq!(status["drifted"][0]["name"], "web", "{status:#}");
+    let reason = status["drifted"][0]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains(&problem), "{status:#}");
+    let health = interceptor::agent::api::health(&home.socket()).unwrap();
+    assert!(
+        health.problems.iter().any(|p| p.contains(&problem)),
+        "{health:?}"
+    );
+    assert_eq!(health.node_problems, Some(Vec::new()), "{health:?}");
+
+    // Once the foreign pin goes, the agent pins its link again: in force, told as such.
+    std::fs::remove_file(&pod_link).unwrap();
+    eventually("the gauge clears", || {
+        metric(&metrics, "interceptor_pods_drifted") == Some(0.0)
+    });
+    status_when(&api, "it names no drifted pod", |s| s["drifted_total"] == 0);
+    assert_eq!(events_on(&api, "InterceptionDrifted", "web").len(), 1);
 }

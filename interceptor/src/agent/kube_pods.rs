@@ -149,6 +149,8 @@ pub struct KubePods {
     lookups: Family<Vec<(String, String)>, Counter>,
     /// Whether a watch keeps `cache` (a client and a node name).
     watching: bool,
+    /// This node's name, when the agent was given one.
+    node_name: Option<String>,
 }
 
 impl KubePods {
@@ -172,6 +174,7 @@ impl KubePods {
             namespaces: Mutex::new(HashMap::new()),
             lookups: Family::default(),
             watching,
+            node_name: options.node_name.clone(),
         });
         match (&pods.client, options.node_name) {
             (Ok(client), Some(node)) => {
@@ -194,6 +197,16 @@ impl KubePods {
     /// Whether a watch keeps this node's pods.
     pub fn watching(&self) -> bool {
         self.watching
+    }
+
+    /// The client, for the agent's other requests (events, its Node); `None` without one.
+    pub fn client(&self) -> Option<Client> {
+        self.client.as_ref().ok().cloned()
+    }
+
+    /// This node's name, when the agent was given one.
+    pub fn node_name(&self) -> Option<&str> {
+        self.node_name.as_deref()
     }
 
     /// The pods the watch reports that the CNI plugin would have meshed and whose sandbox

@@ -1,8 +1,11 @@
 //! The agent's Prometheus endpoint (`--metrics-addr`): `/metrics` in the text format, rendered
 //! from the kernel's counters at each scrape, and `/ready`, which answers once the programs are
-//! attached and the pods restored (the server starts only then), and only while interception is
-//! in force as configured: 503, with what is wrong, when a node link is missing or attached
-//! elsewhere than `--cgroup`, or a pod's entries are incomplete.
+//! attached and the pods restored (the server starts only then), and only while the agent can
+//! mesh new pods: 503, with what is wrong, when a node link is missing or attached elsewhere
+//! than `--cgroup`, or the CNI installer reports the plugin not chained (`--cni-chain-report`).
+//! A pod whose interception drifted is that pod's problem, not the node's: it is in
+//! `interceptor_pods_drifted`, `status`, an Event and the node's status, and `/ready` stays 200
+//! (the DaemonSet's readiness is what `linkerd check` waits on).
 use std::{
     net::SocketAddr,
     sync::{Arc, Mutex},
@@ -94,12 +97,12 @@ pub fn serve(addr: SocketAddr, agent: Arc<Mutex<Agent>>) -> anyhow::Result<()> {
                     )
                 }
                 "/ready" => {
-                    let health = super::lock(&agent).health(false);
-                    if health.problems.is_empty() {
+                    let problems = super::lock(&agent).readiness();
+                    if problems.is_empty() {
                         tiny_http::Response::from_string("ready\n")
                     } else {
-                        let mut body = String::from("not in force as configured:\n");
-                        for problem in &health.problems {
+                        let mut body = String::from("cannot mesh new pods:\n");
+                        for problem in &problems {
                             body.push_str(&format!("- {problem}\n"));
                         }
                         tiny_http::Response::from_string(body).with_status_code(503)
@@ -107,7 +110,8 @@ pub fn serve(addr: SocketAddr, agent: Arc<Mutex<Agent>>) -> anyhow::Result<()> {
                 }
                 // The liveness probe: answered once the agent's state can be locked, so an agent
                 // stuck holding it (it would serve no registration either) is restarted, and
-                // one that is merely not ready (a pod's interception drifted) is not.
+                // one that is merely not ready (a node link drifted, the plugin not chained) is
+                // not.
                 "/live" => {
                     drop(super::lock(&agent));
                     tiny_http::Response::from_string("live\n")
@@ -196,6 +200,37 @@ fn render(agent: &Agent) -> String {
             repairs.failed.clone(),
         );
     }
+    let drifted = Gauge::<i64>::default();
+    drifted.set(agent.drifted_count() as i64);
+    registry.register(
+        "pods_drifted",
+        "Registered pods whose interception the last check found not in force as configured (a link or entry not what was written), which the agent could not put back; `interceptor status` names them",
+        drifted,
+    );
+    let not_meshed = Gauge::<i64>::default();
+    not_meshed.set(agent.not_meshed.len() as i64);
+    registry.register(
+        "pods_not_meshed",
+        "Pods Linkerd injected that started without the CNI plugin and that the agent could not mesh after retrying (it keeps trying)",
+        not_meshed,
+    );
+    if let Some(events) = &agent.events {
+        registry.register(
+            "events_posted",
+            "Kubernetes Events posted on pods, by reason (MeshedInPlace, NotMeshed, InterceptionDrifted)",
+            events.metrics.posted.clone(),
+        );
+        registry.register(
+            "events_failed",
+            "Kubernetes Events not posted, by cause: queue_full (dropped: earlier ones still waiting), timeout, api (refused or failed)",
+            events.metrics.failed.clone(),
+        );
+    }
+    registry.register(
+        "node_status_writes",
+        "Writes of this node's status annotation on its Node, by result (written, failed)",
+        agent.status_writes.0.clone(),
+    );
     registry.register(
         "pod_checks",
         "Pods checked against their network namespace (gone, replaced, addresses changed), by trigger: event (a namespace removed, an address notification), lost (notifications were lost: every pod) or sweep (the safety sweep, one pod at a time over --reconcile-ms)",

@@ -13,7 +13,9 @@
 pub use interceptor_api as api;
 use interceptor_common::names;
 mod backend;
+mod events;
 mod iptables_pods;
+mod kube_node;
 pub mod kube_pods;
 mod metrics;
 pub mod open_files;
@@ -141,6 +143,17 @@ struct Agent {
     /// `/ready`, polled every few seconds, answers from it instead of reading every pod's
     /// entries and pins from the kernel.
     pod_problems: std::collections::BTreeMap<interceptor_common::NetnsCookie, String>,
+    /// Pods Linkerd injected that the repair gave up on (reported, still failing), by UID.
+    not_meshed: std::collections::BTreeMap<String, api::node_status::PodProblem>,
+    /// The installer's report of the CNI chain, when readiness goes by it (`--cni-chain-report`).
+    chain_report: Option<PathBuf>,
+    /// The node's problems as `/ready` last found them.
+    last_node_problems: Option<Vec<String>>,
+    /// Wakes the task that keeps the Node's status (nothing without one).
+    status_changed: kube_node::StatusChanged,
+    status_writes: kube_node::StatusWrites,
+    /// Posts Kubernetes Events on pods, with an API client.
+    events: Option<events::Events>,
     netns_watch: watch::Watch,
     /// Where the node's programs are attached (`--cgroup`).
     cgroup: PathBuf,
@@ -155,6 +168,12 @@ pub struct AgentOptions {
     pub reconcile_every: Duration,
     /// Serve Prometheus metrics and `/ready` here.
     pub metrics_addr: Option<SocketAddr>,
+    /// The CNI installer's report of the chain (`--cni-chain-report`): ready only while it says
+    /// chained. `None`: the chain is not the agent's concern.
+    pub cni_chain_report: Option<PathBuf>,
+    /// The taint to remove from the Node once the agent can mesh pods (`--startup-taint`);
+    /// needs `kubernetes` and a node name.
+    pub startup_taint: Option<String>,
     /// Pods served at most (1 to `MAX_PODS`).
     pub max_pods: u32,
     /// The map layout version to pin under (`MAP_LAYOUT_VERSION`; another value only in the
@@ -208,6 +227,12 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         repairs: None,
         pod_checks: metrics::PodChecks::default(),
         pod_problems: Default::default(),
+        not_meshed: Default::default(),
+        chain_report: options.cni_chain_report.clone(),
+        last_node_problems: None,
+        status_changed: Default::default(),
+        status_writes: Default::default(),
+        events: None,
         netns_watch,
         cgroup: cgroup.to_owned(),
     };
@@ -236,6 +261,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         }
         _ => None,
     };
+    agent.events = agent.kube.as_deref().and_then(events::Events::for_pods);
     let agent = Arc::new(Mutex::new(agent));
     if let Some((kube, options, metrics, changes)) = repair {
         let repair = repair::Repair::new(agent.clone(), kube, options, metrics);
@@ -263,6 +289,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         pods,
         "agent ready"
     );
+    kube_node::publish(&agent, options.startup_taint.clone());
 
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;

@@ -14,6 +14,8 @@ use super::{
     Agent, Refusal,
     api::{Backend, ErrorKind, Health, PodAdd, PodInfo},
     backend::{identify, same_path},
+    events::Occurrence,
+    kube_pods::PodRef,
     lock,
     records::{PodBackend, PodFacts},
 };
@@ -132,7 +134,9 @@ impl Agent {
                         (ErrorKind::Internal, format!("saving the pod record: {e}"))
                     })?;
                 }
-                self.pod_problems.remove(&cookie);
+                if self.pod_problems.remove(&cookie).is_some() {
+                    self.status_changed.notify();
+                }
                 return Ok(Applied::Nothing);
             }
             names_only = settled;
@@ -202,6 +206,7 @@ impl Agent {
         self.netns_watch.watch(cookie, &record.netns, nsid);
         // Written as configured: whatever an earlier check found is mended.
         self.pod_problems.remove(&cookie);
+        self.status_changed.notify();
         Ok(if existing.is_none() {
             Applied::NewPod
         } else {
@@ -275,6 +280,7 @@ impl Agent {
         self.netns_watch.unwatch(cookie);
         self.pod_problems.remove(&cookie);
         let _ = self.records.remove(cookie);
+        self.status_changed.notify();
     }
 
     /// Every pod's information; the listener map is walked once, not once per pod.
@@ -321,17 +327,41 @@ impl Agent {
     }
 
     /// Checks a pod's entries (or chains: its configuration entry and sk_lookup link) against
-    /// what was written, and keeps what is wrong for `/ready`. Done after each change to the
-    /// pod, each check of it (events, the sweep) and after pins were restored.
+    /// what was written, and keeps what is wrong for the metrics and the node's status. Done
+    /// after each change to the pod, each check of it (events, the sweep) and after pins were
+    /// restored (what can be put right, a removed pin, is by then). A drift found is an Event
+    /// on the pod; found or cleared, it changes the node's status.
     pub(super) fn recheck(&mut self, cookie: NetnsCookie) {
-        match self
+        let found = self
             .backend
             .facts(cookie)
-            .and_then(|_| self.backend.problem(cookie))
-        {
-            Some(problem) => self.pod_problems.insert(cookie, problem),
+            .and_then(|_| self.backend.problem(cookie));
+        let before = match &found {
+            Some(problem) => self.pod_problems.insert(cookie, problem.clone()),
             None => self.pod_problems.remove(&cookie),
         };
+        if before.is_some() == found.is_some() {
+            return;
+        }
+        self.status_changed.notify();
+        let Some(problem) = found else {
+            info!(netns_cookie = %cookie, "the pod's interception is in force as configured again");
+            return;
+        };
+        let Some(facts) = self.backend.facts(cookie) else {
+            return;
+        };
+        warn!(netns = %facts.netns.display(), netns_cookie = %cookie, %problem, "the pod's interception is not in force as configured");
+        if let (Some(events), Some(namespace), Some(name)) =
+            (&self.events, &facts.meta.namespace, &facts.meta.name)
+        {
+            let pod = PodRef {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                uid: facts.meta.uid.clone().unwrap_or_default(),
+            };
+            events.post(&pod, Occurrence::InterceptionDrifted { problem });
+        }
     }
 
     pub(super) fn recheck_all(&mut self) {
@@ -342,23 +372,14 @@ impl Agent {
         }
     }
 
-    /// What is not in force as configured: the node's links, then each pod's entries. A
-    /// `thorough` check (the API's, for `status` and tests) reads each pod's entries from the
-    /// kernel, and also walks the address and subnet maps, the pins and the records for
-    /// anything that belongs to no registered pod, and reads every iptables pod's chains.
-    /// `/ready`, polled every few seconds, takes each pod's problem as its last check found
-    /// it ([`Self::recheck`]): its cost does not grow with the pods.
-    pub(super) fn health(&self, thorough: bool) -> Health {
+    /// What is not in force as configured (the API's answer, for `status` and tests): the
+    /// node's problems ([`Self::node_problems`], `/ready`'s), then each pod's entries, read from
+    /// the kernel, and anything the address and subnet maps, the pins and the records hold that
+    /// belongs to no registered pod, and every iptables pod's chains.
+    pub(super) fn health(&self) -> Health {
         let backend = self.backend.kind();
-        let mut problems = self.backend.node_problems(&self.cgroup);
-        if !thorough {
-            for (cookie, problem) in &self.pod_problems {
-                if let Some(facts) = self.backend.facts(*cookie) {
-                    problems.push(format!("pod {}: {problem}", facts.netns.display()));
-                }
-            }
-            return Health { problems, backend };
-        }
+        let node_problems = self.node_problems();
+        let mut problems = node_problems.clone();
         for (cookie, facts) in self.backend.registered() {
             if let Some(problem) = self.backend.problem(cookie) {
                 problems.push(format!("pod {}: {problem}", facts.netns.display()));
@@ -389,7 +410,11 @@ impl Agent {
                 "netns cookie {cookie} has a pod record but is not registered, or the other way round"
             ));
         }
-        Health { problems, backend }
+        Health {
+            problems,
+            backend,
+            node_problems: Some(node_problems),
+        }
     }
 }
 

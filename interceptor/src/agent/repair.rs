@@ -29,7 +29,7 @@
 //! why, and `interceptor_pods_repair_failed_total{reason}`. It is never half-registered (a
 //! registration is complete or has no effect).
 use std::{
-    collections::{BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Duration,
@@ -41,7 +41,8 @@ use tracing::{debug, info, warn};
 
 use super::{
     Agent,
-    api::{ErrorKind, PodAdd, PodMeta},
+    api::{ErrorKind, PodAdd, PodMeta, node_status::PodProblem},
+    events::Occurrence,
     kube_pods::{Change, KubePods, PodRef},
     lock,
     metrics::Repairs,
@@ -129,7 +130,8 @@ impl std::fmt::Display for Failure {
 /// A pod that failed to be repaired.
 struct Failing {
     attempts: u32,
-    reported: bool,
+    /// Once reported, the pod as the node's status names it (with the last failure).
+    reported: Option<PodProblem>,
 }
 
 pub(super) struct Repair {
@@ -209,6 +211,28 @@ impl Repair {
             let result = self.repair(&pod).await;
             self.account(&pod, result);
         }
+        self.publish_not_meshed();
+    }
+
+    /// Hands the pods given up on to the agent (metrics, the node's status), when they changed.
+    fn publish_not_meshed(&self) {
+        let not_meshed: BTreeMap<String, PodProblem> = self
+            .failing
+            .iter()
+            .filter_map(|(uid, failing)| Some((uid.clone(), failing.reported.clone()?)))
+            .collect();
+        let mut agent = lock(&self.agent);
+        if agent.not_meshed != not_meshed {
+            agent.not_meshed = not_meshed;
+            agent.status_changed.notify();
+        }
+    }
+
+    /// Posts an event on `pod`, when the agent can.
+    fn post(&self, pod: &PodRef, occurrence: Occurrence) {
+        if let Some(events) = &lock(&self.agent).events {
+            events.post(pod, occurrence);
+        }
     }
 
     /// The pods no registration names.
@@ -267,10 +291,13 @@ impl Repair {
 
     fn account(&mut self, pod: &PodRef, result: Result<Option<PathBuf>, Failure>) {
         match result {
-            Ok(None) => {}
+            Ok(None) => {
+                self.failing.remove(&pod.uid);
+            }
             Ok(Some(netns)) => {
                 self.failing.remove(&pod.uid);
                 self.metrics.repaired.inc();
+                self.post(pod, Occurrence::MeshedInPlace);
                 warn!(
                     namespace = %pod.namespace,
                     name = %pod.name,
@@ -282,19 +309,34 @@ impl Repair {
             Err(failure) => {
                 let failing = self.failing.entry(pod.uid.clone()).or_insert(Failing {
                     attempts: 0,
-                    reported: false,
+                    reported: None,
                 });
                 failing.attempts += 1;
                 debug!(pod = %pod, attempts = failing.attempts, reason = failure.label(), "pod not repaired yet: {failure}");
-                if failing.attempts >= REPORT_AFTER && !failing.reported {
-                    failing.reported = true;
+                let problem = PodProblem {
+                    namespace: pod.namespace.clone(),
+                    name: pod.name.clone(),
+                    reason: failure.to_string(),
+                };
+                if let Some(reported) = &mut failing.reported {
+                    // Still given up on, for the reason it fails with now.
+                    *reported = problem;
+                } else if failing.attempts >= REPORT_AFTER {
+                    failing.reported = Some(problem);
+                    let attempts = failing.attempts;
                     self.metrics.failed(failure.label());
+                    self.post(
+                        pod,
+                        Occurrence::NotMeshed {
+                            reason: failure.to_string(),
+                        },
+                    );
                     warn!(
                         namespace = %pod.namespace,
                         name = %pod.name,
                         uid = %pod.uid,
                         reason = failure.label(),
-                        attempts = failing.attempts,
+                        attempts,
                         "pod started without the CNI plugin and cannot be repaired: {failure}; it runs without interception, and is tried again every {} s (deleted, it starts again through the plugin once the plugin is chained)",
                         self.options.interval.as_secs()
                     );

@@ -156,7 +156,7 @@ fn handle(agent: &Mutex<Agent>, request: Request) -> Response {
                 .find(&netns)
                 .map(|cookie| agent.info(cookie).into_iter().collect())
         }
-        Request::Health => return Response::Health(lock(agent).health(true)),
+        Request::Health => return Response::Health(lock(agent).health()),
         Request::Skipped { meta, reason } => {
             info!(
                 name = meta.name.as_deref().unwrap_or("-"),

@@ -16,6 +16,7 @@ pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
     crate::crash_points::arm();
     // Requests run on a few blocking threads: keep them from holding an arena each.
     interceptor_sys::limit_malloc_arenas(2);
+    let startup_taint = startup_taint(&args)?;
     let repair = repair_options(&args)?;
     let (backend, cgroup) = match super::choose_backend(args.mode) {
         Mode::Iptables => (
@@ -48,6 +49,8 @@ pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
         orig_dst_capacity: args.orig_dst_capacity,
         reconcile_every: Duration::from_millis(args.reconcile_ms),
         metrics_addr: args.metrics_addr,
+        cni_chain_report: args.cni_chain_report.clone(),
+        startup_taint,
         map_layout: args.map_layout_version,
         max_pods: args.max_pods,
         kubernetes: (args.kubernetes || args.kubeconfig.is_some()).then(|| {
@@ -59,6 +62,27 @@ pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
         repair,
     };
     agent::run(args.location.paths(), options).await
+}
+
+/// `--startup-taint`, which only an agent that reads the API as its node's can remove.
+fn startup_taint(args: &DaemonArgs) -> anyhow::Result<Option<String>> {
+    let Some(key) = &args.startup_taint else {
+        return Ok(None);
+    };
+    if key.is_empty() {
+        bail!("--startup-taint needs a taint key");
+    }
+    if !args.kubernetes && args.kubeconfig.is_none() {
+        bail!(
+            "--startup-taint {key} needs the Kubernetes API to remove the taint from this node's Node: add --kubernetes (or --kubeconfig)"
+        );
+    }
+    if args.node_name.as_deref().is_none_or(str::is_empty) {
+        bail!(
+            "--startup-taint {key} needs this node's name (--node-name, or NODE_NAME from spec.nodeName)"
+        );
+    }
+    Ok(Some(key.clone()))
 }
 
 /// The repair's options: its interval, the plugin's settings from `--linkerd` (checked here,

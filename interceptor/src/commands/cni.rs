@@ -12,6 +12,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use interceptor_api::node_status::ChainReport;
 use interceptor_cni::install::{self, Applied, Installer, PLUGIN_TYPE, Restores};
 use nix::{
     errno::Errno,
@@ -41,6 +42,7 @@ pub fn cni(args: CniArgs) -> anyhow::Result<()> {
             check_ms,
             daemonset,
             kubeconfig,
+            chain_report,
         } => {
             let linkerd: Value = serde_json::from_str(&linkerd).context("--linkerd is not JSON")?;
             let mut settings = serde_json::Map::new();
@@ -65,8 +67,11 @@ pub fn cni(args: CniArgs) -> anyhow::Result<()> {
                 plugin: plugin.map_or_else(default_plugin, Ok)?,
                 entry,
             };
+            let chain = Arc::new(ChainReporter::new(chain_report));
             if !watch {
-                report(&installer.install()?);
+                let applied = installer.install()?;
+                report(&applied);
+                chain.note(Ok(applied_conf(&applied)));
                 return Ok(());
             }
             let check = Duration::from_millis(check_ms);
@@ -83,11 +88,14 @@ pub fn cni(args: CniArgs) -> anyhow::Result<()> {
             // Not fatal while watching: the watch tries again (the primary CNI not installed
             // yet, its plugins not yet in the bin directory) rather than the container
             // restarting in a loop.
-            let failing = attempt(&installer, false, None, check).err();
+            let first = attempt(&installer, false, None, check);
+            chain.note(first.as_ref().map(applied_conf).map_err(String::as_str));
+            let failing = first.err();
             // Held by the watch while it chains, and after the signal, which marks it stopped:
             // an uninstall's own write must not be chained again, nor a kept plugin rewritten.
             let stopped = Arc::new(Mutex::new(false));
-            let (watcher, watch_stopped) = (installer.clone(), stopped.clone());
+            let (watcher, watch_stopped, watch_chain) =
+                (installer.clone(), stopped.clone(), chain.clone());
             let failed = Arc::new(Mutex::new(None));
             let watch_failed = failed.clone();
             let reports = report_restores(agent_socket);
@@ -97,6 +105,7 @@ pub fn cni(args: CniArgs) -> anyhow::Result<()> {
                     stopped: &watch_stopped,
                     check,
                     reports,
+                    chain: &watch_chain,
                 };
                 if let Err(e) = watch.keep_chained(failing) {
                     *lock(&watch_failed) = Some(e);
@@ -116,6 +125,7 @@ pub fn cni(args: CniArgs) -> anyhow::Result<()> {
                 }
                 let _stopped = stop(&stopped);
                 installer.uninstall()?;
+                chain.remove();
                 info!(%signal, "CNI plugin uninstalled on termination");
                 return Ok(());
             };
@@ -126,6 +136,7 @@ pub fn cni(args: CniArgs) -> anyhow::Result<()> {
             let _stopped = stop(&stopped);
             if let Some(reason) = owner.removal_reason(signal, access) {
                 installer.uninstall()?;
+                chain.remove();
                 info!(%signal, daemonset = %owner.daemonset, reason, "CNI plugin uninstalled on termination");
             }
             Ok(())
@@ -358,6 +369,8 @@ struct Watch<'a> {
     check: Duration,
     /// Restores to report to the agent ([`report_restores`]).
     reports: SyncSender<PathBuf>,
+    /// Whether the plugin is chained, for the agent's readiness.
+    chain: &'a ChainReporter,
 }
 
 /// The conf directory as inotify watches it, by inode: a directory replaced (renamed away or
@@ -420,6 +433,9 @@ impl Watch<'_> {
                 return Ok(());
             }
             let result = attempt(installer, installed, failing.as_deref(), self.check);
+            // Still under the guard: nothing is reported once the installer is stopping.
+            self.chain
+                .note(result.as_ref().map(applied_conf).map_err(String::as_str));
             drop(stopped);
             if let Ok(Applied::Chained {
                 conf,
@@ -456,6 +472,62 @@ impl Watch<'_> {
                 cause = %install::rewrite_cause(primary_plugins),
                 "the primary CNI keeps rewriting its configuration without the CNI plugin"
             );
+        }
+    }
+}
+
+/// The configuration an install or apply left the plugin chained into.
+fn applied_conf(applied: &Applied) -> &Path {
+    match applied {
+        Applied::Unchanged(conf) | Applied::Updated(conf) | Applied::Chained { conf, .. } => conf,
+    }
+}
+
+/// Keeps the report of the chain (`--chain-report`) in step with what the installer finds: it
+/// is written whole when that changes, and removed with the plugin.
+struct ChainReporter {
+    path: Option<PathBuf>,
+    last: Mutex<Option<ChainReport>>,
+}
+
+impl ChainReporter {
+    fn new(path: Option<PathBuf>) -> Self {
+        Self {
+            path,
+            last: Mutex::new(None),
+        }
+    }
+
+    /// Notes an attempt's outcome: chained into a configuration, or not and why.
+    fn note(&self, outcome: Result<&Path, &str>) {
+        let Some(path) = &self.path else { return };
+        let report = match outcome {
+            Ok(conf) => ChainReport::chained(conf),
+            Err(reason) => ChainReport::not_chained(reason),
+        };
+        let mut last = lock(&self.last);
+        if last.as_ref() == Some(&report) {
+            return;
+        }
+        match report.write(path) {
+            Ok(()) => {
+                debug!(report = %path.display(), chained = report.chained, "chain report written");
+                *last = Some(report);
+            }
+            Err(e) => warn!(
+                report = %path.display(), error = %e,
+                "writing the chain report: the agent goes by the previous one (or none)"
+            ),
+        }
+    }
+
+    /// The plugin was removed: so is the report.
+    fn remove(&self) {
+        let Some(path) = &self.path else { return };
+        match std::fs::remove_file(path) {
+            Ok(()) => *lock(&self.last) = None,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => warn!(report = %path.display(), error = %e, "removing the chain report"),
         }
     }
 }
