@@ -154,11 +154,15 @@ pub enum CniCommand {
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
     /// Where the validator listens: the outbound proxy port, where redirected connects land.
-    #[arg(long, default_value = "127.0.0.1:4140")]
+    /// The default is what Linkerd's injector gives `linkerd-network-validator` (`[::]:4140`
+    /// with IPv6, Linkerd's `disableIPv6=false`).
+    #[arg(long, default_value = "0.0.0.0:4140")]
     pub listen_addr: std::net::SocketAddr,
 
-    /// An address that is only reachable by being redirected.
-    #[arg(long, default_value = "192.0.2.2:1404")]
+    /// An address that is only reachable by being redirected. The default is the one Linkerd's
+    /// injector gives `linkerd-network-validator` (`[fd00::1]:20001` with IPv6): run in a pod,
+    /// the check is then the same connect the injected validator makes.
+    #[arg(long, default_value = "1.1.1.1:20001")]
     pub connect_addr: std::net::SocketAddr,
 
     /// How long to wait for the connect and the token, in milliseconds.
@@ -288,6 +292,14 @@ pub struct DaemonArgs {
     /// gets, so that a repaired pod has the configuration its ADD would have given it.
     #[arg(long, default_value = "{}")]
     pub linkerd: String,
+    /// The DaemonSet this agent runs in, as NAMESPACE/NAME (with --kubernetes). On SIGTERM or
+    /// SIGINT the agent then asks the API for it: gone, being deleted or taken over by another
+    /// chart (`helm uninstall`, or `helm upgrade` back to linkerd2-cni), and it detaches its
+    /// programs and removes its pins, records and the iptables chains it wrote, as `interceptor
+    /// uninstall` does; still ours (this pod replaced), or the API cannot tell, and everything
+    /// stays for the next agent. Without it the agent always leaves interception in force.
+    #[arg(long)]
+    pub daemonset: Option<crate::kubernetes::DaemonSetRef>,
 }
 
 #[derive(Debug, Args)]

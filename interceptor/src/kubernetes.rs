@@ -57,11 +57,19 @@ impl fmt::Display for DaemonSetRef {
     }
 }
 
+/// The label that marks a DaemonSet as ours (the chart sets it on the DaemonSet's metadata).
+/// `helm upgrade` to linkerd2-cni's chart keeps the DaemonSet's name but drops the label: the
+/// pod being stopped is then replaced by linkerd-cni's, not by another of ours.
+pub const OWN_LABEL: (&str, &str) = ("app.kubernetes.io/name", "interceptor");
+
 /// What the API answered about a DaemonSet.
 #[derive(Debug, PartialEq, Eq)]
 pub enum DaemonSetState {
-    /// There, and not being deleted.
+    /// There, ours, and not being deleted.
     Present,
+    /// There, but no longer ours (no [`OWN_LABEL`]): another chart took the name over, as
+    /// `helm upgrade linkerd2-cni linkerd/linkerd2-cni` does on the way back to linkerd-cni.
+    Replaced,
     /// Being deleted: its `deletionTimestamp` is set (a foreground deletion waits for its pods).
     Deleting,
     /// Not there (`NotFound`).
@@ -75,7 +83,10 @@ pub enum DaemonSetState {
 impl DaemonSetState {
     /// Whether the API answered about the DaemonSet itself.
     pub fn answered(&self) -> bool {
-        matches!(self, Self::Present | Self::Deleting | Self::Gone)
+        matches!(
+            self,
+            Self::Present | Self::Replaced | Self::Deleting | Self::Gone
+        )
     }
 }
 
@@ -92,6 +103,16 @@ pub async fn daemonset_state(
             deadline.as_secs()
         )),
         Ok(Ok(found)) if found.metadata.deletion_timestamp.is_some() => DaemonSetState::Deleting,
+        Ok(Ok(found))
+            if found
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get(OWN_LABEL.0))
+                .is_none_or(|value| value != OWN_LABEL.1) =>
+        {
+            DaemonSetState::Replaced
+        }
         Ok(Ok(_)) => DaemonSetState::Present,
         // Only a NotFound that names the DaemonSet: a path the server does not serve is also a
         // NotFound, without details, and says nothing about it.
@@ -111,5 +132,110 @@ pub async fn daemonset_state(
             ))
         }
         Ok(Err(e)) => DaemonSetState::Unknown(format!("the Kubernetes API: {e}")),
+    }
+}
+
+/// Whether the API has answered about the DaemonSet since this process started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Confirmed,
+    Unconfirmed,
+}
+
+/// What the end of this DaemonSet's pod means for the node, from the API's answer at that
+/// moment.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// The DaemonSet is going away or was replaced by another chart's: remove what this pod
+    /// installed on the node, for the reason given.
+    Removal(&'static str),
+    /// This pod is being replaced by another of ours (a rolling update, the node shutting
+    /// down): keep everything, the next pod takes over.
+    Succession,
+    /// The API cannot tell (no answer, or a refusal without a prior answer): keep everything,
+    /// failing closed, and say why.
+    Unknown(String),
+}
+
+/// Decides [`Ending`] from the DaemonSet's `state` at termination. A refusal (401 or 403) after
+/// the API had answered counts as removal: the account or role was deleted with the DaemonSet
+/// (`helm uninstall` and `kubectl delete -f` remove them together), which a rolling update never
+/// does.
+pub fn ending(state: DaemonSetState, access: Access) -> Ending {
+    match state {
+        DaemonSetState::Gone => Ending::Removal("the DaemonSet is gone"),
+        DaemonSetState::Deleting => Ending::Removal("the DaemonSet is being deleted"),
+        DaemonSetState::Replaced => Ending::Removal(
+            "the DaemonSet is no longer ours (another chart, such as linkerd2-cni's, took it over)",
+        ),
+        DaemonSetState::Refused(_) if access == Access::Confirmed => {
+            Ending::Removal("the access to the DaemonSet was withdrawn")
+        }
+        DaemonSetState::Present => Ending::Succession,
+        DaemonSetState::Refused(e) | DaemonSetState::Unknown(e) => Ending::Unknown(e),
+    }
+}
+
+/// Asks the API for the DaemonSet until it answers once (with backoff, up to a minute apart),
+/// logging what a termination would then do to `what` ("the CNI plugin", "the pinned programs
+/// and maps"). Its return confirms [`Access`].
+pub async fn confirm_access(client: &Client, daemonset: &DaemonSetRef, what: &str) {
+    let mut delay = Duration::from_secs(1);
+    loop {
+        let state = daemonset_state(client, daemonset, OWNER_DEADLINE).await;
+        match &state {
+            DaemonSetState::Present => tracing::info!(
+                %daemonset,
+                "DaemonSet found: on termination {what} stays unless the DaemonSet is being deleted, gone or taken over by another chart"
+            ),
+            DaemonSetState::Replaced | DaemonSetState::Deleting | DaemonSetState::Gone => {
+                tracing::warn!(
+                    %daemonset, state = ?state,
+                    "DaemonSet not found, being deleted or not ours: on termination {what} is removed"
+                )
+            }
+            DaemonSetState::Refused(e) => tracing::error!(
+                %daemonset, error = %e,
+                "the Kubernetes API refuses this pod its DaemonSet (it needs get on daemonsets, for this name): on termination {what} would stay; retrying"
+            ),
+            DaemonSetState::Unknown(e) => {
+                tracing::warn!(%daemonset, error = %e, "reading the DaemonSet; retrying")
+            }
+        }
+        if state.answered() {
+            return;
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(60));
+    }
+}
+
+/// How long the API may take to answer for the DaemonSet: the pod's grace period is 10 s.
+pub const OWNER_DEADLINE: Duration = Duration::from_secs(5);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_our_own_successor_keeps_the_node_as_it_is() {
+        use Access::*;
+        assert_eq!(ending(DaemonSetState::Present, Confirmed), Ending::Succession);
+        for state in [DaemonSetState::Gone, DaemonSetState::Deleting, DaemonSetState::Replaced] {
+            assert!(matches!(ending(state, Unconfirmed), Ending::Removal(_)));
+        }
+        assert!(matches!(
+            ending(DaemonSetState::Refused("403".into()), Confirmed),
+            Ending::Removal(_)
+        ));
+        // Never answered: the role may never have been granted, so nothing says it was deleted.
+        assert!(matches!(
+            ending(DaemonSetState::Refused("403".into()), Unconfirmed),
+            Ending::Unknown(_)
+        ));
+        assert!(matches!(
+            ending(DaemonSetState::Unknown("timeout".into()), Confirmed),
+            Ending::Unknown(_)
+        ));
     }
 }

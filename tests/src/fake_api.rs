@@ -181,9 +181,10 @@ impl FakeApi {
     }
 }
 
-/// A DaemonSet as the API server returns it (`apps/v1`, the fields it always fills in).
+/// A DaemonSet as the API server returns it (`apps/v1`, the fields it always fills in), ours as
+/// the chart renders it: our label on its metadata, linkerd-cni's `k8s-app` selector.
 pub fn daemonset(namespace: &str, name: &str) -> Value {
-    let labels = json!({ "app.kubernetes.io/name": name });
+    let labels = json!({ "app.kubernetes.io/name": "interceptor", "k8s-app": name });
     json!({
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",

@@ -450,7 +450,7 @@ fn validate_exits_0_when_intercepted_and_95_when_not() {
     let (code, line) = validate(&fixture);
     assert_eq!(code, Some(95), "{line}");
     assert!(
-        line.starts_with("interception does NOT work") && line.contains("192.0.2.2:1404"),
+        line.starts_with("interception does NOT work") && line.contains("1.1.1.1:20001"),
         "{line}"
     );
 

@@ -3,8 +3,9 @@
 //! test's own (a primary network placed there before) and the kit's stand-in API server
 //! (`interceptor_tests::fake_api`, through `--kubeconfig`).
 //!
-//! The plugin is removed only when the API says the DaemonSet is gone or being deleted, or no
-//! longer lets the installer read it after it did (its account or role deleted with it). While
+//! The plugin is removed only when the API says the DaemonSet is gone, being deleted or taken
+//! over by another chart (no longer labelled ours), or no longer lets the installer read it after
+//! it did (its account or role deleted with it). While
 //! the DaemonSet remains (a rolling update replacing this pod) or the API cannot tell, the
 //! plugin stays chained: a pod created meanwhile waits (CNI error 11) rather than start
 //! unmeshed.
@@ -183,6 +184,23 @@ fn when_its_daemonset_is_being_deleted_the_installer_unchains_the_plugin_on_sigt
     assert!(log.contains("the DaemonSet is being deleted"), "{log}");
 }
 
+/// `helm upgrade linkerd2-cni linkerd/linkerd2-cni` on the way back: the DaemonSet keeps its name
+/// and selector, but its labels and template are linkerd-cni's. The pod stopped is replaced by
+/// linkerd-cni's installer, which chains its own plugin: ours must go, or pods would wait on an
+/// agent that never comes back.
+#[test]
+fn when_another_chart_takes_its_daemonset_over_the_installer_unchains_the_plugin_on_sigterm() {
+    let (network, api, installer) = installed("dsreplaced");
+    let mut state = api.state();
+    let found = state.object_mut("DaemonSet", NAMESPACE, NAME).unwrap();
+    found["metadata"]["labels"] = json!({ "k8s-app": NAME, "linkerd.io/cni-resource": "true" });
+    drop(state);
+    let (status, _, log) = installer.terminate();
+    assert!(status.success(), "{status}: {log}");
+    assert_unchained(&network);
+    assert!(log.contains("the DaemonSet is no longer ours"), "{log}");
+}
+
 /// The API unreachable at SIGTERM, whether it never answers (the installer gives up in time for
 /// the pod's 10 s grace period) or drops the connection: the plugin stays chained, and the log
 /// says what to do if the DaemonSet was in fact deleted.
@@ -228,7 +246,7 @@ fn access_withdrawn_since_start_unchains_the_plugin_but_access_never_granted_doe
     let api = FakeApi::start(vec![daemonset(NAMESPACE, NAME)]);
     api.state().mode = Mode::Refuse(403);
     let mut installer = Installer::with_daemonset(&network, &api);
-    installer.logged("refuses this installer its DaemonSet");
+    installer.logged("refuses this pod its DaemonSet");
     assert_eq!(network.chained(), 1);
     let (status, _, log) = installer.terminate();
     assert!(status.success(), "{status}: {log}");

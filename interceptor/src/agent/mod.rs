@@ -25,6 +25,7 @@ mod registration;
 mod repair;
 mod restore;
 mod server;
+mod teardown;
 mod watch;
 
 use std::{
@@ -184,6 +185,9 @@ pub struct AgentOptions {
     pub kubernetes: Option<kube_pods::KubeOptions>,
     /// Repair pods started without the CNI plugin (`None`: never); needs `kubernetes`.
     pub repair: Option<RepairOptions>,
+    /// The DaemonSet the agent runs in: on termination, its removal removes what the agent
+    /// installed (see [`teardown`]); needs `kubernetes`.
+    pub daemonset: Option<crate::kubernetes::DaemonSetRef>,
 }
 
 type Refusal = (ErrorKind, String);
@@ -249,6 +253,10 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         }
         None => (None, None),
     };
+    let owner = match (&options.daemonset, &options.kubernetes) {
+        (Some(daemonset), Some(kube)) => Some(teardown::Owner::start(daemonset.clone(), kube).await?),
+        _ => None,
+    };
     if let Some(kube) = options.kubernetes {
         agent.kube = Some(kube_pods::KubePods::start(kube, changes).await);
     }
@@ -308,6 +316,11 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         }
     }
     let _ = std::fs::remove_file(&socket);
+    if let Some(owner) = owner
+        && let Some(reason) = owner.removal_reason().await
+    {
+        return teardown::remove_from_node(&paths, reason);
+    }
     info!(
         pods = lock(&agent).backend.len(),
         "agent exiting; interception stays in force (pinned) until the next agent takes over"

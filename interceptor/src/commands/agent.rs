@@ -18,6 +18,9 @@ pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
     interceptor_sys::limit_malloc_arenas(2);
     let startup_taint = startup_taint(&args)?;
     let repair = repair_options(&args)?;
+    if args.daemonset.is_some() && !args.kubernetes && args.kubeconfig.is_none() {
+        bail!("--daemonset needs the Kubernetes API: add --kubernetes (or --kubeconfig)");
+    }
     let (backend, cgroup) = match super::choose_backend(args.mode) {
         Mode::Iptables => (
             BackendChoice::Iptables(IptablesSettings {
@@ -60,6 +63,7 @@ pub async fn daemon(args: DaemonArgs) -> anyhow::Result<()> {
             }
         }),
         repair,
+        daemonset: args.daemonset,
     };
     agent::run(args.location.paths(), options).await
 }

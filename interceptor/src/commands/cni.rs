@@ -27,7 +27,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::{
     cli::{CniArgs, CniCommand},
-    kubernetes::{self, DaemonSetRef, DaemonSetState},
+    kubernetes::{self, Access, DaemonSetRef, DaemonSetState, Ending},
 };
 
 pub fn cni(args: CniArgs) -> anyhow::Result<()> {
@@ -155,22 +155,15 @@ pub fn cni(args: CniArgs) -> anyhow::Result<()> {
     }
 }
 
-/// How long the API may take to answer for the DaemonSet: the pod's grace period is 10 s.
-const API_DEADLINE: Duration = Duration::from_secs(5);
-
-/// Whether the API has answered this installer about its DaemonSet since it started.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Access {
-    Confirmed,
-    Unconfirmed,
-}
-
 /// The DaemonSet the installer runs in, and the API that tells whether it is being deleted.
 struct Owner {
     daemonset: DaemonSetRef,
     runtime: tokio::runtime::Runtime,
     client: kube::Client,
 }
+
+/// What the installer keeps or removes on termination, in the log's words.
+const INSTALLED: &str = "the CNI plugin";
 
 impl Owner {
     fn new(daemonset: DaemonSetRef, kubeconfig: Option<&Path>) -> anyhow::Result<Self> {
@@ -198,41 +191,12 @@ impl Owner {
             let mut access = Access::Unconfirmed;
             tokio::select! {
                 signal = &mut signal => return Ok((signal??, access)),
-                () = self.confirm_access() => access = Access::Confirmed,
+                () = kubernetes::confirm_access(&self.client, &self.daemonset, INSTALLED) => {
+                    access = Access::Confirmed
+                }
             }
             Ok((signal.await??, access))
         })
-    }
-
-    async fn confirm_access(&self) {
-        let mut delay = Duration::from_secs(1);
-        loop {
-            let state =
-                kubernetes::daemonset_state(&self.client, &self.daemonset, API_DEADLINE).await;
-            let daemonset = &self.daemonset;
-            match &state {
-                DaemonSetState::Present => info!(
-                    %daemonset,
-                    "DaemonSet found: on termination the CNI plugin stays chained unless the DaemonSet is being deleted or gone"
-                ),
-                DaemonSetState::Deleting | DaemonSetState::Gone => warn!(
-                    %daemonset, state = ?state,
-                    "DaemonSet not found or being deleted: on termination the CNI plugin is removed"
-                ),
-                DaemonSetState::Refused(e) => error!(
-                    %daemonset, error = %e,
-                    "the Kubernetes API refuses this installer its DaemonSet (it needs get on daemonsets, for this name): on termination the CNI plugin would stay chained; retrying"
-                ),
-                DaemonSetState::Unknown(e) => {
-                    warn!(%daemonset, error = %e, "reading the DaemonSet; retrying")
-                }
-            }
-            if state.answered() {
-                return;
-            }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(60));
-        }
     }
 
     /// Why the plugin is to be removed on `signal`, or `None` to leave it chained; says which
@@ -241,19 +205,17 @@ impl Owner {
         let state = self.runtime.block_on(kubernetes::daemonset_state(
             &self.client,
             &self.daemonset,
-            API_DEADLINE,
+            kubernetes::OWNER_DEADLINE,
         ));
         let daemonset = &self.daemonset;
-        match state {
-            DaemonSetState::Gone => Some("the DaemonSet is gone"),
-            DaemonSetState::Deleting => Some("the DaemonSet is being deleted"),
-            // Its Role, RoleBinding or ServiceAccount deleted with it (`kubectl delete -k`
-            // removes them all at once), as a rolling update never does.
-            DaemonSetState::Refused(e) if access == Access::Confirmed => {
-                warn!(%daemonset, error = %e, "the Kubernetes API no longer lets this installer read its DaemonSet, which it did before");
-                Some("the access to the DaemonSet was withdrawn")
-            }
-            DaemonSetState::Present => {
+        if let DaemonSetState::Refused(e) = &state
+            && access == Access::Confirmed
+        {
+            warn!(%daemonset, error = %e, "the Kubernetes API no longer lets this installer read its DaemonSet, which it did before");
+        }
+        match kubernetes::ending(state, access) {
+            Ending::Removal(reason) => Some(reason),
+            Ending::Succession => {
                 info!(
                     %signal, %daemonset,
                     "the DaemonSet remains: this pod is being replaced (a rolling update, the node shutting down); the CNI plugin stays chained, and pods Linkerd injected wait (CNI error 11) until the next agent answers"
@@ -261,7 +223,7 @@ impl Owner {
                 None
             }
             // Fail closed: no pod starts unmeshed; an operator can remove it by hand.
-            DaemonSetState::Refused(e) | DaemonSetState::Unknown(e) => {
+            Ending::Unknown(e) => {
                 error!(
                     %signal, %daemonset, error = %e,
                     "cannot tell whether the DaemonSet is being deleted: the CNI plugin stays chained, and pods Linkerd injected wait (CNI error 11) until an agent answers; if the DaemonSet was deleted, run `interceptor cni uninstall` on this node"
