@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use interceptor_tests::{
     Landing, PodFixture,
     agent_home::{AgentHome, UNREACHABLE},
-    fake_api::{FakeApi, Mode, daemonset},
+    fake_api::{self, FakeApi, Mode, daemonset},
     privileged,
     scenario::{APP_UID, Servers},
 };
@@ -19,6 +19,8 @@ use serde_json::json;
 
 const NAMESPACE: &str = "linkerd-cni";
 const NAME: &str = "linkerd-cni";
+const NODE: &str = "node-a";
+const STATUS: &str = interceptor::agent::api::node_status::NODE_STATUS_ANNOTATION;
 
 /// What the API says of the DaemonSet when the agent is stopped.
 #[derive(Clone, Copy, Debug)]
@@ -29,12 +31,20 @@ enum AtTermination {
     Unreachable,
 }
 
-/// An agent meshing a pod, told its DaemonSet; the API changed as `then` says; SIGTERM. Returns
-/// whether the pod is still intercepted, whether the pins remain, and the agent's log.
-fn stopped_with(tag: &str, then: AtTermination) -> (bool, bool, String) {
+/// What is left once the agent stopped.
+struct Left {
+    intercepted: bool,
+    pinned: bool,
+    /// The agent's status annotation on its Node.
+    node_status: bool,
+    log: String,
+}
+
+/// An agent meshing a pod, told its DaemonSet; the API changed as `then` says; SIGTERM.
+fn stopped_with(tag: &str, then: AtTermination) -> Left {
     let fixture = PodFixture::new(tag);
     let _servers = Servers::start(&fixture);
-    let api = FakeApi::start(vec![daemonset(NAMESPACE, NAME)]);
+    let api = FakeApi::start(vec![daemonset(NAMESPACE, NAME), fake_api::node(NODE, &[])]);
     let home = AgentHome::new(&fixture.cgroup.path);
     let kubeconfig = api.kubeconfig(&home.state_dir).display().to_string();
     let log = home.log_path();
@@ -43,6 +53,8 @@ fn stopped_with(tag: &str, then: AtTermination) -> (bool, bool, String) {
         &[
             "--kubeconfig",
             &kubeconfig,
+            "--node-name",
+            NODE,
             "--daemonset",
             &format!("{NAMESPACE}/{NAME}"),
             "--repair-interval",
@@ -57,6 +69,10 @@ fn stopped_with(tag: &str, then: AtTermination) -> (bool, bool, String) {
     );
     interceptor_tests::eventually("the agent reads its DaemonSet", Duration::from_secs(20), || {
         std::fs::read_to_string(&log).is_ok_and(|l| l.contains("DaemonSet found"))
+    });
+    interceptor_tests::eventually("the agent's node status", Duration::from_secs(20), || {
+        fake_api::node_annotation(&api.state(), NODE, STATUS)
+            .is_some_and(|status| status["meshed"] == 1)
     });
     match then {
         AtTermination::Ours => {}
@@ -93,7 +109,14 @@ fn stopped_with(tag: &str, then: AtTermination) -> (bool, bool, String) {
         let out = home.cli(&["uninstall"]);
         assert!(out.status.success(), "{out:?}");
     }
-    (intercepted, pinned, text)
+    api.state().mode = Mode::Answer;
+    let node_status = fake_api::node_annotation(&api.state(), NODE, STATUS).is_some();
+    Left {
+        intercepted,
+        pinned,
+        node_status,
+        log: text,
+    }
 }
 
 #[test]
@@ -109,9 +132,11 @@ fn an_agent_whose_daemonset_is_gone_or_taken_over_leaves_nothing_on_the_node() {
             "the DaemonSet is no longer ours",
         ),
     ] {
-        let (intercepted, pinned, log) = stopped_with(tag, then);
-        assert!(!intercepted, "{then:?}: the pod is no longer intercepted");
-        assert!(!pinned, "{then:?}: no pin is left: {log}");
+        let left = stopped_with(tag, then);
+        let log = &left.log;
+        assert!(!left.intercepted, "{then:?}: the pod is no longer intercepted");
+        assert!(!left.pinned, "{then:?}: no pin is left: {log}");
+        assert!(!left.node_status, "{then:?}: no status on the node: {log}");
         assert!(log.contains(reason), "{then:?}: {log}");
         assert!(log.contains("programs detached"), "{then:?}: {log}");
     }
@@ -130,9 +155,11 @@ fn an_agent_replaced_by_another_of_ours_or_unsure_keeps_interception_pinned() {
             "cannot tell whether the DaemonSet is being deleted",
         ),
     ] {
-        let (intercepted, pinned, log) = stopped_with(tag, then);
-        assert!(intercepted, "{then:?}: the pod stays intercepted: {log}");
-        assert!(pinned, "{then:?}: {log}");
+        let left = stopped_with(tag, then);
+        let log = &left.log;
+        assert!(left.intercepted, "{then:?}: the pod stays intercepted: {log}");
+        assert!(left.pinned, "{then:?}: {log}");
+        assert!(left.node_status, "{then:?}: the next agent's status stays: {log}");
         assert!(log.contains(said), "{then:?}: {log}");
         assert!(!log.contains("programs detached"), "{then:?}: {log}");
     }

@@ -319,7 +319,9 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
     if let Some(owner) = owner
         && let Some(reason) = owner.removal_reason().await
     {
-        return teardown::remove_from_node(&paths, reason);
+        teardown::remove_from_node(&paths, reason)?;
+        owner.forget_node_status().await;
+        return Ok(());
     }
     info!(
         pods = lock(&agent).backend.len(),

@@ -15,7 +15,7 @@ use std::sync::{
 use anyhow::Context as _;
 use tracing::{error, info, warn};
 
-use super::{AgentPaths, kube_pods::KubeOptions};
+use super::{AgentPaths, api, kube_pods::KubeOptions};
 use crate::kubernetes::{self, Access, DaemonSetRef, DaemonSetState, Ending};
 
 /// What the agent removes or keeps on termination, in the log's words.
@@ -26,6 +26,8 @@ pub struct Owner {
     daemonset: DaemonSetRef,
     client: kube::Client,
     confirmed: Arc<AtomicBool>,
+    /// The agent's node, whose status annotation goes with the agent.
+    node: Option<String>,
 }
 
 impl Owner {
@@ -45,6 +47,7 @@ impl Owner {
             daemonset,
             client,
             confirmed,
+            node: kube.node_name.clone(),
         })
     }
 
@@ -77,6 +80,28 @@ impl Owner {
                 );
                 None
             }
+        }
+    }
+}
+
+impl Owner {
+    /// Removes the agent's status annotation from its Node (best effort, within the deadline):
+    /// nothing of the agent is left on a node it was removed from.
+    pub async fn forget_node_status(&self) {
+        let Some(node) = &self.node else { return };
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(self.client.clone());
+        let patch = serde_json::json!({
+            "metadata": { "annotations": { api::node_status::NODE_STATUS_ANNOTATION: null } },
+        });
+        let patched = tokio::time::timeout(
+            kubernetes::OWNER_DEADLINE,
+            nodes.patch(node, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)),
+        )
+        .await;
+        match patched {
+            Ok(Ok(_)) => info!(node, "the node's status annotation removed"),
+            Ok(Err(e)) => warn!(node, error = %e, "removing the node's status annotation"),
+            Err(_) => warn!(node, "removing the node's status annotation: no answer in time"),
         }
     }
 }
