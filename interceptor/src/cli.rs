@@ -56,6 +56,14 @@ pub enum Command {
     /// Mount a bpffs on a directory unless one is there already (the DaemonSet's init
     /// container runs it, privileged, so that the agent itself needs no privileged mode).
     MountBpffs(MountBpffsArgs),
+    /// Check interceptor's health on the cluster, as `linkerd check` shows it (the same as
+    /// `linkerd-interceptor check`): the DaemonSet, each node's agent and CNI plugin, pods Linkerd
+    /// injected that are not meshed or whose interception drifted.
+    Check(CheckArgs),
+    /// Label and annotate interceptor's namespace for Linkerd (the chart's post-install and
+    /// post-upgrade hook runs it): `linkerd.io/extension: interceptor`, so that `linkerd check`
+    /// runs `linkerd-interceptor check`, and what keeps Linkerd's injector and webhooks away.
+    NamespaceMetadata(NamespaceMetadataArgs),
 }
 
 #[derive(Debug, Args)]
@@ -625,4 +633,144 @@ pub fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
     let ip: std::net::IpAddr = ip.parse().map_err(|_| invalid())?;
     let port: u16 = port.parse().map_err(|_| invalid())?;
     Ok(std::net::SocketAddr::new(ip, port))
+}
+
+/// The `linkerd-interceptor` binary, the Linkerd extension `linkerd check` runs for the namespace
+/// labelled `linkerd.io/extension: interceptor`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "linkerd-interceptor",
+    version,
+    about = "interceptor as a Linkerd extension: `linkerd check` runs `linkerd-interceptor check`"
+)]
+pub struct LinkerdCli {
+    #[command(subcommand)]
+    pub command: LinkerdCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LinkerdCommand {
+    /// Check interceptor's health on the cluster (as `interceptor check`).
+    Check(CheckArgs),
+}
+
+/// How `check` writes its results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CheckFormat {
+    /// Every check, under its category (Linkerd's default).
+    Table,
+    /// Linkerd's check JSON (what `linkerd check` asks an extension for).
+    Json,
+    /// Only the checks that did not pass.
+    Short,
+}
+
+/// `check`'s flags: those `linkerd check` passes an extension (linkerd2 `cli/cmd/check.go`
+/// `getExtensionCheckFlags`, and `EXTENSIONS.md`), then where interceptor is installed. A bool
+/// flag takes `--flag=false` too, as Linkerd passes them; a flag given twice takes its last
+/// value, as pflag does.
+#[derive(Debug, Args)]
+#[command(args_override_self = true)]
+pub struct CheckArgs {
+    /// Output format: table, json or short.
+    #[arg(long, short = 'o', value_enum, default_value_t = CheckFormat::Table)]
+    pub output: CheckFormat,
+    /// How long the checks that converge (agents becoming ready) are retried, as Go writes a
+    /// duration (`300s`, `5m0s`).
+    #[arg(long, default_value = "5m0s", value_parser = parse_go_duration)]
+    pub wait: std::time::Duration,
+    /// Only name pods of this namespace in the pod checks [default: all] (what `linkerd check
+    /// -n` means by it; it passes it on).
+    #[arg(long, short = 'n')]
+    pub namespace: Option<String>,
+    /// The namespace interceptor is installed in [default: the one labelled
+    /// `linkerd.io/extension=interceptor`, else linkerd-cni].
+    #[arg(long)]
+    pub cni_namespace: Option<String>,
+    /// The kubeconfig [default: $KUBECONFIG or ~/.kube/config, else the pod's service account].
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig's context to use [default: its current context].
+    #[arg(long)]
+    pub context: Option<String>,
+    /// A user to impersonate.
+    #[arg(long = "as")]
+    pub as_user: Option<String>,
+    /// A group to impersonate, with --as (repeatable; `[a,b]`, as `linkerd check` passes it, is
+    /// two).
+    #[arg(long, action = ArgAction::Append)]
+    pub as_group: Vec<String>,
+    /// Debug logging (on stderr).
+    #[arg(long, num_args = 0..=1, default_value_t = false, default_missing_value = "true",
+          action = ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    pub verbose: bool,
+    /// Accepted for Linkerd and ignored: every check reads the data plane already.
+    #[arg(long, num_args = 0..=1, default_value_t = false, default_missing_value = "true",
+          action = ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    pub proxy: bool,
+    /// Accepted for Linkerd and ignored: nothing needs checking before the chart installs.
+    #[arg(long, num_args = 0..=1, default_value_t = false, default_missing_value = "true",
+          action = ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    pub pre: bool,
+    /// Accepted for Linkerd and ignored: no Linkerd API is asked.
+    #[arg(long)]
+    pub api_addr: Option<String>,
+    /// Accepted for Linkerd and ignored: the checks do not read the control plane.
+    #[arg(long, short = 'L')]
+    pub linkerd_namespace: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct NamespaceMetadataArgs {
+    /// The namespace (the chart's release namespace).
+    #[arg(long, short = 'n')]
+    pub namespace: String,
+    /// The kubeconfig [default: $KUBECONFIG or ~/.kube/config, else the pod's service account].
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// How long to keep trying while the API does not answer or refuses, in milliseconds.
+    #[arg(long, default_value_t = 120_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_ms: u64,
+}
+
+/// A duration as Go writes and parses them (`time.ParseDuration`): `300s`, `5m0s`, `1h2m3.5s`,
+/// `250ms`, `0`; a negative one counts as zero.
+pub fn parse_go_duration(s: &str) -> Result<std::time::Duration, String> {
+    let invalid = || format!("{s:?} is not a duration (e.g. 300s, 5m0s, 1m30s)");
+    let (negative, mut rest) = match s.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, s.strip_prefix('+').unwrap_or(s)),
+    };
+    if rest == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    if rest.is_empty() {
+        return Err(invalid());
+    }
+    let mut seconds = 0f64;
+    while !rest.is_empty() {
+        let number_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(invalid)?;
+        let number: f64 = rest[..number_end].parse().map_err(|_| invalid())?;
+        rest = &rest[number_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_end] {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(invalid()),
+        };
+        seconds += number * scale;
+        rest = &rest[unit_end..];
+    }
+    if negative {
+        return Ok(std::time::Duration::ZERO);
+    }
+    std::time::Duration::try_from_secs_f64(seconds).map_err(|_| invalid())
 }

@@ -7,6 +7,7 @@
 //! - [`state`]: what a running instance leaves for `status`.
 //! - [`agent`]: the node agent (`interceptor daemon`) and its API.
 //! - [`kubernetes`]: the Kubernetes API client the agent and the CNI installer share.
+//! - [`health`]: the checks `interceptor check` and `linkerd check` (as an extension) run.
 //! - [`cli`], [`commands`]: the command line.
 //!
 //! No unsafe code: raw system calls live in `interceptor-sys`.
@@ -19,6 +20,7 @@ pub mod commands;
 pub use interceptor_config as config;
 pub mod crash_points;
 pub mod ebpf;
+pub mod health;
 pub mod iptables;
 pub mod kubernetes;
 pub mod logging;

@@ -7,7 +7,10 @@
 //! PyPI and npm are reachable), so this small HTTP server answers as the API server does, in
 //! its shapes: the object or a `NotFound` Status naming it for a GET of a namespaced object
 //! (`/api/v1/...` and `/apis/GROUP/VERSION/...`) or of a Namespace, a `PodList` for the list of
-//! pods, a chunked stream of watch events (`ADDED`, `MODIFIED`). Its pods ([`pod`]) have the
+//! pods, a chunked stream of watch events (`ADDED`, `MODIFIED`). It lists nodes, namespaces and
+//! one namespace's pods too, and filters lists by `labelSelector` (`key`, `!key`, `key=value`,
+//! `key!=value`), and a Namespace takes merge patches, as `interceptor check` and `interceptor
+//! namespace-metadata` need (`tests/extension_check.rs`). Its pods ([`pod`]) have the
 //! status the kubelet reports ([`reported`]: phase, init and app container statuses with the
 //! runtime's container IDs) and may be `hostNetwork`. It can end the watch streams (a client watches
 //! again), refuse every request (401 or 403, as when the caller's account or role is deleted) or
@@ -419,12 +422,14 @@ fn serve(mut stream: TcpStream, state: &Mutex<ApiState>) {
         guard.watches.push(sender);
         drop(guard);
         stream_watch(stream, &events);
-    } else if path == "/api/v1/pods" {
+    } else if let Some((kind, namespace)) = list_path(path) {
         let items: Vec<Value> = guard
             .objects
             .iter()
-            .filter(|o| o["kind"] == "Pod")
+            .filter(|o| o["kind"] == kind)
+            .filter(|o| namespace.is_none_or(|ns| o["metadata"]["namespace"] == ns))
             .filter(on_node)
+            .filter(|o| labels_match(query, o))
             .cloned()
             .collect();
         drop(guard);
@@ -433,7 +438,7 @@ fn serve(mut stream: TcpStream, state: &Mutex<ApiState>) {
             "200 OK",
             &json!({
                 "apiVersion": "v1",
-                "kind": "PodList",
+                "kind": format!("{kind}List"),
                 "metadata": { "resourceVersion": "10" },
                 "items": items,
             }),
@@ -608,6 +613,23 @@ fn write(
         }
         return;
     }
+    let namespace = path
+        .strip_prefix("/api/v1/namespaces/")
+        .filter(|name| !name.contains('/') && method == "PATCH");
+    if let Some(name) = namespace {
+        let stored = state
+            .objects
+            .iter_mut()
+            .find(|o| o["kind"] == "Namespace" && o["metadata"]["name"] == name);
+        return match stored {
+            Some(stored) => {
+                merge_patch(stored, &sent);
+                let stored = stored.clone();
+                respond(stream, "200 OK", &stored)
+            }
+            None => respond(stream, "404 Not Found", &not_found("namespaces", "", name)),
+        };
+    }
     let node = path
         .strip_prefix("/api/v1/nodes/")
         .filter(|name| !name.contains('/') && method == "PATCH");
@@ -698,6 +720,76 @@ pub fn node_annotation(state: &ApiState, name: &str, key: &str) -> Option<Value>
         .iter()
         .find(|o| o["kind"] == "Node" && o["metadata"]["name"] == name)?;
     serde_json::from_str(node["metadata"]["annotations"][key].as_str()?).ok()
+}
+
+/// `(kind, namespace)` of a list: pods (of all namespaces or one), nodes, namespaces.
+fn list_path(path: &str) -> Option<(&'static str, Option<&str>)> {
+    match path {
+        "/api/v1/pods" => Some(("Pod", None)),
+        "/api/v1/nodes" => Some(("Node", None)),
+        "/api/v1/namespaces" => Some(("Namespace", None)),
+        _ => {
+            let namespace = path
+                .strip_prefix("/api/v1/namespaces/")?
+                .strip_suffix("/pods")
+                .filter(|ns| !ns.contains('/'))?;
+            Some(("Pod", Some(namespace)))
+        }
+    }
+}
+
+/// Whether `object` has the labels the query's `labelSelector` asks for (`key`, `!key`,
+/// `key=value`, `key!=value`, separated by commas); no selector selects everything.
+fn labels_match(query: &str, object: &Value) -> bool {
+    let Some(selector) = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("labelSelector="))
+        .map(percent_decoded)
+    else {
+        return true;
+    };
+    let label = |key: &str| object["metadata"]["labels"][key.trim()].as_str();
+    selector
+        .split(',')
+        .filter(|r| !r.is_empty())
+        .all(|requirement| {
+            if let Some((key, value)) = requirement.split_once("!=") {
+                label(key) != Some(value.trim())
+            } else if let Some((key, value)) = requirement.split_once('=') {
+                label(key) == Some(value.trim_start_matches('=').trim())
+            } else if let Some(key) = requirement.strip_prefix('!') {
+                label(key).is_none()
+            } else {
+                label(requirement).is_some()
+            }
+        })
+}
+
+/// A query parameter's value, its `%XX` escapes and `+` decoded.
+fn percent_decoded(value: &str) -> String {
+    let mut bytes = Vec::new();
+    let mut rest = value.as_bytes();
+    while let Some((&first, tail)) = rest.split_first() {
+        let hex = tail
+            .get(..2)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (first, hex) {
+            (b'%', Some(byte)) => {
+                bytes.push(byte);
+                rest = &tail[2..];
+            }
+            (b'+', _) => {
+                bytes.push(b' ');
+                rest = tail;
+            }
+            _ => {
+                bytes.push(first);
+                rest = tail;
+            }
+        }
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// `(apiVersion, namespace, resource, name)` of a GET of a namespaced object:

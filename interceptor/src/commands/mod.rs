@@ -1,7 +1,9 @@
 //! Running the command line's commands (their flags are in `cli`).
 pub mod agent;
+pub mod check;
 pub mod cni;
 pub mod kernel;
+pub mod namespace_metadata;
 pub mod run;
 pub mod status;
 pub mod validate;
@@ -77,6 +79,10 @@ pub fn main() -> std::process::ExitCode {
         crate::cli::Command::Cni(args) => cni::cni(args),
         crate::cli::Command::Kernel(args) => kernel::kernel(args),
         crate::cli::Command::MountBpffs(args) => mount_bpffs(&args.path),
+        crate::cli::Command::Check(args) => check::check(args),
+        crate::cli::Command::NamespaceMetadata(args) => {
+            namespace_metadata::namespace_metadata(args)
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

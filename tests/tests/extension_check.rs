@@ -1,0 +1,710 @@
+//! `linkerd-interceptor check` as `linkerd check` runs it (the flags of linkerd2
+//! `cli/cmd/check.go:261-278`, `--output=json`), and `interceptor check` and `interceptor
+//! namespace-metadata`: the real binaries against the kit's stand-in API server
+//! (`interceptor_tests::fake_api`, through `--kubeconfig`), holding a cluster of two nodes,
+//! `node-a` and `node-b`, interceptor's DaemonSet `linkerd-cni` and its pods, and pods Linkerd
+//! injected.
+//!
+//! The JSON is read as Linkerd reads it (`parseJSONCheckOutput`, `cli/cmd/check_extensions.go:
+//! 277-300`): a check failed if its `error` is not empty, and is a warning if its `result` is
+//! `warning`.
+use std::{
+    path::PathBuf,
+    process::{Command, Output},
+    time::{Duration, Instant},
+};
+
+use interceptor_tests::fake_api::{self, FakeApi, Mode};
+use serde_json::{Value, json};
+
+const LINKERD_INTERCEPTOR: &str = env!("CARGO_BIN_EXE_linkerd-interceptor-under-test");
+const INTERCEPTOR: &str = env!("CARGO_BIN_EXE_interceptor-under-test");
+const NAMESPACE: &str = "linkerd-cni";
+const STATUS: &str = "interceptor.linkerd.io/status";
+
+const DAEMONSET_READY: &str = "agent pod is ready on every node";
+const CAN_MESH: &str = "every node's agent can mesh pods";
+const CHAINED: &str = "CNI plugin is chained on every node";
+const MESHED: &str = "every injected pod is meshed";
+const DRIFTED: &str = "no meshed pod's interception has drifted";
+
+/// The flags `linkerd check` passes every extension when none of its own is given
+/// (`getExtensionCheckFlags`: each flag whose value prints non-empty, the string array
+/// `--as-group` printing `[]`), and `--output=json` last.
+const LINKERD_FLAGS: &[&str] = &[
+    "--as-group=[]",
+    "--linkerd-namespace=linkerd",
+    "--verbose=false",
+    "--proxy=false",
+    "--wait=5m0s",
+    "--output=json",
+];
+
+/// A node's status as an agent publishes it: can mesh, chained, nothing wrong.
+fn good_status() -> Value {
+    json!({
+        "version": "0.1.0",
+        "backend": "ebpf",
+        "variants": ["connect4=icpt_connect4", "sock_ops=icpt_sockops"],
+        "can_mesh": true,
+        "chained": true,
+        "meshed": 3,
+        "not_meshed": [],
+        "not_meshed_total": 0,
+        "drifted": [],
+        "drifted_total": 0,
+        "updated": "2026-11-28T10:00:00Z",
+    })
+}
+
+/// A Node, ready, with `status` as its agent's annotation (none when `Null`).
+fn node(name: &str, status: &Value) -> Value {
+    let mut annotations = json!({});
+    if !status.is_null() {
+        annotations[STATUS] = json!(status.to_string());
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "uid": format!("uid-node-{name}"),
+            "resourceVersion": "30",
+            "labels": { "kubernetes.io/hostname": name, "kubernetes.io/os": "linux" },
+            "annotations": annotations,
+        },
+        "spec": {},
+        "status": { "conditions": [{ "type": "Ready", "status": "True" }] },
+    })
+}
+
+/// The DaemonSet as the chart renders it: our label, linkerd-cni's name and selector, on Linux
+/// nodes, `ready` of 2 pods ready.
+fn daemonset(ready: u32) -> Value {
+    let mut daemonset = fake_api::daemonset(NAMESPACE, "linkerd-cni");
+    daemonset["metadata"]["labels"] =
+        json!({ "app.kubernetes.io/name": "interceptor", "k8s-app": "linkerd-cni" });
+    daemonset["spec"]["selector"] = json!({ "matchLabels": { "k8s-app": "linkerd-cni" } });
+    daemonset["spec"]["template"]["metadata"]["labels"] = json!({ "k8s-app": "linkerd-cni" });
+    daemonset["spec"]["template"]["spec"]["nodeSelector"] = json!({ "kubernetes.io/os": "linux" });
+    daemonset["spec"]["template"]["spec"]["tolerations"] = json!([{ "operator": "Exists" }]);
+    daemonset["status"]["desiredNumberScheduled"] = json!(2);
+    daemonset["status"]["currentNumberScheduled"] = json!(2);
+    daemonset["status"]["numberReady"] = json!(ready);
+    daemonset
+}
+
+/// The DaemonSet's pod on `node`, ready or crash-looping.
+fn agent(node: &str, ready: bool) -> Value {
+    let state = if ready {
+        json!({ "running": { "startedAt": "2026-11-28T09:00:00Z" } })
+    } else {
+        json!({ "waiting": { "reason": "CrashLoopBackOff" } })
+    };
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": format!("linkerd-cni-{node}"),
+            "namespace": NAMESPACE,
+            "uid": format!("uid-agent-{node}"),
+            "labels": { "k8s-app": "linkerd-cni" },
+        },
+        "spec": { "nodeName": node, "containers": [{ "name": "agent", "image": "interceptor" }] },
+        "status": {
+            "phase": "Running",
+            "conditions": [{ "type": "Ready", "status": if ready { "True" } else { "False" } }],
+            "containerStatuses": [{
+                "name": "agent", "image": "interceptor", "imageID": "", "ready": ready,
+                "restartCount": if ready { 0 } else { 4 }, "state": state,
+            }],
+        },
+    })
+}
+
+/// A pod Linkerd injected on `node`, running, its validator passed (`validator_exit` 0) or
+/// crash-looping after exiting with that code.
+fn injected(namespace: &str, name: &str, node: &str, validator_exit: i32) -> Value {
+    let mut pod = fake_api::pod(
+        namespace,
+        name,
+        &format!("uid-{name}"),
+        node,
+        &[],
+        &["linkerd-network-validator"],
+    );
+    pod["metadata"]["labels"] = json!({ "linkerd.io/control-plane-ns": "linkerd" });
+    let validator = if validator_exit == 0 {
+        json!({ "state": { "terminated": { "exitCode": 0, "reason": "Completed" } }, "ready": true })
+    } else {
+        json!({
+            "state": { "waiting": { "reason": "CrashLoopBackOff" } },
+            "lastState": { "terminated": { "exitCode": validator_exit, "reason": "Error" } },
+            "ready": false,
+        })
+    };
+    let mut validator = validator;
+    validator["name"] = json!("linkerd-network-validator");
+    validator["image"] = json!("proxy:1");
+    validator["imageID"] = json!("");
+    validator["restartCount"] = json!(if validator_exit == 0 { 0 } else { 3 });
+    pod["status"] = json!({
+        "phase": if validator_exit == 0 { "Running" } else { "Pending" },
+        "initContainerStatuses": [validator],
+    });
+    pod
+}
+
+/// The namespace as `namespace-metadata` leaves it.
+fn labelled_namespace(name: &str) -> Value {
+    let mut namespace = fake_api::namespace(name, &[("linkerd.io/inject", "disabled")]);
+    namespace["metadata"]["labels"] = json!({
+        "kubernetes.io/metadata.name": name,
+        "linkerd.io/extension": "interceptor",
+        "linkerd.io/cni-resource": "true",
+        "config.linkerd.io/admission-webhooks": "disabled",
+        "pod-security.kubernetes.io/enforce": "privileged",
+    });
+    namespace
+}
+
+/// A healthy cluster: both agents ready and able to mesh, one injected pod meshed.
+fn healthy() -> Vec<Value> {
+    vec![
+        labelled_namespace(NAMESPACE),
+        daemonset(2),
+        node("node-a", &good_status()),
+        node("node-b", &good_status()),
+        agent("node-a", true),
+        agent("node-b", true),
+        injected("app", "web-1", "node-a", 0),
+    ]
+}
+
+/// The stand-in API with `objects`, and a kubeconfig for it.
+struct Cluster {
+    api: FakeApi,
+    kubeconfig: PathBuf,
+    _dir: TempDir,
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Cluster {
+    fn start(objects: Vec<Value>) -> Self {
+        let api = FakeApi::start(objects);
+        let dir = std::env::temp_dir().join(interceptor_tests::unique_name("extension-check"));
+        let kubeconfig = api.kubeconfig(&dir);
+        Self {
+            api,
+            kubeconfig,
+            _dir: TempDir(dir),
+        }
+    }
+
+    /// `binary` with `args` then `--kubeconfig`.
+    fn run(&self, binary: &str, args: &[&str]) -> Output {
+        let output = Command::new(binary)
+            .args(args)
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .output()
+            .unwrap();
+        eprintln!(
+            "{binary} {args:?}: {}\nstdout:\n{}\nstderr:\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output
+    }
+
+    /// `linkerd-interceptor check` as `linkerd check` runs it, plus `extra` (which come later
+    /// and so win).
+    fn linkerd_check(&self, extra: &[&str]) -> (Output, Value) {
+        let args: Vec<&str> = ["check"]
+            .iter()
+            .chain(LINKERD_FLAGS)
+            .chain(extra)
+            .copied()
+            .collect();
+        let output = self.run(LINKERD_INTERCEPTOR, &args);
+        let json = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+            panic!(
+                "not JSON ({e}): {}",
+                String::from_utf8_lossy(&output.stdout)
+            )
+        });
+        (output, json)
+    }
+}
+
+/// Asserts `json` has Linkerd's `CheckOutput` shape exactly (no field it does not know, each
+/// it needs), and that each check's `error` and `result` agree as Linkerd reads them.
+fn assert_linkerd_shape(json: &Value) {
+    let keys = |v: &Value| -> Vec<String> {
+        let mut keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        keys
+    };
+    assert_eq!(keys(json), ["categories", "success"], "{json:#}");
+    assert!(json["success"].is_boolean());
+    for category in json["categories"].as_array().unwrap() {
+        assert_eq!(keys(category), ["categoryName", "checks"], "{category:#}");
+        for check in category["checks"].as_array().unwrap() {
+            let result = check["result"].as_str().unwrap();
+            let failed = check.get("error").is_some();
+            match result {
+                "success" => assert_eq!(keys(check), ["description", "result"], "{check:#}"),
+                "warning" | "error" => {
+                    assert_eq!(
+                        keys(check),
+                        ["description", "error", "hint", "result"],
+                        "{check:#}"
+                    );
+                    assert!(failed && !check["error"].as_str().unwrap().is_empty());
+                }
+                other => panic!("result {other:?} is not Linkerd's: {check:#}"),
+            }
+        }
+    }
+}
+
+/// The check whose description starts with `description` (a success's may go on with what it
+/// found).
+fn check<'a>(json: &'a Value, description: &str) -> &'a Value {
+    json["categories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| c["checks"].as_array().unwrap())
+        .find(|c| c["description"].as_str().unwrap().starts_with(description))
+        .unwrap_or_else(|| panic!("no check {description:?} in {json:#}"))
+}
+
+fn error(check: &Value) -> &str {
+    check["error"].as_str().unwrap_or_default()
+}
+
+#[test]
+fn a_healthy_cluster_passes_in_linkerds_json_and_in_the_table() {
+    let cluster = Cluster::start(healthy());
+    let (output, json) = cluster.linkerd_check(&[]);
+    assert_eq!(output.status.code(), Some(0));
+    assert_linkerd_shape(&json);
+    assert_eq!(json["success"], true);
+    let categories = json["categories"].as_array().unwrap();
+    assert_eq!(categories.len(), 1);
+    assert_eq!(categories[0]["categoryName"], "linkerd-interceptor");
+    let checks = categories[0]["checks"].as_array().unwrap();
+    assert_eq!(checks.len(), 7, "{json:#}");
+    assert!(checks.iter().all(|c| c["result"] == "success"), "{json:#}");
+    // The nodes' backend and variants are shown.
+    let can_mesh = check(&json, CAN_MESH)["description"].as_str().unwrap();
+    assert!(
+        can_mesh.contains(
+            "node-a, node-b: ebpf (connect4=icpt_connect4, sock_ops=icpt_sockops), interceptor 0.1.0"
+        ),
+        "{can_mesh}"
+    );
+    // What it read: the DaemonSet's pods by its selector, the pods Linkerd injected by label.
+    assert!(cluster.api.requests_with("/api/v1/nodes") > 0);
+    assert!(
+        cluster
+            .api
+            .requests_with("labelSelector=k8s-app%3Dlinkerd-cni")
+            > 0
+    );
+    assert!(
+        cluster
+            .api
+            .requests_with("labelSelector=linkerd.io%2Fcontrol-plane-ns")
+            > 0
+    );
+
+    // `interceptor check`, the same checks, as a person reads them.
+    let output = cluster.run(INTERCEPTOR, &["check"]);
+    assert_eq!(output.status.code(), Some(0));
+    let table = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        table.starts_with(
+            "linkerd-interceptor\n-------------------\n\u{221A} interceptor's DaemonSet (linkerd-cni) exists\n"
+        ),
+        "{table}"
+    );
+    assert!(table.contains("\u{221A} every node's agent can mesh pods\n\t* node-a, node-b: ebpf"));
+    assert!(
+        table.ends_with("\nStatus check results are \u{221A}\n"),
+        "{table}"
+    );
+}
+
+#[test]
+fn a_node_whose_agent_is_down_is_named_and_fails_the_check() {
+    let mut objects = healthy();
+    objects.retain(|o| o["metadata"]["name"] != "linkerd-cni-node-b");
+    objects.push(agent("node-b", false));
+    objects[1] = daemonset(1);
+    let cluster = Cluster::start(objects);
+    let (output, json) = cluster.linkerd_check(&["--wait=0s"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert_linkerd_shape(&json);
+    assert_eq!(json["success"], false);
+    let ready = check(&json, DAEMONSET_READY);
+    assert_eq!(ready["result"], "error");
+    assert_eq!(
+        error(ready),
+        "1 of 2 nodes without a ready agent: pods Linkerd injects there wait until one is\n\t* \
+         node-b: pod linkerd-cni-node-b is not ready (container agent: CrashLoopBackOff)"
+    );
+    assert_eq!(
+        ready["hint"],
+        "docs/kubernetes.md#linkerd-check-agents-ready"
+    );
+    // Its status still says it can mesh: not trusted.
+    let can_mesh = check(&json, CAN_MESH);
+    assert_eq!(can_mesh["result"], "error");
+    assert!(
+        error(can_mesh).contains(
+            "node-b: its agent is not ready, so its last status is not trusted; it last said at \
+             2026-11-28T10:00:00Z: can mesh, ebpf"
+        ),
+        "{}",
+        error(can_mesh)
+    );
+    assert!(!error(can_mesh).contains("node-a"));
+    // What only its agent could tell is unknown there, not wrong.
+    let chained = check(&json, CHAINED);
+    assert_eq!(chained["result"], "warning");
+    assert!(error(chained).contains("node-b: not known, its agent is not ready"));
+    assert_eq!(check(&json, DRIFTED)["result"], "warning");
+    // The injected pod on node-a is fine; nothing runs on node-b.
+    assert_eq!(check(&json, MESHED)["result"], "success");
+
+    // A pod Linkerd injected running there cannot be verified.
+    cluster.api.put(injected("app", "api-1", "node-b", 0));
+    let (_, json) = cluster.linkerd_check(&["--wait=0s"]);
+    let meshed = check(&json, MESHED);
+    assert_eq!(meshed["result"], "warning");
+    assert!(
+        error(meshed).contains(
+            "app/api-1 on node-b: running while the node's agent is not ready: not verified"
+        ),
+        "{}",
+        error(meshed)
+    );
+}
+
+#[test]
+fn a_node_without_an_agent_pod_is_named() {
+    let mut objects = healthy();
+    objects.retain(|o| o["metadata"]["name"] != "linkerd-cni-node-b");
+    objects.push(node("node-c", &Value::Null));
+    // Not Linux: the DaemonSet does not belong there.
+    objects.last_mut().unwrap()["metadata"]["labels"]["kubernetes.io/os"] = json!("windows");
+    let cluster = Cluster::start(objects);
+    let (output, json) = cluster.linkerd_check(&["--wait=0s"]);
+    assert_eq!(output.status.code(), Some(1));
+    let ready = check(&json, DAEMONSET_READY);
+    assert!(
+        error(ready).contains("\n\t* node-b: no agent pod"),
+        "{}",
+        error(ready)
+    );
+    assert!(!error(ready).contains("node-c"), "{}", error(ready));
+}
+
+#[test]
+fn the_check_waits_for_an_agent_becoming_ready() {
+    let mut objects = healthy();
+    objects.retain(|o| o["metadata"]["name"] != "linkerd-cni-node-b");
+    objects.push(agent("node-b", false));
+    let cluster = Cluster::start(objects);
+    let start = Instant::now();
+    let api = &cluster.api;
+    let (output, json) = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_secs(1));
+            api.put(agent("node-b", true));
+        });
+        cluster.linkerd_check(&["--wait=30s"])
+    });
+    assert_eq!(output.status.code(), Some(0), "{json:#}");
+    assert_eq!(check(&json, DAEMONSET_READY)["result"], "success");
+    // Read again after Linkerd's retry window (5 s), not before.
+    assert!(start.elapsed() >= Duration::from_secs(5));
+    assert!(api.requests_with("labelSelector=k8s-app%3Dlinkerd-cni") >= 2);
+}
+
+#[test]
+fn injected_pods_not_meshed_are_named_from_the_status_and_the_validator() {
+    let mut objects = healthy();
+    let mut status = good_status();
+    status["not_meshed"] = json!([
+        { "namespace": "app", "name": "web-2", "reason": "repair gave up: no network namespace" },
+    ]);
+    status["not_meshed_total"] = json!(3);
+    objects[2] = node("node-a", &status);
+    // Only the API tells of this one: its validator found its traffic not redirected.
+    objects.push(injected("shop", "cart-1", "node-b", 95));
+    let cluster = Cluster::start(objects);
+    let (output, json) = cluster.linkerd_check(&[]);
+    assert_eq!(output.status.code(), Some(1));
+    assert_linkerd_shape(&json);
+    let meshed = check(&json, MESHED);
+    assert_eq!(meshed["result"], "error");
+    assert_eq!(
+        error(meshed),
+        "4 pods Linkerd injected not meshed\n\t* app/web-2 on node-a: repair gave up: no network \
+         namespace\n\t* shop/cart-1 on node-b: linkerd-network-validator exited 95 (its traffic \
+         is not redirected to the proxy)\n\t* and 2 more"
+    );
+    assert_eq!(
+        meshed["hint"],
+        "docs/kubernetes.md#linkerd-check-pods-meshed"
+    );
+    // The rest of the cluster is fine.
+    assert_eq!(check(&json, CAN_MESH)["result"], "success");
+
+    // `linkerd check -n shop` passes the namespace on: only its pods are named.
+    let (_, json) = cluster.linkerd_check(&["--namespace=shop"]);
+    assert_eq!(
+        error(check(&json, MESHED)),
+        "1 pod Linkerd injected not meshed\n\t* shop/cart-1 on node-b: linkerd-network-validator \
+         exited 95 (its traffic is not redirected to the proxy)"
+    );
+}
+
+#[test]
+fn drifted_pods_are_named() {
+    let mut objects = healthy();
+    let mut status = good_status();
+    status["drifted"] = json!([
+        { "namespace": "app", "name": "web-1", "reason": "its proxy's outbound port changed" },
+    ]);
+    status["drifted_total"] = json!(1);
+    objects[3] = node("node-b", &status);
+    let cluster = Cluster::start(objects);
+    let (output, json) = cluster.linkerd_check(&[]);
+    assert_eq!(output.status.code(), Some(1));
+    let drifted = check(&json, DRIFTED);
+    assert_eq!(drifted["result"], "error");
+    assert_eq!(
+        error(drifted),
+        "1 pod whose interception is not as configured (the agent could not repair it)\n\t* \
+         app/web-1 on node-b: its proxy's outbound port changed"
+    );
+}
+
+#[test]
+fn missing_or_unreadable_statuses_of_ready_agents_are_warnings() {
+    let mut objects = healthy();
+    objects[2] = node("node-a", &Value::Null);
+    objects[3]["metadata"]["annotations"][STATUS] = json!("{not json");
+    let cluster = Cluster::start(objects);
+    let (output, json) = cluster.linkerd_check(&[]);
+    // Ready agents can mesh (that is what their readiness says): only what they show is missing.
+    assert_eq!(output.status.code(), Some(0), "{json:#}");
+    assert_linkerd_shape(&json);
+    assert_eq!(json["success"], true);
+    let can_mesh = check(&json, CAN_MESH);
+    assert_eq!(can_mesh["result"], "warning");
+    assert!(error(can_mesh).contains("node-a: its agent is ready but publishes no status"));
+    assert!(
+        error(can_mesh).contains(
+            "node-b: its status (annotation interceptor.linkerd.io/status) does not parse"
+        )
+    );
+
+    // A ready agent that says it cannot mesh is believed.
+    let mut status = good_status();
+    status["can_mesh"] = json!(false);
+    status["chained"] = json!(false);
+    status["problems"] = json!(["the CNI plugin is not chained"]);
+    cluster.api.put(node("node-a", &status));
+    let (output, json) = cluster.linkerd_check(&[]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        error(check(&json, CAN_MESH))
+            .contains("node-a: its agent cannot mesh pods: the CNI plugin is not chained")
+    );
+    let chained = check(&json, CHAINED);
+    assert_eq!(chained["result"], "error");
+    assert!(error(chained).contains("node-a: the CNI plugin is not in the node's primary network"));
+}
+
+#[test]
+fn a_missing_daemonset_is_fatal() {
+    let cluster = Cluster::start(vec![labelled_namespace(NAMESPACE)]);
+    let (output, json) = cluster.linkerd_check(&[]);
+    assert_eq!(output.status.code(), Some(1));
+    assert_linkerd_shape(&json);
+    let checks = json["categories"][0]["checks"].as_array().unwrap();
+    assert_eq!(
+        checks.len(),
+        1,
+        "nothing runs after a fatal failure: {json:#}"
+    );
+    assert_eq!(checks[0]["result"], "error");
+    assert_eq!(
+        checks[0]["error"],
+        "missing DaemonSet: linkerd-cni (namespace linkerd-cni)"
+    );
+
+    // linkerd-cni's own DaemonSet, left with our namespace label, is not taken for ours.
+    let mut theirs = daemonset(2);
+    theirs["metadata"]["labels"] = json!({ "k8s-app": "linkerd-cni" });
+    cluster.api.put(theirs);
+    let (_, json) = cluster.linkerd_check(&[]);
+    assert!(
+        json["categories"][0]["checks"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("is not interceptor's")
+    );
+}
+
+#[test]
+fn the_namespace_labelled_for_the_extension_is_found() {
+    let mut objects = healthy();
+    let elsewhere = "icpt-elsewhere";
+    for object in &mut objects {
+        if object["metadata"]["namespace"] == NAMESPACE {
+            object["metadata"]["namespace"] = json!(elsewhere);
+        }
+    }
+    objects[0] = labelled_namespace(elsewhere);
+    let cluster = Cluster::start(objects);
+    let (output, json) = cluster.linkerd_check(&[]);
+    assert_eq!(output.status.code(), Some(0), "{json:#}");
+    assert!(
+        cluster.api.requests_with(&format!(
+            "/apis/apps/v1/namespaces/{elsewhere}/daemonsets/linkerd-cni"
+        )) > 0
+    );
+    // Without its labels, the namespace check warns (linkerd check would not run us).
+    let mut bare = fake_api::namespace(elsewhere, &[]);
+    bare["metadata"]["labels"] = json!({});
+    let mut state = cluster.api.state();
+    state.objects.retain(|o| o["kind"] != "Namespace");
+    state.objects.push(bare);
+    drop(state);
+    let (output, json) = cluster.linkerd_check(&[&format!("--cni-namespace={elsewhere}")]);
+    assert_eq!(output.status.code(), Some(0));
+    let labelled = check(&json, "interceptor's namespace is labelled for Linkerd");
+    assert_eq!(labelled["result"], "warning");
+    assert!(error(labelled).contains("label linkerd.io/extension=interceptor is missing"));
+}
+
+#[test]
+fn an_unreachable_api_fails_the_first_check_in_json() {
+    let cluster = Cluster::start(vec![]);
+    cluster.api.state().mode = Mode::Refuse(403);
+    let (output, json) = cluster.linkerd_check(&[]);
+    assert_eq!(output.status.code(), Some(1));
+    assert_linkerd_shape(&json);
+    let first = &json["categories"][0]["checks"][0];
+    assert_eq!(first["result"], "error");
+    assert!(
+        first["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("reading DaemonSet linkerd-cni: 403 Forbidden"),
+        "{first:#}"
+    );
+}
+
+#[test]
+fn flags_from_a_newer_linkerd_are_ignored_and_no_always_run_is_claimed() {
+    let cluster = Cluster::start(healthy());
+    let (output, json) = cluster.linkerd_check(&["--some-future-flag=1", "--another", "x"]);
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(json["success"], true);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("ignoring \"--some-future-flag=1\""),
+        "{stderr}"
+    );
+
+    // `linkerd check` asks every linkerd-* binary on the PATH for its metadata, and runs those
+    // answering `"checks": "always"` even without a labelled namespace: not this one.
+    let metadata = Command::new(LINKERD_INTERCEPTOR)
+        .arg("_extension-metadata")
+        .output()
+        .unwrap();
+    assert!(!metadata.status.success());
+    assert!(serde_json::from_slice::<Value>(&metadata.stdout).is_err());
+}
+
+#[test]
+fn namespace_metadata_labels_the_namespace_keeping_what_is_there() {
+    let mut namespace = fake_api::namespace("icpt-meta", &[("team", "net")]);
+    namespace["metadata"]["labels"] = json!({ "kubernetes.io/metadata.name": "icpt-meta" });
+    let cluster = Cluster::start(vec![namespace]);
+    // Down at first, as an API server being restarted: the hook keeps trying.
+    cluster.api.state().mode = Mode::Down;
+    let api = &cluster.api;
+    let output = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_secs(2));
+            api.state().mode = Mode::Answer;
+        });
+        cluster.run(
+            INTERCEPTOR,
+            &["namespace-metadata", "--namespace", "icpt-meta"],
+        )
+    });
+    assert_eq!(output.status.code(), Some(0));
+    let stored = api.state().objects[0].clone();
+    assert_eq!(
+        stored["metadata"]["labels"],
+        json!({
+            "kubernetes.io/metadata.name": "icpt-meta",
+            "linkerd.io/extension": "interceptor",
+            "linkerd.io/cni-resource": "true",
+            "config.linkerd.io/admission-webhooks": "disabled",
+            "pod-security.kubernetes.io/enforce": "privileged",
+        })
+    );
+    assert_eq!(
+        stored["metadata"]["annotations"],
+        json!({ "team": "net", "linkerd.io/inject": "disabled" })
+    );
+
+    // A namespace that does not exist is an error at once.
+    let start = Instant::now();
+    let output = cluster.run(
+        INTERCEPTOR,
+        &["namespace-metadata", "--namespace", "nowhere"],
+    );
+    assert_eq!(output.status.code(), Some(1));
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("namespace nowhere not found"));
+
+    // A refusal is tried again until the time given, then said with what is missing.
+    api.state().mode = Mode::Refuse(403);
+    let before = api.requests_with("/api/v1/namespaces/icpt-meta");
+    let output = cluster.run(
+        INTERCEPTOR,
+        &[
+            "namespace-metadata",
+            "--namespace",
+            "icpt-meta",
+            "--timeout-ms",
+            "1500",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no success within 1500 ms"), "{stderr}");
+    assert!(
+        stderr.contains("needs patch on namespaces, for icpt-meta"),
+        "{stderr}"
+    );
+    assert!(api.requests_with("/api/v1/namespaces/icpt-meta") >= before + 2);
+}
