@@ -220,8 +220,11 @@ impl Installer {
             match (converted, plugins.as_slice()) {
                 (Some(conf_name), [Value::Object(conf)]) => {
                     let mut conf = conf.clone();
+                    // A key the `.conf` lacked is null in the list made of it: not restored.
                     for key in ["cniVersion", "name"] {
-                        conf.insert(key.into(), list[key].clone());
+                        if !list[key].is_null() {
+                            conf.insert(key.into(), list[key].clone());
+                        }
                     }
                     write_json(&self.conf_dir.join(conf_name), &Value::Object(conf))?;
                     fs::remove_file(&primary).map_err(io_error("removing", &primary))?;

@@ -285,6 +285,26 @@ fn a_malformed_node_configuration_is_refused_and_left_as_it_is() {
 
 /// Uninstalling where the primary is a lone `.conf` (never converted: nothing of ours in it)
 /// removes only the binary.
+/// Found by the `conflist` fuzz target: a `.conf` without `name` came back from uninstalling
+/// with `"name": null`, which the list made of it had.
+#[test]
+fn a_lone_conf_without_a_name_comes_back_without_one() {
+    let dirs = Dirs::new("conf-no-name");
+    dirs.binaries(&["cilium-cni"]);
+    let mut conf = cilium_conf();
+    conf.as_object_mut().unwrap().remove("name");
+    fs::write(
+        dirs.conf("05-cilium.conf"),
+        serde_json::to_vec(&conf).unwrap(),
+    )
+    .unwrap();
+    let installer = dirs.installer();
+    installer.install().unwrap();
+    installer.uninstall().unwrap();
+    assert_eq!(dirs.files(), ["05-cilium.conf"]);
+    assert_eq!(read(&dirs.conf("05-cilium.conf")), conf);
+}
+
 #[test]
 fn uninstall_leaves_a_lone_conf_it_never_converted() {
     let dirs = Dirs::new("loneconf");

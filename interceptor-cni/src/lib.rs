@@ -147,28 +147,7 @@ fn run(command: &str, stdin: &[u8]) -> Result<Option<String>, CniError> {
             json!({ "cniVersion": "1.1.0", "supportedVersions": SUPPORTED_VERSIONS }).to_string(),
         ));
     }
-    let conf: NetConf = serde_json::from_slice(stdin).map_err(|e| {
-        error(
-            code::DECODE_FAILURE,
-            "the network configuration is not valid JSON of a CNI configuration",
-            e.to_string(),
-        )
-    })?;
-    if !SUPPORTED_VERSIONS.contains(&conf.cni_version.as_str()) {
-        return Err(error(
-            code::INCOMPATIBLE_VERSION,
-            format!("CNI version {} is not supported", conf.cni_version),
-            format!("supported: {}", SUPPORTED_VERSIONS.join(", ")),
-        ));
-    }
-    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let invocation = Invocation {
-        container_id: env("CNI_CONTAINERID").unwrap_or_default(),
-        netns: env("CNI_NETNS").map(PathBuf::from),
-        cni_args: parse_cni_args(&env("CNI_ARGS").unwrap_or_default())
-            .map_err(|e| error(code::INVALID_ENV, "CNI_ARGS is malformed", e))?,
-        conf,
-    };
+    let invocation = invocation(stdin, |name| std::env::var(name).ok())?;
     let log = Log::new(&invocation);
     let result = match command {
         "ADD" => add(&invocation, &log),
@@ -190,6 +169,61 @@ fn run(command: &str, stdin: &[u8]) -> Result<Option<String>, CniError> {
         )),
     }
     result
+}
+
+/// The runtime's configuration (`stdin`) and environment (`env`, read by name) as one
+/// invocation: the configuration decoded and its version checked, `CNI_ARGS` parsed.
+fn invocation(stdin: &[u8], env: impl Fn(&str) -> Option<String>) -> Result<Invocation, CniError> {
+    let conf: NetConf = serde_json::from_slice(stdin).map_err(|e| {
+        error(
+            code::DECODE_FAILURE,
+            "the network configuration is not valid JSON of a CNI configuration",
+            e.to_string(),
+        )
+    })?;
+    if !SUPPORTED_VERSIONS.contains(&conf.cni_version.as_str()) {
+        return Err(error(
+            code::INCOMPATIBLE_VERSION,
+            format!("CNI version {} is not supported", conf.cni_version),
+            format!("supported: {}", SUPPORTED_VERSIONS.join(", ")),
+        ));
+    }
+    let env = |name: &str| env(name).filter(|v| !v.is_empty());
+    Ok(Invocation {
+        container_id: env("CNI_CONTAINERID").unwrap_or_default(),
+        netns: env("CNI_NETNS").map(PathBuf::from),
+        cni_args: parse_cni_args(&env("CNI_ARGS").unwrap_or_default())
+            .map_err(|e| error(code::INVALID_ENV, "CNI_ARGS is malformed", e))?,
+        conf,
+    })
+}
+
+/// What ADD decides for one invocation, short of the socket: the request it sends the agent
+/// (`None` for a simulated pod, which sends nothing) and what it prints. `env` is the runtime's
+/// environment, `stdin` its configuration; `agent` answers in place of the agent's view of the
+/// Kubernetes API. What the plugin does with outside input, for the fuzz targets (`fuzz/`).
+pub fn add_decision(
+    env: impl Fn(&str) -> Option<String>,
+    stdin: &[u8],
+    agent: impl Fn(AgentLookup) -> Result<KubePod, CniError>,
+) -> Result<(Option<Request>, String), CniError> {
+    let inv = invocation(stdin, env)?;
+    let netns = require_netns(&inv)?;
+    let request = match plan_with(&inv, agent)? {
+        Plan::Mesh(settings) if settings.simulate => None,
+        Plan::Mesh(settings) => Some(registration(&inv, netns, settings.config)),
+        Plan::Skip(reason) => Some(skipped(&inv, reason)),
+    };
+    Ok((request, add_result(&inv)))
+}
+
+/// What the plugin asks the agent of a pod's Kubernetes object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentLookup {
+    /// The runtime passed no annotations: the pod's, or error 11.
+    Pod,
+    /// The runtime passed them: whether it is a control-plane pod, or has `linkerd-init`.
+    ControlPlane,
 }
 
 fn socket(inv: &Invocation) -> PathBuf {
@@ -222,6 +256,17 @@ fn selection(inv: &Invocation) -> Result<Pods, CniError> {
 /// with the pod's annotations as the runtime passed them (or the agent read them), its
 /// namespace's (from the agent's view of the API), and linkerd-cni's rules.
 fn plan(inv: &Invocation) -> Result<Plan, CniError> {
+    plan_with(inv, |lookup| match lookup {
+        AgentLookup::Pod => look_up(inv),
+        AgentLookup::ControlPlane => control_plane(inv),
+    })
+}
+
+/// [`plan`], with `agent` answering the questions to the agent.
+fn plan_with(
+    inv: &Invocation,
+    agent: impl Fn(AgentLookup) -> Result<KubePod, CniError>,
+) -> Result<Plan, CniError> {
     let settings = settings(inv)?;
     let pods = selection(inv)?;
     let passed = inv
@@ -235,7 +280,7 @@ fn plan(inv: &Invocation) -> Result<Plan, CniError> {
             ..KubePod::default()
         },
         // Without them, the agent reads the pod from the Kubernetes API.
-        (Pods::Injected, None) => look_up(inv)?,
+        (Pods::Injected, None) => agent(AgentLookup::Pod)?,
         (Pods::Injected, Some(annotations)) => {
             if let Decision::Skip { reason } = annotations::decide(&annotations) {
                 return Ok(Plan::Skip(reason));
@@ -244,7 +289,7 @@ fn plan(inv: &Invocation) -> Result<Plan, CniError> {
             // control-plane pod, or one with a linkerd-init container.
             KubePod {
                 annotations,
-                ..control_plane(inv)?
+                ..agent(AgentLookup::ControlPlane)?
             }
         }
     };
@@ -387,12 +432,16 @@ fn add(inv: &Invocation, log: &Log) -> Result<Option<String>, CniError> {
         Plan::Mesh(settings) => register(inv, log, netns, settings)?,
         Plan::Skip(reason) => skip(inv, log, reason),
     }
-    // The previous plugin's result, unchanged; the configuration's version on an empty one.
+    Ok(Some(add_result(inv)))
+}
+
+/// The previous plugin's result, unchanged; the configuration's version on an empty one.
+fn add_result(inv: &Invocation) -> String {
     let mut result = inv.conf.prev_result.clone().unwrap_or_else(|| json!({}));
     if let Value::Object(map) = &mut result {
         map.insert("cniVersion".into(), json!(inv.conf.cni_version));
     }
-    Ok(Some(result.to_string()))
+    result.to_string()
 }
 
 /// A pod let through unmeshed: a line in the plugin's log, and the agent told so that it logs
@@ -405,13 +454,35 @@ fn skip(inv: &Invocation, log: &Log, reason: SkipReason) {
         meta.namespace.as_deref().unwrap_or("-"),
         meta.name.as_deref().unwrap_or("-"),
     ));
-    let request = Request::Skipped {
-        meta,
-        reason: reason.label().to_owned(),
-    };
+    let request = skipped(inv, reason);
     if let Err(e) = interceptor_api::call_within(&socket(inv), &request, deadline::SKIPPED) {
         log.write(&format!("ADD: the agent was not told: {e}"));
     }
+}
+
+/// The agent's notice of a pod let through unmeshed.
+fn skipped(inv: &Invocation, reason: SkipReason) -> Request {
+    Request::Skipped {
+        meta: pod_meta(inv),
+        reason: reason.label().to_owned(),
+    }
+}
+
+/// The registration of a pod to mesh.
+fn registration(
+    inv: &Invocation,
+    netns: &Path,
+    config: interceptor_config::InterceptionConfig,
+) -> Request {
+    Request::Add(PodAdd {
+        netns: netns.to_owned(),
+        meta: pod_meta(inv),
+        config: Some(config),
+        args: Vec::new(),
+        // A runtime may repeat ADD with a changed configuration: the latest one applies.
+        update: true,
+        takeover_iptables: false,
+    })
 }
 
 /// What the runtime says the pod is called.
@@ -437,15 +508,7 @@ fn register(
             settings.config.to_args().join(" ")
         ));
     } else {
-        let request = Request::Add(PodAdd {
-            netns: netns.to_owned(),
-            meta: pod_meta(inv),
-            config: Some(settings.config),
-            args: Vec::new(),
-            // A runtime may repeat ADD with a changed configuration: the latest one applies.
-            update: true,
-            takeover_iptables: false,
-        });
+        let request = registration(inv, netns, settings.config);
         interceptor_api::call_within(&socket(inv), &request, deadline::REGISTER)
             .map_err(agent_error)?;
         log.write(&format!("ADD: {} registered", netns.display()));

@@ -215,10 +215,12 @@ pub fn with_namespace_defaults(
 
 /// linkerd-cni's rule for a control-plane pod: its connections to the Kubernetes API server's
 /// `ports` are not redirected. Added to the outbound ignore list after the pod's own
-/// `skip-outbound-ports` (which replaces the list), as linkerd-cni orders them.
+/// `skip-outbound-ports` (which replaces the list), as linkerd-cni orders them. Port 0 (a
+/// Service's `targetPort` of 0, as the API or the agent's answer may carry it) is no port: kept,
+/// it would make a configuration the agent refuses.
 pub fn skip_api_server(config: &mut InterceptionConfig, ports: &[u16]) {
     for &port in ports {
-        if !config.outbound_ports_to_ignore.contains(port) {
+        if port != 0 && !config.outbound_ports_to_ignore.contains(port) {
             config
                 .outbound_ports_to_ignore
                 .0

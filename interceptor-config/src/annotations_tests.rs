@@ -172,6 +172,20 @@ fn a_control_plane_pod_reaches_the_api_server_around_its_proxy() {
     assert_eq!(config.outbound_ports_to_ignore.to_string(), "443,8443");
 }
 
+/// Found by the `annotations` fuzz target (`!control-plane=0`): port 0 went into the ignore
+/// list, a configuration its own JSON form refuses, so the agent refused the pod.
+#[test]
+fn an_api_server_port_of_0_is_not_skipped() {
+    let mut config = InterceptionConfig::linkerd();
+    skip_api_server(&mut config, &[0, 443]);
+    assert_eq!(config.outbound_ports_to_ignore.to_string(), "443");
+    let json = serde_json::to_string(&config).unwrap();
+    assert_eq!(
+        serde_json::from_str::<InterceptionConfig>(&json).unwrap(),
+        config
+    );
+}
+
 #[test]
 fn a_pod_with_a_linkerd_init_container_is_left_to_it() {
     let injected = pod(&[(PROXY_VERSION, "stable-2.14.10")]);
