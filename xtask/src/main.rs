@@ -2,6 +2,7 @@
 
 mod cmd;
 mod crash_points;
+mod fuzz;
 mod image;
 mod kernels;
 mod kit;
@@ -61,6 +62,17 @@ enum Task {
     /// Run setup, build the release binaries, then the node agent's OCI image
     /// (target/image/interceptor.oci.tar, for `podman load`; nothing is pulled). Needs root.
     Image,
+    /// Install cargo-fuzz if missing, then run each fuzz target of fuzz/ from its corpus (new
+    /// inputs under target/fuzz/), failing on any crash; prints executions, coverage and crashes.
+    Fuzz {
+        /// Minutes per target.
+        #[arg(long, default_value_t = 2.0)]
+        minutes: f64,
+        /// Only this target (cni, conflist, api_request, proxy_init_flags, annotations); may be
+        /// repeated.
+        #[arg(long = "target")]
+        targets: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -98,6 +110,11 @@ fn run(task: Task) -> anyhow::Result<()> {
         Task::Demo => kit::run("demo", &[]),
         Task::Bench { args } => kit::run("bench", &args),
         Task::Image => image::build().map(drop),
+        Task::Fuzz { minutes, targets } => fuzz::run(
+            std::time::Duration::try_from_secs_f64(minutes * 60.0)
+                .map_err(|_| anyhow::anyhow!("--minutes {minutes} is not a duration"))?,
+            &targets,
+        ),
     }
 }
 

@@ -30,9 +30,15 @@ pub fn run(cargo_args: &[OsString], test_args: &[OsString]) -> anyhow::Result<()
     }
     cmd::run(&mut cargo_test).context("tests failed; the output above names them")?;
     if filtered {
-        println!("kernel matrix: skipped for a filtered run (`cargo xtask kernels` runs it)");
+        println!(
+            "fuzzing and the kernel matrix: skipped for a filtered run (`cargo xtask fuzz` and \
+             `cargo xtask kernels` run them)"
+        );
         return Ok(());
     }
+    // Every parser of outside input, briefly: a crash fails the run (`cargo xtask fuzz` for
+    // a longer campaign).
+    crate::fuzz::campaign(crate::fuzz::TEST_TIME, crate::fuzz::TARGETS)?;
     kernels::run(
         &path,
         &kernels::Options {
