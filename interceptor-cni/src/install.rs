@@ -168,16 +168,23 @@ impl Installer {
             .map(str::to_owned)
             .collect();
         let plugins = plugins_mut(&mut list, &primary)?;
-        let ours = plugins.iter().position(|p| p["type"] == PLUGIN_TYPE);
-        let applied = match ours {
-            Some(i) if plugins[i] == self.entry && target == primary => {
+        let ours: Vec<usize> = (0..plugins.len())
+            .filter(|&i| plugins[i]["type"] == PLUGIN_TYPE)
+            .collect();
+        let applied = match ours.as_slice() {
+            [i] if plugins[*i] == self.entry && target == primary => {
                 return Ok(Applied::Unchanged(primary));
             }
-            Some(i) => {
-                plugins[i] = self.entry.clone();
+            // Ours more than once (written by hand, or by another installer): the runtime would
+            // run the plugin once per entry. The first stays, as this entry.
+            [first, rest @ ..] => {
+                plugins[*first] = self.entry.clone();
+                for &i in rest.iter().rev() {
+                    plugins.remove(i);
+                }
                 Applied::Updated(target.clone())
             }
-            None => {
+            [] => {
                 plugins.push(self.entry.clone());
                 Applied::Chained {
                     conf: target.clone(),

@@ -285,6 +285,42 @@ fn a_malformed_node_configuration_is_refused_and_left_as_it_is() {
 
 /// Uninstalling where the primary is a lone `.conf` (never converted: nothing of ours in it)
 /// removes only the binary.
+/// Found by the `conflist` fuzz target: a conflist holding our entry twice kept both, so the
+/// runtime ran the plugin twice for each pod.
+#[test]
+fn our_entry_found_twice_is_chained_once() {
+    let dirs = Dirs::new("twice");
+    dirs.binaries(&["flannel", "portmap"]);
+    let installer = dirs.installer();
+    let mut list = flannel();
+    let plugins = list["plugins"].as_array_mut().unwrap();
+    plugins.insert(1, installer.entry.clone());
+    plugins.push(json!({"type": PLUGIN_TYPE, "linkerd": {"proxy-uid": 1}}));
+    fs::write(
+        dirs.conf("10-flannel.conflist"),
+        serde_json::to_vec(&list).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        installer.install().unwrap(),
+        Applied::Updated(dirs.conf("10-flannel.conflist"))
+    );
+    let types: Vec<Value> = read(&dirs.conf("10-flannel.conflist"))["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["type"].clone())
+        .collect();
+    assert_eq!(
+        types,
+        [json!("flannel"), json!(PLUGIN_TYPE), json!("portmap")]
+    );
+    assert_eq!(
+        installer.apply().unwrap(),
+        Applied::Unchanged(dirs.conf("10-flannel.conflist"))
+    );
+}
+
 /// Found by the `conflist` fuzz target: a `.conf` without `name` came back from uninstalling
 /// with `"name": null`, which the list made of it had.
 #[test]
