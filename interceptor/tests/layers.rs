@@ -13,8 +13,9 @@ use std::{
 const LAYERS: &[&[&str]] = &[
     // The command line: its shape (`cli`) and what runs it.
     &["commands", "cli"],
-    // The node agent, and `run`'s record of the one instance it attached.
-    &["agent", "state"],
+    // The node agent, `run`'s record of the one instance it attached, and the cluster's check
+    // of every node's agent (`health`, read from the Kubernetes API).
+    &["agent", "state", "health"],
     // The node's two backends.
     &["ebpf", "iptables"],
     // What they attach to and pin in, and the Kubernetes API client.
