@@ -171,6 +171,7 @@ fn fuzz(
         .stderr(log_file)
         .status()
         .with_context(|| format!("could not start cargo fuzz run {target}"))?;
+    remove_scratch_dirs();
     let text = fs::read_to_string(&log).with_context(|| format!("reading {}", log.display()))?;
     let crashes: Vec<PathBuf> = saved(&artifacts)?
         .into_iter()
@@ -220,6 +221,26 @@ fn coverage(log: &str) -> (u64, u64) {
         .rev()
         .find_map(|line| Some((field(line, "cov:")?, field(line, "ft:")?)))
         .unwrap_or((0, 0))
+}
+
+/// The `conflist` target works in `/dev/shm/interceptor-fuzz-conflist-<pid>` and cannot remove
+/// it at exit (libFuzzer ends the process): remove those of processes that are gone.
+fn remove_scratch_dirs() {
+    let Ok(entries) = fs::read_dir("/dev/shm") else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("interceptor-fuzz-conflist-"))
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid).exists() {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// The inputs libFuzzer saved in `dir`.
