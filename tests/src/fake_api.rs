@@ -533,7 +533,7 @@ pub fn node(name: &str, taints: &[(&str, &str)]) -> Value {
             "name": name,
             "uid": format!("uid-node-{name}"),
             "resourceVersion": "30",
-            "labels": { "kubernetes.io/hostname": name },
+            "labels": { "kubernetes.io/hostname": name, "kubernetes.io/os": "linux" },
         },
         "spec": { "taints": taints },
         "status": { "conditions": [{ "type": "Ready", "status": "True" }] },

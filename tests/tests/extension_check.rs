@@ -59,23 +59,11 @@ fn good_status() -> Value {
 
 /// A Node, ready, with `status` as its agent's annotation (none when `Null`).
 fn node(name: &str, status: &Value) -> Value {
-    let mut annotations = json!({});
+    let mut node = fake_api::node(name, &[]);
     if !status.is_null() {
-        annotations[STATUS] = json!(status.to_string());
+        node["metadata"]["annotations"] = json!({ STATUS: status.to_string() });
     }
-    json!({
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "uid": format!("uid-node-{name}"),
-            "resourceVersion": "30",
-            "labels": { "kubernetes.io/hostname": name, "kubernetes.io/os": "linux" },
-            "annotations": annotations,
-        },
-        "spec": {},
-        "status": { "conditions": [{ "type": "Ready", "status": "True" }] },
-    })
+    node
 }
 
 /// The DaemonSet as the chart renders it: our label, linkerd-cni's name and selector, on Linux
