@@ -171,7 +171,7 @@ fn run_kernel(
     }
 
     let dir = kernels_dir.join("runs").join(&kernel.release);
-    let result = guest::run(vng_bin, path, kernel, &planned, &dir)?;
+    let result = guest::run_booted(vng_bin, path, kernel, &planned, &dir)?;
     let runs = reports
         .into_iter()
         .map(|(report, ran)| match ran {
