@@ -176,6 +176,18 @@ pub fn ending(state: DaemonSetState, access: Access) -> Ending {
     }
 }
 
+/// [`ending`] from the DaemonSet's state now, asked within [`OWNER_DEADLINE`]. A refusal after
+/// the API had answered is also logged: the pod's account or role was deleted with it.
+pub async fn ending_now(client: &Client, daemonset: &DaemonSetRef, access: Access) -> Ending {
+    let state = daemonset_state(client, daemonset, OWNER_DEADLINE).await;
+    if let DaemonSetState::Refused(e) = &state
+        && access == Access::Confirmed
+    {
+        tracing::warn!(%daemonset, error = %e, "the Kubernetes API no longer lets this pod read its DaemonSet, which it did before");
+    }
+    ending(state, access)
+}
+
 /// Asks the API for the DaemonSet until it answers once (with backoff, up to a minute apart),
 /// logging what a termination would then do to `what` ("the CNI plugin", "the pinned programs
 /// and maps"). Its return confirms [`Access`].
@@ -220,8 +232,15 @@ mod tests {
     #[test]
     fn only_our_own_successor_keeps_the_node_as_it_is() {
         use Access::*;
-        assert_eq!(ending(DaemonSetState::Present, Confirmed), Ending::Succession);
-        for state in [DaemonSetState::Gone, DaemonSetState::Deleting, DaemonSetState::Replaced] {
+        assert_eq!(
+            ending(DaemonSetState::Present, Confirmed),
+            Ending::Succession
+        );
+        for state in [
+            DaemonSetState::Gone,
+            DaemonSetState::Deleting,
+            DaemonSetState::Replaced,
+        ] {
             assert!(matches!(ending(state, Unconfirmed), Ending::Removal(_)));
         }
         assert!(matches!(

@@ -67,9 +67,11 @@ fn stopped_with(tag: &str, then: AtTermination) -> Left {
         app.connect(UNREACHABLE).proxy_orig().to_string(),
         UNREACHABLE
     );
-    interceptor_tests::eventually("the agent reads its DaemonSet", Duration::from_secs(20), || {
-        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("DaemonSet found"))
-    });
+    interceptor_tests::eventually(
+        "the agent reads its DaemonSet",
+        Duration::from_secs(20),
+        || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("DaemonSet found")),
+    );
     interceptor_tests::eventually("the agent's node status", Duration::from_secs(20), || {
         fake_api::node_annotation(&api.state(), NODE, STATUS)
             .is_some_and(|status| status["meshed"] == 1)
@@ -134,7 +136,10 @@ fn an_agent_whose_daemonset_is_gone_or_taken_over_leaves_nothing_on_the_node() {
     ] {
         let left = stopped_with(tag, then);
         let log = &left.log;
-        assert!(!left.intercepted, "{then:?}: the pod is no longer intercepted");
+        assert!(
+            !left.intercepted,
+            "{then:?}: the pod is no longer intercepted"
+        );
         assert!(!left.pinned, "{then:?}: no pin is left: {log}");
         assert!(!left.node_status, "{then:?}: no status on the node: {log}");
         assert!(log.contains(reason), "{then:?}: {log}");
@@ -157,9 +162,15 @@ fn an_agent_replaced_by_another_of_ours_or_unsure_keeps_interception_pinned() {
     ] {
         let left = stopped_with(tag, then);
         let log = &left.log;
-        assert!(left.intercepted, "{then:?}: the pod stays intercepted: {log}");
+        assert!(
+            left.intercepted,
+            "{then:?}: the pod stays intercepted: {log}"
+        );
         assert!(left.pinned, "{then:?}: {log}");
-        assert!(left.node_status, "{then:?}: the next agent's status stays: {log}");
+        assert!(
+            left.node_status,
+            "{then:?}: the next agent's status stays: {log}"
+        );
         assert!(log.contains(said), "{then:?}: {log}");
         assert!(!log.contains("programs detached"), "{then:?}: {log}");
     }
@@ -171,5 +182,8 @@ fn the_daemonset_option_needs_the_kubernetes_api() {
     let out = home.cli(&["daemon", "--daemonset", "linkerd-cni/linkerd-cni"]);
     assert!(!out.status.success());
     let error = String::from_utf8_lossy(&out.stderr);
-    assert!(error.contains("--daemonset needs the Kubernetes API"), "{error}");
+    assert!(
+        error.contains("--daemonset needs the Kubernetes API"),
+        "{error}"
+    );
 }

@@ -94,7 +94,12 @@ fn chart_tools() -> anyhow::Result<PathBuf> {
         "kubernetes-validate",
         KUBERNETES_VALIDATE_VERSION,
     )?;
-    python_library(&bin, "helm-python-sdk", "helm_python", HELM_PYTHON_SDK_VERSION)?;
+    python_library(
+        &bin,
+        "helm-python-sdk",
+        "helm_python",
+        HELM_PYTHON_SDK_VERSION,
+    )?;
     Ok(bin)
 }
 

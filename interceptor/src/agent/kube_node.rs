@@ -321,6 +321,21 @@ fn start(
 /// The status as a merge patch of the Node's annotations.
 async fn write(api: &Api<Node>, node: &str, status: &NodeStatus) -> Result<(), String> {
     let json = serde_json::to_string(status).map_err(|e| e.to_string())?;
+    patch_status(api, node, Some(json)).await
+}
+
+/// Removes the status from the Node, once: nothing of an agent removed from its node is left
+/// on the Node (see `teardown`). Logged either way; the agent is exiting.
+pub(super) async fn forget(client: kube::Client, node: &str) {
+    match patch_status(&Api::all(client), node, None).await {
+        Ok(()) => info!(node, "the node's status annotation removed"),
+        Err(e) => warn!(node, error = %e, "removing the node's status annotation"),
+    }
+}
+
+/// Sets (`Some`) or removes (`None`) the status annotation with a merge patch, within
+/// [`API_DEADLINE`].
+async fn patch_status(api: &Api<Node>, node: &str, json: Option<String>) -> Result<(), String> {
     let patch = serde_json::json!({
         "metadata": { "annotations": { NODE_STATUS_ANNOTATION: json } },
     });

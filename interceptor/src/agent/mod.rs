@@ -254,7 +254,9 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         None => (None, None),
     };
     let owner = match (&options.daemonset, &options.kubernetes) {
-        (Some(daemonset), Some(kube)) => Some(teardown::Owner::start(daemonset.clone(), kube).await?),
+        (Some(daemonset), Some(kube)) => {
+            Some(teardown::Owner::start(daemonset.clone(), kube).await?)
+        }
         _ => None,
     };
     if let Some(kube) = options.kubernetes {

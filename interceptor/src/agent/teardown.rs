@@ -13,10 +13,10 @@ use std::sync::{
 };
 
 use anyhow::Context as _;
-use tracing::{error, info, warn};
+use tracing::{error, info};
 
-use super::{AgentPaths, api, kube_pods::KubeOptions};
-use crate::kubernetes::{self, Access, DaemonSetRef, DaemonSetState, Ending};
+use super::{AgentPaths, kube_pods::KubeOptions};
+use crate::kubernetes::{self, Access, DaemonSetRef, Ending};
 
 /// What the agent removes or keeps on termination, in the log's words.
 const INSTALLED: &str = "the pinned programs and maps";
@@ -58,16 +58,8 @@ impl Owner {
         } else {
             Access::Unconfirmed
         };
-        let state =
-            kubernetes::daemonset_state(&self.client, &self.daemonset, kubernetes::OWNER_DEADLINE)
-                .await;
         let daemonset = &self.daemonset;
-        if let DaemonSetState::Refused(e) = &state
-            && access == Access::Confirmed
-        {
-            warn!(%daemonset, error = %e, "the Kubernetes API no longer lets this agent read its DaemonSet, which it did before");
-        }
-        match kubernetes::ending(state, access) {
+        match kubernetes::ending_now(&self.client, daemonset, access).await {
             Ending::Removal(reason) => Some(reason),
             Ending::Succession => {
                 info!(%daemonset, "the DaemonSet remains: this pod is being replaced; the programs and maps stay pinned for the next agent");
@@ -82,26 +74,12 @@ impl Owner {
             }
         }
     }
-}
 
-impl Owner {
     /// Removes the agent's status annotation from its Node (best effort, within the deadline):
     /// nothing of the agent is left on a node it was removed from.
     pub async fn forget_node_status(&self) {
-        let Some(node) = &self.node else { return };
-        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(self.client.clone());
-        let patch = serde_json::json!({
-            "metadata": { "annotations": { api::node_status::NODE_STATUS_ANNOTATION: null } },
-        });
-        let patched = tokio::time::timeout(
-            kubernetes::OWNER_DEADLINE,
-            nodes.patch(node, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)),
-        )
-        .await;
-        match patched {
-            Ok(Ok(_)) => info!(node, "the node's status annotation removed"),
-            Ok(Err(e)) => warn!(node, error = %e, "removing the node's status annotation"),
-            Err(_) => warn!(node, "removing the node's status annotation: no answer in time"),
+        if let Some(node) = &self.node {
+            super::kube_node::forget(self.client.clone(), node).await;
         }
     }
 }

@@ -27,7 +27,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::{
     cli::{CniArgs, CniCommand},
-    kubernetes::{self, Access, DaemonSetRef, DaemonSetState, Ending},
+    kubernetes::{self, Access, DaemonSetRef, Ending},
 };
 
 pub fn cni(args: CniArgs) -> anyhow::Result<()> {
@@ -202,18 +202,13 @@ impl Owner {
     /// Why the plugin is to be removed on `signal`, or `None` to leave it chained; says which
     /// in the log.
     fn removal_reason(&self, signal: Signal, access: Access) -> Option<&'static str> {
-        let state = self.runtime.block_on(kubernetes::daemonset_state(
+        let ending = self.runtime.block_on(kubernetes::ending_now(
             &self.client,
             &self.daemonset,
-            kubernetes::OWNER_DEADLINE,
+            access,
         ));
         let daemonset = &self.daemonset;
-        if let DaemonSetState::Refused(e) = &state
-            && access == Access::Confirmed
-        {
-            warn!(%daemonset, error = %e, "the Kubernetes API no longer lets this installer read its DaemonSet, which it did before");
-        }
-        match kubernetes::ending(state, access) {
+        match ending {
             Ending::Removal(reason) => Some(reason),
             Ending::Succession => {
                 info!(
