@@ -37,7 +37,7 @@ pub enum Decision {
     InboundIgnoredSubnet = 12,
     /// Inbound: `--ports-to-redirect` is set and does not list the destination port.
     InboundPortNotRedirected = 13,
-    /// Inbound: to one of the proxy's own ports, which must never loop back into the proxy.
+    /// Inbound: to the proxy's inbound port, which the kernel's own lookup gives to the proxy.
     InboundProxyPort = 14,
     /// Inbound: would be steered, but the proxy is not listening: dropped (fails closed).
     InboundNoListener = 15,

@@ -28,10 +28,12 @@ pub use socket::{
 
 /// The version of the maps' layout (their names, key and value types). Bump it with any map added,
 /// any change to a map's name (list the old name in `names::RETIRED_MAPS`) or to a type stored
-/// in a map (6: `ICPT_OUT_PORTS` added, which an agent of layout 5 would not fill): the
+/// in a map (6: `ICPT_OUT_PORTS` added, which an agent of layout 5 would not fill; 7: pending
+/// slots freed at the second close of a connection's two sockets, with half-closed phases an
+/// agent of layout 6 would never free): the
 /// node agent keeps its maps in a directory per layout, and an agent that finds only an older one
 /// builds new maps from its pod records and switches over.
-pub const MAP_LAYOUT_VERSION: u32 = 6;
+pub const MAP_LAYOUT_VERSION: u32 = 7;
 
 /// The most pods one node attachment serves. Bounds the per-CPU counter array (one slot per pod)
 /// and the pod configuration map.

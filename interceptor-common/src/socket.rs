@@ -8,7 +8,10 @@
 //!    side's initial sequence number: in its [`PendingSlot`] of `ICPT_PEND_SLOTS`, or in
 //!    `ICPT_PENDING` (LRU) when that slot holds another live connection.
 //! 3. sock_ops, when the proxy side is established, recognises the connection, marks its slot
-//!    watched and asks for that socket's state changes; when it closes, the entry is removed.
+//!    watched and asks for that socket's state changes, as it asked for the app socket's when
+//!    it recorded it; the slot is freed when the second of the two sockets closes (the app's
+//!    `getpeername()` is answered from it until its own socket closes). An entry in
+//!    `ICPT_PENDING` is removed when the proxy's socket closes.
 //! 4. getsockopt on the proxy's accepted socket finds the entry by (netns, peer address, peer
 //!    port), checks it belongs to this very connection (initial sequence number), and answers,
 //!    as often as it is asked.
@@ -119,7 +122,10 @@ pub struct PendingSlot {
     pub orig: PendingOrigDst,
 }
 
-/// The phases of a [`PendingSlot`].
+/// The phases of a [`PendingSlot`]. A redirected connection has two sockets: the app's (which
+/// `getpeername()` asks about while it is open) and the proxy's (which `SO_ORIGINAL_DST` asks
+/// about). Its slot is freed when the second of them closes, as conntrack keeps a connection's
+/// NAT until both ends are done with it.
 pub mod pending_phase {
     /// Nobody's: the next connection that folds to it takes it.
     pub const FREE: u64 = 0;
@@ -128,16 +134,61 @@ pub mod pending_phase {
     /// Written by the app side; the proxy side is not established yet. Taken over once
     /// [`crate::PENDING_SLOT_STALE_SECS`] old.
     pub const RECORDED: u64 = 2;
-    /// The proxy side is established and asked for its state changes: freed when it closes.
+    /// Both sides are established and open.
     pub const WATCHED: u64 = 3;
+    /// The proxy side closed; the app's socket is open and may still ask for its peer.
+    pub const PROXY_CLOSED: u64 = 4;
+    /// The app's socket closed; the proxy side is established and open.
+    pub const APP_CLOSED: u64 = 5;
+    /// The app's socket closed before the proxy side was established (a client that writes and
+    /// closes at once): still read by the proxy's accept, taken over like [`RECORDED`].
+    pub const APP_CLOSED_EARLY: u64 = 6;
     /// The bits of `state` that hold the phase.
     pub const MASK: u64 = 0xff;
 
-    /// Whether a slot in `state` holds a connection (recorded or watched).
+    /// Whether a slot in `state` holds a connection (any phase from recorded to half closed).
     #[inline(always)]
     pub fn holds_a_connection(state: u64) -> bool {
         let phase = state & MASK;
-        phase == RECORDED || phase == WATCHED
+        phase >= RECORDED && phase <= APP_CLOSED_EARLY
+    }
+
+    /// Whether a slot in `state` may be taken over once old: its proxy side was never
+    /// established.
+    #[inline(always)]
+    pub fn unwatched(state: u64) -> bool {
+        let phase = state & MASK;
+        phase == RECORDED || phase == APP_CLOSED_EARLY
+    }
+
+    /// The state after the proxy side of the connection in `state` closed.
+    #[inline(always)]
+    pub fn after_proxy_close(state: u64) -> u64 {
+        match state & MASK {
+            WATCHED => PROXY_CLOSED,
+            _ => FREE,
+        }
+    }
+
+    /// The state after the app side of the connection in `state` closed (its age kept while
+    /// the proxy side is not established).
+    #[inline(always)]
+    pub fn after_app_close(state: u64) -> u64 {
+        match state & MASK {
+            RECORDED => (state & !MASK) | APP_CLOSED_EARLY,
+            WATCHED => APP_CLOSED,
+            _ => FREE,
+        }
+    }
+
+    /// The state after the proxy side of the connection in `state` was established.
+    #[inline(always)]
+    pub fn after_proxy_established(state: u64) -> u64 {
+        match state & MASK {
+            APP_CLOSED_EARLY => APP_CLOSED,
+            RECORDED => WATCHED,
+            _ => state,
+        }
     }
 }
 

@@ -189,7 +189,11 @@ fn decide<const BY_IFINDEX: bool>(
     if pod.flags & flags::HAS_PORTS_TO_REDIRECT != 0 && !pod.redirect_ports.contains(local_port) {
         return Decision::InboundPortNotRedirected;
     }
-    if local_port == pod.inbound_port || local_port == pod.outbound_port {
+    // The kernel's own lookup gives the proxy's inbound port to the proxy, as iptables' REDIRECT
+    // of it to itself does. Every other port not exempted above is steered, the proxy's outbound
+    // port too: proxy-init's PREROUTING sends it to the inbound proxy, whose listener on
+    // 127.0.0.1 would otherwise refuse it.
+    if local_port == pod.inbound_port {
         return Decision::InboundProxyPort;
     }
     Decision::Steered

@@ -20,7 +20,7 @@ use interceptor_common::{
 use crate::{
     connect_slots,
     error::Error,
-    maps::{LISTENERS, count, pod_config, read_ip6},
+    maps::{LISTENERS, count, is_outbound_port, pod_config, read_ip6},
     pending,
 };
 
@@ -144,6 +144,14 @@ fn index_redirected_connection(ctx: &SockOpsContext) -> Result<(), Error> {
         // SAFETY: `ops` is this run's context; the verifier checks the field read.
         server_isn_next: unsafe { (*ctx.ops).rcv_nxt },
     };
+    // The app socket's close frees its slot once the proxy's has closed too: until then its
+    // getpeername() is answered. Asked before recording, so a slot is never left waiting for a
+    // close that is not reported.
+    ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
+        .map_err(|errno| Error::CloseNotWatched {
+            netns_cookie: orig.netns_cookie,
+            errno,
+        })?;
     // On failure the proxy's SO_ORIGINAL_DST fails and it refuses the connection (fails closed).
     pending::record(&key, &pending, connected_ns).map_err(|errno| Error::OrigDstNotIndexed {
         netns_cookie: orig.netns_cookie,
@@ -188,10 +196,48 @@ fn watch_proxy_side(ctx: &SockOpsContext) -> Result<(), Error> {
         })
 }
 
-/// The proxy's socket of a redirected connection closed: nobody can ask about it any more.
+/// A socket that asked for its state changes closed: the proxy's or the app's side of a
+/// redirected connection. Which one is told by the port (the proxy's is a pod's outbound port)
+/// and confirmed by the connection's number, so an app whose ephemeral port is another pod's
+/// outbound port is still found, as the app side.
 #[inline(always)]
 fn forget_closed_connection(ctx: &SockOpsContext) {
-    pending::forget(&proxy_side_key(ctx), proxy_side_isn_next(ctx));
+    let proxy_first = is_outbound_port(ctx.local_port() as u16);
+    if proxy_first && pending::proxy_closed(&proxy_side_key(ctx), proxy_side_isn_next(ctx)) {
+        return;
+    }
+    if pending::app_closed(&app_side_key(ctx), app_side_server_isn_next(ctx)) {
+        return;
+    }
+    if !proxy_first {
+        pending::proxy_closed(&proxy_side_key(ctx), proxy_side_isn_next(ctx));
+    }
+}
+
+/// The key of a connection as its app-side socket sees it: its own address and port.
+#[inline(always)]
+fn app_side_key(ctx: &SockOpsContext) -> PendingKey {
+    PendingKey {
+        // SAFETY: as in `proxy_side_key`.
+        netns_cookie: unsafe { bpf_get_netns_cookie(ctx.as_ptr()) },
+        // SAFETY: `local_ip6` is a four-word field of this run's context.
+        client: unsafe { sock_ops_addr(ctx, &raw const (*ctx.ops).local_ip6, ctx.local_ip4()) },
+        client_port: ctx.local_port(),
+        _pad: 0,
+    }
+}
+
+/// The proxy side's initial sequence number + 1 as the app's socket knows it: `rcv_nxt` when
+/// it was established (what `PendingOrigDst::server_isn_next` holds), `rcv_nxt -
+/// bytes_received` for the socket's whole life (a FIN counts in both).
+#[inline(always)]
+fn app_side_server_isn_next(ctx: &SockOpsContext) -> u32 {
+    // SAFETY: `ops` is this run's context; the verifier checks the field reads.
+    unsafe {
+        (*ctx.ops)
+            .rcv_nxt
+            .wrapping_sub((*ctx.ops).bytes_received as u32)
+    }
 }
 
 /// The proxy side's initial sequence number + 1: `snd_una - bytes_acked` for the socket's whole

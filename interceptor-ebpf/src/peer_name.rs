@@ -3,7 +3,7 @@
 //! `RemoteAddr()`, access logs and client libraries read `getpeername()`.
 //!
 //! The original destination is already indexed for the proxy (`pending`, from the app side's
-//! establishment until the proxy side closes) under the app socket's own address and port, so
+//! establishment until both sides closed) under the app socket's own address and port, so
 //! answering costs one lookup, and only for a socket whose peer is the pod's proxy outbound
 //! port on loopback: every other socket pays a few compares and, on loopback, one read of the
 //! node's set of outbound ports. `getpeername()` before the

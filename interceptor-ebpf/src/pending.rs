@@ -6,10 +6,13 @@
 //!
 //! A slot's life (`pending_phase`): the app side's sock_ops takes a free slot (FREE -> BUSY),
 //! writes the key and the original destination and publishes them (-> RECORDED); the proxy
-//! side's sock_ops, once established, marks it WATCHED, and its close frees it (-> FREE). A
-//! RECORDED slot whose proxy side never got established is taken over after
-//! `PENDING_SLOT_STALE_SECS`, and a slot holding the same key (the 4-tuple reused: the old
-//! connection is over) is taken at once.
+//! side's sock_ops, once established, marks it WATCHED. Each side's close is reported (both
+//! sockets ask for their state changes): the first moves the slot to a half-closed phase, the
+//! second frees it (-> FREE), so the app's `getpeername()` is answered for as long as its socket
+//! lives, as NAT keeps it, and the proxy's `SO_ORIGINAL_DST` for as long as its own. A slot
+//! whose proxy side never got established is taken over after `PENDING_SLOT_STALE_SECS`, and a
+//! slot holding the same key (the 4-tuple reused: the old connection is over) is taken at once.
+//! An entry in the LRU map is removed when the proxy's socket closes.
 //!
 //! A reader checks the phase, copies the key and the value, and keeps them only if the key is
 //! its own (and, where it knows it, the proxy side's initial sequence number matches). A slot
@@ -61,16 +64,15 @@ pub fn record(key: &PendingKey, orig: &PendingOrigDst, connected_ns: u64) -> Res
 /// `slot` points at a slot of `ICPT_PEND_SLOTS`.
 #[inline(always)]
 unsafe fn can_take(slot: *const PendingSlot, held: u64, key: &PendingKey, now: u64) -> bool {
-    let p = held & phase::MASK;
-    if p == phase::FREE {
+    if held & phase::MASK == phase::FREE {
         return true;
     }
-    if p != phase::RECORDED && p != phase::WATCHED {
+    if !phase::holds_a_connection(held) {
         return false;
     }
     // SAFETY: the caller's promise; the key is copied, and a torn copy only fails to match.
     let same_key = unsafe { core::ptr::read_volatile(&raw const (*slot).key) } == *key;
-    same_key || (p == phase::RECORDED && now.wrapping_sub(held >> 8) > PENDING_SLOT_STALE_SECS)
+    same_key || (phase::unwatched(held) && now.wrapping_sub(held >> 8) > PENDING_SLOT_STALE_SECS)
 }
 
 /// The original destination of the connection with `key`, whose proxy side's initial sequence
@@ -114,40 +116,71 @@ fn matches(orig: &PendingOrigDst, isn_next: Option<u32>) -> bool {
 pub fn watch(key: &PendingKey, isn_next: u32) -> bool {
     if let Some(slot) = PENDING_SLOT_ARRAY.get_ptr_mut(key.slot_index()) {
         // SAFETY: as in `record`.
-        unsafe {
-            let state = &raw mut (*slot).state;
-            let held = core::ptr::read_volatile(state);
-            if holds(slot, held, key, isn_next) {
-                if held & phase::MASK == phase::RECORDED {
-                    // Fails only if the slot was taken over meanwhile (150 s): then the
-                    // connection has no entry, as with an LRU eviction.
-                    let _ = exchange(state, held, phase::WATCHED);
-                }
-                return true;
-            }
+        if unsafe { advance(slot, key, isn_next, phase::after_proxy_established) } {
+            return true;
         }
     }
     find_in_lru(key, isn_next)
 }
 
-/// The proxy's socket of the connection closed: nobody can ask about it any more.
+/// The proxy's socket of the connection closed: `SO_ORIGINAL_DST` cannot be asked any more.
+/// Whether the connection was found.
 #[inline(always)]
-pub fn forget(key: &PendingKey, isn_next: u32) {
+pub fn proxy_closed(key: &PendingKey, isn_next: u32) -> bool {
     if let Some(slot) = PENDING_SLOT_ARRAY.get_ptr_mut(key.slot_index()) {
         // SAFETY: as in `record`.
-        unsafe {
-            let state = &raw mut (*slot).state;
-            let held = core::ptr::read_volatile(state);
-            if holds(slot, held, key, isn_next) {
-                // Fails only if a new connection with the same key took it meanwhile: it is
-                // that connection's now.
-                let _ = exchange(state, held, phase::FREE);
-                return;
-            }
+        if unsafe { advance(slot, key, isn_next, phase::after_proxy_close) } {
+            return true;
         }
     }
-    // Absent if it was evicted already: nothing to do then.
-    let _ = PENDING.remove(key);
+    // Absent if it was evicted already (or is not this socket's): nothing to do then.
+    find_in_lru(key, isn_next) && PENDING.remove(key).is_ok()
+}
+
+/// The app's socket of the connection closed: its `getpeername()` cannot be asked any more.
+/// Whether the connection was found in its slot (an entry in the LRU map goes with the proxy's
+/// socket).
+#[inline(always)]
+pub fn app_closed(key: &PendingKey, isn_next: u32) -> bool {
+    let Some(slot) = PENDING_SLOT_ARRAY.get_ptr_mut(key.slot_index()) else {
+        return false;
+    };
+    // SAFETY: as in `record`.
+    unsafe { advance(slot, key, isn_next, phase::after_app_close) }
+}
+
+/// Moves `slot`, if it holds the connection with `key` and `isn_next`, to `next(state)`.
+/// Whether it held it. The other side's sock_ops may change the state at the same moment (both
+/// sides closing at once, on two CPUs): then it is read and moved again, and a slot taken over
+/// meanwhile (150 s old, or a new connection with the same key) is left alone.
+///
+/// # Safety
+///
+/// `slot` points at a slot of `ICPT_PEND_SLOTS`.
+#[inline(always)]
+unsafe fn advance(
+    slot: *mut PendingSlot,
+    key: &PendingKey,
+    isn_next: u32,
+    next: impl Fn(u64) -> u64,
+) -> bool {
+    // SAFETY: the caller's promise; the state is only changed atomically.
+    let state = unsafe { &raw mut (*slot).state };
+    // Two attempts: only the connection's other socket moves its slot concurrently, once.
+    for _ in 0..2 {
+        // SAFETY: as above.
+        let held = unsafe { core::ptr::read_volatile(state) };
+        // SAFETY: the caller's promise.
+        if !unsafe { holds(slot, held, key, isn_next) } {
+            return false;
+        }
+        let new = next(held);
+        // SAFETY: as above.
+        if new == held || unsafe { exchange(state, held, new) } {
+            return true;
+        }
+    }
+    true
 }
 
 /// Whether `slot`, in state `held`, is the entry of the connection with `key` and `isn_next`.

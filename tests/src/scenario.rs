@@ -368,6 +368,13 @@ pub const INBOUND: &[Scenario] = &[
         "10.77.0.1:4143",
         Expect::InboundProxyWithOrigDst,
     ),
+    // proxy-init's PREROUTING exempts only the ignored ports: the proxy's outbound port, on the
+    // pod's address, reaches the inbound proxy like any other port.
+    client(
+        "the_proxy_outbound_port_reaches_the_inbound_proxy",
+        "10.77.0.1:4140",
+        Expect::InboundProxyWithOrigDst,
+    ),
     app(
         "the_pod_reaching_its_own_address_is_not_steered",
         "10.77.0.1:80",

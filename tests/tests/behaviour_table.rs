@@ -50,6 +50,7 @@ macro_rules! table {
             ports_to_redirect_steers_listed_ports,
             ports_to_redirect_leaves_other_ports_alone,
             the_proxy_port_itself_reaches_the_proxy,
+            the_proxy_outbound_port_reaches_the_inbound_proxy,
             the_pod_reaching_its_own_address_is_not_steered,
             the_pod_over_loopback_is_not_steered,
             running_the_setup_twice_steers_once,
