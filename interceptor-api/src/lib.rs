@@ -16,10 +16,11 @@ use std::{
 };
 
 pub use interceptor_common::{NetnsCookie, PodSlot};
-pub use interceptor_config::{ConfigError, InterceptionConfig};
+pub use interceptor_config::{ConfigError, InterceptionConfig, kube::PodFacts};
 use serde::{Deserialize, Serialize};
 
 pub mod node_status;
+pub mod records;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -209,6 +210,25 @@ pub struct KubePod {
     /// linkerd-cni falls back to them); read for a pod Linkerd injected.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub namespace_annotations: BTreeMap<String, String>,
+}
+
+impl KubePod {
+    /// What the agent answers of a pod from its [`PodFacts`]: `namespace_annotations` (its
+    /// namespace's `config.linkerd.io/*` ones, read when [`PodFacts::needs_namespace`]) and
+    /// `api_server_ports` (read when [`PodFacts::needs_api_server_ports`]).
+    pub fn from_facts(
+        facts: PodFacts,
+        namespace_annotations: BTreeMap<String, String>,
+        api_server_ports: Vec<u16>,
+    ) -> Self {
+        Self {
+            annotations: facts.annotations,
+            control_plane_component: facts.control_plane_component,
+            api_server_ports,
+            linkerd_init: facts.linkerd_init,
+            namespace_annotations,
+        }
+    }
 }
 
 /// Why a request was refused; nothing was changed.

@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod annotations;
+pub mod kube;
 pub mod ports;
 pub mod subnets;
 

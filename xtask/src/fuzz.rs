@@ -24,6 +24,8 @@ pub const TARGETS: &[&str] = &[
     "api_request",
     "proxy_init_flags",
     "annotations",
+    "pod_record",
+    "kube_pod",
 ];
 
 /// Each target's time in `cargo xtask test`. Measured on two cores shared with other builds

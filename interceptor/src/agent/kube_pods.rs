@@ -43,14 +43,11 @@ use tokio::{sync::mpsc, time::Instant};
 
 use futures::StreamExt as _;
 use interceptor_api::KubePod;
-use interceptor_config::annotations::{
-    self, CONFIG_PREFIX, CONTROL_PLANE_COMPONENT, DEFAULT_API_SERVER_PORTS, Decision,
-    LINKERD_INIT_CONTAINER,
+use interceptor_config::{
+    annotations::DEFAULT_API_SERVER_PORTS,
+    kube::{self as objects, PodFacts as Facts},
 };
-use k8s_openapi::{
-    api::core::v1::{Namespace, Pod, Service},
-    apimachinery::pkg::util::intstr::IntOrString,
-};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use kube::{
     Api, Client,
     runtime::{WatchStreamExt as _, watcher},
@@ -82,34 +79,6 @@ const _: () = assert!(
 /// How long a namespace's `config.linkerd.io/*` annotations are kept: a change to them reaches
 /// the pods started this long after it at the latest.
 const NAMESPACE_TTL: Duration = Duration::from_secs(10);
-
-/// What the agent keeps of a pod.
-#[derive(Clone, Debug)]
-struct Facts {
-    uid: String,
-    annotations: BTreeMap<String, String>,
-    control_plane_component: Option<String>,
-    linkerd_init: bool,
-    /// It runs in the node's network namespace: there is nothing of its own to mesh.
-    host_network: bool,
-    /// Its sandbox exists and the CNI ADD that made it is over: a container of it (an init
-    /// container too, such as a crash-looping `linkerd-network-validator`) has an ID, which
-    /// the kubelet gets only after `RunPodSandbox` answered; and it has neither finished nor is
-    /// being deleted.
-    sandbox_started: bool,
-}
-
-impl Facts {
-    /// Whether the CNI plugin would have meshed the pod (linkerd-cni's decision, as the plugin
-    /// makes it from the same facts) and its sandbox exists: if it is not registered, it
-    /// started without the plugin.
-    fn to_repair(&self) -> bool {
-        self.sandbox_started
-            && !self.host_network
-            && annotations::decide_with_containers(&self.annotations, self.linkerd_init)
-                == Decision::Mesh
-    }
-}
 
 type Key = (String, String);
 
@@ -286,22 +255,21 @@ impl KubePods {
         deadline: Instant,
     ) -> Result<KubePod, String> {
         // Only for a pod that will be meshed: one that is not is never held up by the API.
-        let namespace_annotations =
-            match annotations::decide_with_containers(&facts.annotations, facts.linkerd_init) {
-                Decision::Mesh => self.namespace_config(namespace, deadline).await?,
-                Decision::Skip { .. } => BTreeMap::new(),
-            };
-        let api_server_ports = match facts.control_plane_component {
-            Some(_) => self.api_server_ports().await,
-            None => Vec::new(),
+        let namespace_annotations = if facts.needs_namespace() {
+            self.namespace_config(namespace, deadline).await?
+        } else {
+            BTreeMap::new()
         };
-        Ok(KubePod {
-            annotations: facts.annotations,
-            control_plane_component: facts.control_plane_component,
-            api_server_ports,
-            linkerd_init: facts.linkerd_init,
+        let api_server_ports = if facts.needs_api_server_ports() {
+            self.api_server_ports().await
+        } else {
+            Vec::new()
+        };
+        Ok(KubePod::from_facts(
+            facts,
             namespace_annotations,
-        })
+            api_server_ports,
+        ))
     }
 
     /// The `config.linkerd.io/*` annotations of `namespace`: kept for [`NAMESPACE_TTL`], else
@@ -332,13 +300,7 @@ impl KubePods {
             Ok(Err(e)) => Err(format!(
                 "the Kubernetes API could not give namespace {namespace}: {e}"
             )),
-            Ok(Ok(object)) => Ok(object
-                .metadata
-                .annotations
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|(name, _)| name.starts_with(CONFIG_PREFIX))
-                .collect()),
+            Ok(Ok(object)) => Ok(read_as::<objects::Namespace>(&object).config_annotations()),
         };
         match (answer, kept) {
             (Ok(annotations), _) => {
@@ -363,14 +325,7 @@ impl KubePods {
                 .await
                 .map_err(|_| "no answer in time".to_owned())?
                 .map_err(|e| e.to_string())?;
-            let mut ports = Vec::new();
-            for port in service.spec.and_then(|s| s.ports).unwrap_or_default() {
-                ports.extend(u16::try_from(port.port));
-                if let Some(IntOrString::Int(target)) = port.target_port {
-                    ports.extend(u16::try_from(target));
-                }
-            }
-            Ok::<_, String>(ports)
+            Ok::<_, String>(read_as::<objects::Service>(&service).api_server_ports())
         };
         match read.await {
             Ok(ports) if !ports.is_empty() => ports,
@@ -432,39 +387,22 @@ impl KubePods {
     }
 }
 
+/// What the agent keeps of `pod` ([`Facts::of`], on the pod's JSON form).
 fn facts(pod: &Pod) -> Facts {
-    let spec = pod.spec.as_ref();
-    let status = pod.status.as_ref();
-    let finished = status
-        .and_then(|s| s.phase.as_deref())
-        .is_some_and(|phase| matches!(phase, "Succeeded" | "Failed"));
-    let has_container = status.is_some_and(|s| {
-        [
-            &s.init_container_statuses,
-            &s.container_statuses,
-            &s.ephemeral_container_statuses,
-        ]
-        .into_iter()
-        .flatten()
-        .flatten()
-        .any(|c| c.container_id.as_deref().is_some_and(|id| !id.is_empty()))
-    });
-    Facts {
-        uid: pod.metadata.uid.clone().unwrap_or_default(),
-        annotations: pod.metadata.annotations.clone().unwrap_or_default(),
-        control_plane_component: pod
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|labels| labels.get(CONTROL_PLANE_COMPONENT))
-            .filter(|component| !component.is_empty())
-            .cloned(),
-        linkerd_init: spec
-            .and_then(|spec| spec.init_containers.as_ref())
-            .is_some_and(|init| init.iter().any(|c| c.name == LINKERD_INIT_CONTAINER)),
-        host_network: spec.and_then(|spec| spec.host_network) == Some(true),
-        sandbox_started: has_container && !finished && pod.metadata.deletion_timestamp.is_none(),
-    }
+    Facts::of(&read_as(pod))
+}
+
+/// What the agent reads of a Kubernetes object, through its JSON form: the fields
+/// `interceptor_config::kube` declares (the code the `kube_pod` fuzz target drives). A typed
+/// object always has that form; were it refused, the object would be taken as one without any
+/// of them, with a warning.
+fn read_as<T: Default + serde::de::DeserializeOwned>(object: &impl serde::Serialize) -> T {
+    serde_json::to_value(object)
+        .and_then(serde_json::from_value)
+        .unwrap_or_else(|e| {
+            warn!(error = %e, "reading a Kubernetes object's fields");
+            T::default()
+        })
 }
 
 fn key(pod: &Pod) -> Option<Key> {

@@ -9,87 +9,17 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde::{Deserialize, Serialize};
+use super::iptables_pods::ChainsInForce;
 
-use super::{
-    api::{Backend, PodMeta},
-    iptables_pods::ChainsInForce,
-};
-use crate::config::InterceptionConfig;
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct PodRecord {
-    pub netns: PathBuf,
-    pub netns_cookie: NetnsCookie,
-    pub meta: PodMeta,
-    pub config: InterceptionConfig,
-    /// Which backend meshed the pod.
-    pub backend: PodBackend,
-}
-
-/// What the agent keeps with each pod in its backend's table, which is the one table of the
-/// agent's pods: the rest of a record (its key and configuration) is the backend's.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodFacts {
-    pub netns: PathBuf,
-    pub meta: PodMeta,
-    /// Which backend meshed the pod.
-    pub meshed_by: PodBackend,
-}
-
-impl PodRecord {
-    pub fn new(netns_cookie: NetnsCookie, config: InterceptionConfig, facts: PodFacts) -> Self {
-        Self {
-            netns: facts.netns,
-            netns_cookie,
-            meta: facts.meta,
-            config,
-            backend: facts.meshed_by,
-        }
-    }
-
-    pub fn facts(&self) -> PodFacts {
-        PodFacts {
-            netns: self.netns.clone(),
-            meta: self.meta.clone(),
-            meshed_by: self.backend.clone(),
-        }
-    }
-}
-
+/// The record format and its reading are `interceptor_api::records`' (what the `pod_record`
+/// fuzz target drives); the iptables backend's part is the chains it wrote.
+pub type PodRecord = super::api::records::PodRecord<ChainsInForce>;
 /// Which backend meshed a pod, and for iptables what it wrote. Records of agents that predate
 /// the choice are eBPF.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub enum PodBackend {
-    #[default]
-    Ebpf,
-    Iptables(ChainsInForce),
-}
+pub type PodBackend = super::api::records::PodBackend<ChainsInForce>;
 
-impl PodBackend {
-    pub fn kind(&self) -> Backend {
-        match self {
-            Self::Ebpf => Backend::Ebpf,
-            Self::Iptables(_) => Backend::Iptables,
-        }
-    }
-}
-
-/// A record as read: `config`, or proxy-init's flags (`args`) from an older agent.
-#[derive(Deserialize)]
-struct Stored {
-    netns: PathBuf,
-    netns_cookie: NetnsCookie,
-    #[serde(default)]
-    meta: PodMeta,
-    #[serde(default)]
-    config: Option<InterceptionConfig>,
-    #[serde(default)]
-    args: Vec<String>,
-    #[serde(default)]
-    backend: PodBackend,
-}
+/// What the agent keeps with each pod in its backend's table.
+pub type PodFacts = super::api::records::PodFacts<ChainsInForce>;
 
 pub struct Records {
     dir: PathBuf,
@@ -104,7 +34,7 @@ impl Records {
     }
 
     fn path(&self, cookie: NetnsCookie) -> PathBuf {
-        self.dir.join(format!("{cookie}.json"))
+        self.dir.join(super::api::records::file_name(cookie))
     }
 
     pub fn save(&self, record: &PodRecord) -> io::Result<()> {
@@ -112,7 +42,7 @@ impl Records {
         let tmp = path.with_extension("json.tmp");
         fs::write(
             &tmp,
-            serde_json::to_vec_pretty(record).map_err(io::Error::other)?,
+            super::api::records::to_json(record).map_err(io::Error::other)?,
         )?;
         fs::rename(&tmp, &path)
     }
@@ -151,26 +81,16 @@ impl Records {
     }
 
     fn read(&self, path: &Path) -> io::Result<PodRecord> {
-        let stored: Stored = serde_json::from_slice(&fs::read(path)?).map_err(io::Error::other)?;
-        let (config, older) = match stored.config {
-            Some(config) => (config, false),
-            None => (
-                InterceptionConfig::from_proxy_init_args(&stored.args).map_err(io::Error::other)?,
-                true,
-            ),
-        };
-        let record = PodRecord {
-            netns: stored.netns,
-            netns_cookie: stored.netns_cookie,
-            meta: stored.meta,
-            config,
-            backend: stored.backend,
-        };
-        if older {
-            self.save(&record)?;
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        let back = super::api::records::parse(name, &fs::read(path)?).map_err(io::Error::other)?;
+        if back.older {
+            self.save(&back.record)?;
             tracing::info!(path = %path.display(), "rewrote a pod record of an older agent (flags) as JSON configuration");
         }
-        Ok(record)
+        Ok(back.record)
     }
 }
 
@@ -214,6 +134,15 @@ mod tests {
             1,
             "an unreadable record is skipped"
         );
+        // Another file holding pod 42's record is not read: restoring pod 42 from one and
+        // forgetting it (a purge, its record deleted) for the other would unmesh it (found by
+        // the `pod_record` fuzz target).
+        fs::write(
+            dir.join("44.json"),
+            r#"{"netns":"/gone","netns_cookie":42,"config":{"incoming_proxy_port":4143,"outgoing_proxy_port":4140}}"#,
+        )
+        .unwrap();
+        assert_eq!(records.load_all(), loaded, "only 42.json is pod 42's");
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -12,6 +12,7 @@ use tracing::{info, warn};
 
 use super::{
     Agent,
+    api::records::{Found, NotRestored, Restore, Then, leftovers, restore_step},
     backend::{Backend, identify},
     records::{PodBackend, PodRecord},
     registration::{namespace_id, take_over_from_iptables},
@@ -21,17 +22,6 @@ use crate::{
     ebpf::{InMaps, PodSpec, listener::find_listeners},
     netns::PodNetns,
 };
-
-/// Why a record's pod was not restored.
-enum NotRestored {
-    /// Its namespace is gone or was replaced, or its record is unusable: the pod is gone.
-    Gone(String),
-    /// The maps refused it; nothing of it is in force.
-    Refused(String),
-    /// It stays as the previous agent left it, and so does its record: the pod is reported
-    /// (a record without a registered pod) and tried again at the next start.
-    Kept(String),
-}
 
 impl Agent {
     /// Takes back the pods of the previous agent: every record whose namespace still exists
@@ -48,19 +38,23 @@ impl Agent {
         for record in self.records.load_all() {
             let cookie = record.netns_cookie;
             let netns = record.netns.clone();
-            match self.restore_one(record, in_maps.as_mut(), migrating) {
+            // What becomes of a pod not restored: `interceptor_api::records` decides.
+            match self
+                .restore_one(record, in_maps.as_mut(), migrating)
+                .map_err(|not| not.then(migrating))
+            {
                 Ok(nsid) => {
                     self.netns_watch.watch(cookie, &netns, nsid);
                     crash_point!("restore-pod");
                 }
-                Err(NotRestored::Refused(why)) if migrating => bail!(
+                Err(Then::Abort(why)) => bail!(
                     "building the new maps: pod {} cannot be registered in them: {why}. Nothing was switched: every pod stays intercepted by the previous programs and maps. Remove the pod or fix the cause, then start the agent again",
                     netns.display()
                 ),
-                Err(NotRestored::Kept(why)) => {
+                Err(Then::Keep(why)) => {
                     warn!(netns = %netns.display(), netns_cookie = %cookie, "pod left as it was, not restored: {why}");
                 }
-                Err(NotRestored::Gone(why) | NotRestored::Refused(why)) => {
+                Err(Then::Forget(why)) => {
                     warn!(netns = %netns.display(), netns_cookie = %cookie, "not restoring pod: {why}");
                     if let Some(node) = self.backend.ebpf_mut() {
                         let _ = node.pods().purge(cookie);
@@ -87,14 +81,12 @@ impl Agent {
         let gone = |e: crate::netns::NetnsError| NotRestored::Gone(e.to_string());
         let netns = PodNetns::open(&record.netns).map_err(gone)?;
         let (cookie, addresses) = identify(self.backend.kind(), &netns).map_err(gone)?;
-        if cookie != record.netns_cookie {
-            return Err(NotRestored::Gone(
-                "its network namespace was replaced".into(),
-            ));
-        }
+        // How the pod is taken back, if its namespace is still the recorded one:
+        // `interceptor_api::records` decides.
+        let how = restore_step(&record, self.backend.kind(), Found::Key(cookie))?;
         let path = record.netns.display().to_string();
-        match (&mut self.backend, in_maps) {
-            (Backend::Ebpf(node), Some(in_maps)) => {
+        match (&mut self.backend, in_maps, how) {
+            (Backend::Ebpf(node), Some(in_maps), Restore::Ebpf { .. }) => {
                 let spec = PodSpec {
                     netns_path: record.netns.clone(),
                     netns_cookie: cookie,
@@ -109,11 +101,7 @@ impl Agent {
                     warn!(netns = %path, netns_cookie = %cookie, "pod restored, repaired: {what}");
                 }
             }
-            (Backend::Iptables(pods), _) => {
-                let recorded = match &record.backend {
-                    PodBackend::Iptables(chains) => Some(chains),
-                    PodBackend::Ebpf => None,
-                };
+            (Backend::Iptables(pods), _, Restore::Iptables { recorded }) => {
                 let (chains, written) = pods
                     .restore_chains(&record.netns, &record.config, recorded)
                     .map_err(|e| NotRestored::Kept(format!("writing its iptables chains: {e}")))?;
@@ -138,7 +126,8 @@ impl Agent {
                     warn!(netns = %path, error = %e, "saving the pod record");
                 }
             }
-            (Backend::Ebpf(_), None) => unreachable!("the eBPF backend has maps"),
+            (Backend::Ebpf(_), None, _) => unreachable!("the eBPF backend has maps"),
+            (_, _, how) => unreachable!("{how:?} is another backend's"),
         }
         Ok(namespace_id(&netns))
     }
@@ -204,11 +193,12 @@ impl Agent {
             return BTreeSet::new();
         };
         let pods = node.pods_ref();
-        pods.cookies_in_maps()
-            .into_iter()
-            .chain(in_maps.cookies())
-            .chain(pods.pinned_inbound_cookies())
-            .filter(|cookie| self.backend.facts(*cookie).is_none())
-            .collect()
+        leftovers(
+            pods.cookies_in_maps()
+                .into_iter()
+                .chain(in_maps.cookies())
+                .chain(pods.pinned_inbound_cookies()),
+            |cookie| self.backend.facts(cookie).is_some(),
+        )
     }
 }

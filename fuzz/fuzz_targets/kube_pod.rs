@@ -1,0 +1,130 @@
+//! The Kubernetes objects the agent's watch and lookups decode (`interceptor_config::kube`: a
+//! Pod, its Namespace, the `kubernetes` Service), through what the agent decides from them (the
+//! facts it keeps, whether it reads the namespace and the API server's ports, whether a pod
+//! started without the plugin is repaired) and the answer it gives the CNI plugin
+//! (`interceptor_api::KubePod`, through its JSON form), to the plugin's decision on whether and
+//! how to mesh the pod (`interceptor_cni::pod_plan`: annotations pod over namespace, which pods
+//! are meshed).
+//!
+//! Input: the Pod's JSON, then optionally a line `---` and the Namespace's JSON (none, or not
+//! one: the agent takes it as one without annotations, as when it may not read it), then
+//! optionally another `---` line and the Service's JSON (none, or no ports: 443 and 6443).
+#![no_main]
+
+use interceptor_api::{KubePod, Response};
+use interceptor_cni::{Plan, PodSettings, Pods, pod_plan};
+use interceptor_config::{
+    ConfigError, InterceptionConfig,
+    annotations::{CONFIG_PREFIX, DEFAULT_API_SERVER_PORTS, Decision},
+    kube::{self, PodFacts},
+};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let mut parts = text.split("\n---\n");
+    let Ok(pod) = serde_json::from_str::<kube::Pod>(parts.next().unwrap_or_default()) else {
+        return;
+    };
+    let namespace: kube::Namespace = parts
+        .next()
+        .and_then(|json| serde_json::from_str(json).ok())
+        .unwrap_or_default();
+    let service: kube::Service = parts
+        .next()
+        .and_then(|json| serde_json::from_str(json).ok())
+        .unwrap_or_default();
+
+    let facts = PodFacts::of(&pod);
+    if let Some((namespace, name)) = kube::key(&pod) {
+        let metadata = pod.metadata.as_ref().expect("a key is the metadata's");
+        assert_eq!(metadata.namespace.as_ref(), Some(&namespace));
+        assert_eq!(metadata.name.as_ref(), Some(&name));
+    }
+    assert_eq!(facts.needs_namespace(), facts.decision() == Decision::Mesh);
+    if facts.to_repair() {
+        assert!(facts.needs_namespace() && facts.sandbox_started && !facts.host_network);
+    }
+    if facts.control_plane_component.is_some() {
+        assert_ne!(facts.control_plane_component.as_deref(), Some(""));
+    }
+
+    // The agent's answer, as `KubePods::complete` builds it.
+    let namespace_annotations = if facts.needs_namespace() {
+        namespace.config_annotations()
+    } else {
+        Default::default()
+    };
+    assert!(
+        namespace_annotations
+            .keys()
+            .all(|name| name.starts_with(CONFIG_PREFIX)),
+        "a namespace gives only config.linkerd.io annotations"
+    );
+    let api_server_ports = if facts.needs_api_server_ports() {
+        let ports = service.api_server_ports();
+        if ports.is_empty() {
+            DEFAULT_API_SERVER_PORTS.to_vec()
+        } else {
+            ports
+        }
+    } else {
+        Vec::new()
+    };
+    let answer = KubePod::from_facts(facts.clone(), namespace_annotations, api_server_ports);
+    // Through the API's JSON form, as the plugin reads it.
+    let json = serde_json::to_string(&Response::Annotations(answer.clone()))
+        .expect("an answer serializes");
+    let pod = match serde_json::from_str(&json)
+        .unwrap_or_else(|e| panic!("{json} of the agent's answer: {e}"))
+    {
+        Response::Annotations(pod) => pod,
+        other => panic!("{json} reads as {other:?}"),
+    };
+    assert_eq!(pod, answer, "the answer reads back the same");
+
+    let base = PodSettings {
+        config: InterceptionConfig::linkerd(),
+        simulate: false,
+    };
+    for pods in [Pods::Injected, Pods::All] {
+        match pod_plan(base.clone(), pods, &pod) {
+            Ok(Plan::Mesh(settings)) => {
+                if pods == Pods::Injected {
+                    assert_eq!(facts.decision(), Decision::Mesh, "only an injected pod");
+                }
+                let config = settings.config;
+                let json = serde_json::to_string(&config).expect("a configuration serializes");
+                let back: InterceptionConfig = serde_json::from_str(&json)
+                    .unwrap_or_else(|e| panic!("{json} of a pod's configuration: {e}"));
+                assert_eq!(back, config, "the JSON form gives the configuration back");
+                let flags = config.to_args();
+                let again = InterceptionConfig::from_proxy_init_args(&flags)
+                    .unwrap_or_else(|e| panic!("{flags:?} of a pod's configuration: {e}"));
+                assert_eq!(again, config, "the flags give the configuration back");
+                if pod.control_plane_component.is_some() {
+                    for port in pod.api_server_ports.iter().filter(|p| **p != 0) {
+                        assert!(
+                            config.outbound_ports_to_ignore.contains(*port),
+                            "a control-plane pod reaches the API server on {port} around its proxy"
+                        );
+                    }
+                }
+            }
+            Ok(Plan::Skip(reason)) => {
+                assert_eq!(pods, Pods::Injected, "all pods are meshed with \"all\"");
+                assert_eq!(facts.decision(), Decision::Skip { reason });
+                assert!(!facts.to_repair(), "the repair meshes what the plugin would");
+            }
+            Err(e) => {
+                assert!(
+                    matches!(&e, ConfigError::Invalid { setting, .. } if setting.starts_with(CONFIG_PREFIX)),
+                    "a refusal names the annotation: {e:?}"
+                );
+                assert!(!e.to_string().is_empty(), "a refusal says why");
+            }
+        }
+    }
+});

@@ -1,0 +1,208 @@
+//! A restarted agent's pod records: each file as it reads it back (`interceptor_api::records`:
+//! JSON with `config`, or an older agent's proxy-init flags, which it rewrites), then what it
+//! decides from the set against what the maps hold: which pods it takes back and how (by
+//! either backend, bringing a pod over from the other one), which it forgets, keeps, or for
+//! which it stops a map migration, and which cookies in the maps are leftovers to remove. The
+//! kernel's side (opening the namespace, registering in the maps, writing chains) is simulated
+//! by the input; the decisions are the agent's own functions.
+//!
+//! Input (UTF-8): option lines (`iptables`: the agent's backend; `migrating`: filling new maps;
+//! `maps=1,2`: the cookies the maps and pins hold something of), then files, each a line
+//! `--- <file name> [found=<cookie>|found=gone] [outcome=ok|refused|kept]` (by default the
+//! namespace is still there with the recorded cookie and the backend takes the pod) and the
+//! file's content up to the next such line.
+#![no_main]
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use interceptor_api::{
+    Backend, InterceptionConfig, NetnsCookie,
+    records::{
+        self, Found, NotRestored, PodBackend, PodRecord, Restore, Then, leftovers, restore_step,
+    },
+};
+use libfuzzer_sys::fuzz_target;
+use serde::{Deserialize, Serialize};
+
+/// The agent's `ChainsInForce` (its iptables backend's part of a record), in its JSON form.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Chains {
+    mode: Mode,
+    rules: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Mode {
+    Legacy,
+    Nft,
+    Plain,
+}
+
+/// What the kernel makes of one record's pod, as the input says.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Ok,
+    Refused,
+    Kept,
+}
+
+struct File {
+    content: String,
+    found: Option<Found>,
+    outcome: Outcome,
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let mut agent = Backend::Ebpf;
+    let mut migrating = false;
+    let mut in_maps = Vec::new();
+    // A directory holds one file of a name: the last one given.
+    let mut files: BTreeMap<&str, File> = BTreeMap::new();
+    let mut current: Option<&str> = None;
+    for line in text.split_inclusive('\n') {
+        if let Some(header) = line.strip_prefix("--- ") {
+            let mut words = header.split_whitespace();
+            let name = words.next().unwrap_or_default();
+            let mut file = File {
+                content: String::new(),
+                found: None,
+                outcome: Outcome::Ok,
+            };
+            for word in words {
+                match word.split_once('=') {
+                    Some(("found", "gone")) => file.found = Some(Found::Gone("no such file".into())),
+                    Some(("found", n)) => {
+                        file.found = n.parse().ok().map(|n| Found::Key(NetnsCookie(n)));
+                    }
+                    Some(("outcome", "refused")) => file.outcome = Outcome::Refused,
+                    Some(("outcome", "kept")) => file.outcome = Outcome::Kept,
+                    _ => {}
+                }
+            }
+            files.insert(name, file);
+            current = Some(name);
+        } else if let Some(name) = current {
+            files.get_mut(name).expect("the current file").content.push_str(line);
+        } else {
+            match line.trim() {
+                "iptables" => agent = Backend::Iptables,
+                "migrating" => migrating = true,
+                option => {
+                    if let Some(cookies) = option.strip_prefix("maps=") {
+                        in_maps.extend(
+                            cookies
+                                .split(',')
+                                .filter_map(|c| c.parse().ok())
+                                .map(NetnsCookie),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    // Reading back, as `Records::load_all`: unreadable files are skipped.
+    let mut loaded: Vec<(PodRecord<Chains>, &File)> = Vec::new();
+    for (name, file) in &files {
+        match records::parse::<Chains>(name, file.content.as_bytes()) {
+            Ok(back) => {
+                let record = back.record;
+                assert_eq!(
+                    records::cookie_of(name),
+                    Some(record.netns_cookie),
+                    "a record is read from its own file"
+                );
+                check_config(&record.config);
+                // What the agent writes (a rewrite of an older one too) reads back the same.
+                let json = records::to_json(&record).expect("a record serializes");
+                let again = records::parse::<Chains>(name, &json)
+                    .unwrap_or_else(|e| panic!("a written record reads back: {e}"));
+                assert!(!again.older, "a written record has its configuration");
+                assert_eq!(again.record, record, "a written record reads back the same");
+                let value: serde_json::Value = serde_json::from_slice(&json).unwrap();
+                assert!(value.get("args").is_none(), "a written record has no flags");
+                loaded.push((record, file));
+            }
+            Err(e) => assert!(!e.to_string().is_empty(), "a refusal says why"),
+        }
+    }
+    loaded.sort_by_key(|(r, _)| r.netns_cookie);
+    let cookies: BTreeSet<NetnsCookie> = loaded.iter().map(|(r, _)| r.netns_cookie).collect();
+    assert_eq!(cookies.len(), loaded.len(), "one record per pod");
+
+    // Restoring, as `Agent::restore`.
+    let mut registered = BTreeSet::new();
+    let mut forgotten = BTreeSet::new();
+    for (record, file) in &loaded {
+        let cookie = record.netns_cookie;
+        let found = file.found.clone().unwrap_or(Found::Key(cookie));
+        let result = match restore_step(record, agent, found.clone()) {
+            Ok(how) => {
+                assert_eq!(found, Found::Key(cookie), "only a pod whose namespace is its own");
+                match (agent, how) {
+                    (Backend::Ebpf, Restore::Ebpf { take_over }) => {
+                        assert_eq!(take_over, record.backend.kind() == Backend::Iptables);
+                    }
+                    (Backend::Iptables, Restore::Iptables { recorded }) => {
+                        let chains = match &record.backend {
+                            PodBackend::Iptables(chains) => Some(chains),
+                            PodBackend::Ebpf => None,
+                        };
+                        assert_eq!(recorded, chains, "the chains compared are those recorded");
+                    }
+                    (agent, how) => panic!("an agent of {agent} restores as {how:?}"),
+                }
+                match (agent, file.outcome) {
+                    (_, Outcome::Ok) => Ok(()),
+                    // The maps refuse a pod; writing chains that fail keeps it as it was.
+                    (Backend::Ebpf, _) => Err(NotRestored::Refused("the maps are full".into())),
+                    (Backend::Iptables, _) => Err(NotRestored::Kept("iptables failed".into())),
+                }
+            }
+            Err(not) => {
+                assert!(matches!(not, NotRestored::Gone(_)), "{not:?}");
+                assert_ne!(found, Found::Key(cookie), "a pod whose namespace is its own");
+                Err(not)
+            }
+        };
+        match result.map_err(|not| (not.clone(), not.then(migrating))) {
+            Ok(()) => {
+                registered.insert(cookie);
+            }
+            Err((not, Then::Abort(why))) => {
+                assert!(migrating && matches!(not, NotRestored::Refused(_)));
+                assert!(!why.is_empty());
+                // The start-up stops: nothing is switched, nothing removed.
+                return;
+            }
+            Err((not, Then::Keep(_))) => assert!(matches!(not, NotRestored::Kept(_))),
+            Err((not, Then::Forget(why))) => {
+                assert!(!matches!(not, NotRestored::Kept(_)), "a kept pod is not forgotten");
+                assert!(!why.is_empty(), "a forgotten pod says why");
+                forgotten.insert(cookie);
+            }
+        }
+    }
+    assert!(registered.is_disjoint(&forgotten));
+    let left = leftovers(in_maps.iter().copied(), |c| registered.contains(&c));
+    assert!(left.is_disjoint(&registered), "a restored pod's entries stay");
+    for cookie in &in_maps {
+        assert_eq!(left.contains(cookie), !registered.contains(cookie));
+    }
+});
+
+/// A record's configuration is valid: it survives its JSON form and proxy-init's flags.
+fn check_config(config: &InterceptionConfig) {
+    let json = serde_json::to_string(config).expect("a configuration serializes");
+    let back: InterceptionConfig = serde_json::from_str(&json)
+        .unwrap_or_else(|e| panic!("{json} of a record's configuration: {e}"));
+    assert_eq!(&back, config);
+    let flags = config.to_args();
+    let again = InterceptionConfig::from_proxy_init_args(&flags)
+        .unwrap_or_else(|e| panic!("{flags:?} of a record's configuration: {e}"));
+    assert_eq!(&again, config);
+}
