@@ -1,7 +1,9 @@
-//! The crate's layers, as ARCHITECTURE.md draws them (commands → agent → node → config), held
+//! The crate's layers (commands → agent → backends → what they attach to → configuration), held
 //! by its imports: each file of `src/` is read for the top-level modules it names (`crate::x`,
 //! `crate::{x, y::z}`, `super::` paths that climb to the crate root), and no module may name
-//! one of a layer above its own, nor may modules import each other in a circle.
+//! one of a layer above its own, nor may modules import each other in a circle. Why each layer
+//! is where it is: docs/architecture.md ("Layers inside `interceptor`"); how a module is
+//! written: CONTRIBUTING.md ("Style").
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs,
