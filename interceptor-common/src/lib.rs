@@ -10,6 +10,7 @@
 
 pub mod addr;
 pub mod counters;
+pub mod creds;
 pub mod ids;
 pub mod names;
 pub mod outbound_ports;
@@ -19,6 +20,7 @@ pub mod socket;
 
 pub use addr::Ip6Addr;
 pub use counters::{Decision, PodCounters};
+pub use creds::CredOffsets;
 pub use ids::{NetnsCookie, PodSlot, SocketCookie};
 pub use pod::{IP4_MAPPED_PREFIX_BITS, PodConfig, PortBitmap, SUBNET_KEY_FIXED_BITS, SubnetKey};
 pub use socket::{
@@ -96,6 +98,7 @@ macro_rules! aya_pod {
 
 #[cfg(feature = "user")]
 aya_pod!(
+    CredOffsets,
     PodConfig,
     SubnetKey,
     PodCounters,

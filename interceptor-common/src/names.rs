@@ -19,6 +19,14 @@ pub const PROG_SK_LOOKUP: &str = "icpt_sk_lookup";
 /// `interceptor::ebpf::variants`). Each attaches where its original does, under the same link.
 /// Without `bpf_sk_lookup.ingress_ifindex` (Linux 5.17): loopback told by the source address.
 pub const PROG_SK_LOOKUP_ADDR: &str = "icpt_sklkp_addr";
+/// Without BTF access to a socket's creator from connect4/6 (`bpf_skc_to_tcp_sock` and the
+/// kernel's BTF): the proxy's UID and GID are told by the connecting task's real IDs.
+pub const PROG_CONNECT4_TASK: &str = "icpt_conn4_task";
+pub const PROG_CONNECT6_TASK: &str = "icpt_conn6_task";
+
+/// Read-only global of the connect programs: where a socket's creator credentials are, in this
+/// kernel's structures ([`crate::CredOffsets`]), set by the loader from the kernel's BTF.
+pub const GLOBAL_CRED_OFFSETS: &str = "ICPT_CRED_OFFSETS";
 
 /// A pod's own sk_lookup program, attached to its network namespace (sk_lookup cannot ask which
 /// namespace it runs in): it writes the pod's netns cookie to [`MAP_LOOKUP_POD`] and tail-calls
@@ -96,6 +104,8 @@ mod tests {
             PROG_SK_LOOKUP,
             PROG_POD_LOOKUP,
             PROG_SK_LOOKUP_ADDR,
+            PROG_CONNECT4_TASK,
+            PROG_CONNECT6_TASK,
         ];
         for name in programs.iter().chain(&SHARED_MAPS) {
             assert!(

@@ -50,6 +50,9 @@ pub mod flags {
     pub const HAS_OUTBOUND_SUBNETS_V6: u32 = 1 << 6;
     /// The pod has IPv6 inbound source subnets to ignore.
     pub const HAS_INBOUND_SUBNETS_V6: u32 = 1 << 7;
+    /// The pod has `local` routes beyond its own addresses (`direction::LOCAL_ROUTE` entries
+    /// in the subnet trie, either family).
+    pub const HAS_LOCAL_ROUTES: u32 = 1 << 8;
 }
 
 /// How one pod is intercepted. Written by userspace, read on every connect in the pod.
@@ -114,6 +117,9 @@ const _: () = assert!(
 pub mod direction {
     pub const OUTBOUND: u32 = 1;
     pub const INBOUND: u32 = 2;
+    /// The prefix of a `local` route of the pod that is none of its own addresses (AnyIP):
+    /// delivered over lo, exempt as proxy-init's `-o lo -j RETURN` exempts it.
+    pub const LOCAL_ROUTE: u32 = 3;
 }
 
 /// The data part of an LPM trie key: the pod, direction and family are always matched in full

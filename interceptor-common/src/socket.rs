@@ -150,7 +150,7 @@ pub mod pending_phase {
     #[inline(always)]
     pub fn holds_a_connection(state: u64) -> bool {
         let phase = state & MASK;
-        phase >= RECORDED && phase <= APP_CLOSED_EARLY
+        (RECORDED..=APP_CLOSED_EARLY).contains(&phase)
     }
 
     /// Whether a slot in `state` may be taken over once old: its proxy side was never

@@ -170,7 +170,10 @@ fn decide<const BY_IFINDEX: bool>(
         // SAFETY: a field read of this run's context, checked by the verifier.
         (unsafe { (*lookup).ingress_ifindex }) == LOOPBACK_IFINDEX
     } else {
+        // A connection to one of the pod's `local` routes (AnyIP) comes from an address in it.
         remote.is_loopback_or_unspecified()
+            || (pod.flags & flags::HAS_LOCAL_ROUTES != 0
+                && in_subnets(netns_cookie, direction::LOCAL_ROUTE, remote))
     };
     if over_lo || pod.is_own_address(remote) {
         return Decision::InboundFromPod;

@@ -15,6 +15,7 @@
 
 mod atomic;
 mod connect_slots;
+mod creds;
 mod error;
 mod inbound;
 mod maps;

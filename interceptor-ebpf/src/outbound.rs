@@ -23,7 +23,7 @@ use interceptor_common::{
 };
 
 use crate::{
-    connect_slots,
+    connect_slots, creds,
     error::Error,
     maps::{count, in_subnets, pod_config, read_ip6},
 };
@@ -34,24 +34,48 @@ const LOCALHOST_BE: u32 = u32::from_be_bytes([127, 0, 0, 1]).to_be();
 
 #[cgroup_sock_addr(connect4)]
 pub fn icpt_connect4(ctx: SockAddrContext) -> i32 {
-    match try_connect4(&ctx) {
+    connect4::<true>(&ctx, names::PROG_CONNECT4)
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn icpt_connect6(ctx: SockAddrContext) -> i32 {
+    connect6::<true>(&ctx, names::PROG_CONNECT6)
+}
+
+/// For kernels where connect4/6 cannot read a socket's creator (see `creds`): the proxy's UID
+/// and GID are told by the connecting task's real IDs.
+#[cgroup_sock_addr(connect4)]
+pub fn icpt_conn4_task(ctx: SockAddrContext) -> i32 {
+    connect4::<false>(&ctx, names::PROG_CONNECT4_TASK)
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn icpt_conn6_task(ctx: SockAddrContext) -> i32 {
+    connect6::<false>(&ctx, names::PROG_CONNECT6_TASK)
+}
+
+/// `CREATOR`: whether the proxy's UID and GID are told by the socket's creator, as iptables'
+/// owner match tells them, or by the task's real IDs.
+#[inline(always)]
+fn connect4<const CREATOR: bool>(ctx: &SockAddrContext, program: &'static str) -> i32 {
+    match try_connect4::<CREATOR>(ctx) {
         Ok(()) => ALLOW,
         // Never refuse a connect: a decision either leaves it alone or rewrites it, and a
         // rewritten connect whose original destination could not be recorded still goes to the
         // proxy, which refuses it (letting it through would bypass the proxy).
         Err(e) => {
-            e.log(&ctx, names::PROG_CONNECT4);
+            e.log(ctx, program);
             ALLOW
         }
     }
 }
 
-#[cgroup_sock_addr(connect6)]
-pub fn icpt_connect6(ctx: SockAddrContext) -> i32 {
-    match try_connect6(&ctx) {
+#[inline(always)]
+fn connect6<const CREATOR: bool>(ctx: &SockAddrContext, program: &'static str) -> i32 {
+    match try_connect6::<CREATOR>(ctx) {
         Ok(()) => ALLOW,
         Err(e) => {
-            e.log(&ctx, names::PROG_CONNECT6);
+            e.log(ctx, program);
             ALLOW
         }
     }
@@ -74,14 +98,14 @@ fn meshed_pod(ctx: &SockAddrContext) -> Option<(u64, &'static PodConfig)> {
 }
 
 #[inline(always)]
-fn try_connect4(ctx: &SockAddrContext) -> Result<(), Error> {
+fn try_connect4<const CREATOR: bool>(ctx: &SockAddrContext) -> Result<(), Error> {
     let Some((netns_cookie, pod)) = meshed_pod(ctx) else {
         return Ok(());
     };
     let sa: *mut bpf_sock_addr = ctx.sock_addr;
     // SAFETY: `sa` is this run's context; the verifier checks the field read.
     let dst = Ip6Addr::from_ip4_be(unsafe { (*sa).user_ip4 });
-    let Some(orig) = intercept(ctx, pod, netns_cookie, dst) else {
+    let Some(orig) = intercept::<CREATOR>(ctx, pod, netns_cookie, dst) else {
         return Ok(());
     };
     // SAFETY: `sa` is this run's context, whose destination connect4 may rewrite; the
@@ -94,7 +118,7 @@ fn try_connect4(ctx: &SockAddrContext) -> Result<(), Error> {
 }
 
 #[inline(always)]
-fn try_connect6(ctx: &SockAddrContext) -> Result<(), Error> {
+fn try_connect6<const CREATOR: bool>(ctx: &SockAddrContext) -> Result<(), Error> {
     let Some((netns_cookie, pod)) = meshed_pod(ctx) else {
         return Ok(());
     };
@@ -105,7 +129,7 @@ fn try_connect6(ctx: &SockAddrContext) -> Result<(), Error> {
         count(pod.slot, Decision::Ipv6NotIntercepted);
         return Ok(());
     }
-    let Some(orig) = intercept(ctx, pod, netns_cookie, dst) else {
+    let Some(orig) = intercept::<CREATOR>(ctx, pod, netns_cookie, dst) else {
         return Ok(());
     };
     let proxy = if dst.is_ip4() {
@@ -130,7 +154,7 @@ fn try_connect6(ctx: &SockAddrContext) -> Result<(), Error> {
 /// Decides and counts. Returns the original destination when the connect is to be redirected
 /// (the caller then rewrites it to the proxy).
 #[inline(always)]
-fn intercept(
+fn intercept<const CREATOR: bool>(
     ctx: &SockAddrContext,
     pod: &PodConfig,
     netns_cookie: u64,
@@ -139,7 +163,7 @@ fn intercept(
     // user_port holds the port in network order in its low 16 bits.
     // SAFETY: `sock_addr` is this run's context; the verifier checks the field read.
     let dst_port_be = unsafe { (*ctx.sock_addr).user_port } as u16;
-    let decision = decide(pod, netns_cookie, dst, dst_port_be);
+    let decision = decide::<CREATOR>(ctx, pod, netns_cookie, dst, dst_port_be);
     count(pod.slot, decision);
     if decision != Decision::Redirected {
         return None;
@@ -171,13 +195,21 @@ fn record_orig_dst(ctx: &SockAddrContext, pod: &PodConfig, orig: &OrigDst) -> Re
 }
 
 #[inline(always)]
-fn decide(pod: &PodConfig, netns_cookie: u64, dst: Ip6Addr, dst_port_be: u16) -> Decision {
-    let uid_gid = bpf_get_current_uid_gid();
-    if pod.flags & flags::HAS_PROXY_UID != 0 && uid_gid as u32 == pod.proxy_uid {
-        return Decision::ProxyUid;
-    }
-    if pod.flags & flags::HAS_PROXY_GID != 0 && (uid_gid >> 32) as u32 == pod.proxy_gid {
-        return Decision::ProxyGid;
+fn decide<const CREATOR: bool>(
+    ctx: &SockAddrContext,
+    pod: &PodConfig,
+    netns_cookie: u64,
+    dst: Ip6Addr,
+    dst_port_be: u16,
+) -> Decision {
+    if pod.flags & (flags::HAS_PROXY_UID | flags::HAS_PROXY_GID) != 0 {
+        let (uid, gid) = owner::<CREATOR>(ctx);
+        if pod.flags & flags::HAS_PROXY_UID != 0 && uid == pod.proxy_uid {
+            return Decision::ProxyUid;
+        }
+        if pod.flags & flags::HAS_PROXY_GID != 0 && gid == pod.proxy_gid {
+            return Decision::ProxyGid;
+        }
     }
     // Routed over lo, like iptables' `-o lo -j RETURN`.
     if dst.is_loopback_or_unspecified() {
@@ -185,6 +217,13 @@ fn decide(pod: &PodConfig, netns_cookie: u64, dst: Ip6Addr, dst_port_be: u16) ->
     }
     if pod.is_own_address(dst) {
         return Decision::PodAddress;
+    }
+    // A `local` route's prefix (AnyIP) is delivered over lo too; looked up only for a pod that
+    // has one beyond its own addresses.
+    if pod.flags & flags::HAS_LOCAL_ROUTES != 0
+        && in_subnets(netns_cookie, direction::LOCAL_ROUTE, dst)
+    {
+        return Decision::Loopback;
     }
     if pod.outbound_ignore_ports_be.contains(dst_port_be) {
         return Decision::IgnoredPort;
@@ -198,4 +237,16 @@ fn decide(pod: &PodConfig, netns_cookie: u64, dst: Ip6Addr, dst_port_be: u16) ->
         return Decision::IgnoredSubnet;
     }
     Decision::Redirected
+}
+
+/// The (UID, GID) the proxy's exemption is told by: the socket's creator's (`fsuid`, `fsgid`,
+/// what iptables' owner match reads) with `CREATOR` where the kernel lets the program read
+/// them, else the connecting task's real IDs.
+#[inline(always)]
+fn owner<const CREATOR: bool>(ctx: &SockAddrContext) -> (u32, u32) {
+    if CREATOR && let Some(ids) = creds::socket_creator(ctx) {
+        return ids;
+    }
+    let uid_gid = bpf_get_current_uid_gid();
+    (uid_gid as u32, (uid_gid >> 32) as u32)
 }

@@ -178,6 +178,43 @@ fn a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back() {
     agent.stop();
 }
 
+/// proxy-init's `-o lo -j RETURN` exempts whatever the pod delivers over lo: an AnyIP `local`
+/// route added after the pod was meshed is applied at once (the agent hears the route), and the
+/// app's connection to an address in it reaches the server listening there, not the proxy.
+#[test]
+fn a_local_route_added_later_is_delivered_over_lo() {
+    if !privileged("a_local_route_added_later_is_delivered_over_lo") {
+        return;
+    }
+    let fixture = PodFixture::new("agentanyip");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home.start_meshing(&fixture.pod.path(), &[]);
+    let app = fixture.in_pod().uid(APP_UID);
+    // Nothing routes 10.250.64.0/24 yet: the connect is the proxy's, as any remote one.
+    assert_eq!(
+        app.connect("10.250.64.5:8080").proxy_orig().to_string(),
+        "10.250.64.5:8080"
+    );
+    fixture.pod.ip(&["route", "add", "local", "10.250.64.0/24", "dev", "lo"]);
+    // IPv4 binds into a local route (AnyIP): the pod's own server on one of its addresses.
+    let _anyip = fixture
+        .in_pod()
+        .listen(&["server", "10.250.64.5:8080", "--name", "anyip"]);
+    eventually(
+        "the local route is applied",
+        Duration::from_secs(5),
+        || matches!(app.connect("10.250.64.5:8080"), Landing::Server { ref name, .. } if name == "anyip"),
+    );
+    fixture.pod.ip(&["route", "del", "local", "10.250.64.0/24", "dev", "lo"]);
+    eventually(
+        "the removed route is applied",
+        Duration::from_secs(5),
+        || matches!(app.connect("10.250.64.5:8080"), Landing::Proxy { .. }),
+    );
+    agent.stop();
+}
+
 /// At rest the agent checks no pod: an address change checks the one pod it happened in, a
 /// removed namespace the pod it was, and the safety sweep (a pod every `--reconcile-ms / pods`)
 /// the rest. Counted by the agent (`interceptor_pod_checks_total`), not timed.
@@ -232,15 +269,16 @@ fn an_agent_at_rest_checks_only_the_pods_an_event_names() {
         Duration::from_secs(5),
         in_force,
     );
-    // One notification per address (and its prefix route is no address): one check.
-    assert_eq!((checks("event"), checks("sweep")), (1, 0));
+    // An address comes with its `local` route, which could have been an AnyIP one: two
+    // notifications, two checks of that one pod (its prefix route is no local one: none).
+    assert_eq!((checks("event"), checks("sweep")), (2, 0));
 
     let doomed_path = doomed.path().display().to_string();
     drop(doomed);
     eventually("the gone pod is removed", Duration::from_secs(5), || {
         !home.pods().iter().any(|p| p["netns"] == doomed_path)
     });
-    assert_eq!((checks("event"), checks("sweep")), (2, 0));
+    assert_eq!((checks("event"), checks("sweep")), (3, 0));
     assert_eq!(home.pods().len(), PODS + 1);
 }
 

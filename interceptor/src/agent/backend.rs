@@ -20,7 +20,7 @@ use crate::{
     config::InterceptionConfig,
     ebpf::{EbpfError, EbpfNode, InMaps, PodSpec},
     iptables::IptablesError,
-    netns::{NetnsError, PodNetns},
+    netns::{LocalDestinations, NetnsError, PodNetns},
 };
 
 /// Which backend an agent is to use, once `--mode auto` is resolved.
@@ -261,27 +261,31 @@ impl Backend {
         }
     }
 
-    pub fn addresses(&self, cookie: NetnsCookie) -> Vec<IpAddr> {
+    /// What a pod is known to deliver over lo: its addresses and `local` routes.
+    pub fn local_destinations(&self, cookie: NetnsCookie) -> LocalDestinations {
         match self {
-            Self::Ebpf(node) => node.pods_ref().addresses(cookie),
-            Self::Iptables(pods) => pods.addresses(cookie),
+            Self::Ebpf(node) => node.pods_ref().local_destinations(cookie),
+            Self::Iptables(pods) => LocalDestinations {
+                addresses: pods.addresses(cookie),
+                routes: Vec::new(),
+            },
         }
     }
 
-    /// Applies a pod's new addresses (the eBPF programs treat them as the pod's own; the chains
-    /// need nothing: `-o lo` covers them).
-    pub fn set_addresses(
+    /// Applies a pod's new addresses and `local` routes (the eBPF programs treat them as
+    /// delivered over lo; the chains need nothing: `-o lo` covers them).
+    pub fn set_local_destinations(
         &mut self,
         cookie: NetnsCookie,
-        addresses: &[IpAddr],
+        local: &LocalDestinations,
     ) -> Result<(), String> {
         match self {
             Self::Ebpf(node) => node
                 .pods()
-                .set_addresses(cookie, addresses)
+                .set_local_destinations(cookie, local)
                 .map_err(|e| e.to_string()),
             Self::Iptables(pods) => {
-                pods.set_addresses(cookie, addresses);
+                pods.set_addresses(cookie, &local.addresses);
                 Ok(())
             }
         }
@@ -320,26 +324,29 @@ impl Backend {
     }
 }
 
-/// A pod's key and addresses, for a backend of `kind` (run without the agent's lock: it
-/// switches into the namespace). eBPF keys pods by their netns cookie, which the programs read
-/// in the kernel (Linux 5.14; before, [`NetnsError::NoCookie`]); the iptables backend uses the
-/// cookie too, or where the kernel cannot tell it a key derived from the namespace's inode
+/// A pod's key and local destinations, for a backend of `kind` (run without the agent's lock:
+/// it switches into the namespace). eBPF keys pods by their netns cookie, which the programs
+/// read in the kernel (Linux 5.14; before, [`NetnsError::NoCookie`]); the iptables backend uses
+/// the cookie too, or where the kernel cannot tell it a key derived from the namespace's inode
 /// ([`PodNetns::inode_key`]).
-pub fn identify(kind: Kind, netns: &PodNetns) -> Result<(NetnsCookie, Vec<IpAddr>), NetnsError> {
+pub fn identify(
+    kind: Kind,
+    netns: &PodNetns,
+) -> Result<(NetnsCookie, LocalDestinations), NetnsError> {
     match kind {
-        Kind::Ebpf => netns.cookie_and_addresses(),
-        Kind::Iptables => netns.key_and_addresses(),
+        Kind::Ebpf => netns.cookie_and_local(),
+        Kind::Iptables => netns.key_and_local(),
     }
 }
 
-/// [`identify`], with the addresses only when they can be read: a failed address dump alone
+/// [`identify`], with the local destinations only when they can be read: a failed dump alone
 /// must not pass for a gone namespace.
 pub fn identify_lenient(
     kind: Kind,
     netns: &PodNetns,
-) -> Result<(NetnsCookie, Option<Vec<IpAddr>>), NetnsError> {
-    if let Ok((key, addresses)) = identify(kind, netns) {
-        return Ok((key, Some(addresses)));
+) -> Result<(NetnsCookie, Option<LocalDestinations>), NetnsError> {
+    if let Ok((key, local)) = identify(kind, netns) {
+        return Ok((key, Some(local)));
     }
     match netns.cookie() {
         Err(NetnsError::NoCookie { .. }) if kind == Kind::Iptables => netns.inode_key(),

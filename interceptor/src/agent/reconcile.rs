@@ -108,12 +108,12 @@ fn check(agent: &Mutex<Agent>, cookie: NetnsCookie, trigger: &'static str) {
         return;
     }
     match current {
-        Ok((c, addresses)) if c == cookie => {
-            if let Some(addresses) = addresses
-                && agent.backend.addresses(cookie) != addresses
-                && let Err(e) = agent.backend.set_addresses(cookie, &addresses)
+        Ok((c, local)) if c == cookie => {
+            if let Some(local) = local
+                && agent.backend.local_destinations(cookie) != local
+                && let Err(e) = agent.backend.set_local_destinations(cookie, &local)
             {
-                warn!(netns = %path.display(), error = %e, "updating pod addresses: the previous ones stay in force");
+                warn!(netns = %path.display(), error = %e, "updating pod addresses and local routes: the previous ones stay in force");
             }
         }
         Ok(_) => return agent.forget(cookie, "its network namespace was replaced"),

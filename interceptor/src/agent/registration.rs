@@ -43,11 +43,12 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
     let unknown = |e: crate::netns::NetnsError| (ErrorKind::UnknownNetns, e.to_string());
     let netns = PodNetns::open(&add.netns).map_err(unknown)?;
     let backend = lock(agent).backend.kind();
-    let (cookie, addresses) = identify(backend, &netns).map_err(unknown)?;
+    let (cookie, local) = identify(backend, &netns).map_err(unknown)?;
     let spec = PodSpec {
         netns_path: add.netns.clone(),
         netns_cookie: cookie,
-        addresses,
+        addresses: local.addresses,
+        local_routes: local.routes,
         config,
     };
     let facts = PodFacts {

@@ -80,7 +80,7 @@ impl Agent {
     ) -> Result<Option<i32>, NotRestored> {
         let gone = |e: crate::netns::NetnsError| NotRestored::Gone(e.to_string());
         let netns = PodNetns::open(&record.netns).map_err(gone)?;
-        let (cookie, addresses) = identify(self.backend.kind(), &netns).map_err(gone)?;
+        let (cookie, local) = identify(self.backend.kind(), &netns).map_err(gone)?;
         // How the pod is taken back, if its namespace is still the recorded one:
         // `interceptor_api::records` decides.
         let how = restore_step(&record, self.backend.kind(), Found::Key(cookie))?;
@@ -90,7 +90,8 @@ impl Agent {
                 let spec = PodSpec {
                     netns_path: record.netns.clone(),
                     netns_cookie: cookie,
-                    addresses,
+                    addresses: local.addresses.clone(),
+                    local_routes: local.routes.clone(),
                     config: record.config.clone(),
                 };
                 let repaired = node
@@ -118,7 +119,7 @@ impl Agent {
                 if written {
                     facts.meshed_by = PodBackend::Iptables(chains);
                 }
-                pods.insert(cookie, &record.config, &addresses, facts);
+                pods.insert(cookie, &record.config, &local.addresses, facts);
                 if written
                     && let Some(record) = self.backend.record(cookie)
                     && let Err(e) = self.records.save(&record)

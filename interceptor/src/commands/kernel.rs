@@ -7,6 +7,7 @@ use crate::{
     ebpf::{
         self,
         features::{Feature, KernelFeatures},
+        variants,
     },
 };
 
@@ -17,6 +18,9 @@ struct Report {
     variants: Vec<ebpf::VariantLoad>,
     /// What `--mode auto` picks, and why when it is not eBPF.
     auto_backend: &'static str,
+    /// Where the variants this kernel runs make a connection land otherwise than proxy-init's
+    /// chains: "hook (variant): how".
+    differs_from_proxy_init: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     ebpf_unusable: Option<String>,
 }
@@ -47,6 +51,17 @@ pub fn kernel(args: KernelArgs) -> anyhow::Result<()> {
             .collect(),
         variants: ebpf::load_every_variant().map_err(anyhow::Error::msg)?,
         auto_backend: if probe.is_ok() { "ebpf" } else { "iptables" },
+        differs_from_proxy_init: variants::choose(features)
+            .map(|chosen| {
+                chosen
+                    .iter()
+                    .filter_map(|(hook, variant, _)| {
+                        let how = variant.differs?;
+                        Some(format!("{} ({}): {how}", hook.describe(), variant.name))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
         ebpf_unusable: probe.err(),
     };
     if args.json {
@@ -71,6 +86,9 @@ pub fn kernel(args: KernelArgs) -> anyhow::Result<()> {
             "  variant {:<16} {:<22} {:<8} {result}",
             v.program, v.hook, v.variant
         );
+    }
+    for how in &report.differs_from_proxy_init {
+        println!("  differs from proxy-init: {how}");
     }
     match &report.ebpf_unusable {
         None => println!("--mode auto: ebpf"),

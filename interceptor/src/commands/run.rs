@@ -75,10 +75,12 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let netns = PodNetns::open(&args.netns)?;
+    let local = netns.local_destinations()?;
     let spec = PodSpec {
         netns_path: args.netns.clone(),
         netns_cookie: netns.cookie()?,
-        addresses: netns.addresses()?,
+        addresses: local.addresses,
+        local_routes: local.routes,
         config,
     };
     // Open before attaching: a namespace we cannot watch is an error, not a silent gap.
@@ -134,11 +136,15 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             Some(()) = changes.recv() => {
-                let addresses = netns.addresses()?;
-                info!(netns = %spec.netns_path.display(), ?addresses, "pod addresses changed");
-                node.pods().set_addresses(spec.netns_cookie, &addresses)?;
+                let local = netns.local_destinations()?;
+                if node.pods_ref().local_destinations(spec.netns_cookie) == local {
+                    continue;
+                }
+                info!(netns = %spec.netns_path.display(), addresses = ?local.addresses, local_routes = ?local.routes, "pod addresses or local routes changed");
+                node.pods().set_local_destinations(spec.netns_cookie, &local)?;
                 let sk_lookup = node.pods().inbound_program(spec.netns_cookie);
-                state.pods = vec![pod_state(&PodSpec { addresses, ..spec.clone() }, slot, sk_lookup)];
+                let now = PodSpec { addresses: local.addresses, local_routes: local.routes, ..spec.clone() };
+                state.pods = vec![pod_state(&now, slot, sk_lookup)];
                 lock.write_state(&state)?;
             }
         }

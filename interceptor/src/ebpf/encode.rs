@@ -16,37 +16,76 @@ use crate::config::InterceptionConfig;
 /// One entry of the subnet trie: (prefix length, key).
 pub(super) type SubnetEntry = (u32, SubnetKey);
 
-/// The subnet trie entries of a pod's configuration: (prefix length, key).
+/// The subnet trie entries of a pod's configuration and of its `local` routes (AnyIP
+/// prefixes, delivered over lo): (prefix length, key).
 pub(super) fn subnet_keys(
     cookie: NetnsCookie,
     config: &InterceptionConfig,
+    local_routes: &BTreeSet<IpNet>,
 ) -> BTreeSet<SubnetEntry> {
     let outbound = config
         .outbound_subnets_to_ignore
         .iter()
-        .map(|net| (direction::OUTBOUND, net));
+        .map(|net| subnet_entry(cookie, direction::OUTBOUND, net));
     let inbound = config
         .subnets_to_ignore
         .iter()
-        .map(|net| (direction::INBOUND, net));
+        .map(|net| subnet_entry(cookie, direction::INBOUND, net));
     outbound
         .chain(inbound)
-        .map(|(direction, net)| {
-            let (family, prefix_len) = match net {
-                IpNet::V4(v4) => (
-                    family::IPV4,
-                    IP4_MAPPED_PREFIX_BITS + u32::from(v4.prefix_len()),
-                ),
-                IpNet::V6(v6) => (family::IPV6, u32::from(v6.prefix_len())),
+        .chain(local_route_keys(cookie, local_routes))
+        .collect()
+}
+
+/// The subnet trie entries of a pod's `local` routes.
+pub(super) fn local_route_keys(
+    cookie: NetnsCookie,
+    local_routes: &BTreeSet<IpNet>,
+) -> impl Iterator<Item = SubnetEntry> {
+    local_routes
+        .iter()
+        .map(move |net| subnet_entry(cookie, direction::LOCAL_ROUTE, net))
+}
+
+fn subnet_entry(cookie: NetnsCookie, direction: u32, net: &IpNet) -> SubnetEntry {
+    let (family, prefix_len) = match net {
+        IpNet::V4(v4) => (
+            family::IPV4,
+            IP4_MAPPED_PREFIX_BITS + u32::from(v4.prefix_len()),
+        ),
+        IpNet::V6(v6) => (family::IPV6, u32::from(v6.prefix_len())),
+    };
+    let key = SubnetKey {
+        netns_cookie: cookie.0,
+        direction,
+        family,
+        addr: Ip6Addr::from(net.network()),
+    };
+    (SUBNET_KEY_FIXED_BITS + prefix_len, key)
+}
+
+/// The `local` routes among a pod's subnet entries, as [`subnet_keys`] wrote them.
+pub(super) fn local_routes_of(subnets: &BTreeSet<SubnetEntry>) -> BTreeSet<IpNet> {
+    subnets
+        .iter()
+        .filter(|(_, key)| key.direction == direction::LOCAL_ROUTE)
+        .filter_map(|(prefix_len, key)| {
+            let bits = prefix_len.checked_sub(SUBNET_KEY_FIXED_BITS)?;
+            let net = match IpAddr::from(key.addr) {
+                IpAddr::V4(v4) => IpNet::new(v4.into(), bits.checked_sub(IP4_MAPPED_PREFIX_BITS)? as u8),
+                v6 => IpNet::new(v6, bits as u8),
             };
-            let key = SubnetKey {
-                netns_cookie: cookie.0,
-                direction,
-                family,
-                addr: Ip6Addr::from(net.network()),
-            };
-            (SUBNET_KEY_FIXED_BITS + prefix_len, key)
+            net.ok()
         })
+        .collect()
+}
+
+/// A pod's subnet entries but its `local` routes: what its configuration asks for.
+pub(super) fn configured_subnets(subnets: &BTreeSet<SubnetEntry>) -> BTreeSet<SubnetEntry> {
+    subnets
+        .iter()
+        .filter(|(_, key)| key.direction != direction::LOCAL_ROUTE)
+        .copied()
         .collect()
 }
 
@@ -58,11 +97,12 @@ pub(super) fn listener_key(netns_cookie: NetnsCookie, ipv6: bool) -> ListenerKey
     }
 }
 
-/// The pod's entry: its configuration and its own addresses.
+/// The pod's entry: its configuration, its own addresses and whether it has `local` routes.
 pub(super) fn pod_config(
     slot: PodSlot,
     config: &InterceptionConfig,
     addresses: &BTreeSet<IpAddr>,
+    has_local_routes: bool,
 ) -> PodConfig {
     let mut pod_flags = 0;
     if config.proxy_uid.is_some() {
@@ -113,13 +153,24 @@ pub(super) fn pod_config(
         inbound_ignore_ports: port_bitmap(&config.inbound_ports_to_ignore, |port| port),
         redirect_ports,
     };
-    write_addresses(&mut pod, addresses);
+    write_local(&mut pod, addresses, has_local_routes);
     pod
+}
+
+/// Makes `addresses` the pod's own in its entry (see [`write_addresses`]), and says whether
+/// the subnet trie holds `local` routes of it (the programs look only then).
+pub(super) fn write_local(pod: &mut PodConfig, addresses: &BTreeSet<IpAddr>, routes: bool) {
+    write_addresses(pod, addresses);
+    if routes {
+        pod.flags |= flags::HAS_LOCAL_ROUTES;
+    } else {
+        pod.flags &= !flags::HAS_LOCAL_ROUTES;
+    }
 }
 
 /// Makes `addresses` (at most `MAX_LOCAL_ADDRS_PER_POD`, which registration checks first; any
 /// beyond are not written) the pod's own in its entry.
-pub(super) fn write_addresses(pod: &mut PodConfig, addresses: &BTreeSet<IpAddr>) {
+fn write_addresses(pod: &mut PodConfig, addresses: &BTreeSet<IpAddr>) {
     pod.local_addrs = [Ip6Addr::UNSPECIFIED; MAX_LOCAL_ADDRS_PER_POD as usize];
     for (slot, ip) in pod.local_addrs.iter_mut().zip(addresses) {
         *slot = Ip6Addr::from(*ip);
@@ -157,7 +208,7 @@ mod tests {
             .map(|a| a.parse().unwrap())
             .into();
         let config = crate::config::InterceptionConfig::linkerd();
-        let mut pod = super::pod_config(interceptor_common::PodSlot(3), &config, &addresses);
+        let mut pod = super::pod_config(interceptor_common::PodSlot(3), &config, &addresses, false);
         assert_eq!(super::own_addresses(&pod), addresses);
         for addr in &addresses {
             assert!(pod.is_own_address((*addr).into()), "{addr}");

@@ -11,7 +11,7 @@ use std::{collections::BTreeSet, fmt, sync::OnceLock};
 
 use interceptor_sys::{
     BPF_CMPXCHG, ProgLoad,
-    asm::{ATOMIC_DW, CALL, EXIT, LDX_W, MOV64_IMM, SK_PASS, ST_DW},
+    asm::{ATOMIC_DW, CALL, EXIT, LDX_DW, LDX_W, MOV64_IMM, SK_PASS, ST_DW},
     bpf_attach_type, bpf_func_id, bpf_insn as Insn, bpf_prog_type, insn,
 };
 use serde::{Deserialize, Serialize};
@@ -35,19 +35,24 @@ pub enum Feature {
     NetnsCookieGetsockopt,
     /// `getsockopt(SO_NETNS_COOKIE)` (Linux 5.14): the agent learns a pod's key.
     SoNetnsCookie,
+    /// `bpf_skc_to_tcp_sock` in cgroup/connect4 (Linux 5.9) and the kernel's BTF with the
+    /// fields from a socket to its creator's credentials: the proxy's UID and GID told as
+    /// iptables' owner match tells them.
+    SocketCreator,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 5] = [
+    pub const ALL: [Feature; 6] = [
         Feature::Atomics,
         Feature::IngressIfindex,
         Feature::NetnsCookieSockops,
         Feature::NetnsCookieGetsockopt,
         Feature::SoNetnsCookie,
+        Feature::SocketCreator,
     ];
 
     /// The features some program variant does without (what `-all` takes away).
-    pub const OPTIONAL: [Feature; 1] = [Feature::IngressIfindex];
+    pub const OPTIONAL: [Feature; 2] = [Feature::IngressIfindex, Feature::SocketCreator];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -56,6 +61,7 @@ impl Feature {
             Feature::NetnsCookieSockops => "netns_cookie_sockops",
             Feature::NetnsCookieGetsockopt => "netns_cookie_getsockopt",
             Feature::SoNetnsCookie => "so_netns_cookie",
+            Feature::SocketCreator => "socket_creator",
         }
     }
 
@@ -69,6 +75,9 @@ impl Feature {
                 "bpf_get_netns_cookie in cgroup/getsockopt (Linux 5.15)"
             }
             Feature::SoNetnsCookie => "SO_NETNS_COOKIE socket option (Linux 5.14)",
+            Feature::SocketCreator => {
+                "BTF access to a socket's creator from cgroup/connect4 (Linux 5.9 with BTF)"
+            }
         }
     }
 
@@ -108,6 +117,14 @@ impl Feature {
                 crate::netns::PodNetns::open(std::path::Path::new("/proc/self/ns/net"))
                     .and_then(|ns| ns.cookie())
                     .is_ok()
+            }
+            Feature::SocketCreator => {
+                super::creds::offsets().is_some()
+                    && loads(
+                        bpf_prog_type::BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
+                        Some(bpf_attach_type::BPF_CGROUP_INET4_CONNECT),
+                        &tcp_sock_of_ctx(),
+                    )
             }
         }
     }
@@ -214,6 +231,17 @@ fn compare_exchange_on_stack() -> [Insn; 6] {
 fn netns_cookie_of_ctx() -> [Insn; 3] {
     [
         insn(CALL, 0, 0, 0, bpf_func_id::BPF_FUNC_get_netns_cookie as i32),
+        insn(MOV64_IMM, 0, 0, 0, 1),
+        insn(EXIT, 0, 0, 0, 0),
+    ]
+}
+
+/// `r1 = ctx->sk; call bpf_skc_to_tcp_sock(r1); r0 = 1; exit`: "unknown func" where connect4
+/// may not call it (before 5.9, or without CAP_PERFMON).
+fn tcp_sock_of_ctx() -> [Insn; 4] {
+    [
+        insn(LDX_DW, 1, 1, interceptor_common::creds::SOCK_ADDR_CTX_SK, 0),
+        insn(CALL, 0, 0, 0, bpf_func_id::BPF_FUNC_skc_to_tcp_sock as i32),
         insn(MOV64_IMM, 0, 0, 0, 1),
         insn(EXIT, 0, 0, 0, 0),
     ]

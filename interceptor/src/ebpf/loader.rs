@@ -259,6 +259,11 @@ pub(super) fn loader(pin_dir: &Path) -> EbpfLoader<'static> {
     for name in names::SHARED_MAPS {
         loader.map_pin_path(name, pin_dir.join(name));
     }
+    // Left UNSET where the kernel has no BTF: the `creator IDs` connect programs are then not
+    // chosen (`Feature::SocketCreator`), and refused where every variant is loaded.
+    if let Some(offsets) = super::creds::offsets() {
+        loader.override_global(names::GLOBAL_CRED_OFFSETS, offsets, true);
+    }
     loader
 }
 

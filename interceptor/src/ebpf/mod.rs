@@ -2,6 +2,7 @@
 //! by their network namespace cookie. Meshing one pod (`interceptor run`) and many (the node
 //! agent) both go through [`EbpfNode`].
 use interceptor_common::NetnsCookie;
+mod creds;
 mod encode;
 pub mod features;
 mod inbound;
@@ -129,6 +130,9 @@ pub struct PodSpec {
     pub netns_cookie: NetnsCookie,
     /// The pod's own addresses, both families (see [`crate::netns::PodNetns::addresses`]).
     pub addresses: Vec<IpAddr>,
+    /// The prefixes of its `local` routes that are none of its addresses (AnyIP, see
+    /// [`crate::netns::LocalDestinations`]): delivered over lo, never redirected.
+    pub local_routes: Vec<ipnet::IpNet>,
     pub config: InterceptionConfig,
 }
 

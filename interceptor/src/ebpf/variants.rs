@@ -79,62 +79,94 @@ pub struct Variant {
     pub name: &'static str,
     /// What the kernel must offer for it to load.
     pub needs: &'static [Feature],
+    /// Where it makes a connection land otherwise than proxy-init's chains, if anywhere.
+    pub differs: Option<&'static str>,
 }
 
+/// The `task IDs` connect programs' difference from proxy-init's chains.
+const TASK_IDS_DIFFER: &str = "the proxy's UID and GID are told by the connecting task's real IDs, where iptables' owner match reads the credentials the socket was created with (fsuid, fsgid): a process whose real and effective IDs differ, or a socket created before its process became the proxy's user, lands otherwise";
+
 /// In order of preference per hook: the first whose needs the kernel meets is loaded.
+///
+/// connect4/6's `task IDs` variant tells the proxy's UID and GID by the connecting task's real
+/// IDs, where iptables' owner match reads the socket's creator's (`fsuid`, `fsgid`): a process
+/// whose real and effective IDs differ, or a socket made before its process became the proxy's
+/// user, lands differently there. `interceptor kernel` and the behaviour table say so.
 ///
 /// connect4/6 and sock_ops have no variant without BPF atomics (5.12), though one could keep
 /// the behaviour with the LRU maps alone: it would only run where sock_ops and getsockopt can
 /// ask for the netns cookie (5.15) and atomics are missing, which no kernel is, and it cost
 /// 1.5 µs a connection more.
-pub const VARIANTS: [Variant; 8] = [
+pub const VARIANTS: [Variant; 10] = [
     Variant {
         hook: Hook::Connect4,
         program: names::PROG_CONNECT4,
-        name: "slots",
+        name: "creator IDs",
+        needs: &[Feature::Atomics, Feature::SocketCreator],
+        differs: None,
+    },
+    Variant {
+        hook: Hook::Connect4,
+        program: names::PROG_CONNECT4_TASK,
+        name: "task IDs",
         needs: &[Feature::Atomics],
+        differs: Some(TASK_IDS_DIFFER),
     },
     Variant {
         hook: Hook::Connect6,
         program: names::PROG_CONNECT6,
-        name: "slots",
+        name: "creator IDs",
+        needs: &[Feature::Atomics, Feature::SocketCreator],
+        differs: None,
+    },
+    Variant {
+        hook: Hook::Connect6,
+        program: names::PROG_CONNECT6_TASK,
+        name: "task IDs",
         needs: &[Feature::Atomics],
+        differs: Some(TASK_IDS_DIFFER),
     },
     Variant {
         hook: Hook::SockOps,
         program: names::PROG_SOCKOPS,
         name: "slots",
         needs: &[Feature::Atomics, Feature::NetnsCookieSockops],
+        differs: None,
     },
     Variant {
         hook: Hook::GetSockopt,
         program: names::PROG_GETSOCKOPT,
         name: "main",
         needs: &[Feature::NetnsCookieGetsockopt],
+        differs: None,
     },
     Variant {
         hook: Hook::PeerName4,
         program: names::PROG_PEERNAME4,
         name: "main",
         needs: &[],
+        differs: None,
     },
     Variant {
         hook: Hook::PeerName6,
         program: names::PROG_PEERNAME6,
         name: "main",
         needs: &[],
+        differs: None,
     },
     Variant {
         hook: Hook::SkLookup,
         program: names::PROG_SK_LOOKUP,
         name: "ifindex",
         needs: &[Feature::IngressIfindex],
+        differs: None,
     },
     Variant {
         hook: Hook::SkLookup,
         program: names::PROG_SK_LOOKUP_ADDR,
         name: "address",
         needs: &[],
+        differs: None,
     },
 ];
 
@@ -263,8 +295,8 @@ mod tests {
         assert_eq!(
             programs(&chosen),
             [
-                names::PROG_CONNECT4,
-                names::PROG_CONNECT6,
+                names::PROG_CONNECT4_TASK,
+                names::PROG_CONNECT6_TASK,
                 names::PROG_SOCKOPS,
                 names::PROG_GETSOCKOPT,
                 names::PROG_PEERNAME4,
@@ -276,6 +308,11 @@ mod tests {
         assert!(
             sk_lookup.reason.contains("sk_lookup context (Linux 5.17)"),
             "{sk_lookup:?}"
+        );
+        let (_, _, connect4) = &chosen[0];
+        assert!(
+            connect4.reason.contains("socket's creator"),
+            "{connect4:?}"
         );
     }
 

@@ -2,6 +2,7 @@
 //! namespace runs on the calling thread, which `setns`es in and back out.
 use interceptor_common::NetnsCookie;
 mod addresses;
+mod routes;
 pub mod nsid;
 
 use std::{
@@ -117,10 +118,11 @@ impl PodNetns {
         f()
     }
 
-    /// The namespace's cookie and addresses with one switch into it (see [`Self::cookie`] and
-    /// [`Self::addresses`]): the agent reads both for every pod at every periodic check.
-    pub fn cookie_and_addresses(&self) -> Result<(NetnsCookie, Vec<IpAddr>), NetnsError> {
-        self.run_inside(|| Ok((self.cookie_here()?, self.addresses_here()?)))
+    /// The namespace's cookie and local destinations with one switch into it (see
+    /// [`Self::cookie`] and [`Self::local_destinations`]): the agent reads both for every pod at
+    /// every periodic check.
+    pub fn cookie_and_local(&self) -> Result<(NetnsCookie, LocalDestinations), NetnsError> {
+        self.run_inside(|| Ok((self.cookie_here()?, self.local_here()?)))
     }
 
     /// The kernel's 64-bit identity of the namespace, the same value `bpf_get_netns_cookie`
@@ -132,14 +134,14 @@ impl PodNetns {
 
     /// The namespace's key for a backend that needs no cookie in the kernel (iptables): its
     /// cookie, or, where the kernel cannot tell it (5.10 to 5.13), [`Self::inode_key`]. The
-    /// addresses come with it, as with [`Self::cookie_and_addresses`].
-    pub fn key_and_addresses(&self) -> Result<(NetnsCookie, Vec<IpAddr>), NetnsError> {
+    /// local destinations come with it, as with [`Self::cookie_and_local`].
+    pub fn key_and_local(&self) -> Result<(NetnsCookie, LocalDestinations), NetnsError> {
         self.run_inside(|| {
             let key = match self.cookie_here() {
                 Err(NetnsError::NoCookie { .. }) => self.inode_key()?,
                 other => other?,
             };
-            Ok((key, self.addresses_here()?))
+            Ok((key, self.local_here()?))
         })
     }
 
@@ -195,6 +197,23 @@ impl PodNetns {
         self.run_inside(|| self.addresses_here())
     }
 
+    /// Everything the namespace delivers over `lo` but loopback itself: its interfaces'
+    /// addresses, and the prefixes of `local` routes that are not one of them (AnyIP).
+    pub fn local_destinations(&self) -> Result<LocalDestinations, NetnsError> {
+        self.run_inside(|| self.local_here())
+    }
+
+    /// [`Self::local_destinations`], from a thread already inside the namespace.
+    fn local_here(&self) -> Result<LocalDestinations, NetnsError> {
+        let addresses = self.addresses_here()?;
+        let routes = routes::dump_local().map_err(|e| NetnsError::Syscall {
+            call: "RTM_GETROUTE",
+            path: self.path.clone(),
+            source: nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+        })?;
+        Ok(LocalDestinations::new(addresses, routes))
+    }
+
     /// [`Self::addresses`], from a thread already inside the namespace.
     fn addresses_here(&self) -> Result<Vec<IpAddr>, NetnsError> {
         let mut all = addresses::dump().map_err(|e| NetnsError::Syscall {
@@ -205,6 +224,46 @@ impl PodNetns {
         all.sort();
         all.dedup();
         Ok(all)
+    }
+}
+
+/// What a namespace delivers over `lo` besides loopback (`127.0.0.0/8`, `::1`), which
+/// proxy-init's `-o lo -j RETURN` exempts: its interfaces' addresses, and the prefixes of its
+/// `local` routes that are not one of them (an AnyIP `ip route add local 10.250.64.0/24 dev
+/// lo`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LocalDestinations {
+    /// Sorted, without duplicates.
+    pub addresses: Vec<IpAddr>,
+    /// Sorted, without duplicates.
+    pub routes: Vec<ipnet::IpNet>,
+}
+
+impl LocalDestinations {
+    /// From the address dump and every `local` route: a route to one address of the namespace
+    /// (each address has one) or within loopback adds nothing.
+    pub fn new(mut addresses: Vec<IpAddr>, routes: Vec<ipnet::IpNet>) -> Self {
+        addresses.sort();
+        addresses.dedup();
+        let loopback: [ipnet::IpNet; 2] = [
+            ipnet::Ipv4Net::new(std::net::Ipv4Addr::new(127, 0, 0, 0), 8)
+                .expect("a valid prefix")
+                .into(),
+            ipnet::Ipv6Net::new(std::net::Ipv6Addr::LOCALHOST, 128)
+                .expect("a valid prefix")
+                .into(),
+        ];
+        let mut routes: Vec<ipnet::IpNet> = routes
+            .into_iter()
+            .filter(|net| !loopback.iter().any(|lo| lo.contains(net)))
+            .filter(|net| {
+                net.prefix_len() != net.max_prefix_len()
+                    || addresses.binary_search(&net.addr()).is_err()
+            })
+            .collect();
+        routes.sort();
+        routes.dedup();
+        Self { addresses, routes }
     }
 }
 
@@ -248,7 +307,7 @@ pub const INODE_KEY_BIT: u64 = 1 << 63;
 
 impl PodNetns {
     /// A netlink socket, bound inside the namespace, that becomes readable whenever an address
-    /// of either family is added or removed there. The socket stays in the namespace it was created in.
+    /// or a route of either family is added or removed there. The socket stays in the namespace it was created in.
     pub fn address_changes(&self) -> Result<std::os::fd::OwnedFd, NetnsError> {
         let path = self.path.clone();
         self.run_inside(move || {
@@ -257,12 +316,16 @@ impl PodNetns {
                 path: path.clone(),
                 source,
             };
+            // Routes too: an AnyIP `local` route changes what is delivered over lo.
             let fd = interceptor_sys::netns::route_socket(
-                (libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32,
+                (libc::RTMGRP_IPV4_IFADDR
+                    | libc::RTMGRP_IPV6_IFADDR
+                    | libc::RTMGRP_IPV4_ROUTE
+                    | libc::RTMGRP_IPV6_ROUTE) as u32,
             )
             .map_err(|e| {
                 error(
-                    "socket(NETLINK_ROUTE) bound to RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR",
+                    "socket(NETLINK_ROUTE) bound to the address and route groups",
                     nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
                 )
             })?;

@@ -99,7 +99,7 @@ fn ask(socket: &OwnedFd, request: RouteNetlinkMessage, flags: u16) -> io::Result
     }
 }
 
-/// Address notifications from every namespace with an id in the calling thread's.
+/// Address and route notifications from every namespace with an id in the calling thread's.
 pub struct AddressChanges {
     socket: OwnedFd,
     buf: Vec<u8>,
@@ -108,7 +108,7 @@ pub struct AddressChanges {
 /// What one [`AddressChanges::wait`] heard.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Heard {
-    /// An address of the namespace with this id was added or removed.
+    /// An address or route of the namespace with this id was added or removed.
     In(i32),
     /// Something of the listener's own namespace, or of one without an id: not a pod's.
     Elsewhere,
@@ -116,9 +116,34 @@ pub enum Heard {
     Lost,
 }
 
+/// Whether a notification can change what a namespace delivers over lo: an address, or a
+/// `local` route (an AnyIP one, or an address's own). Other route changes (a pod's default
+/// route, say) cannot, and check no pod.
+fn changes_local_delivery(datagram: &[u8]) -> bool {
+    // The `rtmsg` after the message header: family, dst_len, src_len, tos, table, protocol,
+    // scope, type.
+    const RTM_TYPE: usize = size_of::<libc::nlmsghdr>() + 7;
+    let kind = datagram
+        .get(4..6)
+        .map(|b| u16::from_ne_bytes([b[0], b[1]]));
+    match kind {
+        Some(libc::RTM_NEWROUTE | libc::RTM_DELROUTE) => {
+            datagram.get(RTM_TYPE).copied() == Some(libc::RTN_LOCAL)
+        }
+        _ => true,
+    }
+}
+
 impl AddressChanges {
     pub fn open() -> io::Result<Self> {
-        let socket = route_socket((libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32)?;
+        // Routes too: an AnyIP `local` route changes what a pod delivers over lo. The node's
+        // own route changes (a pod's veth route) are heard as `Elsewhere` and cost a wake-up.
+        let socket = route_socket(
+            (libc::RTMGRP_IPV4_IFADDR
+                | libc::RTMGRP_IPV6_IFADDR
+                | libc::RTMGRP_IPV4_ROUTE
+                | libc::RTMGRP_IPV6_ROUTE) as u32,
+        )?;
         listen_all_nsid(socket.as_fd())?;
         Ok(Self {
             socket,
@@ -129,7 +154,8 @@ impl AddressChanges {
     /// Blocks until the next notification.
     pub fn wait(&mut self) -> io::Result<Heard> {
         match recv_with_nsid(self.socket.as_fd(), &mut self.buf) {
-            Ok((_, Some(id))) => Ok(Heard::In(id)),
+            Ok((n, Some(id))) if changes_local_delivery(&self.buf[..n]) => Ok(Heard::In(id)),
+            Ok((_, Some(_))) => Ok(Heard::Elsewhere),
             Ok((_, None)) => Ok(Heard::Elsewhere),
             Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => Ok(Heard::Lost),
             Err(e) => Err(e),

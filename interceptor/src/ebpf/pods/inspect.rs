@@ -137,6 +137,17 @@ impl<D> PodRegistry<D> {
     }
 
     /// A registered pod's own addresses, sorted.
+    /// The pod's own addresses and `local` routes, as registered.
+    pub fn local_destinations(&self, cookie: NetnsCookie) -> crate::netns::LocalDestinations {
+        self.pods
+            .get(&cookie)
+            .map(|p| crate::netns::LocalDestinations {
+                addresses: p.addresses.iter().copied().collect(),
+                routes: p.local_routes.iter().copied().collect(),
+            })
+            .unwrap_or_default()
+    }
+
     pub fn addresses(&self, cookie: NetnsCookie) -> Vec<IpAddr> {
         self.pods
             .get(&cookie)

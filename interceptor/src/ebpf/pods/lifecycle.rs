@@ -3,18 +3,20 @@ use std::{collections::BTreeSet, net::IpAddr, path::PathBuf};
 
 use interceptor_common::{MAX_LOCAL_ADDRS_PER_POD, NetnsCookie, PodSlot, names};
 
-use super::{InForce, PodRegistry, entries::ignore_absent};
+use ipnet::IpNet;
+
+use super::{InForce, PodRegistry, Written, entries::ignore_absent};
 use crate::{
     crash_points::crash_point,
     ebpf::{
         EbpfError, PodSpec,
-        encode::write_addresses,
+        encode::{configured_subnets, local_route_keys, write_local},
         inbound::{Inbound, inbound_link_path},
         links::PinnedLink,
         listener::find_listeners,
         maps::map_error,
     },
-    netns::PodNetns,
+    netns::{LocalDestinations, PodNetns},
 };
 
 impl<D> PodRegistry<D> {
@@ -137,18 +139,18 @@ impl<D> PodRegistry<D> {
         }
     }
 
-    /// Replaces the pod's set of own addresses (after an address change in its namespace): its
-    /// configuration entry is written again with the new set, one update that switches the
-    /// programs from the old set to the new; if it cannot be written, the old set stays.
-    pub fn set_addresses(
+    /// Makes `local` the pod's own addresses and `local` routes, everything else in force kept
+    /// (a configuration kept by a restore too): the new route entries are written first, then
+    /// the pod's entry (the switch), then the entries only the old routes needed are removed.
+    pub fn set_local_destinations(
         &mut self,
         cookie: NetnsCookie,
-        addresses: &[IpAddr],
+        local: &LocalDestinations,
     ) -> Result<(), EbpfError> {
-        let Some(registered) = self.pods.get_mut(&cookie) else {
+        let Some(registered) = self.pods.get(&cookie) else {
             return Ok(());
         };
-        let wanted: BTreeSet<IpAddr> = addresses.iter().copied().collect();
+        let wanted: BTreeSet<IpAddr> = local.addresses.iter().copied().collect();
         if wanted.len() > MAX_LOCAL_ADDRS_PER_POD as usize {
             return Err(EbpfError::TooManyAddresses {
                 netns: PathBuf::from(format!("with netns cookie {cookie}")),
@@ -156,16 +158,40 @@ impl<D> PodRegistry<D> {
                 max: MAX_LOCAL_ADDRS_PER_POD,
             });
         }
-        // What is in force keeps everything but the addresses (a configuration kept by a
-        // restore too).
+        let routes: BTreeSet<IpNet> = local.routes.iter().copied().collect();
         let mut config = registered.in_force();
-        write_addresses(&mut config, &wanted);
-        self.maps
-            .pods
-            .insert(cookie, config, 0)
-            .map_err(map_error(names::MAP_PODS))?;
+        write_local(&mut config, &wanted, !routes.is_empty());
+        let before = InForce {
+            config: Some(registered.in_force()),
+            subnets: registered.subnets.clone(),
+        };
+        let mut subnets = configured_subnets(&registered.subnets);
+        subnets.extend(local_route_keys(cookie, &routes));
+        self.check_subnet_room(&before.subnets, &subnets)?;
+        let mut written = Written::default();
+        let switched = self
+            .write_new_entries(&before, &subnets, &mut written)
+            .and_then(|()| {
+                self.maps
+                    .pods
+                    .insert(cookie, config, 0)
+                    .map_err(map_error(names::MAP_PODS))
+            });
+        if let Err(e) = switched {
+            self.remove_written(cookie, written);
+            return Err(e);
+        }
         crash_point!("addresses-written");
+        let (subnets, problem) = self.remove_old_entries(cookie, &before, subnets, config.inbound_port);
+        let Some(registered) = self.pods.get_mut(&cookie) else {
+            return Ok(());
+        };
         registered.addresses = wanted;
+        registered.local_routes = routes;
+        registered.subnets = subnets;
+        if problem.is_some() {
+            registered.problem = problem;
+        }
         if let Some(kept) = &mut registered.kept_in_force {
             **kept = config;
         }

@@ -21,12 +21,13 @@ use interceptor_common::{MAX_PODS, NetnsCookie, PodConfig, PodCounters, PodSlot,
 
 use super::{
     EbpfError, LoadOptions,
-    encode::{SubnetEntry, pod_config, write_addresses},
+    encode::{SubnetEntry, pod_config, write_local},
     inbound::Inbound,
     maps::{PodMaps, map_error},
     pod_lookup::PodLookupLoader,
 };
 use crate::config::InterceptionConfig;
+use ipnet::IpNet;
 
 mod entries;
 mod inspect;
@@ -92,6 +93,8 @@ struct Registered<D> {
     kept_in_force: Option<Box<PodConfig>>,
     /// The addresses its configuration entry holds as the pod's own.
     addresses: BTreeSet<IpAddr>,
+    /// Its `local` routes that are none of `addresses` (AnyIP), in `subnets` too.
+    local_routes: BTreeSet<IpNet>,
     /// Every subnet entry the maps hold for the pod.
     subnets: BTreeSet<SubnetEntry>,
     /// The pod's own sk_lookup program; dropping it detaches it from the pod's namespace (unless its
@@ -105,9 +108,9 @@ struct Registered<D> {
     data: D,
 }
 
-/// `config` with no addresses, to compare what else two entries hold.
+/// `config` with no addresses (and no `local` routes), to compare what else two entries hold.
 fn without_addresses(mut config: PodConfig) -> PodConfig {
-    write_addresses(&mut config, &BTreeSet::new());
+    write_local(&mut config, &BTreeSet::new(), false);
     config
 }
 
@@ -116,7 +119,12 @@ impl<D> Registered<D> {
     pub(super) fn in_force(&self) -> PodConfig {
         match &self.kept_in_force {
             Some(kept) => **kept,
-            None => pod_config(self.slot, &self.config, &self.addresses),
+            None => pod_config(
+                self.slot,
+                &self.config,
+                &self.addresses,
+                !self.local_routes.is_empty(),
+            ),
         }
     }
 }

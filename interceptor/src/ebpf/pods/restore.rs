@@ -3,7 +3,11 @@ use interceptor_common::PodSlot;
 
 use super::{InForce, InMaps, PodRegistry, Registered, without_addresses};
 use crate::{
-    ebpf::{EbpfError, PodSpec, encode::own_addresses, listener::find_listeners},
+    ebpf::{
+        EbpfError, PodSpec,
+        encode::{configured_subnets, local_routes_of, own_addresses},
+        listener::find_listeners,
+    },
     netns::PodNetns,
 };
 
@@ -58,9 +62,15 @@ impl<D> PodRegistry<D> {
                     {
                         Some("the maps held another configuration than its record's (a change cut short): the record's is applied".to_owned())
                     }
-                    Some(_) if before.subnets != registered.subnets => Some(
+                    // Nor may its `local` routes.
+                    Some(_)
+                        if configured_subnets(&before.subnets)
+                            != configured_subnets(&registered.subnets) =>
+                    {
+                        Some(
                         "subnet entries of a change cut short were removed".to_owned(),
-                    ),
+                        )
+                    }
                     Some(_) => None,
                 };
                 self.pods.insert(cookie, registered);
@@ -86,6 +96,7 @@ impl<D> PodRegistry<D> {
                             .as_ref()
                             .map(own_addresses)
                             .unwrap_or_default(),
+                        local_routes: local_routes_of(&before.subnets),
                         subnets: before.subnets,
                         inbound,
                         problem: Some(problem.clone()),

@@ -2,6 +2,8 @@
 //! maps cannot hold before anything is written.
 use std::{collections::BTreeSet, net::IpAddr};
 
+use ipnet::IpNet;
+
 use interceptor_common::{
     MAX_LOCAL_ADDRS_PER_POD, MAX_SUBNET_RULES, PodSlot, names, outbound_ports,
 };
@@ -39,7 +41,8 @@ impl<D> PodRegistry<D> {
     ) -> Result<Registered<D>, (EbpfError, Option<Inbound>)> {
         let cookie = spec.netns_cookie;
         let addresses: BTreeSet<IpAddr> = spec.addresses.iter().copied().collect();
-        let subnets = subnet_keys(cookie, &spec.config);
+        let local_routes: BTreeSet<IpNet> = spec.local_routes.iter().copied().collect();
+        let subnets = subnet_keys(cookie, &spec.config, &local_routes);
         if let Err(e) = self.check_room(spec, &addresses, &before.subnets, &subnets) {
             return Err((e, inbound));
         }
@@ -64,7 +67,7 @@ impl<D> PodRegistry<D> {
             },
         };
         crash_point!("pod-inbound-attached");
-        let config = pod_config(slot, &spec.config, &addresses);
+        let config = pod_config(slot, &spec.config, &addresses, !local_routes.is_empty());
         let mut written = Written::default();
         let switched = self
             .mark_outbound_port(config.outbound_port)
@@ -92,6 +95,7 @@ impl<D> PodRegistry<D> {
             config: spec.config.clone(),
             kept_in_force: None,
             addresses,
+            local_routes,
             subnets,
             inbound: Some(inbound),
             problem,
@@ -128,7 +132,17 @@ impl<D> PodRegistry<D> {
                 max: MAX_LOCAL_ADDRS_PER_POD,
             });
         }
-        let needed = subnets.difference(subnets_before).count();
+        self.check_subnet_room(subnets_before, subnets)
+    }
+
+    /// Refuses a change of a pod's subnet entries from `before` to `subnets` that the trie
+    /// cannot hold (both sets are in it for a moment).
+    pub(super) fn check_subnet_room(
+        &self,
+        before: &BTreeSet<SubnetEntry>,
+        subnets: &BTreeSet<SubnetEntry>,
+    ) -> Result<(), EbpfError> {
+        let needed = subnets.difference(before).count();
         let free = (MAX_SUBNET_RULES as usize).saturating_sub(self.subnet_entries);
         if needed > free {
             return Err(EbpfError::TableFull {

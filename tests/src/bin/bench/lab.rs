@@ -105,6 +105,7 @@ impl Lab {
             Mode::IdleHooks(Watch::Close) => "idle-watch",
             Mode::Ebpf => "ebpf",
             Mode::EbpfWithout(Without::IngressIfindex) => "ebpf-noifindex",
+            Mode::EbpfWithout(Without::SocketCreator) => "ebpf-taskids",
             Mode::IptablesLegacy => "legacy",
             Mode::IptablesNft => "nft",
         };

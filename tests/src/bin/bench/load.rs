@@ -70,12 +70,13 @@ pub const MODES: [Mode; 4] = [
 ];
 
 /// The modes of the headline cases: every program variant too, and the floor of any program.
-pub const HEADLINE_MODES: [Mode; 7] = [
+pub const HEADLINE_MODES: [Mode; 8] = [
     Mode::Limit,
     Mode::IdleHooks(Watch::Nothing),
     Mode::IdleHooks(Watch::Close),
     Mode::Ebpf,
     Mode::EbpfWithout(Without::IngressIfindex),
+    Mode::EbpfWithout(Without::SocketCreator),
     Mode::IptablesLegacy,
     Mode::IptablesNft,
 ];
@@ -88,6 +89,7 @@ impl Mode {
             Mode::IdleHooks(Watch::Close) => "programs doing nothing, watching close",
             Mode::Ebpf => "eBPF",
             Mode::EbpfWithout(Without::IngressIfindex) => "eBPF -ingress_ifindex",
+            Mode::EbpfWithout(Without::SocketCreator) => "eBPF -socket_creator",
             Mode::IptablesLegacy => "iptables-legacy",
             Mode::IptablesNft => "iptables-nft",
         }
@@ -112,6 +114,9 @@ pub enum Without {
     /// `ingress_ifindex` in sk_lookup (5.17): without, loopback is told by address. (BPF
     /// atomics have no variant: every kernel the programs load on has them.)
     IngressIfindex,
+    /// BTF access to a socket's creator from connect4/6: without, the proxy's UID and GID are
+    /// told by the task's real IDs.
+    SocketCreator,
 }
 
 impl Without {
@@ -119,6 +124,7 @@ impl Without {
     pub fn features_taken_away(self) -> &'static str {
         match self {
             Without::IngressIfindex => "-ingress_ifindex",
+            Without::SocketCreator => "-socket_creator",
         }
     }
 }

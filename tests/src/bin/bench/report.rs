@@ -144,6 +144,7 @@ const COLORS: [RGBColor; HEADLINE_MODES.len()] = [
     RGBColor(165, 165, 165),
     RGBColor(31, 119, 180),
     RGBColor(128, 190, 225),
+    RGBColor(70, 150, 200),
     RGBColor(214, 39, 40),
     RGBColor(255, 127, 14),
 ];
