@@ -18,6 +18,7 @@ use anyhow::Context as _;
 use super::fetch::Kernel;
 
 /// One test binary invocation in the guest.
+#[derive(Clone)]
 pub struct GuestCommand {
     /// File-name-safe name of its log: `<dir>/<slug>.log`.
     pub slug: String,
@@ -33,6 +34,11 @@ pub struct GuestCommand {
 pub struct GuestResult {
     pub statuses: Vec<(String, Option<i32>, u64)>,
     pub elapsed: Duration,
+    /// Whether the host stopped the guest at its deadline: it stopped reporting (the kernel
+    /// wedged), as a test that hangs is killed in the guest by its own timeout and reported.
+    pub stopped_at_deadline: bool,
+    /// What happened to guests booted before the one these statuses are from, one line each.
+    pub earlier_attempts: Vec<String>,
 }
 
 /// Guest size: measured fastest for two host cores (see docs/testing.md, "Kernel matrix").
@@ -75,25 +81,115 @@ pub fn run_booted(
     commands: &[GuestCommand],
     dir: &Path,
 ) -> anyhow::Result<GuestResult> {
-    let first = match run(vng_bin, path, kernel, commands, dir) {
+    let mut result = match run(vng_bin, path, kernel, commands, dir) {
+        Ok(result) => result,
         // Any other error is the caller's.
-        Err(e) => e.downcast::<NeverBooted>()?,
-        ok => return ok,
+        Err(e) => {
+            let first = e.downcast::<NeverBooted>()?;
+            let kept = keep_console(&first.console, dir, "first-boot")?;
+            eprintln!(
+                "kernels: {}; booting a second guest (first console kept in {})",
+                first,
+                kept.display()
+            );
+            let mut second = run(vng_bin, path, kernel, commands, dir).with_context(|| {
+                format!(
+                    "the second guest too (the first one's console: {})",
+                    kept.display()
+                )
+            })?;
+            second.earlier_attempts.push(format!(
+                "a first guest never ran its script (console: {})",
+                kept.display()
+            ));
+            return Ok(second);
+        }
     };
-    let kept = dir.with_file_name(format!("{}.first-boot-console.log", kernel.release));
-    fs::copy(&first.console, &kept)
-        .with_context(|| format!("keeping {}", first.console.display()))?;
-    eprintln!(
-        "kernels: {}; booting a second guest (first console kept in {})",
-        first,
+    rerun_after_a_wedge(vng_bin, path, kernel, commands, dir, &mut result)?;
+    Ok(result)
+}
+
+/// A guest the host stopped at its deadline with commands it never reported wedged (under
+/// software emulation: an RCU stall, and no output after it; twice in eight clean-clone runs):
+/// a fresh guest runs those commands once more, into the same logs, and both attempts are
+/// reported. A command that reported, passed or failed, is never run again; nor is anything of a
+/// guest that stopped on its own (a panic is a failure, never a wedge).
+fn rerun_after_a_wedge(
+    vng_bin: &Path,
+    path: &OsString,
+    kernel: &Kernel,
+    commands: &[GuestCommand],
+    dir: &Path,
+    result: &mut GuestResult,
+) -> anyhow::Result<()> {
+    let unreported: Vec<GuestCommand> = commands
+        .iter()
+        .filter(|c| {
+            result
+                .statuses
+                .iter()
+                .any(|(slug, status, _)| *slug == c.slug && status.is_none())
+        })
+        .cloned()
+        .collect();
+    if !result.stopped_at_deadline || unreported.is_empty() {
+        return Ok(());
+    }
+    let console = dir.join("console.log");
+    let stall = fs::read_to_string(&console)
+        .unwrap_or_default()
+        .lines()
+        .find(|line| line.contains("rcu") && line.contains("stall"))
+        .map(|line| format!(" ({})", line.trim()))
+        .unwrap_or_default();
+    let kept = keep_console(&console, dir, "wedged")?;
+    let slugs: Vec<&str> = unreported.iter().map(|c| c.slug.as_str()).collect();
+    let attempt = format!(
+        "the first guest wedged{stall} after {} of {} commands and was stopped at its deadline; a fresh guest ran {} (first console: {})",
+        commands.len() - unreported.len(),
+        commands.len(),
+        slugs.join(", "),
         kept.display()
     );
-    run(vng_bin, path, kernel, commands, dir).with_context(|| {
-        format!(
-            "the second guest too (the first one's console: {})",
-            kept.display()
-        )
-    })
+    eprintln!("kernels: {}: {attempt}", kernel.release);
+    // The wedged guest's partial logs stay beside the new ones.
+    for c in &unreported {
+        let log = dir.join(format!("{}.log", c.slug));
+        if log.exists() {
+            let _ = fs::rename(&log, dir.join(format!("{}.wedged.log", c.slug)));
+        }
+    }
+    let second_dir = dir.with_file_name(format!(
+        "{}.after-wedge",
+        dir.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    let second = run(vng_bin, path, kernel, &unreported, &second_dir)
+        .with_context(|| format!("the fresh guest after a wedged one ({attempt})"))?;
+    for (slug, status, secs) in second.statuses {
+        let from = second_dir.join(format!("{slug}.log"));
+        let _ = fs::copy(&from, dir.join(format!("{slug}.log")));
+        if let Some(entry) = result.statuses.iter_mut().find(|(s, _, _)| *s == slug) {
+            *entry = (slug, status, secs);
+        }
+    }
+    result.elapsed += second.elapsed;
+    result.earlier_attempts.push(attempt);
+    if second.stopped_at_deadline {
+        result
+            .earlier_attempts
+            .push("the fresh guest was stopped at its deadline too".to_owned());
+    }
+    Ok(())
+}
+
+/// Keeps a guest's console beside the run's directory, as `<dir>.<what>-console.log`.
+fn keep_console(console: &Path, dir: &Path, what: &str) -> anyhow::Result<PathBuf> {
+    let kept = dir.with_file_name(format!(
+        "{}.{what}-console.log",
+        dir.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    fs::copy(console, &kept).with_context(|| format!("keeping {}", console.display()))?;
+    Ok(kept)
 }
 
 /// Boots `kernel` and runs `commands` in it; their logs go to `dir` (emptied first).
@@ -142,6 +238,7 @@ pub fn run(
         .spawn()
         .context("could not start vng (virtme-ng)")?;
     let deadline = BOOT_ALLOWANCE + commands.iter().map(|c| c.timeout).sum::<Duration>();
+    let mut stopped_at_deadline = false;
     loop {
         if vng.try_wait()?.is_some() {
             break;
@@ -155,6 +252,7 @@ pub fn run(
             // SAFETY: kill has no memory preconditions; the group is the one vng leads.
             unsafe { libc::kill(-group, libc::SIGKILL) };
             let _ = vng.wait();
+            stopped_at_deadline = true;
             break;
         }
         std::thread::sleep(Duration::from_millis(500));
@@ -185,7 +283,12 @@ pub fn run(
         }
         .into());
     }
-    Ok(GuestResult { statuses, elapsed })
+    Ok(GuestResult {
+        statuses,
+        elapsed,
+        stopped_at_deadline,
+        earlier_attempts: Vec::new(),
+    })
 }
 
 /// The guest's script: the mounts the tests need (the host's are not shared), then each

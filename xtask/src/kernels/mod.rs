@@ -159,6 +159,7 @@ fn run_kernel(
         if let Some(value) = run.features.env_value() {
             env.push(("INTERCEPTOR_KERNEL_FEATURES", value.to_owned()));
         }
+        env.extend(run.env.iter().map(|(k, v)| (*k, (*v).to_owned())));
         let slug = format!("{index:02}-{}", run.binary);
         planned.push(guest::GuestCommand {
             slug: slug.clone(),
@@ -195,6 +196,7 @@ fn run_kernel(
         suite: kernel.suite.clone(),
         release: kernel.release.clone(),
         guest_secs: result.elapsed.as_secs(),
+        earlier_attempts: result.earlier_attempts,
         runs,
     })
 }

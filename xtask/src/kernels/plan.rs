@@ -60,6 +60,8 @@ pub struct TestRun {
     /// libtest `--skip` filters: tests another run of the table covers.
     pub skip: &'static [&'static str],
     pub features: Features,
+    /// More of the test's environment (e.g. how many random configurations).
+    pub env: &'static [(&'static str, &'static str)],
     pub scope: Scope,
     pub needs: Needs,
     /// Killed after this long in the guest (software emulation is about ten times slower).
@@ -91,6 +93,7 @@ const fn run(
         filters,
         skip: &[],
         features,
+        env: &[],
         scope: Scope::Core,
         needs,
         timeout_secs: 300,

@@ -52,6 +52,10 @@ pub struct KernelReport {
     pub release: String,
     /// Boot, every run, power-off.
     pub guest_secs: u64,
+    /// Guests booted before the one whose results these are (one that never booted, or one
+    /// that wedged and whose unreported commands a fresh guest ran), one line each.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub earlier_attempts: Vec<String>,
     pub runs: Vec<RunReport>,
 }
 
@@ -259,6 +263,9 @@ pub fn table(kernels: &[KernelReport]) -> String {
     );
     for kernel in kernels {
         let name = format!("{} ({}s)", kernel.release, kernel.guest_secs);
+        for attempt in &kernel.earlier_attempts {
+            let _ = writeln!(out, "{name:<22} {attempt}");
+        }
         for run in &kernel.runs {
             let note = match (run.expectation, &run.incomplete) {
                 ("impossible", _) => "not run: impossible on this kernel".to_owned(),
@@ -326,6 +333,7 @@ mod tests {
             suite: "bullseye-security".into(),
             release: "5.10.0-46-amd64".into(),
             guest_secs: 1,
+            earlier_attempts: Vec::new(),
             runs: vec![run],
         };
         let table = supported_kernels(&[kernel]);
