@@ -19,6 +19,7 @@ pub mod iptables_backend;
 pub mod meshed;
 pub mod probe;
 pub mod program;
+pub mod random;
 pub mod scenario;
 pub mod sockets;
 

@@ -101,6 +101,33 @@ impl Probe {
             .collect()
     }
 
+    /// Runs a command to completion with `input` on its stdin; returns its stdout lines.
+    pub fn run_with_input(&self, args: &[&str], input: &str) -> Vec<String> {
+        use std::io::Write as _;
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn netprobe");
+        // Written from a thread: the child's output could fill its pipe before it reads all.
+        let mut stdin = child.stdin.take().expect("stdin");
+        let input = input.to_owned();
+        let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+        let out = child.wait_with_output().expect("netprobe output");
+        let _ = writer.join();
+        assert!(
+            out.status.success(),
+            "netprobe {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// One connection: where it landed.
     pub fn connect(&self, target: &str) -> Landing {
         self.connect_with(target, &[])

@@ -27,6 +27,10 @@ enum Task {
     Setup,
     /// Run setup, then every test with privileged tests required to run. Needs root.
     Test {
+        /// Configurations the randomized behaviour table draws (tests/tests/behaviour_random.rs;
+        /// 32 when not given), as INTERCEPTOR_RANDOM_CONFIGS; give it before any test filter.
+        #[arg(long)]
+        random_configs: Option<u32>,
         /// Passed to `cargo test`, e.g. a test name filter or `--release`.
         #[arg(allow_hyphen_values = true)]
         cargo_args: Vec<OsString>,
@@ -91,9 +95,10 @@ fn run(task: Task) -> anyhow::Result<()> {
     match task {
         Task::Setup => setup::run().map(drop),
         Task::Test {
+            random_configs,
             cargo_args,
             test_args,
-        } => test::run(&cargo_args, &test_args),
+        } => test::run(random_configs, &cargo_args, &test_args),
         Task::Kernels {
             full,
             series,

@@ -6,7 +6,11 @@ use anyhow::{Context as _, ensure};
 
 use crate::{cmd, kernels, setup, workspace_root};
 
-pub fn run(cargo_args: &[OsString], test_args: &[OsString]) -> anyhow::Result<()> {
+pub fn run(
+    random_configs: Option<u32>,
+    cargo_args: &[OsString],
+    test_args: &[OsString],
+) -> anyhow::Result<()> {
     ensure_root()?;
     let path = setup::run()?;
     clippy(&path)?;
@@ -24,6 +28,9 @@ pub fn run(cargo_args: &[OsString], test_args: &[OsString]) -> anyhow::Result<()
         // Turns every "skipped: not privileged" into a failure, so a green run means the
         // kernel tests really ran.
         .env("INTERCEPTOR_REQUIRE_PRIVILEGED", "1");
+    if let Some(count) = random_configs {
+        cargo_test.env("INTERCEPTOR_RANDOM_CONFIGS", count.to_string());
+    }
     let filtered = !cargo_args.is_empty() || !test_args.is_empty();
     if !test_args.is_empty() {
         cargo_test.arg("--").args(test_args);

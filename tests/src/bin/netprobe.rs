@@ -25,12 +25,15 @@ fn usage() -> ! {
         "usage: netprobe [--netns PATH] [--cgroup DIR] [--uid N] [--gid N] COMMAND\n\
          commands:\n  \
            proxy ADDR... [--name N] [--no-orig] [--ask-ipv6] [--inline] [--v6only]  accept, answer with SO_ORIGINAL_DST\n  \
-           server ADDR... [--name N] [--v6only]  accept, answer who it is\n  \
+           server ADDR... [--name N] [--v6only] [--close]  accept, answer who it is\n  \
            connect ADDR... [--count N | --seconds S] [--bind ADDR] [--linger0] [--via PATH]\n  \
              PATH: connect (default), nonblocking, io-uring, fastopen-sendto, fastopen-connect, mptcp\n  \
            check ADDR... [--count N | --seconds S] [--threads T]  connect in a loop, verify every orig\n  \
            bench ADDR... --seconds S [--threads T] connect in a loop for S seconds, print the rate\n  \
-           udp-server ADDR | udp-send ADDR MSG"
+           udp-server ADDR | udp-send ADDR MSG\n  \
+           probes  one connection per stdin line: ADDR [--via PATH] [--bind ADDR]\n  \
+             [--creds R:E:RG:EG] [--socket-creds R:E:RG:EG]; also reads to the end and\n  \
+             prints getpeername() after the peer's close (app_peer_after=)"
     );
     std::process::exit(2)
 }
@@ -49,6 +52,7 @@ fn main() {
         "bench" => bench_cmd(&args),
         "udp-server" => udp_server(&args),
         "udp-send" => udp_send(&args),
+        "probes" => probes_cmd(),
         _ => usage(),
     }
 }
@@ -153,6 +157,7 @@ fn serve(args: &[String], is_proxy: bool) {
     // loop instead of a thread per connection.
     let inline = take_flag(&mut args, "--inline");
     let v6only = take_flag(&mut args, "--v6only");
+    let close = take_flag(&mut args, "--close");
     if args.is_empty() {
         usage()
     }
@@ -167,16 +172,29 @@ fn serve(args: &[String], is_proxy: bool) {
     std::thread::scope(|scope| {
         for listener in &listeners {
             let name = &name;
-            scope.spawn(move || accept_loop(listener, role, name, is_proxy && ask, inline));
+            scope.spawn(move || accept_loop(listener, role, name, is_proxy && ask, inline, close));
         }
     });
 }
 
-fn accept_loop(listener: &TcpListener, role: &str, name: &str, ask: bool, inline: bool) {
+/// `close`: read the client's first line, answer, and close the socket at once, as a proxy
+/// does once it has forwarded everything (`netprobe probes` clients send a line).
+fn accept_loop(
+    listener: &TcpListener,
+    role: &str,
+    name: &str,
+    ask: bool,
+    inline: bool,
+    close: bool,
+) {
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else { continue };
         let (role, name) = (role.to_owned(), name.to_owned());
         let mut answer = move || {
+            if close {
+                stream.set_read_timeout(Some(Duration::from_secs(2))).ok();
+                let _ = BufReader::new(&stream).read_line(&mut String::new());
+            }
             // Asked twice (unless --inline): a proxy may ask again, and must get the same answer.
             let ask_twice = |s: &TcpStream| {
                 let first = original_dst(s);
@@ -196,7 +214,7 @@ fn accept_loop(listener: &TcpListener, role: &str, name: &str, ask: bool, inline
                 stream,
                 "who={role}:{name} orig={orig} peer={peer} local={local}"
             );
-            if !inline {
+            if !inline && !close {
                 // Read what the client sent (fast-open clients send a line) until it closes:
                 // closing with unread data would reset the connection under the reply.
                 let _ = stream.shutdown(std::net::Shutdown::Write);
@@ -252,7 +270,17 @@ fn connect_once(
     linger0: bool,
     via: Via,
 ) -> Result<String, String> {
-    let errno = |call: &str, e: std::io::Error| format!("{call}:{}", errno_name(&e));
+    let socket = open_socket(target, via)?;
+    finish_connect(socket, target, bind, linger0, via, false)
+}
+
+fn errno(call: &str, e: std::io::Error) -> String {
+    format!("{call}:{}", errno_name(&e))
+}
+
+/// The socket `via` connects with, not yet connected: whoever creates it owns it for
+/// iptables' owner match, which reads the credentials of the socket's file.
+fn open_socket(target: SocketAddr, via: Via) -> Result<Socket, String> {
     let protocol = if via == Via::Mptcp {
         Protocol::MPTCP
     } else {
@@ -261,6 +289,20 @@ fn connect_once(
     let socket = Socket::new(Domain::for_address(target), Type::STREAM, Some(protocol))
         .map_err(|e| errno("socket", e))?;
     socket.set_reuse_address(true).ok();
+    Ok(socket)
+}
+
+/// Connects `socket` and returns the peer's line with the app's `getpeername()`; with
+/// `peer_after`, also reads to the end of the stream (the peer shuts its side down after its
+/// line) and adds `getpeername()` then, as an app logging its peer on completion sees it.
+fn finish_connect(
+    socket: Socket,
+    target: SocketAddr,
+    bind: Option<SocketAddr>,
+    linger0: bool,
+    via: Via,
+    peer_after: bool,
+) -> Result<String, String> {
     if let Some(bind) = bind {
         socket.bind(&bind.into()).map_err(|e| errno("bind", e))?;
     }
@@ -284,6 +326,10 @@ fn connect_once(
     if linger0 {
         socket.set_linger(Some(Duration::ZERO)).ok();
     }
+    // A peer started with `--close` reads a line before it answers (fast open sent one).
+    if peer_after && !matches!(via, Via::FastopenSendto | Via::FastopenConnect) {
+        socket.send(b"hi\n").map_err(|e| errno("send", e))?;
+    }
     let stream: TcpStream = socket.into();
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok();
     let mut line = String::new();
@@ -294,10 +340,29 @@ fn connect_once(
         return Err("read:eof".into());
     }
     // What the app sees of its own connection: NAT shows it the address it dialled.
-    let app_peer = stream
-        .peer_addr()
-        .map_or_else(|e| format!("error:{}", errno_name(&e)), |a| a.to_string());
-    Ok(format!("{} app_peer={app_peer}", line.trim_end()))
+    let peer_name = |stream: &TcpStream| {
+        stream
+            .peer_addr()
+            .map_or_else(|e| format!("error:{}", errno_name(&e)), |a| a.to_string())
+    };
+    let app_peer = peer_name(&stream);
+    if !peer_after {
+        return Ok(format!("{} app_peer={app_peer}", line.trim_end()));
+    }
+    let mut reader = BufReader::new(&stream);
+    let after = match reader.read_to_end(&mut Vec::new()) {
+        // The peer's socket closes once our side acknowledges its FIN: give the kernel that
+        // moment, so what is read is the address after the peer's socket is gone.
+        Ok(_) => {
+            std::thread::sleep(Duration::from_millis(20));
+            peer_name(&stream)
+        }
+        Err(e) => format!("read:{}", errno_name(&e)),
+    };
+    Ok(format!(
+        "{} app_peer={app_peer} app_peer_after={after}",
+        line.trim_end()
+    ))
 }
 
 /// `setsockopt(IPPROTO_TCP, TCP_FASTOPEN_CONNECT, 1)` (Linux 4.11; socket2 has no setter).
@@ -565,4 +630,77 @@ fn udp_send(args: &[String]) {
         .send_to(msg.as_bytes(), parse_addr(addr))
         .unwrap_or_else(|e| die("udp send", e));
     println!("sent");
+}
+
+/// Credentials for a probe: real and effective UID, real and effective GID (`R:E:RG:EG`).
+#[derive(Clone, Copy)]
+struct Creds([libc::uid_t; 4]);
+
+impl Creds {
+    const ROOT: Self = Self([0; 4]);
+
+    fn parse(s: &str) -> Self {
+        let ids: Vec<u32> = s
+            .split(':')
+            .map(|id| id.parse().unwrap_or_else(|e| die("credentials", e)))
+            .collect();
+        match ids[..] {
+            [r, e, rg, eg] => Self([r, e, rg, eg]),
+            _ => die("credentials", format!("{s:?} is not R:E:RG:EG")),
+        }
+    }
+
+    /// Becomes these IDs, keeping 0 as the saved UID and GID: a later call may become root
+    /// again and switch to other IDs (the file-system IDs follow the effective ones).
+    fn enter(self) {
+        let [r, e, rg, eg] = self.0;
+        let keep = libc::uid_t::MAX; // -1: unchanged
+        // SAFETY: plain credential syscalls on this single-threaded process.
+        unsafe {
+            if libc::setresuid(keep, 0, keep) != 0
+                || libc::setresgid(rg, eg, 0) != 0
+                || libc::setresuid(r, e, 0) != 0
+            {
+                die("setresuid", std::io::Error::last_os_error());
+            }
+        }
+    }
+}
+
+/// `probes`: one connection per line of stdin, each with its own credentials for creating the
+/// socket and for connecting it (so one process in the pod runs every probe of a random
+/// configuration), printing one line each with `getpeername()` before and after the peer's
+/// close. Started as root in its namespace and cgroup, without `--uid`/`--gid`.
+fn probes_cmd() {
+    // SAFETY: dropping supplementary groups, so only the probe's own GIDs count.
+    if unsafe { libc::setgroups(0, std::ptr::null()) } != 0 {
+        die("setgroups", std::io::Error::last_os_error());
+    }
+    for line in std::io::stdin().lines() {
+        let line = line.unwrap_or_else(|e| die("stdin", e));
+        let mut args: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
+        if args.is_empty() {
+            continue;
+        }
+        let via = take_opt(&mut args, "--via").map_or(Via::Connect, |v| Via::parse(&v));
+        let bind = take_opt(&mut args, "--bind").map(|b| parse_addr(&b));
+        let creds = take_opt(&mut args, "--creds").map_or(Creds::ROOT, |c| Creds::parse(&c));
+        let socket_creds =
+            take_opt(&mut args, "--socket-creds").map_or(creds, |c| Creds::parse(&c));
+        let target = parse_addr(&args[0]);
+        socket_creds.enter();
+        let result = open_socket(target, via).and_then(|socket| {
+            // A blocking connect gives up after 5 s, as the other paths do, not the kernel's
+            // two minutes of SYN retries: one lost probe must not stall the rest.
+            socket.set_write_timeout(Some(Duration::from_secs(5))).ok();
+            creds.enter();
+            finish_connect(socket, target, bind, false, via, true)
+        });
+        Creds::ROOT.enter();
+        match result {
+            Ok(line) => println!("{line}"),
+            Err(e) => println!("error={e}"),
+        }
+        std::io::stdout().flush().ok();
+    }
 }
