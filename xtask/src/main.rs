@@ -72,8 +72,8 @@ enum Task {
         /// Minutes per target.
         #[arg(long, default_value_t = 2.0)]
         minutes: f64,
-        /// Only this target (cni, conflist, api_request, proxy_init_flags, annotations); may be
-        /// repeated.
+        /// Only this target (cni, conflist, api_request, proxy_init_flags, annotations,
+        /// pod_record, kube_pod); may be repeated.
         #[arg(long = "target")]
         targets: Vec<String>,
     },
