@@ -24,6 +24,10 @@ pub struct RandomProbe {
     pub kind: String,
     /// Its line for `netprobe probes`.
     pub line: String,
+    /// Whether the IDs iptables' owner match reads (the socket creator's effective ones) differ
+    /// from the connecting task's real ones: the `task IDs` connect programs tell the proxy by
+    /// the latter.
+    pub task_ids_differ: bool,
 }
 
 impl std::fmt::Display for RandomProbe {
@@ -154,10 +158,12 @@ pub fn outbound(rng: &mut Rng, config: &InterceptionConfig, count: usize) -> Vec
             if let Some(socket) = who.socket_creds {
                 line.push_str(&format!(" --socket-creds {}", ids(socket)));
             }
+            let creator = who.socket_creds.unwrap_or(who.creds);
             RandomProbe {
                 place: Place::Pod,
                 kind: format!("out/{}/{place}", who.name),
                 line,
+                task_ids_differ: (who.creds[0], who.creds[2]) != (creator[1], creator[3]),
             }
         })
         .collect()
@@ -200,6 +206,7 @@ pub fn inbound(rng: &mut Rng, config: &InterceptionConfig, count: usize) -> Vec<
                 place: Place::Remote,
                 kind: format!("in/{kind}"),
                 line: format!("{target} --via {via} --bind {source}"),
+                task_ids_differ: false,
             }
         })
         .collect()

@@ -100,6 +100,9 @@ const fn run(
     }
 }
 
+/// Random configurations per guest run: each takes about 15 s under emulation.
+const RANDOM_IN_A_GUEST: &[(&str, &str)] = &[("INTERCEPTOR_RANDOM_CONFIGS", "2")];
+
 /// `--mode auto` choosing eBPF: only where the programs load.
 const AUTO_MODE_PICKS_EBPF: &str = "auto_mode_uses_ebpf_when_the_kernel_allows_it";
 /// 3,000 connections: minutes under emulation.
@@ -138,6 +141,17 @@ pub const RUNS: &[TestRun] = &[
         Features::Native,
         Needs::Ebpf,
     ),
+    // Random proxy-init configurations: eBPF lands every probe where proxy-init's chains do
+    // (legacy and nft) in this kernel, a few configurations here (the host runs the test
+    // command's count), with the best variants and with the fallbacks.
+    TestRun {
+        env: RANDOM_IN_A_GUEST,
+        ..run("behaviour_random", &[], Features::Native, Needs::Ebpf)
+    },
+    TestRun {
+        env: RANDOM_IN_A_GUEST,
+        ..run("behaviour_random", &[], Features::AllOff, Needs::Ebpf)
+    },
     TestRun {
         skip: &[THOUSANDS],
         ..run("outbound_ebpf", &[], Features::AllOff, Needs::Ebpf)
