@@ -100,8 +100,10 @@ const fn run(
     }
 }
 
-/// Random configurations per guest run: each takes about 15 s under emulation.
-const RANDOM_IN_A_GUEST: &[(&str, &str)] = &[("INTERCEPTOR_RANDOM_CONFIGS", "2")];
+/// Random configurations per guest run, each about 18 s under emulation: one in the core (the
+/// test command's time budget), eight with `--full`.
+const RANDOM_IN_A_GUEST: &[(&str, &str)] = &[("INTERCEPTOR_RANDOM_CONFIGS", "1")];
+const RANDOM_IN_A_GUEST_FULL: &[(&str, &str)] = &[("INTERCEPTOR_RANDOM_CONFIGS", "8")];
 
 /// `--mode auto` choosing eBPF: only where the programs load.
 const AUTO_MODE_PICKS_EBPF: &str = "auto_mode_uses_ebpf_when_the_kernel_allows_it";
@@ -141,16 +143,12 @@ pub const RUNS: &[TestRun] = &[
         Features::Native,
         Needs::Ebpf,
     ),
-    // Random proxy-init configurations: eBPF lands every probe where proxy-init's chains do
-    // (legacy and nft) in this kernel, a few configurations here (the host runs the test
-    // command's count), with the best variants and with the fallbacks.
+    // A random proxy-init configuration: eBPF lands every probe where proxy-init's chains do
+    // (legacy and nft) in this kernel (the host runs the test command's count; `--full` runs
+    // more, and with the fallback variants).
     TestRun {
         env: RANDOM_IN_A_GUEST,
         ..run("behaviour_random", &[], Features::Native, Needs::Ebpf)
-    },
-    TestRun {
-        env: RANDOM_IN_A_GUEST,
-        ..run("behaviour_random", &[], Features::AllOff, Needs::Ebpf)
     },
     TestRun {
         skip: &[THOUSANDS],
@@ -209,6 +207,14 @@ pub const RUNS: &[TestRun] = &[
         Needs::Ebpf,
     )),
     full(run("dual_stack", &[], Features::AllOff, Needs::Ebpf)),
+    full(TestRun {
+        env: RANDOM_IN_A_GUEST_FULL,
+        ..run("behaviour_random", &[], Features::AllOff, Needs::Ebpf)
+    }),
+    full(TestRun {
+        env: RANDOM_IN_A_GUEST_FULL,
+        ..run("behaviour_random", &[], Features::Native, Needs::Ebpf)
+    }),
     full(run(
         "behaviour_table",
         &["ebpf::"],
