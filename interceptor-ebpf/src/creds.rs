@@ -40,7 +40,9 @@ pub fn socket_creator(ctx: &SockAddrContext) -> Option<(u32, u32)> {
     let sk = unsafe { (*ctx.sock_addr).__bindgen_anon_1.sk };
     // SAFETY: the helper takes the context's socket (the verifier checks its type) and returns
     // a BTF pointer to it as a TCP socket, or null when it is not one.
-    let tcp = unsafe { bpf_skc_to_tcp_sock(sk.cast()) }.cast::<u8>().cast_const();
+    let tcp = unsafe { bpf_skc_to_tcp_sock(sk.cast()) }
+        .cast::<u8>()
+        .cast_const();
     // SAFETY: `tcp` is the helper's BTF pointer, `sock_socket` the offset of a pointer member
     // of its type; the verifier checks the load against the kernel's BTF.
     let socket = unsafe { pointer_at(tcp, sock_socket) }?;

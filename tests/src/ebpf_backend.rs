@@ -39,7 +39,9 @@ pub fn load(options: LoadOptions) -> EbpfNode {
 
 pub fn pod_spec(netns: &Netns, config: &InterceptionConfig) -> PodSpec {
     let pod = PodNetns::open(&netns.path()).expect("open pod netns");
-    let local = pod.local_destinations().expect("pod addresses and local routes");
+    let local = pod
+        .local_destinations()
+        .expect("pod addresses and local routes");
     PodSpec {
         netns_path: netns.path(),
         netns_cookie: pod.cookie().expect("netns cookie"),

@@ -181,36 +181,44 @@ fn a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back() {
 /// proxy-init's `-o lo -j RETURN` exempts whatever the pod delivers over lo: an AnyIP `local`
 /// route added after the pod was meshed is applied at once (the agent hears the route), and the
 /// app's connection to an address in it reaches the server listening there, not the proxy.
+///
+/// The range is one the remote namespace calls its own, so a connect that is neither
+/// intercepted nor delivered locally (the route gone, the agent not yet told) is refused at
+/// once rather than waiting out SYN retries, and `eventually` tries again.
 #[test]
 fn a_local_route_added_later_is_delivered_over_lo() {
     if !privileged("a_local_route_added_later_is_delivered_over_lo") {
         return;
     }
+    const ANYIP_ROUTE: &str = "198.51.100.64/26";
+    const ANYIP: &str = "198.51.100.70:8080";
     let fixture = PodFixture::new("agentanyip");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
     let agent = home.start_meshing(&fixture.pod.path(), &[]);
     let app = fixture.in_pod().uid(APP_UID);
-    // Nothing routes 10.250.64.0/24 yet: the connect is the proxy's, as any remote one.
-    assert_eq!(
-        app.connect("10.250.64.5:8080").proxy_orig().to_string(),
-        "10.250.64.5:8080"
-    );
-    fixture.pod.ip(&["route", "add", "local", "10.250.64.0/24", "dev", "lo"]);
+    // The pod delivers nothing of 198.51.100.64/26 yet: the connect is the proxy's, as any
+    // remote one.
+    assert_eq!(app.connect(ANYIP).proxy_orig().to_string(), ANYIP);
+    fixture
+        .pod
+        .ip(&["route", "add", "local", ANYIP_ROUTE, "dev", "lo"]);
     // IPv4 binds into a local route (AnyIP): the pod's own server on one of its addresses.
     let _anyip = fixture
         .in_pod()
-        .listen(&["server", "10.250.64.5:8080", "--name", "anyip"]);
+        .listen(&["server", ANYIP, "--name", "anyip"]);
     eventually(
         "the local route is applied",
         Duration::from_secs(5),
-        || matches!(app.connect("10.250.64.5:8080"), Landing::Server { ref name, .. } if name == "anyip"),
+        || matches!(app.connect(ANYIP), Landing::Server { ref name, .. } if name == "anyip"),
     );
-    fixture.pod.ip(&["route", "del", "local", "10.250.64.0/24", "dev", "lo"]);
+    fixture
+        .pod
+        .ip(&["route", "del", "local", ANYIP_ROUTE, "dev", "lo"]);
     eventually(
         "the removed route is applied",
         Duration::from_secs(5),
-        || matches!(app.connect("10.250.64.5:8080"), Landing::Proxy { .. }),
+        || matches!(app.connect(ANYIP), Landing::Proxy { .. }),
     );
     agent.stop();
 }

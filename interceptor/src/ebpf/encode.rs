@@ -72,7 +72,9 @@ pub(super) fn local_routes_of(subnets: &BTreeSet<SubnetEntry>) -> BTreeSet<IpNet
         .filter_map(|(prefix_len, key)| {
             let bits = prefix_len.checked_sub(SUBNET_KEY_FIXED_BITS)?;
             let net = match IpAddr::from(key.addr) {
-                IpAddr::V4(v4) => IpNet::new(v4.into(), bits.checked_sub(IP4_MAPPED_PREFIX_BITS)? as u8),
+                IpAddr::V4(v4) => {
+                    IpNet::new(v4.into(), bits.checked_sub(IP4_MAPPED_PREFIX_BITS)? as u8)
+                }
                 v6 => IpNet::new(v6, bits as u8),
             };
             net.ok()

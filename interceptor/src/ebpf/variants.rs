@@ -310,10 +310,7 @@ mod tests {
             "{sk_lookup:?}"
         );
         let (_, _, connect4) = &chosen[0];
-        assert!(
-            connect4.reason.contains("socket's creator"),
-            "{connect4:?}"
-        );
+        assert!(connect4.reason.contains("socket's creator"), "{connect4:?}");
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! namespace runs on the calling thread, which `setns`es in and back out.
 use interceptor_common::NetnsCookie;
 mod addresses;
-mod routes;
 pub mod nsid;
+mod routes;
 
 use std::{
     fs::File,

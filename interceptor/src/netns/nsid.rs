@@ -123,9 +123,7 @@ fn changes_local_delivery(datagram: &[u8]) -> bool {
     // The `rtmsg` after the message header: family, dst_len, src_len, tos, table, protocol,
     // scope, type.
     const RTM_TYPE: usize = size_of::<libc::nlmsghdr>() + 7;
-    let kind = datagram
-        .get(4..6)
-        .map(|b| u16::from_ne_bytes([b[0], b[1]]));
+    let kind = datagram.get(4..6).map(|b| u16::from_ne_bytes([b[0], b[1]]));
     match kind {
         Some(libc::RTM_NEWROUTE | libc::RTM_DELROUTE) => {
             datagram.get(RTM_TYPE).copied() == Some(libc::RTN_LOCAL)

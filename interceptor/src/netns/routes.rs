@@ -104,13 +104,31 @@ mod tests {
     #[test]
     fn only_local_routes_are_kept_in_both_families() {
         let mut data = route(RouteType::Local, AddressFamily::Inet, "10.250.64.0", 24);
-        data.extend(route(RouteType::Unicast, AddressFamily::Inet, "10.0.0.0", 8));
-        data.extend(route(RouteType::Broadcast, AddressFamily::Inet, "10.77.0.255", 32));
-        data.extend(route(RouteType::Local, AddressFamily::Inet6, "fd77:64::", 64));
+        data.extend(route(
+            RouteType::Unicast,
+            AddressFamily::Inet,
+            "10.0.0.0",
+            8,
+        ));
+        data.extend(route(
+            RouteType::Broadcast,
+            AddressFamily::Inet,
+            "10.77.0.255",
+            32,
+        ));
+        data.extend(route(
+            RouteType::Local,
+            AddressFamily::Inet6,
+            "fd77:64::",
+            64,
+        ));
         data.extend(bytes(NetlinkPayload::Done(DoneMessage::default())));
         let mut routes = Vec::new();
         assert!(parse(&data, &mut routes).unwrap());
-        let want: Vec<IpNet> = vec!["10.250.64.0/24".parse().unwrap(), "fd77:64::/64".parse().unwrap()];
+        let want: Vec<IpNet> = vec![
+            "10.250.64.0/24".parse().unwrap(),
+            "fd77:64::/64".parse().unwrap(),
+        ];
         assert_eq!(routes, want);
     }
 

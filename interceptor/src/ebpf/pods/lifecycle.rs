@@ -182,7 +182,8 @@ impl<D> PodRegistry<D> {
             return Err(e);
         }
         crash_point!("addresses-written");
-        let (subnets, problem) = self.remove_old_entries(cookie, &before, subnets, config.inbound_port);
+        let (subnets, problem) =
+            self.remove_old_entries(cookie, &before, subnets, config.inbound_port);
         let Some(registered) = self.pods.get_mut(&cookie) else {
             return Ok(());
         };
