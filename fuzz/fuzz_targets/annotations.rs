@@ -1,6 +1,6 @@
 //! Linkerd's pod annotations (`config.linkerd.io/*`, pod over namespace) into the pod's
 //! `InterceptionConfig`, through the decision the CNI plugin's ADD and the agent's repair share
-//! (`interceptor_cni::pod_plan`).
+//! (`interceptor_config::mesh::pod_plan`).
 //!
 //! Input: `key=value` lines of the pod's annotations, then after a `---` line its namespace's.
 //! A line `!linkerd-init` gives the pod a `linkerd-init` container, `!control-plane=443,6443`
@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use interceptor_api::KubePod;
-use interceptor_cni::{Plan, PodSettings, Pods, pod_plan};
+use interceptor_config::mesh::{Plan, PodSettings, Pods, pod_plan};
 use interceptor_config::InterceptionConfig;
 use libfuzzer_sys::fuzz_target;
 

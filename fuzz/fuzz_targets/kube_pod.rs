@@ -3,7 +3,7 @@
 //! facts it keeps, whether it reads the namespace and the API server's ports, whether a pod
 //! started without the plugin is repaired) and the answer it gives the CNI plugin
 //! (`interceptor_api::KubePod`, through its JSON form), to the plugin's decision on whether and
-//! how to mesh the pod (`interceptor_cni::pod_plan`: annotations pod over namespace, which pods
+//! how to mesh the pod (`interceptor_config::mesh::pod_plan`: annotations pod over namespace, which pods
 //! are meshed).
 //!
 //! Input: the Pod's JSON, then optionally a line `---` and the Namespace's JSON (none, or not
@@ -12,7 +12,7 @@
 #![no_main]
 
 use interceptor_api::{KubePod, Response};
-use interceptor_cni::{Plan, PodSettings, Pods, pod_plan};
+use interceptor_config::mesh::{Plan, PodSettings, Pods, pod_plan};
 use interceptor_config::{
     ConfigError, InterceptionConfig,
     annotations::{CONFIG_PREFIX, DEFAULT_API_SERVER_PORTS, Decision},

@@ -16,7 +16,10 @@ use std::{
 };
 
 pub use interceptor_common::{NetnsCookie, PodSlot};
-pub use interceptor_config::{ConfigError, InterceptionConfig, kube::PodFacts};
+pub use interceptor_config::{
+    ConfigError, InterceptionConfig,
+    kube::{KubePod, PodFacts},
+};
 use serde::{Deserialize, Serialize};
 
 pub mod node_status;
@@ -192,43 +195,33 @@ pub enum Response {
     Error { kind: ErrorKind, message: String },
 }
 
-/// What the CNI plugin needs of a Kubernetes pod, from the agent's view of the API.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KubePod {
-    pub annotations: BTreeMap<String, String>,
-    /// Its `linkerd.io/control-plane-component` label: a pod of Linkerd's control plane.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub control_plane_component: Option<String>,
-    /// For a control-plane pod: the Kubernetes API server's ports (the `kubernetes` Service's
-    /// port and target port, or 443 and 6443 when it cannot be read, as linkerd-cni does).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub api_server_ports: Vec<u16>,
-    /// It has a `linkerd-init` init container, which writes iptables rules for its proxy.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub linkerd_init: bool,
-    /// Its namespace's `config.linkerd.io/*` annotations, for those the pod does not set (as
-    /// linkerd-cni falls back to them); read for a pod Linkerd injected.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub namespace_annotations: BTreeMap<String, String>,
-}
+/// How long the CNI plugin waits for the agent, by request: connecting, sending and the answer
+/// together. A runtime gives ADD no deadline of its own (the kubelet gives up on
+/// `RunPodSandbox` after its runtime request timeout, 2 minutes by default), so each bound is
+/// how long an agent that takes the connection and never answers can hold up a pod.
+pub mod deadline {
+    use std::time::Duration;
 
-impl KubePod {
-    /// What the agent answers of a pod from its [`PodFacts`]: `namespace_annotations` (its
-    /// namespace's `config.linkerd.io/*` ones, read when [`PodFacts::needs_namespace`]) and
-    /// `api_server_ports` (read when [`PodFacts::needs_api_server_ports`]).
-    pub fn from_facts(
-        facts: PodFacts,
-        namespace_annotations: BTreeMap<String, String>,
-        api_server_ports: Vec<u16>,
-    ) -> Self {
-        Self {
-            annotations: facts.annotations,
-            control_plane_component: facts.control_plane_component,
-            api_server_ports,
-            linkerd_init: facts.linkerd_init,
-            namespace_annotations,
-        }
-    }
+    /// The notice of a pod let through unmeshed: best effort, and that pod must never wait on
+    /// the agent. The agent answers it at once, unless its lock is held.
+    pub const SKIPPED: Duration = Duration::from_millis(250);
+    /// STATUS's question to the agent, which only decides what the plugin logs.
+    pub const STATUS: Duration = Duration::from_secs(1);
+    /// DEL, CHECK and GC: listing, getting and removing pods, answered under the agent's lock
+    /// (removing an iptables pod runs iptables in it).
+    pub const QUERY: Duration = Duration::from_secs(5);
+    /// A pod's annotations and labels from the agent's view of the Kubernetes API. The agent
+    /// bounds each read of the API to 3 s (`LOOKUP_DEADLINE` in the agent's `kube_pods`) and
+    /// makes at most two in a row (the pod, then for a control-plane pod the `kubernetes`
+    /// Service): waiting longer than those 6 s lets its answer, "unavailable" with the reason,
+    /// arrive rather than a timeout of ours. Either is error 11.
+    pub const POD_ANNOTATIONS: Duration = Duration::from_secs(10);
+    /// Registration, which answers once interception is in force: opening the pod's
+    /// namespace, looking for its proxy's listener in `/proc`, running iptables with that
+    /// backend, maybe after other pods of a node starting many at once. Timed out, error 11:
+    /// the runtime retries the sandbox (a repeated registration is idempotent), and the pod
+    /// never starts unmeshed.
+    pub const REGISTER: Duration = Duration::from_secs(15);
 }
 
 /// Why a request was refused; nothing was changed.

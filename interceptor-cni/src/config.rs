@@ -1,14 +1,11 @@
 //! The network configuration a runtime hands the plugin on stdin, and the pod's interception
 //! configuration derived from its `linkerd` block (Linkerd's CNI keys, which are proxy-init's
 //! flag names) with per-pod overrides from `runtimeConfig` and `CNI_ARGS`, validated here, before
-//! the agent is asked, by the configuration crate the agent and the CLI use.
+//! the agent is asked, by the configuration crate the agent and the CLI use
+//! (`interceptor_config::mesh`, which also decides which pods are meshed).
 use std::{collections::BTreeMap, path::PathBuf};
 
-use interceptor_api::KubePod;
-use interceptor_config::{
-    ConfigError, InterceptionConfig,
-    annotations::{self, Decision, SkipReason},
-};
+use interceptor_config::mesh::{PodSettings, Pods, linkerd_settings};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
@@ -77,16 +74,6 @@ fn present<'de, D: Deserializer<'de>>(
         .map(|a| Some(a.unwrap_or_default()))
 }
 
-/// Which pods the plugin meshes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Pods {
-    /// Kubernetes' rule, linkerd-cni's: the pods Linkerd injected, each with its own
-    /// `config.linkerd.io/*` annotations.
-    Injected,
-    /// Every pod the runtime adds, with the `linkerd` block's configuration.
-    All,
-}
-
 /// The conflist's `"pods"`; without it, `injected` when `CNI_ARGS` names a Kubernetes pod
 /// (`K8S_POD_NAMESPACE` and `K8S_POD_NAME`, as linkerd-cni requires both), else `all` (podman
 /// names no namespace).
@@ -115,43 +102,6 @@ pub struct Attachment {
     pub ifname: String,
 }
 
-/// The keys of Linkerd's CNI `linkerd` block, and what becomes of each.
-#[derive(Clone, Copy)]
-enum Key {
-    /// A proxy-init flag of the same name: a number or a string.
-    Value,
-    /// A list flag: an array of strings or numbers (or one comma-separated string).
-    List,
-    /// `ipv6`: a boolean flag.
-    Bool,
-    /// iptables-only settings (the eBPF backend has no use for them): checked, not passed on.
-    IptablesOnly,
-    /// `simulate`: the plugin registers nothing and says what it would do.
-    Simulate,
-}
-
-fn key(name: &str) -> Option<Key> {
-    Some(match name {
-        "incoming-proxy-port" | "outgoing-proxy-port" | "proxy-uid" | "proxy-gid" => Key::Value,
-        "ports-to-redirect"
-        | "inbound-ports-to-ignore"
-        | "outbound-ports-to-ignore"
-        | "subnets-to-ignore"
-        | "outbound-subnets-to-ignore" => Key::List,
-        "ipv6" => Key::Bool,
-        "use-wait-flag" | "iptables-mode" => Key::IptablesOnly,
-        "simulate" => Key::Simulate,
-        _ => return None,
-    })
-}
-
-/// A pod's interception settings: its configuration, and whether to only simulate.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodSettings {
-    pub config: InterceptionConfig,
-    pub simulate: bool,
-}
-
 /// Builds the pod's configuration from Linkerd's defaults, the `linkerd` block,
 /// `runtimeConfig.linkerd` and `CNI_ARGS` entries `linkerd.<key>=<value>`, later ones overriding
 /// earlier ones. Unknown keys, values of the wrong type and values that are not valid are errors
@@ -174,89 +124,6 @@ pub fn pod_settings(
         }
     }
     linkerd_settings(&merged)
-}
-
-/// Linkerd's defaults (`ipv6` false) with the keys of a `linkerd` block applied: what
-/// [`pod_settings`] builds once the block and the per-pod overrides are merged, and what the
-/// agent's repair starts from (its `--linkerd`, the installer's value).
-pub fn linkerd_settings(merged: &BTreeMap<String, Value>) -> Result<PodSettings, String> {
-    let mut config = InterceptionConfig::linkerd();
-    config.ipv6 = false;
-    let mut simulate = false;
-    for (name, value) in merged {
-        let kind = key(name).ok_or_else(|| {
-            format!("linkerd: unknown key {name:?} (known: the flags of proxy-init, e.g. \"incoming-proxy-port\")")
-        })?;
-        let text = match (kind, value) {
-            (Key::Value, Value::Number(n)) => n.to_string(),
-            (Key::Value, Value::String(s)) => s.clone(),
-            (Key::List, Value::Array(items)) => items
-                .iter()
-                .map(|item| match item {
-                    Value::String(s) => Ok(s.clone()),
-                    Value::Number(n) => Ok(n.to_string()),
-                    other => Err(format!(
-                        "linkerd.{name}: {other} is not a port, range or CIDR"
-                    )),
-                })
-                .collect::<Result<Vec<_>, _>>()?
-                .join(","),
-            (Key::List, Value::String(s)) => s.clone(),
-            (Key::Bool | Key::Simulate | Key::IptablesOnly, Value::Bool(b)) => b.to_string(),
-            (Key::Bool | Key::Simulate | Key::IptablesOnly, Value::String(s)) => s.clone(),
-            (_, other) => return Err(format!("linkerd.{name}: {other} is not a valid value")),
-        };
-        let allowed: &[&str] = match name.as_str() {
-            "iptables-mode" => &["legacy", "nft", "plain"],
-            "simulate" | "use-wait-flag" => &["true", "false"],
-            _ => &[],
-        };
-        if !allowed.is_empty() && !allowed.contains(&text.as_str()) {
-            return Err(format!(
-                "linkerd.{name}: {text:?} is not one of {}",
-                allowed.join(", ")
-            ));
-        }
-        match kind {
-            Key::Simulate => simulate = text == "true",
-            Key::IptablesOnly => {}
-            Key::Value | Key::List | Key::Bool => config
-                .set(name, &text)
-                .map_err(|e| format!("linkerd: {e}"))?,
-        }
-    }
-    Ok(PodSettings { config, simulate })
-}
-
-/// What becomes of a pod.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Plan {
-    Mesh(PodSettings),
-    /// Not meshed, and why.
-    Skip(SkipReason),
-}
-
-/// Whether a pod is meshed and with which settings: `settings` (the `linkerd` block's, with the
-/// per-pod overrides) with the pod's `config.linkerd.io/*` annotations applied, its
-/// namespace's under them, and linkerd-cni's rules: with [`Pods::Injected`], only a pod Linkerd
-/// injected and that has no `linkerd-init` container; for a control-plane pod, the API
-/// server's ports not redirected. The plugin's ADD and CHECK and the agent's repair of a pod
-/// started without the plugin decide with this one function. A malformed annotation is an
-/// error naming it.
-pub fn pod_plan(mut settings: PodSettings, pods: Pods, pod: &KubePod) -> Result<Plan, ConfigError> {
-    if pods == Pods::Injected
-        && let Decision::Skip { reason } =
-            annotations::decide_with_containers(&pod.annotations, pod.linkerd_init)
-    {
-        return Ok(Plan::Skip(reason));
-    }
-    let annotations =
-        annotations::with_namespace_defaults(&pod.annotations, &pod.namespace_annotations);
-    settings.config = annotations::apply(&settings.config, &annotations)?;
-    if pod.control_plane_component.is_some() {
-        annotations::skip_api_server(&mut settings.config, &pod.api_server_ports);
-    }
-    Ok(Plan::Mesh(settings))
 }
 
 /// `CNI_ARGS`: `K1=V1;K2=V2`.

@@ -34,11 +34,13 @@ use std::{
 };
 
 pub use config::{
-    NetConf, POD_ANNOTATIONS, Plan, PodSettings, Pods, SUPPORTED_VERSIONS, linkerd_settings,
-    parse_cni_args, pod_plan, pod_selection, pod_settings,
+    NetConf, POD_ANNOTATIONS, SUPPORTED_VERSIONS, parse_cni_args, pod_selection, pod_settings,
 };
 use interceptor_api::{ClientError, ErrorKind, KubePod, PodAdd, PodInfo, PodMeta, Request};
-use interceptor_config::annotations::{self, Decision, SkipReason};
+use interceptor_config::{
+    annotations::{self, Decision, SkipReason},
+    mesh::{Plan, PodSettings, Pods, pod_plan},
+};
 use serde_json::{Value, json};
 
 /// A CNI error: the spec's codes below 100, ours from 100.
@@ -62,34 +64,7 @@ pub mod code {
     pub const NOT_REGISTERED: u32 = 101;
 }
 
-/// How long the plugin waits for the agent, by request: connecting, sending and the answer
-/// together. A runtime gives ADD no deadline of its own (the kubelet gives up on
-/// `RunPodSandbox` after its runtime request timeout, 2 minutes by default), so each bound is
-/// how long an agent that takes the connection and never answers can hold up a pod.
-pub mod deadline {
-    use std::time::Duration;
-
-    /// The notice of a pod let through unmeshed: best effort, and that pod must never wait on
-    /// the agent. The agent answers it at once, unless its lock is held.
-    pub const SKIPPED: Duration = Duration::from_millis(250);
-    /// STATUS's question to the agent, which only decides what the plugin logs.
-    pub const STATUS: Duration = Duration::from_secs(1);
-    /// DEL, CHECK and GC: listing, getting and removing pods, answered under the agent's lock
-    /// (removing an iptables pod runs iptables in it).
-    pub const QUERY: Duration = Duration::from_secs(5);
-    /// A pod's annotations and labels from the agent's view of the Kubernetes API. The agent
-    /// bounds each read of the API to 3 s (`LOOKUP_DEADLINE` in the agent's `kube_pods`) and
-    /// makes at most two in a row (the pod, then for a control-plane pod the `kubernetes`
-    /// Service): waiting longer than those 6 s lets its answer, "unavailable" with the reason,
-    /// arrive rather than a timeout of ours. Either is error 11.
-    pub const POD_ANNOTATIONS: Duration = Duration::from_secs(10);
-    /// Registration, which answers once interception is in force: opening the pod's
-    /// namespace, looking for its proxy's listener in `/proc`, running iptables with that
-    /// backend, maybe after other pods of a node starting many at once. Timed out, error 11:
-    /// the runtime retries the sandbox (a repeated registration is idempotent), and the pod
-    /// never starts unmeshed.
-    pub const REGISTER: Duration = Duration::from_secs(15);
-}
+pub use interceptor_api::deadline;
 
 fn error(code: u32, msg: impl Into<String>, details: impl Into<String>) -> CniError {
     CniError {

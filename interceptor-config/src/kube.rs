@@ -2,14 +2,14 @@
 //! fields of a Pod, a Namespace and the `kubernetes` Service its watch and lookups use (as
 //! their JSON has them; every other field is ignored), the [`PodFacts`] it keeps of each pod,
 //! and the decisions it takes from those facts before the CNI plugin's own decision
-//! (`interceptor_cni::pod_plan`, from [`crate::annotations`]): whether to read the pod's
+//! ([`crate::mesh::pod_plan`]): whether to read the pod's
 //! namespace, whether a pod started without the plugin is to be repaired.
 //!
 //! The agent decodes the API's objects with `k8s-openapi` and reads them through these (its
 //! objects' JSON form), so what a fuzz target feeds here is what the agent runs.
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, de::IgnoredAny};
+use serde::{Deserialize, Serialize, de::IgnoredAny};
 
 use crate::annotations::{self, CONFIG_PREFIX, CONTROL_PLANE_COMPONENT, Decision};
 
@@ -146,6 +146,45 @@ impl Namespace {
             .filter(|(name, _)| name.starts_with(CONFIG_PREFIX))
             .map(|(name, value)| (name.clone(), value.clone()))
             .collect()
+    }
+}
+
+/// What the CNI plugin needs of a Kubernetes pod, from the agent's view of the API.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KubePod {
+    pub annotations: BTreeMap<String, String>,
+    /// Its `linkerd.io/control-plane-component` label: a pod of Linkerd's control plane.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_component: Option<String>,
+    /// For a control-plane pod: the Kubernetes API server's ports (the `kubernetes` Service's
+    /// port and target port, or 443 and 6443 when it cannot be read, as linkerd-cni does).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub api_server_ports: Vec<u16>,
+    /// It has a `linkerd-init` init container, which writes iptables rules for its proxy.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub linkerd_init: bool,
+    /// Its namespace's `config.linkerd.io/*` annotations, for those the pod does not set (as
+    /// linkerd-cni falls back to them); read for a pod Linkerd injected.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub namespace_annotations: BTreeMap<String, String>,
+}
+
+impl KubePod {
+    /// What the agent answers of a pod from its [`PodFacts`]: `namespace_annotations` (its
+    /// namespace's `config.linkerd.io/*` ones, read when [`PodFacts::needs_namespace`]) and
+    /// `api_server_ports` (read when [`PodFacts::needs_api_server_ports`]).
+    pub fn from_facts(
+        facts: PodFacts,
+        namespace_annotations: BTreeMap<String, String>,
+        api_server_ports: Vec<u16>,
+    ) -> Self {
+        Self {
+            annotations: facts.annotations,
+            control_plane_component: facts.control_plane_component,
+            api_server_ports,
+            linkerd_init: facts.linkerd_init,
+            namespace_annotations,
+        }
     }
 }
 

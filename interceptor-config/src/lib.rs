@@ -15,6 +15,7 @@
 
 pub mod annotations;
 pub mod kube;
+pub mod mesh;
 pub mod ports;
 pub mod subnets;
 

@@ -71,6 +71,30 @@ fn no_module_imports_a_layer_above_its_own_or_in_a_circle() {
     }
 }
 
+/// The CNI plugin is a client of the agent, never the other way round: which pods are meshed
+/// and how is configuration (`config::mesh`) that both read. Only the command that installs
+/// the plugin (`interceptor cni`, in `commands`) uses the plugin's crate.
+#[test]
+fn only_the_commands_use_the_cni_plugins_crate() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut users = Vec::new();
+    for file in rust_files(&src) {
+        let relative = file.strip_prefix(&src).expect("under src");
+        if module_path(relative).is_some_and(|path| path[0] == "commands") {
+            continue;
+        }
+        let code = without_comments(&fs::read_to_string(&file).expect("reading a source file"));
+        if code.contains("interceptor_cni::") || code.contains("interceptor_cni as") {
+            users.push(relative.to_owned());
+        }
+    }
+    assert!(
+        users.is_empty(),
+        "these use interceptor_cni (move what they need into interceptor-config or \
+         interceptor-api): {users:?}"
+    );
+}
+
 /// The test reads imports as the compiler would resolve them.
 #[test]
 fn imports_are_read_from_every_form_of_path() {
@@ -168,11 +192,7 @@ fn module_path(relative: &Path) -> Option<Vec<String>> {
 /// `super::...` paths that climb to the crate root. Comments are skipped. (A `super::` in an
 /// inline module is read as if it were in the file's own module: none climbs to the root.)
 fn references(text: &str, path: &[String], modules: &BTreeSet<String>) -> BTreeSet<String> {
-    let code: String = text
-        .lines()
-        .map(|line| line.split("//").next().unwrap_or_default())
-        .collect::<Vec<_>>()
-        .join("\n");
+    let code = without_comments(text);
     // `$crate::`, `my_crate::`: not this crate's root.
     let preceded_by_ident = |at: usize| {
         code[..at]
@@ -202,6 +222,14 @@ fn references(text: &str, path: &[String], modules: &BTreeSet<String>) -> BTreeS
     }
     found.retain(|name| modules.contains(name));
     found
+}
+
+/// A file's code: each line up to its `//`, if any.
+fn without_comments(text: &str) -> String {
+    text.lines()
+        .map(|line| line.split("//").next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The first segment of a path (`ebpf::X` → `ebpf`), or of each item of a group

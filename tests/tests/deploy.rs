@@ -713,7 +713,7 @@ fn keys_in_order(json: &str) -> Vec<String> {
 }
 
 /// The plugin's settings from a ConfigMap's `linkerd` block, as its ADD computes them.
-fn plugin_settings(linkerd: &str) -> interceptor_cni::PodSettings {
+fn plugin_settings(linkerd: &str) -> interceptor::config::mesh::PodSettings {
     let linkerd: Value = serde_json::from_str(linkerd).unwrap();
     let conf: interceptor_cni::NetConf = serde_json::from_value(json!({
         "cniVersion": "1.0.0", "name": "k8s", "type": "interceptor-cni", "linkerd": linkerd,

@@ -42,7 +42,7 @@ use std::{
 use tokio::{sync::mpsc, time::Instant};
 
 use futures::StreamExt as _;
-use interceptor_api::KubePod;
+use interceptor_config::kube::KubePod;
 use interceptor_config::{
     annotations::DEFAULT_API_SERVER_PORTS,
     kube::{self as objects, PodFacts as Facts},
@@ -72,7 +72,7 @@ pub struct KubeOptions {
 /// and why rather than timing out.
 const LOOKUP_DEADLINE: Duration = Duration::from_secs(3);
 const _: () = assert!(
-    2 * LOOKUP_DEADLINE.as_secs() < interceptor_cni::deadline::POD_ANNOTATIONS.as_secs(),
+    2 * LOOKUP_DEADLINE.as_secs() < interceptor_api::deadline::POD_ANNOTATIONS.as_secs(),
     "the plugin must wait longer for a lookup than the agent's reads take"
 );
 

@@ -6,8 +6,8 @@
 //! connections opened before stay as they were, every later one is intercepted, and the
 //! validator passes at its next retry.
 //!
-//! Which pods: those the plugin would have meshed, decided by the plugin's own function
-//! (`interceptor_cni::pod_plan`) on the same facts (the pod's annotations, its namespace's, the
+//! Which pods: those the plugin would have meshed, decided by the function the plugin decides
+//! with (`interceptor_config::mesh::pod_plan`) on the same facts (the pod's annotations, its namespace's, the
 //! `linkerd-init` and control-plane rules) and the same `linkerd` block (`--linkerd`, the
 //! installer's value); not `hostNetwork`; whose sandbox exists with its ADD over (a container
 //! of it has an ID, which the kubelet gets only after `RunPodSandbox` answered, so a pod whose
@@ -35,7 +35,6 @@ use std::{
     time::Duration,
 };
 
-use interceptor_cni::{Plan, PodSettings, Pods, pod_plan};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -50,7 +49,10 @@ use super::{
 };
 use crate::{
     cgroup,
-    config::InterceptionConfig,
+    config::{
+        InterceptionConfig,
+        mesh::{Plan, PodSettings, Pods, pod_plan},
+    },
     netns::{NAMED_NETNS_DIRS, NsId, named_path},
 };
 

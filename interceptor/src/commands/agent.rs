@@ -97,7 +97,7 @@ fn repair_options(args: &DaemonArgs) -> anyhow::Result<Option<agent::RepairOptio
         |reason: String| anyhow::anyhow!("--linkerd={:?} is not valid: {reason}", args.linkerd);
     let linkerd = serde_json::from_str(&args.linkerd)
         .map_err(|e| invalid(format!("not a JSON object: {e}")))?;
-    let settings = interceptor_cni::linkerd_settings(&linkerd).map_err(invalid)?;
+    let settings = crate::config::mesh::linkerd_settings(&linkerd).map_err(invalid)?;
     if args.repair_interval == 0 {
         return Ok(None);
     }
