@@ -72,34 +72,62 @@ pub enum Request {
     },
 }
 
+/// A registration. Decoded through [`PodAddRequest`], so a configuration that is not valid never
+/// becomes one.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(try_from = "PodAddRequest")]
 pub struct PodAdd {
     /// The pod's network namespace (`/run/netns/NAME`, `/proc/PID/ns/net`, a CNI netns path).
     pub netns: PathBuf,
-    #[serde(default)]
     pub meta: PodMeta,
     /// How the pod is intercepted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub config: Option<InterceptionConfig>,
-    /// The configuration as proxy-init's flags, from clients that predate `config`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub args: Vec<String>,
-    #[serde(default)]
+    pub config: InterceptionConfig,
     pub update: bool,
     /// Once interception is in force, remove the nat-table chains proxy-init wrote in the pod
     /// (legacy and nft, both families): how a pod meshed with iptables moves to eBPF without
     /// a restart and without a gap (both are in force for a moment, which is harmless).
-    #[serde(default)]
     pub takeover_iptables: bool,
 }
 
-impl PodAdd {
-    /// The pod's configuration: `config`, or else `args` read as proxy-init's flags.
+/// `add` as it arrives: from this version's clients with `config`, from clients that predate
+/// it with the configuration as proxy-init's flags in `args`, which are read here and nowhere
+/// else.
+#[derive(Deserialize)]
+pub struct PodAddRequest {
+    netns: PathBuf,
+    #[serde(default)]
+    meta: PodMeta,
+    #[serde(default)]
+    config: Option<InterceptionConfig>,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    update: bool,
+    #[serde(default)]
+    takeover_iptables: bool,
+}
+
+impl PodAddRequest {
+    /// The request's configuration: `config`, or else `args` read as proxy-init's flags.
     pub fn config(&self) -> Result<InterceptionConfig, ConfigError> {
         match &self.config {
             Some(config) => Ok(config.clone()),
             None => InterceptionConfig::from_proxy_init_args(&self.args),
         }
+    }
+}
+
+impl TryFrom<PodAddRequest> for PodAdd {
+    type Error = ConfigError;
+
+    fn try_from(request: PodAddRequest) -> Result<Self, ConfigError> {
+        Ok(Self {
+            config: request.config()?,
+            netns: request.netns,
+            meta: request.meta,
+            update: request.update,
+            takeover_iptables: request.takeover_iptables,
+        })
     }
 }
 
@@ -439,7 +467,7 @@ mod tests {
                 assert_eq!(add.netns, Path::new("/run/netns/p"));
                 assert_eq!(add.meta, PodMeta::default());
                 assert!(!add.update && !add.takeover_iptables);
-                let config = add.config().expect("flags from an older client are read");
+                let config = add.config;
                 assert_eq!(
                     (config.incoming_proxy_port, config.outgoing_proxy_port),
                     (4143, 4140)
@@ -450,8 +478,7 @@ mod tests {
         let add = Request::Add(PodAdd {
             netns: "/run/netns/p".into(),
             meta: PodMeta::default(),
-            config: Some(InterceptionConfig::linkerd()),
-            args: Vec::new(),
+            config: InterceptionConfig::linkerd(),
             update: false,
             takeover_iptables: false,
         });
@@ -477,7 +504,7 @@ mod tests {
                 "takeover_iptables": false
             })
         );
-        // A bad value is refused as the request is read, naming it.
+        // A bad value is refused as the request is read, naming it, in either form.
         let bad = serde_json::from_str::<Request>(
             r#"{"op":"add","netns":"/p","config":{"incoming_proxy_port":4143,"outgoing_proxy_port":4140,"outbound_ports_to_ignore":"25,smtp"}}"#,
         )
@@ -487,6 +514,11 @@ mod tests {
                 .contains("invalid value '25,smtp' for 'outbound-ports-to-ignore'"),
             "{bad}"
         );
+        let bad = serde_json::from_str::<Request>(
+            r#"{"op":"add","netns":"/p","args":["-p","4143","-o","4140","--outbound-ports-to-ignore","25,smtp"]}"#,
+        )
+        .unwrap_err();
+        assert!(bad.to_string().contains("'25,smtp'"), "{bad}");
         assert_eq!(
             serde_json::to_string(&Request::Remove {
                 netns: "/run/netns/p".into()

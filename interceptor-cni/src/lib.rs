@@ -452,8 +452,7 @@ fn registration(
     Request::Add(PodAdd {
         netns: netns.to_owned(),
         meta: pod_meta(inv),
-        config: Some(config),
-        args: Vec::new(),
+        config,
         // A runtime may repeat ADD with a changed configuration: the latest one applies.
         update: true,
         takeover_iptables: false,

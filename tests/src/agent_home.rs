@@ -314,8 +314,7 @@ impl AgentHome {
         let request = Request::Add(PodAdd {
             netns: netns.to_owned(),
             meta: PodMeta::default(),
-            config: Some(config.clone()),
-            args: Vec::new(),
+            config: config.clone(),
             update: false,
             takeover_iptables: false,
         });

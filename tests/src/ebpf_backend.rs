@@ -38,12 +38,12 @@ pub fn load(options: LoadOptions) -> EbpfNode {
 }
 
 pub fn pod_spec(netns: &Netns, config: &InterceptionConfig) -> PodSpec {
-    let pod = PodNetns::open(&netns.path()).expect("open pod netns");
+    let pod = std::sync::Arc::new(PodNetns::open(&netns.path()).expect("open pod netns"));
     let local = pod
         .local_destinations()
         .expect("pod addresses and local routes");
     PodSpec {
-        netns_path: netns.path(),
+        netns: std::sync::Arc::clone(&pod),
         netns_cookie: pod.cookie().expect("netns cookie"),
         addresses: local.addresses,
         local_routes: local.routes,

@@ -338,14 +338,17 @@ fn bad_requests_get_a_clear_error_and_change_nothing() {
     let _agent = home.start_meshing(&fixture.pod.path(), &[]);
     let before = home.pods();
     let socket = home.socket();
+    // Sent as a line of JSON, as any client (an older one too) sends it.
     let refused = |request: Value| -> (String, String) {
-        let request: interceptor::agent::api::Request =
-            serde_json::from_value(request).expect("a request");
-        match interceptor::agent::api::call(&socket, &request) {
-            Err(interceptor::agent::api::ClientError::Refused { kind, message }) => {
+        let mut raw = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        std::io::Write::write_all(&mut raw, format!("{request}\n").as_bytes()).unwrap();
+        let mut answer = String::new();
+        std::io::Read::read_to_string(&mut raw, &mut answer).unwrap();
+        match serde_json::from_str(&answer) {
+            Ok(interceptor::agent::api::Response::Error { kind, message }) => {
                 (format!("{kind:?}"), message)
             }
-            other => panic!("expected a refusal, got {other:?}"),
+            other => panic!("expected a refusal, got {other:?} from {answer}"),
         }
     };
 

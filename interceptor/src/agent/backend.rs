@@ -158,7 +158,7 @@ impl Backend {
                         ),
                     ));
                 }
-                match pods.write_chains(&spec.netns_path, &spec.config) {
+                match pods.write_chains(spec.netns_path(), &spec.config) {
                     Ok(chains) => {
                         facts.meshed_by = PodBackend::Iptables(chains);
                         pods.insert(spec.netns_cookie, &spec.config, &spec.addresses, facts);
@@ -166,9 +166,9 @@ impl Backend {
                     }
                     Err(e) => {
                         if let Some(previous) = previous
-                            && let Err(undo) = pods.write_chains(&spec.netns_path, previous)
+                            && let Err(undo) = pods.write_chains(spec.netns_path(), previous)
                         {
-                            tracing::error!(netns = %spec.netns_path.display(), error = %undo, "writing a pod's previous iptables chains again after a change failed: the pod is not intercepted");
+                            tracing::error!(netns = %spec.netns_path().display(), error = %undo, "writing a pod's previous iptables chains again after a change failed: the pod is not intercepted");
                         }
                         Err(iptables_refusal(e))
                     }

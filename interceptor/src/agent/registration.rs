@@ -6,7 +6,12 @@
 //! slow (opening the pod's namespace, looking through `/proc` for its proxy's listener, running
 //! iptables) is done without holding the agent's lock.
 use interceptor_common::NetnsCookie;
-use std::{collections::BTreeSet, path::Path, sync::Mutex, time::Instant};
+use std::{
+    collections::BTreeSet,
+    path::Path,
+    sync::{Arc, Mutex},
+    time::Instant,
+};
 
 use tracing::{info, warn};
 
@@ -21,8 +26,8 @@ use super::{
 };
 use crate::{
     crash_points::crash_point,
-    ebpf::{PodSpec, listener::find_listeners},
-    netns::PodNetns,
+    ebpf::PodSpec,
+    netns::{PodNetns, listener::find_listeners},
 };
 
 /// What a request changed in the maps.
@@ -37,15 +42,13 @@ enum Applied {
 /// pod's interception is in force.
 pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Refusal> {
     let started = Instant::now();
-    let config = add
-        .config()
-        .map_err(|e| (ErrorKind::InvalidConfig, e.to_string()))?;
+    let config = add.config.clone();
     let unknown = |e: crate::netns::NetnsError| (ErrorKind::UnknownNetns, e.to_string());
-    let netns = PodNetns::open(&add.netns).map_err(unknown)?;
+    let netns = Arc::new(PodNetns::open(&add.netns).map_err(unknown)?);
     let backend = lock(agent).backend.kind();
     let (cookie, local) = identify(backend, &netns).map_err(unknown)?;
     let spec = PodSpec {
-        netns_path: add.netns.clone(),
+        netns: Arc::clone(&netns),
         netns_cookie: cookie,
         addresses: local.addresses,
         local_routes: local.routes,
@@ -220,7 +223,7 @@ impl Agent {
     fn adopt_listeners(
         &mut self,
         cookie: NetnsCookie,
-        found: Vec<crate::ebpf::listener::Listening>,
+        found: Vec<crate::netns::listener::Listening>,
         is_new: bool,
     ) -> Result<(), Refusal> {
         let Some(node) = self.backend.ebpf_mut() else {

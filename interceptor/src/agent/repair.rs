@@ -366,8 +366,7 @@ fn register(
             container_id: None,
             uid: Some(pod.uid.clone()),
         },
-        config: Some(config),
-        args: Vec::new(),
+        config,
         // As the plugin registers: an ADD racing this one applies the same configuration.
         update: true,
         takeover_iptables: false,

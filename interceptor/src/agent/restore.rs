@@ -5,7 +5,7 @@
 //! cannot be applied, the one in force); everything the maps and pins hold for a pod without a
 //! record (a registration or removal cut short) is removed.
 use interceptor_common::NetnsCookie;
-use std::collections::BTreeSet;
+use std::{collections::BTreeSet, sync::Arc};
 
 use anyhow::bail;
 use tracing::{info, warn};
@@ -19,8 +19,8 @@ use super::{
 };
 use crate::{
     crash_points::crash_point,
-    ebpf::{InMaps, PodSpec, listener::find_listeners},
-    netns::PodNetns,
+    ebpf::{InMaps, PodSpec},
+    netns::{PodNetns, listener::find_listeners},
 };
 
 impl Agent {
@@ -79,7 +79,7 @@ impl Agent {
         migrating: bool,
     ) -> Result<Option<i32>, NotRestored> {
         let gone = |e: crate::netns::NetnsError| NotRestored::Gone(e.to_string());
-        let netns = PodNetns::open(&record.netns).map_err(gone)?;
+        let netns = Arc::new(PodNetns::open(&record.netns).map_err(gone)?);
         let (cookie, local) = identify(self.backend.kind(), &netns).map_err(gone)?;
         // How the pod is taken back, if its namespace is still the recorded one:
         // `interceptor_api::records` decides.
@@ -88,7 +88,7 @@ impl Agent {
         match (&mut self.backend, in_maps, how) {
             (Backend::Ebpf(node), Some(in_maps), Restore::Ebpf { .. }) => {
                 let spec = PodSpec {
-                    netns_path: record.netns.clone(),
+                    netns: Arc::clone(&netns),
                     netns_cookie: cookie,
                     addresses: local.addresses.clone(),
                     local_routes: local.routes.clone(),

@@ -19,7 +19,7 @@ use tracing::{info, warn};
 
 use super::{
     Agent, Refusal,
-    api::{ErrorKind, Request, Response},
+    api::{ErrorKind, InterceptionConfig, PodAddRequest, Request, Response},
     lock, registration,
 };
 
@@ -183,17 +183,25 @@ fn handle(agent: &Mutex<Agent>, request: Request) -> Response {
     }
 }
 
-/// Why a line is not a request: a pod configuration that is not valid is `invalid_config`, with
-/// the configuration's own words; anything else is `bad_request`.
+/// Why a line is not a request: a registration whose configuration (`config`, or an older
+/// client's `args`) is not valid is `invalid_config`, with the configuration's own words;
+/// anything else is `bad_request`.
 fn not_a_request(line: &str, e: serde_json::Error) -> Refusal {
     let invalid_config = serde_json::from_str::<serde_json::Value>(line)
         .ok()
-        .and_then(|request| {
-            let config = request.get("config")?.clone();
-            serde_json::from_value::<crate::config::InterceptionConfig>(config).err()
+        .filter(|request| request.get("op").and_then(|op| op.as_str()) == Some("add"))
+        .and_then(|request| match request.get("config") {
+            Some(config) => serde_json::from_value::<InterceptionConfig>(config.clone())
+                .err()
+                .map(|e| e.to_string()),
+            None => serde_json::from_value::<PodAddRequest>(request)
+                .ok()?
+                .config()
+                .err()
+                .map(|e| e.to_string()),
         });
     match invalid_config {
-        Some(e) => (ErrorKind::InvalidConfig, e.to_string()),
+        Some(e) => (ErrorKind::InvalidConfig, e),
         None => (ErrorKind::BadRequest, format!("not a request: {e}")),
     }
 }

@@ -143,8 +143,7 @@ pub fn pod(args: PodArgs) -> anyhow::Result<()> {
                     uid,
                 },
                 // Parsed with the command line: a bad one never reaches the agent.
-                config: Some(config.config),
-                args: Vec::new(),
+                config: config.config,
                 update,
                 takeover_iptables,
             });

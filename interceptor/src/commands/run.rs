@@ -4,6 +4,7 @@ use std::{
     io::Read as _,
     net::IpAddr,
     path::Path,
+    sync::Arc,
     time::{SystemTime, UNIX_EPOCH},
 };
 
@@ -74,10 +75,10 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
     // detach below instead of killing the process with its state half-written.
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
-    let netns = PodNetns::open(&args.netns)?;
+    let netns = Arc::new(PodNetns::open(&args.netns)?);
     let local = netns.local_destinations()?;
     let spec = PodSpec {
-        netns_path: args.netns.clone(),
+        netns: Arc::clone(&netns),
         netns_cookie: netns.cookie()?,
         addresses: local.addresses,
         local_routes: local.routes,
@@ -122,7 +123,7 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
     }
     lock.write_state(&state)?;
     info!(
-        netns = %spec.netns_path.display(),
+        netns = %spec.netns_path().display(),
         netns_cookie = %spec.netns_cookie,
         cgroup = %cgroup.display(),
         instance = %lock.paths().name,
@@ -140,7 +141,7 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
                 if node.pods_ref().local_destinations(spec.netns_cookie) == local {
                     continue;
                 }
-                info!(netns = %spec.netns_path.display(), addresses = ?local.addresses, local_routes = ?local.routes, "pod addresses or local routes changed");
+                info!(netns = %spec.netns_path().display(), addresses = ?local.addresses, local_routes = ?local.routes, "pod addresses or local routes changed");
                 node.pods().set_local_destinations(spec.netns_cookie, &local)?;
                 let sk_lookup = node.pods().inbound_program(spec.netns_cookie);
                 let now = PodSpec { addresses: local.addresses, local_routes: local.routes, ..spec.clone() };
@@ -183,8 +184,7 @@ async fn run_with_agent(config: InterceptionConfig, args: RunArgs) -> anyhow::Re
     let request = Request::Add(PodAdd {
         netns: netns.clone(),
         meta: PodMeta::default(),
-        config: Some(config.clone()),
-        args: Vec::new(),
+        config: config.clone(),
         update: true,
         takeover_iptables: false,
     });
@@ -219,7 +219,7 @@ fn watch(fd: std::os::fd::OwnedFd) -> mpsc::UnboundedReceiver<()> {
 fn pod_state(spec: &PodSpec, slot: PodSlot, sk_lookup: Option<ebpf::ProgramState>) -> PodState {
     PodState {
         sk_lookup,
-        netns: spec.netns_path.clone(),
+        netns: spec.netns_path().to_owned(),
         netns_cookie: spec.netns_cookie,
         slot,
         addresses: spec.addresses.iter().map(IpAddr::to_string).collect(),

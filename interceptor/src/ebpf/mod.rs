@@ -8,7 +8,6 @@ pub mod features;
 mod inbound;
 mod kernel_log;
 mod links;
-pub mod listener;
 mod loader;
 mod maps;
 mod pod_lookup;
@@ -18,6 +17,7 @@ pub mod variants;
 use std::{
     net::IpAddr,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use aya::{maps::MapError, programs::ProgramError};
@@ -26,7 +26,7 @@ pub use links::{LinkProblem, PinError, remove_ours};
 pub use loader::{ProgramState, VariantLoad, pinned_programs};
 pub use pods::{FillLevels, InMaps, PodRegistry, read_counters};
 
-use crate::config::InterceptionConfig;
+use crate::{config::InterceptionConfig, netns::PodNetns};
 
 /// The object built from `interceptor-ebpf`, embedded at compile time.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/interceptor-ebpf"));
@@ -126,7 +126,9 @@ fn thousands(n: usize) -> String {
 /// What registering a pod needs: its identity, its addresses and its configuration.
 #[derive(Clone, Debug)]
 pub struct PodSpec {
-    pub netns_path: PathBuf,
+    /// Its namespace, opened once by whoever identified the pod: the registration attaches
+    /// there and looks there for a listening proxy without opening the path again.
+    pub netns: Arc<PodNetns>,
     pub netns_cookie: NetnsCookie,
     /// The pod's own addresses, both families (see [`crate::netns::PodNetns::addresses`]).
     pub addresses: Vec<IpAddr>,
@@ -134,6 +136,12 @@ pub struct PodSpec {
     /// [`crate::netns::LocalDestinations`]): delivered over lo, never redirected.
     pub local_routes: Vec<ipnet::IpNet>,
     pub config: InterceptionConfig,
+}
+
+impl PodSpec {
+    pub fn netns_path(&self) -> &Path {
+        self.netns.path()
+    }
 }
 
 /// Counters of one pod, summed over CPUs, in `Decision` order.

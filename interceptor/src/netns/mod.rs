@@ -2,6 +2,7 @@
 //! namespace runs on the calling thread, which `setns`es in and back out.
 use interceptor_common::NetnsCookie;
 mod addresses;
+pub mod listener;
 pub mod nsid;
 mod routes;
 
@@ -43,6 +44,7 @@ pub enum NetnsError {
 }
 
 /// An open handle on a pod's network namespace; keeps the namespace alive while held.
+#[derive(Debug)]
 pub struct PodNetns {
     path: PathBuf,
     file: File,

@@ -13,10 +13,9 @@ use crate::{
         encode::{configured_subnets, local_route_keys, write_local},
         inbound::{Inbound, inbound_link_path},
         links::PinnedLink,
-        listener::find_listeners,
         maps::map_error,
     },
-    netns::{LocalDestinations, PodNetns},
+    netns::{LocalDestinations, listener::find_listeners},
 };
 
 impl<D> PodRegistry<D> {
@@ -28,8 +27,7 @@ impl<D> PodRegistry<D> {
     {
         let is_new = !self.pods.contains_key(&spec.netns_cookie);
         let slot = self.register(spec, D::default())?;
-        let netns = PodNetns::open(&spec.netns_path)?;
-        let found = find_listeners(&netns, spec.config.incoming_proxy_port);
+        let found = find_listeners(&spec.netns, spec.config.incoming_proxy_port);
         if let Err(e) = self.adopt_listeners(spec.netns_cookie, found) {
             if is_new {
                 let _ = self.remove(spec.netns_cookie);
@@ -53,10 +51,9 @@ impl<D> PodRegistry<D> {
             return Err(EbpfError::AlreadyRegistered(cookie));
         }
         let slot = self.free_slot()?;
-        let netns = PodNetns::open(&spec.netns_path)?;
         self.zero_counters(slot)?;
         let registered = self
-            .write(spec, &netns, slot, &InForce::default(), None, data)
+            .write(spec, slot, &InForce::default(), None, data)
             .map_err(|(e, _)| e)?;
         self.pods.insert(cookie, registered);
         Ok(slot)
@@ -75,11 +72,7 @@ impl<D> PodRegistry<D> {
             subnets: std::mem::take(&mut registered.subnets),
         };
         let inbound = registered.inbound.take();
-        let result = match PodNetns::open(&spec.netns_path) {
-            Ok(netns) => self.write(spec, &netns, registered.slot, &before, inbound, data),
-            Err(e) => Err((e.into(), inbound)),
-        };
-        match result {
+        match self.write(spec, registered.slot, &before, inbound, data) {
             Ok(updated) => {
                 self.pods.insert(cookie, updated);
                 Ok(registered.slot)

@@ -5,14 +5,17 @@ use aya::maps::MapError;
 use interceptor_common::{ListenerKey, NetnsCookie, names};
 
 use super::PodRegistry;
-use crate::ebpf::{EbpfError, encode::listener_key, listener::Listening, maps::map_error};
+use crate::{
+    ebpf::{EbpfError, encode::listener_key, maps::map_error},
+    netns::listener::Listening,
+};
 
 /// `bpf_map_update_elem`'s flag: only if the key is not there yet.
 const BPF_NOEXIST: u64 = 1;
 
 impl<D> PodRegistry<D> {
     /// Puts the listeners of the pod's proxy that existed before registration (found with
-    /// [`find_listeners`](crate::ebpf::listener::find_listeners)) into the listener map, one per family (new ones are caught by
+    /// [`find_listeners`](crate::netns::listener::find_listeners)) into the listener map, one per family (new ones are caught by
     /// sock_ops; see `listener.rs`). A listener already in the map is newer: keep it. A pod
     /// that is no longer registered is left alone.
     pub fn adopt_listeners(

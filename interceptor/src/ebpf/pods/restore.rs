@@ -6,9 +6,8 @@ use crate::{
     ebpf::{
         EbpfError, PodSpec,
         encode::{configured_subnets, local_routes_of, own_addresses},
-        listener::find_listeners,
     },
-    netns::PodNetns,
+    netns::listener::find_listeners,
 };
 
 impl<D> PodRegistry<D> {
@@ -39,7 +38,6 @@ impl<D> PodRegistry<D> {
             config: self.maps.pods.get(&cookie, 0).ok(),
             subnets: in_maps.subnets.remove(&cookie).unwrap_or_default(),
         };
-        let netns = PodNetns::open(&spec.netns_path)?;
         let slot = match before.config {
             Some(in_force) => PodSlot(in_force.slot),
             None => {
@@ -48,7 +46,7 @@ impl<D> PodRegistry<D> {
                 slot
             }
         };
-        match self.write(spec, &netns, slot, &before, None, data.clone()) {
+        match self.write(spec, slot, &before, None, data.clone()) {
             Ok(registered) => {
                 let repaired = match before.config {
                     None => Some(
@@ -74,7 +72,7 @@ impl<D> PodRegistry<D> {
                     Some(_) => None,
                 };
                 self.pods.insert(cookie, registered);
-                let found = find_listeners(&netns, spec.config.incoming_proxy_port);
+                let found = find_listeners(&spec.netns, spec.config.incoming_proxy_port);
                 self.adopt_listeners(cookie, found)?;
                 Ok(repaired)
             }

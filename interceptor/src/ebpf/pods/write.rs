@@ -17,7 +17,6 @@ use crate::{
         inbound::{Inbound, inbound_link_path, load_inbound},
         maps::map_error,
     },
-    netns::PodNetns,
 };
 
 impl<D> PodRegistry<D> {
@@ -33,13 +32,13 @@ impl<D> PodRegistry<D> {
     pub(super) fn write(
         &mut self,
         spec: &PodSpec,
-        netns: &PodNetns,
         slot: PodSlot,
         before: &InForce,
         inbound: Option<Inbound>,
         data: D,
     ) -> Result<Registered<D>, (EbpfError, Option<Inbound>)> {
         let cookie = spec.netns_cookie;
+        let netns = &*spec.netns;
         let addresses: BTreeSet<IpAddr> = spec.addresses.iter().copied().collect();
         let local_routes: BTreeSet<IpNet> = spec.local_routes.iter().copied().collect();
         let subnets = subnet_keys(cookie, &spec.config, &local_routes);
@@ -127,7 +126,7 @@ impl<D> PodRegistry<D> {
     ) -> Result<(), EbpfError> {
         if addresses.len() > MAX_LOCAL_ADDRS_PER_POD as usize {
             return Err(EbpfError::TooManyAddresses {
-                netns: spec.netns_path.clone(),
+                netns: spec.netns_path().to_owned(),
                 count: addresses.len(),
                 max: MAX_LOCAL_ADDRS_PER_POD,
             });

@@ -8,7 +8,7 @@
 //! duplicate of it with pidfd_getfd(2) (Linux 5.6) to insert into the map. No change to the proxy.
 use std::{collections::HashSet, fs, os::fd::OwnedFd, os::unix::fs::MetadataExt as _, path::Path};
 
-use crate::netns::PodNetns;
+use super::PodNetns;
 
 /// `TCP_LISTEN` in /proc/net/tcp's `st` column.
 const TCP_LISTEN: &str = "0A";
