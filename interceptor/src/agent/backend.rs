@@ -13,13 +13,12 @@ use interceptor_common::{NetnsCookie, PodSlot};
 use super::{
     Refusal,
     api::{Backend as Kind, ErrorKind},
-    iptables_pods::{IptablesPods, IptablesSettings},
     records::{PodBackend, PodFacts, PodRecord},
 };
 use crate::{
     config::InterceptionConfig,
     ebpf::{EbpfError, EbpfNode, InMaps, PodSpec},
-    iptables::IptablesError,
+    iptables::{IptablesError, IptablesPods, IptablesSettings},
     netns::{LocalDestinations, NetnsError, PodNetns},
 };
 

@@ -14,7 +14,6 @@ pub use interceptor_api as api;
 use interceptor_common::names;
 mod backend;
 mod events;
-mod iptables_pods;
 mod kube_node;
 pub mod kube_pods;
 mod metrics;
@@ -47,8 +46,8 @@ use tokio::{
 };
 use tracing::{info, warn};
 
+pub use crate::iptables::IptablesSettings;
 pub use backend::BackendChoice;
-pub use iptables_pods::IptablesSettings;
 pub use repair::RepairOptions;
 
 use crate::{
@@ -214,7 +213,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
             {
                 warn!(bpffs = %paths.bpffs.display(), "an eBPF agent's pinned programs and maps are here: left alone (their programs keep intercepting the pods whose entries they hold); `interceptor uninstall` removes them");
             }
-            let pods = iptables_pods::IptablesPods::new(settings, options.max_pods);
+            let pods = crate::iptables::IptablesPods::new(settings, options.max_pods);
             (backend::Backend::Iptables(pods), Vec::new())
         }
     };

@@ -9,7 +9,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::iptables_pods::ChainsInForce;
+use crate::iptables::ChainsInForce;
 
 /// The record format and its reading are `interceptor_api::records`' (what the `pod_record`
 /// fuzz target drives); the iptables backend's part is the chains it wrote.

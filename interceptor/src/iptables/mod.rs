@@ -1,5 +1,6 @@
 //! The iptables backend: the very nat-table chains proxy-init writes, for kernels or
 //! environments where eBPF cannot be used.
+mod pods;
 mod rules;
 
 use std::{
@@ -10,6 +11,7 @@ use std::{
 };
 
 use clap::ValueEnum;
+pub use pods::{ChainsInForce, IptablesPods, IptablesSettings};
 pub use rules::{
     Existing, Family, OUTPUT_CHAIN, REDIRECT_CHAIN, Rule, cleanup as cleanup_rules,
     install as install_rules, multiport_groups,

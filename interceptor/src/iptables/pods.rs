@@ -1,7 +1,8 @@
-//! The agent's iptables backend: each registered pod gets proxy-init's nat-table chains in its
-//! own network namespace (`iptables::install`, which enters it with setns before each command),
-//! and removing the pod runs `iptables::cleanup` there (our two jumps and two chains, nothing
-//! else). Nothing is loaded into the kernel, so it works where the eBPF programs cannot load.
+//! The iptables backend's pods, as the agent meshes them: each registered pod gets proxy-init's
+//! nat-table chains in its own network namespace (`install`, which enters it with setns before
+//! each command), and removing the pod runs `cleanup` there (our two jumps and two chains,
+//! nothing else). Nothing is loaded into the kernel, so it works where the eBPF programs cannot
+//! load.
 //!
 //! The chains are the state: a pod's record keeps them as `iptables-save` listed them once they
 //! were written, and a restarted agent compares that with what the namespace holds, writing them
@@ -11,10 +12,8 @@ use std::{collections::BTreeMap, net::IpAddr, path::Path};
 use interceptor_common::NetnsCookie;
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    config::InterceptionConfig,
-    iptables::{self, Family, IptablesError, IptablesMode, IptablesOptions},
-};
+use super::{Family, IptablesError, IptablesMode, IptablesOptions};
+use crate::config::InterceptionConfig;
 
 /// What the iptables backend wrote in a pod, as its record keeps it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,7 +80,7 @@ impl<D> IptablesPods<D> {
         config: &InterceptionConfig,
     ) -> Result<ChainsInForce, IptablesError> {
         let mode = self.settings.mode;
-        iptables::install(config, &self.options(netns, mode, config.ipv6))?;
+        super::install(config, &self.options(netns, mode, config.ipv6))?;
         Ok(ChainsInForce {
             mode,
             rules: self.rules(netns, mode, config.ipv6)?,
@@ -130,7 +129,7 @@ impl<D> IptablesPods<D> {
         mode: Option<IptablesMode>,
     ) -> Result<(), IptablesError> {
         let mode = mode.unwrap_or(self.settings.mode);
-        iptables::cleanup(&self.options(netns, mode, ipv6))?;
+        super::cleanup(&self.options(netns, mode, ipv6))?;
         self.pods.remove(&cookie);
         Ok(())
     }
@@ -155,6 +154,10 @@ impl<D> IptablesPods<D> {
 
     pub fn len(&self) -> usize {
         self.pods.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
     }
 
     /// What is kept with a pod in the table.
@@ -211,7 +214,7 @@ impl<D> IptablesPods<D> {
                 Family::V4 => "ipv4",
                 Family::V6 => "ipv6",
             };
-            let save = iptables::save_nat(&options, *family)?;
+            let save = super::save_nat(&options, *family)?;
             rules.extend(
                 ours(&save)
                     .into_iter()
@@ -225,7 +228,7 @@ impl<D> IptablesPods<D> {
 /// The lines of `iptables-save -t nat` output that are ours: the rules of our two chains and the
 /// jumps to them (not the chains' declarations, whose counters change).
 fn ours(save: &str) -> Vec<&str> {
-    let chains = [iptables::REDIRECT_CHAIN, iptables::OUTPUT_CHAIN];
+    let chains = [super::REDIRECT_CHAIN, super::OUTPUT_CHAIN];
     save.lines()
         .filter(|line| {
             chains.iter().any(|chain| {
