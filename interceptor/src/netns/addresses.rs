@@ -1,63 +1,36 @@
 //! The addresses of the calling thread's network namespace, from one rtnetlink `RTM_GETADDR`
 //! dump. `getifaddrs(3)` dumps every link with its statistics as well, which cost a pod's
 //! registration more than the addresses themselves (a tenth of it, in `perf`).
-use std::{io, net::IpAddr, os::fd::AsFd as _};
+use std::{io, net::IpAddr};
 
-use interceptor_sys::netns::{recv, route_socket, send};
-use netlink_packet_core::{
-    NLM_F_DUMP, NLM_F_REQUEST, NLMSG_ALIGNTO, NetlinkHeader, NetlinkMessage, NetlinkPayload,
-};
 use netlink_packet_route::{
     RouteNetlinkMessage,
     address::{AddressAttribute, AddressMessage},
 };
 
+use super::dump;
+
 /// Every address assigned to an interface of the namespace, both families, loopback and
 /// link-local included, as `getifaddrs` names them (`IFA_LOCAL`, else `IFA_ADDRESS`).
 pub(super) fn dump() -> io::Result<Vec<IpAddr>> {
-    let fd = route_socket(0)?;
-
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-    header.sequence_number = 1;
     // The default message's family is AF_UNSPEC: both.
-    let mut request = NetlinkMessage::new(
-        header,
-        RouteNetlinkMessage::GetAddress(AddressMessage::default()).into(),
-    );
-    request.finalize();
-    let mut datagram = vec![0u8; request.buffer_len()];
-    request.serialize(&mut datagram);
-    send(fd.as_fd(), &datagram)?;
+    dump::dump(
+        RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+        pick,
+    )
+}
 
-    let mut addresses = Vec::new();
-    let mut buf = vec![0u8; 32 * 1024];
-    loop {
-        let n = recv(fd.as_fd(), &mut buf)?;
-        if parse(&buf[..n], &mut addresses)? {
-            return Ok(addresses);
-        }
+fn pick(message: RouteNetlinkMessage) -> Option<IpAddr> {
+    match message {
+        RouteNetlinkMessage::NewAddress(address) => assigned(&address),
+        _ => None,
     }
 }
 
-/// Parses one datagram of the dump into `addresses`; true once the dump is done. Bytes too few
-/// for a message header are ignored, as the kernel's `NLMSG_OK` does.
-fn parse(mut data: &[u8], addresses: &mut Vec<IpAddr>) -> io::Result<bool> {
-    while data.len() >= size_of::<libc::nlmsghdr>() {
-        let message = NetlinkMessage::<RouteNetlinkMessage>::deserialize(data)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        match message.payload {
-            NetlinkPayload::Done(_) => return Ok(true),
-            NetlinkPayload::Error(e) => return Err(e.to_io()),
-            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewAddress(address)) => {
-                addresses.extend(assigned(&address));
-            }
-            _ => {}
-        }
-        let len = (message.header.length as usize).next_multiple_of(NLMSG_ALIGNTO.into());
-        data = data.get(len..).unwrap_or_default();
-    }
-    Ok(false)
+/// One datagram of the dump, parsed as [`dump`] parses it.
+#[cfg(test)]
+fn parse(data: &[u8], addresses: &mut Vec<IpAddr>) -> io::Result<bool> {
+    dump::parse(data, addresses, &mut pick)
 }
 
 /// `IFA_LOCAL`, else `IFA_ADDRESS`: on a point-to-point link `IFA_ADDRESS` is the peer's.
@@ -75,6 +48,8 @@ fn assigned(message: &AddressMessage) -> Option<IpAddr> {
 
 #[cfg(test)]
 mod tests {
+    use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
+
     use super::*;
     use netlink_packet_core::{DoneMessage, ErrorMessage, NetlinkBuffer};
     use netlink_packet_route::AddressFamily;

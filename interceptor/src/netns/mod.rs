@@ -2,6 +2,7 @@
 //! namespace runs on the calling thread, which `setns`es in and back out.
 use interceptor_common::NetnsCookie;
 mod addresses;
+mod dump;
 pub mod listener;
 pub mod nsid;
 mod routes;

@@ -3,61 +3,33 @@
 //! proxy-init's `-o lo -j RETURN` exempts whatever the address. Each interface address has one
 //! (already among the pod's own addresses); an AnyIP route (`ip route add local
 //! 10.250.64.0/24 dev lo`) covers a whole prefix that no interface holds.
-use std::{io, net::IpAddr, os::fd::AsFd as _};
+use std::{io, net::IpAddr};
 
-use interceptor_sys::netns::{recv, route_socket, send};
 use ipnet::IpNet;
-use netlink_packet_core::{
-    NLM_F_DUMP, NLM_F_REQUEST, NLMSG_ALIGNTO, NetlinkHeader, NetlinkMessage, NetlinkPayload,
-};
 use netlink_packet_route::{
     RouteNetlinkMessage,
     route::{RouteAddress, RouteAttribute, RouteMessage, RouteType},
 };
 
+use super::dump;
+
 /// The prefixes of every `local` route, of every table and both families.
 pub(super) fn dump_local() -> io::Result<Vec<IpNet>> {
-    let fd = route_socket(0)?;
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-    header.sequence_number = 1;
     // The default message's family is AF_UNSPEC and its table 0: both families, every table.
-    let mut request = NetlinkMessage::new(
-        header,
-        RouteNetlinkMessage::GetRoute(RouteMessage::default()).into(),
-    );
-    request.finalize();
-    let mut datagram = vec![0u8; request.buffer_len()];
-    request.serialize(&mut datagram);
-    send(fd.as_fd(), &datagram)?;
+    dump::dump(RouteNetlinkMessage::GetRoute(RouteMessage::default()), pick)
+}
 
-    let mut routes = Vec::new();
-    let mut buf = vec![0u8; 32 * 1024];
-    loop {
-        let n = recv(fd.as_fd(), &mut buf)?;
-        if parse(&buf[..n], &mut routes)? {
-            return Ok(routes);
-        }
+fn pick(message: RouteNetlinkMessage) -> Option<IpNet> {
+    match message {
+        RouteNetlinkMessage::NewRoute(route) => local_prefix(&route),
+        _ => None,
     }
 }
 
-/// Parses one datagram of the dump into `routes`; true once the dump is done.
-fn parse(mut data: &[u8], routes: &mut Vec<IpNet>) -> io::Result<bool> {
-    while data.len() >= size_of::<libc::nlmsghdr>() {
-        let message = NetlinkMessage::<RouteNetlinkMessage>::deserialize(data)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        match message.payload {
-            NetlinkPayload::Done(_) => return Ok(true),
-            NetlinkPayload::Error(e) => return Err(e.to_io()),
-            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewRoute(route)) => {
-                routes.extend(local_prefix(&route));
-            }
-            _ => {}
-        }
-        let len = (message.header.length as usize).next_multiple_of(NLMSG_ALIGNTO.into());
-        data = data.get(len..).unwrap_or_default();
-    }
-    Ok(false)
+/// One datagram of the dump, parsed as [`dump_local`] parses it.
+#[cfg(test)]
+fn parse(data: &[u8], routes: &mut Vec<IpNet>) -> io::Result<bool> {
+    dump::parse(data, routes, &mut pick)
 }
 
 /// The destination of a `local` route.
@@ -77,6 +49,8 @@ fn local_prefix(route: &RouteMessage) -> Option<IpNet> {
 
 #[cfg(test)]
 mod tests {
+    use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
+
     use super::*;
     use netlink_packet_core::DoneMessage;
     use netlink_packet_route::AddressFamily;

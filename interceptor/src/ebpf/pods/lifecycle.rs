@@ -5,7 +5,7 @@ use interceptor_common::{MAX_LOCAL_ADDRS_PER_POD, NetnsCookie, PodSlot, names};
 
 use ipnet::IpNet;
 
-use super::{InForce, PodRegistry, Written, entries::ignore_absent};
+use super::{InForce, PodRegistry, entries::ignore_absent};
 use crate::{
     crash_points::crash_point,
     ebpf::{
@@ -161,19 +161,7 @@ impl<D> PodRegistry<D> {
         let mut subnets = configured_subnets(&registered.subnets);
         subnets.extend(local_route_keys(cookie, &routes));
         self.check_subnet_room(&before.subnets, &subnets)?;
-        let mut written = Written::default();
-        let switched = self
-            .write_new_entries(&before, &subnets, &mut written)
-            .and_then(|()| {
-                self.maps
-                    .pods
-                    .insert(cookie, config, 0)
-                    .map_err(map_error(names::MAP_PODS))
-            });
-        if let Err(e) = switched {
-            self.remove_written(cookie, written);
-            return Err(e);
-        }
+        self.switch(cookie, &before, &subnets, config)?;
         crash_point!("addresses-written");
         let (subnets, problem) =
             self.remove_old_entries(cookie, &before, subnets, config.inbound_port);

@@ -5,7 +5,8 @@ use std::{collections::BTreeSet, net::IpAddr};
 use ipnet::IpNet;
 
 use interceptor_common::{
-    MAX_LOCAL_ADDRS_PER_POD, MAX_SUBNET_RULES, PodSlot, names, outbound_ports,
+    MAX_LOCAL_ADDRS_PER_POD, MAX_SUBNET_RULES, NetnsCookie, PodConfig, PodSlot, names,
+    outbound_ports,
 };
 
 use super::{InForce, PodRegistry, Registered, Written};
@@ -67,19 +68,10 @@ impl<D> PodRegistry<D> {
         };
         crash_point!("pod-inbound-attached");
         let config = pod_config(slot, &spec.config, &addresses, !local_routes.is_empty());
-        let mut written = Written::default();
         let switched = self
             .mark_outbound_port(config.outbound_port)
-            .and_then(|()| self.write_new_entries(before, &subnets, &mut written))
-            .and_then(|()| {
-                crash_point!("pod-entries-written");
-                self.maps
-                    .pods
-                    .insert(cookie, config, 0)
-                    .map_err(map_error(names::MAP_PODS))
-            });
+            .and_then(|()| self.switch(cookie, before, &subnets, config));
         if let Err(e) = switched {
-            self.remove_written(cookie, written);
             if before.config.is_none() {
                 self.detach_inbound(cookie, Some(inbound));
                 return Err((e, None));
@@ -100,6 +92,33 @@ impl<D> PodRegistry<D> {
             problem,
             data,
         })
+    }
+
+    /// The make-before-break switch of one pod: the entries of `subnets` that `before` lacks
+    /// are written, then the pod's entry becomes `config`. If either fails, what was written is
+    /// removed and the maps are as they were. The entries only `before` needed are the
+    /// caller's to remove once it has switched ([`Self::remove_old_entries`]).
+    pub(super) fn switch(
+        &mut self,
+        cookie: NetnsCookie,
+        before: &InForce,
+        subnets: &BTreeSet<SubnetEntry>,
+        config: PodConfig,
+    ) -> Result<(), EbpfError> {
+        let mut written = Written::default();
+        let switched = self
+            .write_new_entries(before, subnets, &mut written)
+            .and_then(|()| {
+                crash_point!("pod-entries-written");
+                self.maps
+                    .pods
+                    .insert(cookie, config, 0)
+                    .map_err(map_error(names::MAP_PODS))
+            });
+        if switched.is_err() {
+            self.remove_written(cookie, written);
+        }
+        switched
     }
 
     /// Puts `port` in the node's set of outbound ports before a pod's entry names it (see
