@@ -10,8 +10,9 @@
 use std::collections::BTreeMap;
 
 use interceptor_api::KubePod;
-use interceptor_config::mesh::{Plan, PodSettings, Pods, pod_plan};
 use interceptor_config::InterceptionConfig;
+use interceptor_config::mesh::{Plan, PodSettings, Pods, pod_plan};
+use interceptor_fuzz::assert_round_trips;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -44,15 +45,7 @@ fuzz_target!(|data: &[u8]| {
     for pods in [Pods::Injected, Pods::All] {
         match pod_plan(base.clone(), pods, &pod) {
             Ok(Plan::Mesh(settings)) => {
-                let config = settings.config;
-                let json = serde_json::to_string(&config).expect("a configuration serializes");
-                let back: InterceptionConfig = serde_json::from_str(&json)
-                    .unwrap_or_else(|e| panic!("{json} of an annotated configuration: {e}"));
-                assert_eq!(back, config, "the JSON form gives the configuration back");
-                let flags = config.to_args();
-                let again = InterceptionConfig::from_proxy_init_args(&flags)
-                    .unwrap_or_else(|e| panic!("{flags:?} of an annotated configuration: {e}"));
-                assert_eq!(again, config, "the flags give the configuration back");
+                assert_round_trips(&settings.config, "an annotated configuration");
             }
             Ok(Plan::Skip(reason)) => {
                 assert_eq!(pods, Pods::Injected, "all pods are meshed with \"all\"");

@@ -5,7 +5,7 @@
 #![no_main]
 
 use interceptor_api::{PodAddRequest, Request, Response};
-use interceptor_config::InterceptionConfig;
+use interceptor_fuzz::assert_round_trips;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -18,10 +18,7 @@ fuzz_target!(|data: &[u8]| {
             value
         );
         if let Request::Add(add) = &request {
-            let json = serde_json::to_string(&add.config).expect("a configuration serializes");
-            let back: InterceptionConfig = serde_json::from_str(&json)
-                .unwrap_or_else(|e| panic!("{json} of an accepted configuration: {e}"));
-            assert_eq!(back, add.config);
+            assert_round_trips(&add.config, "a registration's configuration");
         }
     }
     // A registration refused for its configuration says why, in either form.

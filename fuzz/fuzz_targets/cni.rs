@@ -9,6 +9,7 @@
 
 use interceptor_api::{KubePod, Request};
 use interceptor_cni::{CniError, add_decision};
+use interceptor_fuzz::assert_round_trips;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -58,10 +59,7 @@ fn check_request(request: &Request) {
         "the request survives the socket unchanged"
     );
     if let Request::Add(add) = request {
-        let again =
-            interceptor_config::InterceptionConfig::from_proxy_init_args(&add.config.to_args())
-                .expect("a valid configuration's flags parse");
-        assert_eq!(again, add.config);
+        assert_round_trips(&add.config, "the plugin's registration");
     }
 }
 

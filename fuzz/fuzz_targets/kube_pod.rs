@@ -3,8 +3,8 @@
 //! facts it keeps, whether it reads the namespace and the API server's ports, whether a pod
 //! started without the plugin is repaired) and the answer it gives the CNI plugin
 //! (`interceptor_api::KubePod`, through its JSON form), to the plugin's decision on whether and
-//! how to mesh the pod (`interceptor_config::mesh::pod_plan`: annotations pod over namespace, which pods
-//! are meshed).
+//! how to mesh the pod (`interceptor_config::mesh::pod_plan`: annotations pod over namespace,
+//! which pods are meshed).
 //!
 //! Input: the Pod's JSON, then optionally a line `---` and the Namespace's JSON (none, or not
 //! one: the agent takes it as one without annotations, as when it may not read it), then
@@ -18,6 +18,7 @@ use interceptor_config::{
     annotations::{CONFIG_PREFIX, DEFAULT_API_SERVER_PORTS, Decision},
     kube::{self, PodFacts},
 };
+use interceptor_fuzz::assert_round_trips;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -96,14 +97,7 @@ fuzz_target!(|data: &[u8]| {
                     assert_eq!(facts.decision(), Decision::Mesh, "only an injected pod");
                 }
                 let config = settings.config;
-                let json = serde_json::to_string(&config).expect("a configuration serializes");
-                let back: InterceptionConfig = serde_json::from_str(&json)
-                    .unwrap_or_else(|e| panic!("{json} of a pod's configuration: {e}"));
-                assert_eq!(back, config, "the JSON form gives the configuration back");
-                let flags = config.to_args();
-                let again = InterceptionConfig::from_proxy_init_args(&flags)
-                    .unwrap_or_else(|e| panic!("{flags:?} of a pod's configuration: {e}"));
-                assert_eq!(again, config, "the flags give the configuration back");
+                assert_round_trips(&config, "a pod's configuration");
                 if pod.control_plane_component.is_some() {
                     for port in pod.api_server_ports.iter().filter(|p| **p != 0) {
                         assert!(
@@ -116,7 +110,10 @@ fuzz_target!(|data: &[u8]| {
             Ok(Plan::Skip(reason)) => {
                 assert_eq!(pods, Pods::Injected, "all pods are meshed with \"all\"");
                 assert_eq!(facts.decision(), Decision::Skip { reason });
-                assert!(!facts.to_repair(), "the repair meshes what the plugin would");
+                assert!(
+                    !facts.to_repair(),
+                    "the repair meshes what the plugin would"
+                );
             }
             Err(e) => {
                 assert!(

@@ -74,7 +74,9 @@ fuzz_target!(|data: &[u8]| {
             };
             for word in words {
                 match word.split_once('=') {
-                    Some(("found", "gone")) => file.found = Some(Found::Gone("no such file".into())),
+                    Some(("found", "gone")) => {
+                        file.found = Some(Found::Gone("no such file".into()))
+                    }
                     Some(("found", n)) => {
                         file.found = n.parse().ok().map(|n| Found::Key(NetnsCookie(n)));
                     }
@@ -86,7 +88,11 @@ fuzz_target!(|data: &[u8]| {
             files.insert(name, file);
             current = Some(name);
         } else if let Some(name) = current {
-            files.get_mut(name).expect("the current file").content.push_str(line);
+            files
+                .get_mut(name)
+                .expect("the current file")
+                .content
+                .push_str(line);
         } else {
             match line.trim() {
                 "iptables" => agent = Backend::Iptables,
@@ -142,7 +148,11 @@ fuzz_target!(|data: &[u8]| {
         let found = file.found.clone().unwrap_or(Found::Key(cookie));
         let result = match restore_step(record, agent, found.clone()) {
             Ok(how) => {
-                assert_eq!(found, Found::Key(cookie), "only a pod whose namespace is its own");
+                assert_eq!(
+                    found,
+                    Found::Key(cookie),
+                    "only a pod whose namespace is its own"
+                );
                 match (agent, how) {
                     (Backend::Ebpf, Restore::Ebpf { take_over }) => {
                         assert_eq!(take_over, record.backend.kind() == Backend::Iptables);
@@ -165,7 +175,11 @@ fuzz_target!(|data: &[u8]| {
             }
             Err(not) => {
                 assert!(matches!(not, NotRestored::Gone(_)), "{not:?}");
-                assert_ne!(found, Found::Key(cookie), "a pod whose namespace is its own");
+                assert_ne!(
+                    found,
+                    Found::Key(cookie),
+                    "a pod whose namespace is its own"
+                );
                 Err(not)
             }
         };
@@ -181,7 +195,10 @@ fuzz_target!(|data: &[u8]| {
             }
             Err((not, Then::Keep(_))) => assert!(matches!(not, NotRestored::Kept(_))),
             Err((not, Then::Forget(why))) => {
-                assert!(!matches!(not, NotRestored::Kept(_)), "a kept pod is not forgotten");
+                assert!(
+                    !matches!(not, NotRestored::Kept(_)),
+                    "a kept pod is not forgotten"
+                );
                 assert!(!why.is_empty(), "a forgotten pod says why");
                 forgotten.insert(cookie);
             }
@@ -189,7 +206,10 @@ fuzz_target!(|data: &[u8]| {
     }
     assert!(registered.is_disjoint(&forgotten));
     let left = leftovers(in_maps.iter().copied(), |c| registered.contains(&c));
-    assert!(left.is_disjoint(&registered), "a restored pod's entries stay");
+    assert!(
+        left.is_disjoint(&registered),
+        "a restored pod's entries stay"
+    );
     for cookie in &in_maps {
         assert_eq!(left.contains(cookie), !registered.contains(cookie));
     }
