@@ -28,7 +28,7 @@ enum Task {
     /// Run setup, then every test with privileged tests required to run. Needs root.
     Test {
         /// Configurations the randomized behaviour table draws (tests/tests/behaviour_random.rs;
-        /// 32 when not given), as INTERCEPTOR_RANDOM_CONFIGS; give it before any test filter.
+        /// 12 when not given), as INTERCEPTOR_RANDOM_CONFIGS; give it before any test filter.
         #[arg(long)]
         random_configs: Option<u32>,
         /// Passed to `cargo test`, e.g. a test name filter or `--release`.
