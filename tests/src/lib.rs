@@ -26,19 +26,31 @@ pub mod sockets;
 pub use fixture::{Cgroup, Netns, PodFixture};
 pub use probe::{Landing, Probe};
 
-/// Whether privileged tests can run. Without root they are skipped with a message, unless
-/// `INTERCEPTOR_REQUIRE_PRIVILEGED=1` (set by `cargo xtask test` and CI), which turns every skip
-/// into a failure: a green run must mean the kernel was exercised.
-pub fn privileged(test: &str) -> bool {
+/// Whether the running privileged test can run. Without root it is skipped with a message,
+/// unless `INTERCEPTOR_REQUIRE_PRIVILEGED=1` (set by `cargo xtask test` and CI), which turns
+/// every skip into a failure: a green run must mean the kernel was exercised. The message names
+/// the test from its thread, so a helper several tests share names the one that called it.
+pub fn privileged() -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
+    let test = test_name();
     if std::env::var("INTERCEPTOR_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1") {
         panic!("{test}: needs root, and INTERCEPTOR_REQUIRE_PRIVILEGED=1 forbids skipping it");
     }
     eprintln!("SKIPPED {test}: needs root (set INTERCEPTOR_REQUIRE_PRIVILEGED=1 to fail instead)");
     false
+}
+
+/// The running test's name: libtest runs each test on a thread named after it (its path in the
+/// test binary, e.g. `ebpf::ipv4::loopback_is_exempt`). A thread it did not name, or the main
+/// thread of a program, is "this test".
+fn test_name() -> String {
+    match std::thread::current().name() {
+        Some(name) if name != "main" => name.to_owned(),
+        _ => "this test".to_owned(),
+    }
 }
 
 /// A name unique across parallel tests and reruns: tag, process id, counter.
@@ -82,5 +94,23 @@ pub fn eventually_eq<T: PartialEq + std::fmt::Debug>(
             return;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_test_name_is_the_running_tests() {
+        let name = super::test_name();
+        assert!(
+            name.ends_with("the_test_name_is_the_running_tests"),
+            "{name}"
+        );
+    }
+
+    #[test]
+    fn a_thread_libtest_did_not_name_is_this_test() {
+        let name = std::thread::spawn(super::test_name).join().unwrap();
+        assert_eq!(name, "this test");
     }
 }

@@ -49,7 +49,7 @@ fn counter(pod: &Value, name: &str) -> u64 {
 
 #[test]
 fn pods_registered_through_the_api_are_intercepted_until_removed() {
-    if !privileged("pods_registered_through_the_api_are_intercepted_until_removed") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agent");
@@ -133,7 +133,7 @@ fn pods_registered_through_the_api_are_intercepted_until_removed() {
 /// the proxy, the pod list is the same, the counters continue.
 #[test]
 fn a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back() {
-    if !privileged("a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentkill");
@@ -187,7 +187,7 @@ fn a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back() {
 /// once rather than waiting out SYN retries, and `eventually` tries again.
 #[test]
 fn a_local_route_added_later_is_delivered_over_lo() {
-    if !privileged("a_local_route_added_later_is_delivered_over_lo") {
+    if !privileged() {
         return;
     }
     const ANYIP_ROUTE: &str = "198.51.100.64/26";
@@ -228,7 +228,7 @@ fn a_local_route_added_later_is_delivered_over_lo() {
 /// the rest. Counted by the agent (`interceptor_pod_checks_total`), not timed.
 #[test]
 fn an_agent_at_rest_checks_only_the_pods_an_event_names() {
-    if !privileged("an_agent_at_rest_checks_only_the_pods_an_event_names") {
+    if !privileged() {
         return;
     }
     const PODS: usize = 30;
@@ -293,7 +293,7 @@ fn an_agent_at_rest_checks_only_the_pods_an_event_names() {
 /// Deleting a pod's namespace (`ip netns del`, as a runtime does) removes the pod at once.
 #[test]
 fn a_pod_whose_network_namespace_disappears_is_removed() {
-    if !privileged("a_pod_whose_network_namespace_disappears_is_removed") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentgone");
@@ -330,7 +330,7 @@ fn a_pod_whose_network_namespace_disappears_is_removed() {
 
 #[test]
 fn bad_requests_get_a_clear_error_and_change_nothing() {
-    if !privileged("bad_requests_get_a_clear_error_and_change_nothing") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentbad");
@@ -465,7 +465,7 @@ fn refuse_add(
 /// Stopping the agent keeps interception; uninstall removes everything it pinned and wrote.
 #[test]
 fn uninstall_removes_everything_the_agent_pinned() {
-    if !privileged("uninstall_removes_everything_the_agent_pinned") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentuninst");
@@ -514,7 +514,7 @@ fn uninstall_removes_everything_the_agent_pinned() {
 /// running beside ours through an agent restart and after uninstall; ours never replaces them.
 #[test]
 fn programs_other_software_attached_to_the_same_hooks_keep_running() {
-    if !privileged("programs_other_software_attached_to_the_same_hooks_keep_running") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentforeign");
@@ -641,7 +641,7 @@ mod foreign {
 /// agent and removes it on SIGTERM, loading no programs of its own.
 #[test]
 fn run_registers_its_pod_with_a_running_agent() {
-    if !privileged("run_registers_its_pod_with_a_running_agent") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentrun");
@@ -685,7 +685,7 @@ fn run_registers_its_pod_with_a_running_agent() {
 
 #[test]
 fn metrics_count_decisions_per_pod_and_ready_answers() {
-    if !privileged("metrics_count_decisions_per_pod_and_ready_answers") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentmetrics");
@@ -739,7 +739,7 @@ fn linked_program(pin: &Path) -> u32 {
 /// bypassing the proxy.
 #[test]
 fn a_new_agent_takes_over_from_the_running_one_under_load() {
-    if !privileged("a_new_agent_takes_over_from_the_running_one_under_load") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentupgrade");
@@ -792,7 +792,7 @@ fn a_new_agent_takes_over_from_the_running_one_under_load() {
 /// connection reaches its destination around the proxy meanwhile.
 #[test]
 fn a_pod_meshed_with_iptables_is_taken_over_without_a_gap() {
-    if !privileged("a_pod_meshed_with_iptables_is_taken_over_without_a_gap") {
+    if !privileged() {
         return;
     }
     use interceptor::iptables::IptablesMode;
@@ -850,7 +850,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 /// (`--nocapture`), never asserted: these machines are shared.
 #[test]
 fn hundreds_of_pods_come_and_go_without_leaving_anything_behind() {
-    if !privileged("hundreds_of_pods_come_and_go_without_leaving_anything_behind") {
+    if !privileged() {
         return;
     }
     const PODS: usize = 300;
@@ -915,7 +915,7 @@ fn hundreds_of_pods_come_and_go_without_leaving_anything_behind() {
 
 #[test]
 fn status_shows_the_agents_pods() {
-    if !privileged("status_shows_the_agents_pods") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentstatus");
@@ -973,7 +973,7 @@ fn status_shows_the_agents_pods() {
 /// with the same code, plus a map of a name earlier layouts used: the switch is what is tested.)
 #[test]
 fn a_new_map_layout_is_migrated_to_without_a_gap() {
-    if !privileged("a_new_map_layout_is_migrated_to_without_a_gap") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentlayout");
@@ -1049,7 +1049,7 @@ fn a_new_map_layout_is_migrated_to_without_a_gap() {
 
 #[test]
 fn a_full_pod_table_refuses_clearly_and_changes_nothing() {
-    if !privileged("a_full_pod_table_refuses_clearly_and_changes_nothing") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentfull");
@@ -1085,7 +1085,7 @@ fn a_full_pod_table_refuses_clearly_and_changes_nothing() {
 /// and the agent serves anyway.
 #[test]
 fn the_agent_makes_room_for_a_descriptor_per_pod_before_it_starts() {
-    if !privileged("the_agent_makes_room_for_a_descriptor_per_pod_before_it_starts") {
+    if !privileged() {
         return;
     }
     let besides = u64::from(interceptor::agent::open_files::BESIDES_PODS);
@@ -1122,7 +1122,7 @@ fn the_agent_makes_room_for_a_descriptor_per_pod_before_it_starts() {
 /// connection closed unanswered), and the agent serves the next ones.
 #[test]
 fn a_request_that_panics_inside_the_agent_is_answered_and_the_agent_serves_on() {
-    if !privileged("a_request_that_panics_inside_the_agent_is_answered_and_the_agent_serves_on") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentpanic");
@@ -1160,7 +1160,7 @@ fn a_request_that_panics_inside_the_agent_is_answered_and_the_agent_serves_on() 
 /// it.
 #[test]
 fn status_and_ready_say_when_interception_is_not_as_configured() {
-    if !privileged("status_and_ready_say_when_interception_is_not_as_configured") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agenthealth");

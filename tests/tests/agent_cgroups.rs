@@ -133,7 +133,7 @@ fn meshes_a_pod_under(tag: &str, dirs: &[&str], expected: &str) -> String {
 
 #[test]
 fn the_agent_finds_the_systemd_drivers_kubepods_slice_and_meshes_a_pod_in_it() {
-    if !privileged("the_agent_finds_the_systemd_drivers_kubepods_slice_and_meshes_a_pod_in_it") {
+    if !privileged() {
         return;
     }
     meshes_a_pod_under(
@@ -151,7 +151,7 @@ fn the_agent_finds_the_systemd_drivers_kubepods_slice_and_meshes_a_pod_in_it() {
 
 #[test]
 fn the_agent_finds_the_cgroupfs_drivers_kubepods_and_meshes_a_pod_in_it() {
-    if !privileged("the_agent_finds_the_cgroupfs_drivers_kubepods_and_meshes_a_pod_in_it") {
+    if !privileged() {
         return;
     }
     meshes_a_pod_under(
@@ -170,7 +170,7 @@ fn the_agent_finds_the_cgroupfs_drivers_kubepods_and_meshes_a_pod_in_it() {
 /// where every pod's sockets are seen, and says why.
 #[test]
 fn without_a_kubepods_cgroup_the_agent_attaches_at_the_directory_given() {
-    if !privileged("without_a_kubepods_cgroup_the_agent_attaches_at_the_directory_given") {
+    if !privileged() {
         return;
     }
     let reason = meshes_a_pod_under("cg-none", &["pods", "pods/web", "pods/web/1234"], "");
@@ -182,7 +182,7 @@ fn without_a_kubepods_cgroup_the_agent_attaches_at_the_directory_given() {
 /// stays meshed.
 #[test]
 fn links_attached_elsewhere_move_to_the_cgroup_found() {
-    if !privileged("links_attached_elsewhere_move_to_the_cgroup_found") {
+    if !privileged() {
         return;
     }
     let layout = KubeletLayout::new(

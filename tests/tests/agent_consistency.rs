@@ -50,7 +50,7 @@ fn assert_consistent(home: &AgentHome) {
 
 #[test]
 fn an_update_the_maps_cannot_hold_is_refused_and_the_pod_stays_intercepted() {
-    if !privileged("an_update_the_maps_cannot_hold_is_refused_and_the_pod_stays_intercepted") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentrefuse");
@@ -137,7 +137,7 @@ fn an_update_the_maps_cannot_hold_is_refused_and_the_pod_stays_intercepted() {
 
 #[test]
 fn an_address_change_that_cannot_be_applied_keeps_the_pod_intercepted() {
-    if !privileged("an_address_change_that_cannot_be_applied_keeps_the_pod_intercepted") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentaddr");
@@ -201,7 +201,7 @@ fn an_address_change_that_cannot_be_applied_keeps_the_pod_intercepted() {
 
 #[test]
 fn an_update_of_the_inbound_port_steers_to_the_proxys_listener_on_the_new_port() {
-    if !privileged("an_update_of_the_inbound_port_steers_to_the_proxys_listener_on_the_new_port") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentinport");
@@ -248,7 +248,7 @@ fn an_update_of_the_inbound_port_steers_to_the_proxys_listener_on_the_new_port()
 
 #[test]
 fn a_client_that_says_nothing_does_not_delay_another_clients_pod_add() {
-    if !privileged("a_client_that_says_nothing_does_not_delay_another_clients_pod_add") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentsilent");
@@ -334,7 +334,7 @@ fn on_start_up(point: &str) -> bool {
 /// registered pod never reaches its destination around the proxy at any moment.
 #[test]
 fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
-    if !privileged("an_agent_killed_at_any_point_restarts_into_a_consistent_state") {
+    if !privileged() {
         return;
     }
     let seed = std::env::var("INTERCEPTOR_KILL_SEED")

@@ -138,7 +138,7 @@ fn pod_path(fixture: &PodFixture) -> String {
 
 #[test]
 fn an_iptables_agent_meshes_pods_with_proxy_inits_chains_through_restarts() {
-    if !privileged("an_iptables_agent_meshes_pods_with_proxy_inits_chains_through_restarts") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("aipt");
@@ -249,7 +249,7 @@ fn an_iptables_agent_meshes_pods_with_proxy_inits_chains_through_restarts() {
 
 #[test]
 fn an_iptables_agent_meshes_pods_added_through_the_cni_plugin() {
-    if !privileged("an_iptables_agent_meshes_pods_added_through_the_cni_plugin") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("aiptcni");
@@ -310,7 +310,7 @@ fn an_iptables_agent_meshes_pods_added_through_the_cni_plugin() {
 /// (a downgrade) writes their chains again and leaves the pinned eBPF state alone.
 #[test]
 fn an_ebpf_agent_takes_over_the_pods_an_iptables_agent_meshed() {
-    if !privileged("an_ebpf_agent_takes_over_the_pods_an_iptables_agent_meshed") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("aiptup");
@@ -373,7 +373,7 @@ fn an_ebpf_agent_takes_over_the_pods_an_iptables_agent_meshed() {
 /// where every hook has a program variant this kernel can run, else iptables.
 #[test]
 fn an_agent_in_auto_mode_says_which_backend_and_why() {
-    if !privileged("an_agent_in_auto_mode_says_which_backend_and_why") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("aiptauto");
@@ -403,7 +403,7 @@ fn an_agent_in_auto_mode_says_which_backend_and_why() {
 /// `daemon --mode auto` says why in one line and meshes pods with proxy-init's chains.
 #[test]
 fn an_agent_in_auto_mode_meshes_pods_with_iptables_where_ebpf_cannot_run() {
-    if !privileged("an_agent_in_auto_mode_meshes_pods_with_iptables_where_ebpf_cannot_run") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("aiptfall");
@@ -440,9 +440,7 @@ fn auto_mode_lines(log: &Path) -> Vec<String> {
 /// refused with pod_table_full and nothing is written in it. `uninstall` removes the chains.
 #[test]
 fn an_iptables_agent_refuses_pods_beyond_max_pods_and_uninstall_removes_its_chains() {
-    if !privileged(
-        "an_iptables_agent_refuses_pods_beyond_max_pods_and_uninstall_removes_its_chains",
-    ) {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("aiptfull");

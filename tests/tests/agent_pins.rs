@@ -74,7 +74,7 @@ fn intercepted(app: &Probe) -> bool {
 /// programs, and the log says what moved from where to where.
 #[test]
 fn a_restart_with_another_cgroup_moves_the_links_there_first() {
-    if !privileged("a_restart_with_another_cgroup_moves_the_links_there_first") {
+    if !privileged() {
         return;
     }
     let mut fixture = PodFixture::new("pinsmove");
@@ -147,7 +147,7 @@ fn a_restart_with_another_cgroup_moves_the_links_there_first() {
 /// temporary pin of ours that a crash in the middle of a replacement would leave.
 #[test]
 fn a_restart_after_the_old_cgroup_was_removed_replaces_the_defunct_links() {
-    if !privileged("a_restart_after_the_old_cgroup_was_removed_replaces_the_defunct_links") {
+    if !privileged() {
         return;
     }
     let mut fixture = PodFixture::new("pinsdefunct");
@@ -204,7 +204,7 @@ fn daemon_fails(home: &AgentHome) -> String {
 /// names the path and says what to do, and leaves the object pinned.
 #[test]
 fn foreign_objects_at_our_pin_paths_are_refused_and_left_alone() {
-    if !privileged("foreign_objects_at_our_pin_paths_are_refused_and_left_alone") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("pinsforeign");
@@ -264,7 +264,7 @@ fn repin_to(path: &Path, netns: &Path) {
 /// namespace gone): restoring the pod puts a link on the pod's own namespace both times.
 #[test]
 fn a_pods_sk_lookup_link_attached_elsewhere_or_defunct_is_replaced_on_restore() {
-    if !privileged("a_pods_sk_lookup_link_attached_elsewhere_or_defunct_is_replaced_on_restore") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("pinspod");
@@ -315,7 +315,7 @@ fn a_pods_sk_lookup_link_attached_elsewhere_or_defunct_is_replaced_on_restore() 
 /// attached elsewhere for another cgroup, and a missing link, named.
 #[test]
 fn link_problems_names_links_missing_or_attached_elsewhere() {
-    if !privileged("link_problems_names_links_missing_or_attached_elsewhere") {
+    if !privileged() {
         return;
     }
     use interceptor::ebpf::{EbpfNode, LinkProblem, LoadOptions};
@@ -379,7 +379,7 @@ fn link_id(path: &Path) -> u32 {
 /// outlives the process, as a SIGKILL right after shows.
 #[test]
 fn pins_removed_while_the_agent_runs_are_pinned_again() {
-    if !privileged("pins_removed_while_the_agent_runs_are_pinned_again") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("pinsgone");

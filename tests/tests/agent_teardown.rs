@@ -123,7 +123,7 @@ fn stopped_with(tag: &str, then: AtTermination) -> Left {
 
 #[test]
 fn an_agent_whose_daemonset_is_gone_or_taken_over_leaves_nothing_on_the_node() {
-    if !privileged("an_agent_whose_daemonset_is_gone_or_taken_over_leaves_nothing_on_the_node") {
+    if !privileged() {
         return;
     }
     for (tag, then, reason) in [
@@ -149,7 +149,7 @@ fn an_agent_whose_daemonset_is_gone_or_taken_over_leaves_nothing_on_the_node() {
 
 #[test]
 fn an_agent_replaced_by_another_of_ours_or_unsure_keeps_interception_pinned() {
-    if !privileged("an_agent_replaced_by_another_of_ours_or_unsure_keeps_interception_pinned") {
+    if !privileged() {
         return;
     }
     for (tag, then, said) in [

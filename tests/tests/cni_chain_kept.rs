@@ -223,7 +223,7 @@ fn restored_total(metrics_addr: &str) -> u64 {
 /// and logged as not counted.
 #[test]
 fn the_installer_puts_back_what_cilium_rewrites_and_the_agent_counts_it() {
-    if !privileged("the_installer_puts_back_what_cilium_rewrites_and_the_agent_counts_it") {
+    if !privileged() {
         return;
     }
     let cgroup = Cgroup::new("chainkept");

@@ -814,7 +814,7 @@ fn unmount_under(dir: &Path) {
 
 #[test]
 fn containerd_meshes_the_pods_linkerd_injected_and_passes_the_others_through() {
-    if !privileged("containerd_meshes_the_pods_linkerd_injected_and_passes_the_others_through") {
+    if !privileged() {
         return;
     }
     let mut node = Node::new("ctrdmesh");
@@ -857,7 +857,7 @@ fn containerd_meshes_the_pods_linkerd_injected_and_passes_the_others_through() {
 
 #[test]
 fn containerd_pods_own_annotations_change_only_their_own_interception() {
-    if !privileged("containerd_pods_own_annotations_change_only_their_own_interception") {
+    if !privileged() {
         return;
     }
     let mut node = Node::new("ctrdannot");
@@ -926,8 +926,7 @@ fn containerd_pods_own_annotations_change_only_their_own_interception() {
 
 #[test]
 fn containerd_refuses_a_pod_with_a_malformed_annotation_with_the_plugins_message() {
-    if !privileged("containerd_refuses_a_pod_with_a_malformed_annotation_with_the_plugins_message")
-    {
+    if !privileged() {
         return;
     }
     let mut node = Node::new("ctrdbad");
@@ -953,9 +952,7 @@ fn containerd_refuses_a_pod_with_a_malformed_annotation_with_the_plugins_message
 /// once an agent runs again the injected pod starts, meshed from its first connect.
 #[test]
 fn containerd_with_the_agent_down_starts_other_pods_at_once_and_injected_ones_once_it_is_back() {
-    if !privileged(
-        "containerd_with_the_agent_down_starts_other_pods_at_once_and_injected_ones_once_it_is_back",
-    ) {
+    if !privileged() {
         return;
     }
     let mut node = Node::new("ctrddown");
@@ -1061,9 +1058,7 @@ fn wait_registered(node: &Node, names: &[&str]) -> Vec<(String, Value)> {
 /// `hostNetwork` one are left alone.
 #[test]
 fn containerd_repair_meshes_an_injected_pod_that_started_unchained_and_leaves_the_others_alone() {
-    if !privileged(
-        "containerd_repair_meshes_an_injected_pod_that_started_unchained_and_leaves_the_others_alone",
-    ) {
+    if !privileged() {
         return;
     }
     let (api, metrics, mut node) = repairing_node("ctrdrepair");
@@ -1193,9 +1188,7 @@ fn containerd_repair_meshes_an_injected_pod_that_started_unchained_and_leaves_th
 /// each registered once.
 #[test]
 fn containerd_an_agent_restarted_midway_repairs_what_is_left_and_registers_nothing_twice() {
-    if !privileged(
-        "containerd_an_agent_restarted_midway_repairs_what_is_left_and_registers_nothing_twice",
-    ) {
+    if !privileged() {
         return;
     }
     let (api, metrics, mut node) = repairing_node("ctrdrestart");
@@ -1269,9 +1262,7 @@ fn containerd_an_agent_restarted_midway_repairs_what_is_left_and_registers_nothi
 #[test]
 fn containerd_a_primary_rewriting_its_conflist_while_pods_start_ends_with_every_injected_pod_meshed()
  {
-    if !privileged(
-        "containerd_a_primary_rewriting_its_conflist_while_pods_start_ends_with_every_injected_pod_meshed",
-    ) {
+    if !privileged() {
         return;
     }
     let (api, metrics, mut node) = repairing_node("ctrdrewrite");

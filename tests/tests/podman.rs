@@ -183,7 +183,7 @@ impl Drop for Podman {
 
 #[test]
 fn a_podman_containers_first_connect_is_intercepted() {
-    if !privileged("a_podman_containers_first_connect_is_intercepted") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("podman");
