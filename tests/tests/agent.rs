@@ -55,7 +55,7 @@ fn pods_registered_through_the_api_are_intercepted_until_removed() {
     let fixture = PodFixture::new("agent");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start();
+    let agent = home.agent().start();
     let app = fixture.in_pod().uid(APP_UID);
     assert_eq!(
         app.connect(UNREACHABLE),
@@ -139,7 +139,10 @@ fn a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back() {
     let fixture = PodFixture::new("agentkill");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start_meshing(&fixture.pod.path(), &["--name", "web"]);
+    let agent = home
+        .agent()
+        .meshing(&fixture.pod.path(), &["--name", "web"])
+        .start();
     let before = home.pods();
 
     let app = fixture.in_pod().uid(APP_UID);
@@ -149,7 +152,7 @@ fn a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back() {
         agent.kill();
         std::thread::sleep(Duration::from_millis(200));
         assert!(!load.is_finished(), "the load outlasts the agent's absence");
-        let agent = home.start();
+        let agent = home.agent().start();
         let lines = load.join().expect("load");
         (lines, agent)
     });
@@ -195,7 +198,7 @@ fn a_local_route_added_later_is_delivered_over_lo() {
     let fixture = PodFixture::new("agentanyip");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start_meshing(&fixture.pod.path(), &[]);
+    let agent = home.agent().meshing(&fixture.pod.path(), &[]).start();
     let app = fixture.in_pod().uid(APP_UID);
     // The pod delivers nothing of 198.51.100.64/26 yet: the connect is the proxy's, as any
     // remote one.
@@ -236,7 +239,10 @@ fn an_agent_at_rest_checks_only_the_pods_an_event_names() {
     let home = AgentHome::new(&fixture.cgroup.path);
     let addr = free_loopback_addr();
     // A round of 10 minutes: the sweep's first pod is 20 s away.
-    let _agent = home.start_with(&["--metrics-addr", &addr, "--reconcile-ms", "600000"]);
+    let _agent = home
+        .agent()
+        .args(&["--metrics-addr", &addr, "--reconcile-ms", "600000"])
+        .start();
     let namespaces = Namespaces::new("rest", PODS);
     for netns in namespaces.paths() {
         home.mesh(&netns, &[]);
@@ -299,7 +305,7 @@ fn a_pod_whose_network_namespace_disappears_is_removed() {
     let fixture = PodFixture::new("agentgone");
     let home = AgentHome::new(&fixture.cgroup.path);
     // The periodic check is a minute away: the watch on /run/netns must notice.
-    let _agent = home.start_with(&["--reconcile-ms", "60000"]);
+    let _agent = home.agent().args(&["--reconcile-ms", "60000"]).start();
     let doomed = Netns::new("doomed");
     home.mesh(&doomed.path(), &[]);
     home.mesh(&fixture.pod.path(), &[]);
@@ -335,7 +341,7 @@ fn bad_requests_get_a_clear_error_and_change_nothing() {
     }
     let fixture = PodFixture::new("agentbad");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start_meshing(&fixture.pod.path(), &[]);
+    let _agent = home.agent().meshing(&fixture.pod.path(), &[]).start();
     let before = home.pods();
     let socket = home.socket();
     let refused = |request: Value| -> (String, String) {
@@ -471,7 +477,7 @@ fn uninstall_removes_everything_the_agent_pinned() {
     let fixture = PodFixture::new("agentuninst");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start_meshing(&fixture.pod.path(), &[]);
+    let agent = home.agent().meshing(&fixture.pod.path(), &[]).start();
     let app = fixture.in_pod().uid(APP_UID);
 
     // An older layout's directory left behind, holding a map of a name no longer used.
@@ -522,7 +528,7 @@ fn programs_other_software_attached_to_the_same_hooks_keep_running() {
     let cgroup = std::fs::File::open(&fixture.cgroup.path).unwrap();
     let before = foreign::deny_port(&cgroup, 9999, foreign::Attach::AllowMulti);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start_meshing(&fixture.pod.path(), &[]);
+    let agent = home.agent().meshing(&fixture.pod.path(), &[]).start();
     let after = foreign::deny_port(&cgroup, 9998, foreign::Attach::Link);
 
     let app = fixture.in_pod().uid(APP_UID);
@@ -552,7 +558,7 @@ fn programs_other_software_attached_to_the_same_hooks_keep_running() {
     };
     check("with the agent");
     agent.kill();
-    let agent = home.start();
+    let agent = home.agent().start();
     check("after an agent restart");
     agent.stop();
     let out = home.cli(&["uninstall"]);
@@ -647,7 +653,7 @@ fn run_registers_its_pod_with_a_running_agent() {
     let fixture = PodFixture::new("agentrun");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start();
+    let agent = home.agent().start();
     let socket = home.socket();
     let mut run = Command::new(BIN)
         .args(["run", "--netns", &fixture.pod.path().display().to_string()])
@@ -692,7 +698,7 @@ fn metrics_count_decisions_per_pod_and_ready_answers() {
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
     let addr = free_loopback_addr();
-    let _agent = home.start_with(&["--metrics-addr", &addr]);
+    let _agent = home.agent().args(&["--metrics-addr", &addr]).start();
     let (status, _) = http_get(&addr, "/ready");
     assert!(status.contains(" 200 "), "{status}");
 
@@ -745,7 +751,7 @@ fn a_new_agent_takes_over_from_the_running_one_under_load() {
     let fixture = PodFixture::new("agentupgrade");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let old = home.start_meshing(&fixture.pod.path(), &[]);
+    let old = home.agent().meshing(&fixture.pod.path(), &[]).start();
     let cookie = home.pods()[0]["netns_cookie"].as_u64().unwrap();
     let pins = [
         home.bpffs.join("link_icpt_connect4"),
@@ -758,7 +764,7 @@ fn a_new_agent_takes_over_from_the_running_one_under_load() {
     let (lines, new) = std::thread::scope(|s| {
         let load = s.spawn(|| check_load(&app, LOAD_SECONDS));
         // The new agent waits for the old one's lock.
-        let mut new = home.spawn(&[], Stdio::null());
+        let mut new = home.agent().spawn();
         std::thread::sleep(Duration::from_millis(200));
         assert!(
             new.child.try_wait().unwrap().is_none(),
@@ -804,7 +810,7 @@ fn a_pod_meshed_with_iptables_is_taken_over_without_a_gap() {
     let iptables = Iptables(IptablesMode::Legacy);
     let installed = iptables.attach(&fixture, &config);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start();
+    let _agent = home.agent().start();
     let app = fixture.in_pod().uid(APP_UID);
     assert_eq!(
         app.connect(UNREACHABLE).proxy_orig().to_string(),
@@ -857,7 +863,7 @@ fn hundreds_of_pods_come_and_go_without_leaving_anything_behind() {
     let fixture = PodFixture::new("agentmany");
     let home = AgentHome::new(&fixture.cgroup.path);
     let addr = free_loopback_addr();
-    let agent = home.start_with(&["--metrics-addr", &addr]);
+    let agent = home.agent().args(&["--metrics-addr", &addr]).start();
     let namespaces = Namespaces::new("many", PODS);
     let socket = home.socket();
     let args: Vec<String> = LINKERD_FLAGS.iter().map(|s| s.to_string()).collect();
@@ -920,7 +926,10 @@ fn status_shows_the_agents_pods() {
     }
     let fixture = PodFixture::new("agentstatus");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start_meshing(&fixture.pod.path(), &["--name", "web"]);
+    let _agent = home
+        .agent()
+        .meshing(&fixture.pod.path(), &["--name", "web"])
+        .start();
     let state_dir = home.state_dir.display().to_string();
     let bpffs = home.bpffs.display().to_string();
     let out = Command::new(BIN)
@@ -979,7 +988,7 @@ fn a_new_map_layout_is_migrated_to_without_a_gap() {
     let fixture = PodFixture::new("agentlayout");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let old = home.start_with(&["--map-layout-version", "1"]);
+    let old = home.agent().args(&["--map-layout-version", "1"]).start();
     home.mesh(&fixture.pod.path(), &["--name", "web"]);
     assert!(home.bpffs.join("maps-v1").is_dir());
     for retired in interceptor_common::names::RETIRED_MAPS {
@@ -1000,7 +1009,7 @@ fn a_new_map_layout_is_migrated_to_without_a_gap() {
         });
         std::thread::sleep(Duration::from_millis(100));
         old.kill();
-        let new = home.start();
+        let new = home.agent().start();
         assert!(!load.is_finished(), "the load outlasts the migration");
         (load.join().expect("load"), new)
     });
@@ -1054,7 +1063,7 @@ fn a_full_pod_table_refuses_clearly_and_changes_nothing() {
     }
     let fixture = PodFixture::new("agentfull");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start_with(&["--max-pods", "1"]);
+    let _agent = home.agent().args(&["--max-pods", "1"]).start();
     home.mesh(&fixture.pod.path(), &[]);
     let second = Netns::new("full2");
     let out = home.add(&second.path(), &[], &*LINKERD_FLAGS);
@@ -1092,7 +1101,7 @@ fn the_agent_makes_room_for_a_descriptor_per_pod_before_it_starts() {
     {
         let fixture = PodFixture::new("fdroom");
         let home = AgentHome::new(&fixture.cgroup.path).with_open_files_limit(512, 4096);
-        let agent = home.start_with(&["--max-pods", "1024"]);
+        let agent = home.agent().args(&["--max-pods", "1024"]).start();
         assert_eq!(agent.open_files_limit(), (1024 + besides, 4096));
         // The kernel rounds the table up (to a power of two times 128); a process that did not
         // grow it has 64 here.
@@ -1106,7 +1115,11 @@ fn the_agent_makes_room_for_a_descriptor_per_pod_before_it_starts() {
     let fixture = PodFixture::new("fdshort");
     let home = AgentHome::new(&fixture.cgroup.path).with_open_files_limit(300, 400);
     let log = home.log_path();
-    let agent = home.start_logged(&log, &["--max-pods", "1024"]);
+    let agent = home
+        .agent()
+        .args(&["--max-pods", "1024"])
+        .log_to(&log)
+        .start();
     assert_eq!(agent.open_files_limit(), (400, 400));
     assert!(agent.fd_table_size() >= 400, "{}", agent.fd_table_size());
     let said = std::fs::read_to_string(&log).unwrap();
@@ -1128,8 +1141,10 @@ fn a_request_that_panics_inside_the_agent_is_answered_and_the_agent_serves_on() 
     let fixture = PodFixture::new("agentpanic");
     let home = AgentHome::new(&fixture.cgroup.path);
     // The first registration panics after its maps are written, before its record is.
-    let _agent =
-        home.wait_ready(home.spawn_armed(&[], Stdio::null(), "agent-before-record=1*panic"));
+    let _agent = home
+        .agent()
+        .failpoints("agent-before-record=1*panic")
+        .start();
     let out = home.add(&fixture.pod.path(), &[], &*LINKERD_FLAGS);
     assert!(!out.status.success());
     assert!(
@@ -1167,7 +1182,7 @@ fn status_and_ready_say_when_interception_is_not_as_configured() {
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
     let addr = free_loopback_addr();
-    let agent = home.start_with(&["--metrics-addr", &addr]);
+    let agent = home.agent().args(&["--metrics-addr", &addr]).start();
     home.mesh(&fixture.pod.path(), &["--name", "web"]);
     let state_dir = home.state_dir.display().to_string();
     let status = || {
@@ -1254,7 +1269,7 @@ fn status_and_ready_say_when_interception_is_not_as_configured() {
         || http_get(&addr, "/ready").0.contains(" 200 "),
     );
     agent.stop();
-    let _agent = home.start_with(&["--metrics-addr", &addr]);
+    let _agent = home.agent().args(&["--metrics-addr", &addr]).start();
     assert!(http_get(&addr, "/ready").0.contains(" 200 "));
     assert!(status().contains("interception in force as configured"));
     assert_eq!(

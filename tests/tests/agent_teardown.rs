@@ -48,9 +48,9 @@ fn stopped_with(tag: &str, then: AtTermination) -> Left {
     let home = AgentHome::new(&fixture.cgroup.path);
     let kubeconfig = api.kubeconfig(&home.state_dir).display().to_string();
     let log = home.log_path();
-    let agent = home.start_logged(
-        &log,
-        &[
+    let agent = home
+        .agent()
+        .args(&[
             "--kubeconfig",
             &kubeconfig,
             "--node-name",
@@ -59,8 +59,9 @@ fn stopped_with(tag: &str, then: AtTermination) -> Left {
             &format!("{NAMESPACE}/{NAME}"),
             "--repair-interval",
             "0",
-        ],
-    );
+        ])
+        .log_to(&log)
+        .start();
     home.mesh(&fixture.pod.path(), &[]);
     let app = fixture.in_pod().uid(APP_UID);
     assert_eq!(

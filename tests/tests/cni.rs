@@ -203,7 +203,7 @@ fn pods_added_by_the_runtime_are_intercepted_from_their_first_connect() {
     }
     let fixture = PodFixture::new("cni");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start();
+    let _agent = home.agent().start();
     let node = Node::new(&home, 91);
     let (web, db) = (Netns::new("cniweb"), Netns::new("cnidb"));
 
@@ -344,7 +344,7 @@ fn a_bad_linkerd_block_is_refused_with_the_invalid_configuration_code() {
     }
     let fixture = PodFixture::new("cnibad");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start();
+    let _agent = home.agent().start();
     let node = Node::new(&home, 93);
     let pod = Netns::new("cnibadpod");
     for (linkerd, names) in [
@@ -395,7 +395,7 @@ fn only_the_pods_linkerd_injected_are_meshed_each_with_its_own_annotations() {
     let fixture = PodFixture::new("cnisel");
     let home = AgentHome::new(&fixture.cgroup.path);
     let metrics = free_loopback_addr();
-    let _agent = home.start_with(&["--metrics-addr", &metrics]);
+    let _agent = home.agent().args(&["--metrics-addr", &metrics]).start();
     let node = Node::new(&home, 94);
     // A real destination on the node, which the pods reach through their gateway.
     let _node_server = interceptor_tests::Probe::new()
@@ -501,7 +501,7 @@ fn a_malformed_annotation_or_no_annotations_at_all_leave_the_pod_unregistered() 
     }
     let fixture = PodFixture::new("cniann");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start();
+    let _agent = home.agent().start();
     let node = Node::new(&home, 95);
     let pod = Netns::new("cniannpod");
     for (annotation, value) in [
@@ -844,7 +844,7 @@ fn status_is_ready_without_an_agent_and_fails_only_for_an_invalid_configuration(
     );
     refused(&node);
 
-    let _agent = home.start();
+    let _agent = home.agent().start();
     let (ok, out) = node.ours("STATUS", "", None, json!({}));
     assert!(ok, "STATUS: {out}");
     let lines = |log: &str| log.matches("does not answer").count();

@@ -212,7 +212,7 @@ fn containerd_with_the_agent_down_starts_other_pods_at_once_and_injected_ones_on
     );
 
     // The agent back: the retried sandbox starts, meshed; the pod started without it is not.
-    node.agent = Some(node.home.start());
+    node.agent = Some(node.home.agent().start());
     assert!(node.registered().is_empty(), "{:#?}", node.registered());
     let web = node
         .run_pod("web", &[PROXY_VERSION, ("app", "web")])

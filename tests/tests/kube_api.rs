@@ -183,7 +183,7 @@ fn agent_watching(api: &FakeApi, home: &AgentHome, extra: &[&str]) -> (Agent, St
         &metrics,
     ];
     args.extend(extra);
-    let agent = home.start_logged(&home.log_path(), &args);
+    let agent = home.agent().args(&args).log_to(&home.log_path()).start();
     eventually("the agent watches the node's pods", || {
         api.requests_with("watch=true") > 0
     });
@@ -328,7 +328,7 @@ fn without_kubernetes_access_a_pod_without_annotations_is_told_to_try_again() {
     }
     let fixture = PodFixture::new("kubenone");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start();
+    let _agent = home.agent().start();
     let network = network_without_annotations(&home);
     let error = network
         .add("web", &fixture.pod.path(), &json!(null))
@@ -351,7 +351,10 @@ fn without_a_kubernetes_client_an_injected_pod_is_meshed_by_its_annotations() {
     let kubeconfig = home.state_dir.join("kubeconfig");
     std::fs::create_dir_all(&home.state_dir).unwrap();
     std::fs::write(&kubeconfig, "not: [a kubeconfig").unwrap();
-    let _agent = home.start_with(&["--kubeconfig", &kubeconfig.display().to_string()]);
+    let _agent = home
+        .agent()
+        .args(&["--kubeconfig", &kubeconfig.display().to_string()])
+        .start();
     network_with_annotations(&home, "kubebad-cni")
         .add(
             "web",
@@ -768,7 +771,7 @@ fn without_the_api_repair_is_off_and_the_agent_says_so_once() {
         ),
     ] {
         let log = home.log_path();
-        home.start_logged(&log, args).stop();
+        home.agent().args(args).log_to(&log).start().stop();
         let text = std::fs::read_to_string(&log).unwrap();
         assert_eq!(text.matches("pod repair is off").count(), 1, "{text}");
         assert!(text.contains(why), "{why}: {text}");

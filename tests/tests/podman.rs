@@ -188,7 +188,7 @@ fn a_podman_containers_first_connect_is_intercepted() {
     }
     let fixture = PodFixture::new("podman");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start();
+    let _agent = home.agent().start();
     let mut podman = Podman::new(&home, &fixture.cgroup.path);
     // The app's first connect waits until the test has started the proxy in its namespace (a
     // proxy container would be there from the start).

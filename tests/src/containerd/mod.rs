@@ -132,7 +132,11 @@ impl Node {
         }
         let home = AgentHome::new(&cgroup.path);
         let args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
-        let agent = home.start_logged(&dir.join("agent-0.log"), &args);
+        let agent = home
+            .agent()
+            .args(&args)
+            .log_to(&dir.join("agent-0.log"))
+            .start();
         let netns = Netns::new(&format!("{tag}-node"));
         let cni = CniNetwork::with_primary(&format!("{tag}-cni"), &bridge_network(&dir));
         // containerd takes one plugin directory: the reference plugins beside ours.
@@ -215,8 +219,14 @@ impl Node {
         let log = std::fs::File::create(self.agent_log(self.agents_started)).unwrap();
         self.agents_started += 1;
         let args: Vec<&str> = self.agent_args.iter().map(String::as_str).collect();
-        let agent = self.home.spawn_armed(&args, log, failpoints);
-        self.agent = Some(self.home.wait_ready(agent));
+        let agent = self
+            .home
+            .agent()
+            .args(&args)
+            .log(log)
+            .failpoints(failpoints)
+            .start();
+        self.agent = Some(agent);
     }
 
     /// The log of the `n`th agent started.
