@@ -1,7 +1,7 @@
 //! The test kit, used by the integration tests in `tests/`, the demo and the bench
 //! (`src/bin/`): uniquely named network namespaces, cgroups and pod processes, an agent of its
-//! own, `interceptor run` in the background, a stand-in Kubernetes API server, a containerd node,
-//! each removed when dropped, so tests run in parallel and can be rerun after a crash.
+//! own, `interceptor run` in the background, a stand-in Kubernetes API server, a containerd node
+//! and podman, each removed when dropped, so tests run in parallel and can be rerun after a crash.
 //!
 //! Failures panic with a message that says what failed: the tests need that, and the programs
 //! turn it into an error line (see [`program`]).
@@ -17,6 +17,7 @@ pub mod fake_api;
 pub mod fixture;
 pub mod iptables_backend;
 pub mod meshed;
+pub mod podman;
 pub mod probe;
 pub mod program;
 pub mod random;

@@ -1,7 +1,7 @@
 //! containerd's configuration file for a node of the tests.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use crate::probe::sibling_binary;
+use crate::fixture::runc_without_rlimits;
 
 use super::pause_image::PAUSE_IMAGE;
 
@@ -54,16 +54,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         root = dir.join("root").display(),
         state = dir.join("state").display(),
         opt = dir.join("opt").display(),
-        runtime = runtime_bin().display(),
+        runtime = runc_without_rlimits().display(),
         runc_root = dir.join("runc").display(),
         socket = socket.display(),
         bin_dir = bin_dir.display(),
         conf_dir = conf_dir.display(),
     )
-}
-
-/// runc without the rlimits this machine's containers cannot have (`runc-without-rlimits`),
-/// next to the test binaries.
-fn runtime_bin() -> PathBuf {
-    sibling_binary("runc-without-rlimits")
 }
