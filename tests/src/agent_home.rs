@@ -1,8 +1,9 @@
 //! The node agent as the tests and the bench run it: its real binary on a state directory,
-//! bpffs directory and cgroup of its own, uninstalled when dropped, and its pods.
+//! bpffs directory and cgroup of its own, uninstalled when dropped, and its pods. An agent is
+//! started through [`AgentHome::agent`].
 use std::{
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
+    process::{Child, Command, Output},
     sync::LazyLock,
     time::{Duration, Instant},
 };
@@ -14,6 +15,10 @@ use interceptor::{
 use serde_json::Value;
 
 use crate::{Probe, unique_name};
+
+mod builder;
+
+pub use builder::AgentBuilder;
 
 /// The proxy's ports and UID (Linkerd's), as proxy-init takes them (the bench's pods).
 pub static PROXY_FLAGS: LazyLock<[&str; 6]> = LazyLock::new(|| {
@@ -180,104 +185,9 @@ impl AgentHome {
         ]
     }
 
-    /// Starts an agent and waits until its API answers.
-    pub fn start(&self) -> Agent {
-        self.start_with(&[])
-    }
-
-    pub fn start_with(&self, extra: &[&str]) -> Agent {
-        self.wait_ready(self.spawn(extra, Stdio::null()))
-    }
-
-    /// Starts an agent and registers the pod in `netns` with Linkerd's flags and `extra` (see
-    /// [`Self::mesh`]).
-    pub fn start_meshing(&self, netns: &Path, extra: &[&str]) -> Agent {
-        let agent = self.start();
-        self.mesh(netns, extra);
-        agent
-    }
-
     /// Where a test keeps this agent's log: beside its state directory, removed with it.
     pub fn log_path(&self) -> PathBuf {
         self.state_dir.with_extension("log")
-    }
-
-    /// Starts an agent with `extra` whose log (level info) goes to `log`.
-    pub fn start_logged(&self, log: &Path, extra: &[&str]) -> Agent {
-        let file = std::fs::File::create(log)
-            .unwrap_or_else(|e| panic!("create the agent's log {}: {e}", log.display()));
-        self.wait_ready(self.launch(extra, "info", file.into(), ""))
-    }
-
-    /// Starts an agent with `extra` whose log (level info) goes to this process's stderr, and
-    /// waits until its API answers (the demo's agent, shown as it works).
-    pub fn start_shown(&self, extra: &[&str]) -> Agent {
-        self.wait_ready(self.launch(extra, "info", Stdio::inherit(), ""))
-    }
-
-    /// Starts an agent without waiting for it; its log (warnings and errors) goes to `log`.
-    pub fn spawn(&self, extra: &[&str], log: impl Into<Stdio>) -> Agent {
-        self.launch(extra, "warn", log.into(), "")
-    }
-
-    /// Starts an agent with crash points armed (`FAILPOINTS`, see
-    /// `interceptor::crash_points`), without waiting for it.
-    pub fn spawn_armed(&self, extra: &[&str], log: impl Into<Stdio>, failpoints: &str) -> Agent {
-        self.launch(extra, "warn", log.into(), failpoints)
-    }
-
-    fn launch(&self, extra: &[&str], level: &str, stderr: Stdio, failpoints: &str) -> Agent {
-        // The backend the test asks for, eBPF unless it says otherwise: never one a probe chose.
-        let mode = if extra.contains(&"--mode") {
-            &[][..]
-        } else {
-            &["--mode", "ebpf"][..]
-        };
-        // Its cgroup, unless the test has the agent find the kubelet's.
-        let cgroup = self.cgroup.display().to_string();
-        let cgroup = if extra.contains(&"--kubepods-under") {
-            &[][..]
-        } else {
-            &["--cgroup", cgroup.as_str()][..]
-        };
-        let mut cmd = Command::new(&self.binary);
-        if let Some((soft, hard)) = self.open_files_limit {
-            use nix::sys::resource::{Resource, setrlimit};
-            // SAFETY: setrlimit is async-signal-safe, and the closure touches nothing else.
-            unsafe {
-                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
-                    setrlimit(Resource::RLIMIT_NOFILE, soft, hard).map_err(std::io::Error::from)
-                });
-            }
-        }
-        let child = cmd
-            .arg("daemon")
-            .args(self.location())
-            .args(cgroup)
-            .args(mode)
-            .args(["--log-level", level])
-            .args(extra)
-            .env("FAILPOINTS", failpoints)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stderr(stderr)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {}: {e}", self.binary.display()));
-        Agent { child }
-    }
-
-    /// Waits until the agent's API answers: a restarted iptables agent first checks every pod's
-    /// chains, which takes a while in the kernel matrix's emulated guests.
-    pub fn wait_ready(&self, mut agent: Agent) -> Agent {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !self.cli(&["pod", "list"]).status.success() {
-            assert!(
-                agent.child.try_wait().unwrap().is_none(),
-                "the agent exited early"
-            );
-            assert!(Instant::now() < deadline, "the agent did not become ready");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        agent
     }
 
     pub fn cli(&self, args: &[&str]) -> Output {

@@ -24,6 +24,11 @@ pub const PRIMARY: &str = "10-lo.conflist";
 /// The capability under which containerd's CRI passes a pod's annotations.
 pub const POD_ANNOTATIONS: &str = "io.kubernetes.cri.pod-annotations";
 
+/// The plugin built for the tests (`interceptor-cni-under-test`), next to the test binaries.
+pub fn plugin_bin() -> PathBuf {
+    crate::probe::sibling_binary("interceptor-cni-under-test")
+}
+
 /// The annotations of a pod Linkerd's proxy injector injected.
 pub fn injected() -> Value {
     json!({ "linkerd.io/proxy-version": "edge-24.11.8", "linkerd.io/created-by": "linkerd/proxy-injector edge-24.11.8" })

@@ -314,6 +314,12 @@ impl PodFixture {
     }
 }
 
+/// runc without the rlimits this machine's containers cannot have (`runc-without-rlimits`,
+/// next to the test binaries), for the container runtimes the tests run.
+pub fn runc_without_rlimits() -> PathBuf {
+    crate::probe::sibling_binary("runc-without-rlimits")
+}
+
 /// Removes the cgroup v1 controllers' directories a runtime's runc made for `cgroup_parent`
 /// (a path relative to the hierarchies' roots, such as a test cgroup's name) on this hybrid
 /// machine: runc puts a container in every v1 hierarchy as well as the unified one. Deepest

@@ -49,13 +49,13 @@ fn counter(pod: &Value, name: &str) -> u64 {
 
 #[test]
 fn pods_registered_through_the_api_are_intercepted_until_removed() {
-    if !privileged("pods_registered_through_the_api_are_intercepted_until_removed") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agent");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start();
+    let agent = home.agent().start();
     let app = fixture.in_pod().uid(APP_UID);
     assert_eq!(
         app.connect(UNREACHABLE),
@@ -133,13 +133,16 @@ fn pods_registered_through_the_api_are_intercepted_until_removed() {
 /// the proxy, the pod list is the same, the counters continue.
 #[test]
 fn a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back() {
-    if !privileged("a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentkill");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start_meshing(&fixture.pod.path(), &["--name", "web"]);
+    let agent = home
+        .agent()
+        .meshing(&fixture.pod.path(), &["--name", "web"])
+        .start();
     let before = home.pods();
 
     let app = fixture.in_pod().uid(APP_UID);
@@ -149,7 +152,7 @@ fn a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back() {
         agent.kill();
         std::thread::sleep(Duration::from_millis(200));
         assert!(!load.is_finished(), "the load outlasts the agent's absence");
-        let agent = home.start();
+        let agent = home.agent().start();
         let lines = load.join().expect("load");
         (lines, agent)
     });
@@ -187,7 +190,7 @@ fn a_killed_agent_leaves_pods_intercepted_and_the_next_one_takes_them_back() {
 /// once rather than waiting out SYN retries, and `eventually` tries again.
 #[test]
 fn a_local_route_added_later_is_delivered_over_lo() {
-    if !privileged("a_local_route_added_later_is_delivered_over_lo") {
+    if !privileged() {
         return;
     }
     const ANYIP_ROUTE: &str = "198.51.100.64/26";
@@ -195,7 +198,7 @@ fn a_local_route_added_later_is_delivered_over_lo() {
     let fixture = PodFixture::new("agentanyip");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start_meshing(&fixture.pod.path(), &[]);
+    let agent = home.agent().meshing(&fixture.pod.path(), &[]).start();
     let app = fixture.in_pod().uid(APP_UID);
     // The pod delivers nothing of 198.51.100.64/26 yet: the connect is the proxy's, as any
     // remote one.
@@ -228,7 +231,7 @@ fn a_local_route_added_later_is_delivered_over_lo() {
 /// the rest. Counted by the agent (`interceptor_pod_checks_total`), not timed.
 #[test]
 fn an_agent_at_rest_checks_only_the_pods_an_event_names() {
-    if !privileged("an_agent_at_rest_checks_only_the_pods_an_event_names") {
+    if !privileged() {
         return;
     }
     const PODS: usize = 30;
@@ -236,7 +239,10 @@ fn an_agent_at_rest_checks_only_the_pods_an_event_names() {
     let home = AgentHome::new(&fixture.cgroup.path);
     let addr = free_loopback_addr();
     // A round of 10 minutes: the sweep's first pod is 20 s away.
-    let _agent = home.start_with(&["--metrics-addr", &addr, "--reconcile-ms", "600000"]);
+    let _agent = home
+        .agent()
+        .args(&["--metrics-addr", &addr, "--reconcile-ms", "600000"])
+        .start();
     let namespaces = Namespaces::new("rest", PODS);
     for netns in namespaces.paths() {
         home.mesh(&netns, &[]);
@@ -293,13 +299,13 @@ fn an_agent_at_rest_checks_only_the_pods_an_event_names() {
 /// Deleting a pod's namespace (`ip netns del`, as a runtime does) removes the pod at once.
 #[test]
 fn a_pod_whose_network_namespace_disappears_is_removed() {
-    if !privileged("a_pod_whose_network_namespace_disappears_is_removed") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentgone");
     let home = AgentHome::new(&fixture.cgroup.path);
     // The periodic check is a minute away: the watch on /run/netns must notice.
-    let _agent = home.start_with(&["--reconcile-ms", "60000"]);
+    let _agent = home.agent().args(&["--reconcile-ms", "60000"]).start();
     let doomed = Netns::new("doomed");
     home.mesh(&doomed.path(), &[]);
     home.mesh(&fixture.pod.path(), &[]);
@@ -330,12 +336,12 @@ fn a_pod_whose_network_namespace_disappears_is_removed() {
 
 #[test]
 fn bad_requests_get_a_clear_error_and_change_nothing() {
-    if !privileged("bad_requests_get_a_clear_error_and_change_nothing") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentbad");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start_meshing(&fixture.pod.path(), &[]);
+    let _agent = home.agent().meshing(&fixture.pod.path(), &[]).start();
     let before = home.pods();
     let socket = home.socket();
     // Sent as a line of JSON, as any client (an older one too) sends it.
@@ -468,13 +474,13 @@ fn refuse_add(
 /// Stopping the agent keeps interception; uninstall removes everything it pinned and wrote.
 #[test]
 fn uninstall_removes_everything_the_agent_pinned() {
-    if !privileged("uninstall_removes_everything_the_agent_pinned") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentuninst");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start_meshing(&fixture.pod.path(), &[]);
+    let agent = home.agent().meshing(&fixture.pod.path(), &[]).start();
     let app = fixture.in_pod().uid(APP_UID);
 
     // An older layout's directory left behind, holding a map of a name no longer used.
@@ -517,7 +523,7 @@ fn uninstall_removes_everything_the_agent_pinned() {
 /// running beside ours through an agent restart and after uninstall; ours never replaces them.
 #[test]
 fn programs_other_software_attached_to_the_same_hooks_keep_running() {
-    if !privileged("programs_other_software_attached_to_the_same_hooks_keep_running") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentforeign");
@@ -525,7 +531,7 @@ fn programs_other_software_attached_to_the_same_hooks_keep_running() {
     let cgroup = std::fs::File::open(&fixture.cgroup.path).unwrap();
     let before = foreign::deny_port(&cgroup, 9999, foreign::Attach::AllowMulti);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start_meshing(&fixture.pod.path(), &[]);
+    let agent = home.agent().meshing(&fixture.pod.path(), &[]).start();
     let after = foreign::deny_port(&cgroup, 9998, foreign::Attach::Link);
 
     let app = fixture.in_pod().uid(APP_UID);
@@ -555,7 +561,7 @@ fn programs_other_software_attached_to_the_same_hooks_keep_running() {
     };
     check("with the agent");
     agent.kill();
-    let agent = home.start();
+    let agent = home.agent().start();
     check("after an agent restart");
     agent.stop();
     let out = home.cli(&["uninstall"]);
@@ -644,13 +650,13 @@ mod foreign {
 /// agent and removes it on SIGTERM, loading no programs of its own.
 #[test]
 fn run_registers_its_pod_with_a_running_agent() {
-    if !privileged("run_registers_its_pod_with_a_running_agent") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentrun");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start();
+    let agent = home.agent().start();
     let socket = home.socket();
     let mut run = Command::new(BIN)
         .args(["run", "--netns", &fixture.pod.path().display().to_string()])
@@ -688,14 +694,14 @@ fn run_registers_its_pod_with_a_running_agent() {
 
 #[test]
 fn metrics_count_decisions_per_pod_and_ready_answers() {
-    if !privileged("metrics_count_decisions_per_pod_and_ready_answers") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentmetrics");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
     let addr = free_loopback_addr();
-    let _agent = home.start_with(&["--metrics-addr", &addr]);
+    let _agent = home.agent().args(&["--metrics-addr", &addr]).start();
     let (status, _) = http_get(&addr, "/ready");
     assert!(status.contains(" 200 "), "{status}");
 
@@ -742,13 +748,13 @@ fn linked_program(pin: &Path) -> u32 {
 /// bypassing the proxy.
 #[test]
 fn a_new_agent_takes_over_from_the_running_one_under_load() {
-    if !privileged("a_new_agent_takes_over_from_the_running_one_under_load") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentupgrade");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let old = home.start_meshing(&fixture.pod.path(), &[]);
+    let old = home.agent().meshing(&fixture.pod.path(), &[]).start();
     let cookie = home.pods()[0]["netns_cookie"].as_u64().unwrap();
     let pins = [
         home.bpffs.join("link_icpt_connect4"),
@@ -761,7 +767,7 @@ fn a_new_agent_takes_over_from_the_running_one_under_load() {
     let (lines, new) = std::thread::scope(|s| {
         let load = s.spawn(|| check_load(&app, LOAD_SECONDS));
         // The new agent waits for the old one's lock.
-        let mut new = home.spawn(&[], Stdio::null());
+        let mut new = home.agent().spawn();
         std::thread::sleep(Duration::from_millis(200));
         assert!(
             new.child.try_wait().unwrap().is_none(),
@@ -795,7 +801,7 @@ fn a_new_agent_takes_over_from_the_running_one_under_load() {
 /// connection reaches its destination around the proxy meanwhile.
 #[test]
 fn a_pod_meshed_with_iptables_is_taken_over_without_a_gap() {
-    if !privileged("a_pod_meshed_with_iptables_is_taken_over_without_a_gap") {
+    if !privileged() {
         return;
     }
     use interceptor::iptables::IptablesMode;
@@ -807,7 +813,7 @@ fn a_pod_meshed_with_iptables_is_taken_over_without_a_gap() {
     let iptables = Iptables(IptablesMode::Legacy);
     let installed = iptables.attach(&fixture, &config);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start();
+    let _agent = home.agent().start();
     let app = fixture.in_pod().uid(APP_UID);
     assert_eq!(
         app.connect(UNREACHABLE).proxy_orig().to_string(),
@@ -853,14 +859,14 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 /// (`--nocapture`), never asserted: these machines are shared.
 #[test]
 fn hundreds_of_pods_come_and_go_without_leaving_anything_behind() {
-    if !privileged("hundreds_of_pods_come_and_go_without_leaving_anything_behind") {
+    if !privileged() {
         return;
     }
     const PODS: usize = 300;
     let fixture = PodFixture::new("agentmany");
     let home = AgentHome::new(&fixture.cgroup.path);
     let addr = free_loopback_addr();
-    let agent = home.start_with(&["--metrics-addr", &addr]);
+    let agent = home.agent().args(&["--metrics-addr", &addr]).start();
     let namespaces = Namespaces::new("many", PODS);
     let socket = home.socket();
     let args: Vec<String> = LINKERD_FLAGS.iter().map(|s| s.to_string()).collect();
@@ -918,12 +924,15 @@ fn hundreds_of_pods_come_and_go_without_leaving_anything_behind() {
 
 #[test]
 fn status_shows_the_agents_pods() {
-    if !privileged("status_shows_the_agents_pods") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentstatus");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start_meshing(&fixture.pod.path(), &["--name", "web"]);
+    let _agent = home
+        .agent()
+        .meshing(&fixture.pod.path(), &["--name", "web"])
+        .start();
     let state_dir = home.state_dir.display().to_string();
     let bpffs = home.bpffs.display().to_string();
     let out = Command::new(BIN)
@@ -976,13 +985,13 @@ fn status_shows_the_agents_pods() {
 /// with the same code, plus a map of a name earlier layouts used: the switch is what is tested.)
 #[test]
 fn a_new_map_layout_is_migrated_to_without_a_gap() {
-    if !privileged("a_new_map_layout_is_migrated_to_without_a_gap") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentlayout");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let old = home.start_with(&["--map-layout-version", "1"]);
+    let old = home.agent().args(&["--map-layout-version", "1"]).start();
     home.mesh(&fixture.pod.path(), &["--name", "web"]);
     assert!(home.bpffs.join("maps-v1").is_dir());
     for retired in interceptor_common::names::RETIRED_MAPS {
@@ -1003,7 +1012,7 @@ fn a_new_map_layout_is_migrated_to_without_a_gap() {
         });
         std::thread::sleep(Duration::from_millis(100));
         old.kill();
-        let new = home.start();
+        let new = home.agent().start();
         assert!(!load.is_finished(), "the load outlasts the migration");
         (load.join().expect("load"), new)
     });
@@ -1052,12 +1061,12 @@ fn a_new_map_layout_is_migrated_to_without_a_gap() {
 
 #[test]
 fn a_full_pod_table_refuses_clearly_and_changes_nothing() {
-    if !privileged("a_full_pod_table_refuses_clearly_and_changes_nothing") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentfull");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start_with(&["--max-pods", "1"]);
+    let _agent = home.agent().args(&["--max-pods", "1"]).start();
     home.mesh(&fixture.pod.path(), &[]);
     let second = Netns::new("full2");
     let out = home.add(&second.path(), &[], &*LINKERD_FLAGS);
@@ -1088,14 +1097,14 @@ fn a_full_pod_table_refuses_clearly_and_changes_nothing() {
 /// and the agent serves anyway.
 #[test]
 fn the_agent_makes_room_for_a_descriptor_per_pod_before_it_starts() {
-    if !privileged("the_agent_makes_room_for_a_descriptor_per_pod_before_it_starts") {
+    if !privileged() {
         return;
     }
     let besides = u64::from(interceptor::agent::open_files::BESIDES_PODS);
     {
         let fixture = PodFixture::new("fdroom");
         let home = AgentHome::new(&fixture.cgroup.path).with_open_files_limit(512, 4096);
-        let agent = home.start_with(&["--max-pods", "1024"]);
+        let agent = home.agent().args(&["--max-pods", "1024"]).start();
         assert_eq!(agent.open_files_limit(), (1024 + besides, 4096));
         // The kernel rounds the table up (to a power of two times 128); a process that did not
         // grow it has 64 here.
@@ -1109,7 +1118,11 @@ fn the_agent_makes_room_for_a_descriptor_per_pod_before_it_starts() {
     let fixture = PodFixture::new("fdshort");
     let home = AgentHome::new(&fixture.cgroup.path).with_open_files_limit(300, 400);
     let log = home.log_path();
-    let agent = home.start_logged(&log, &["--max-pods", "1024"]);
+    let agent = home
+        .agent()
+        .args(&["--max-pods", "1024"])
+        .log_to(&log)
+        .start();
     assert_eq!(agent.open_files_limit(), (400, 400));
     assert!(agent.fd_table_size() >= 400, "{}", agent.fd_table_size());
     let said = std::fs::read_to_string(&log).unwrap();
@@ -1125,14 +1138,16 @@ fn the_agent_makes_room_for_a_descriptor_per_pod_before_it_starts() {
 /// connection closed unanswered), and the agent serves the next ones.
 #[test]
 fn a_request_that_panics_inside_the_agent_is_answered_and_the_agent_serves_on() {
-    if !privileged("a_request_that_panics_inside_the_agent_is_answered_and_the_agent_serves_on") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentpanic");
     let home = AgentHome::new(&fixture.cgroup.path);
     // The first registration panics after its maps are written, before its record is.
-    let _agent =
-        home.wait_ready(home.spawn_armed(&[], Stdio::null(), "agent-before-record=1*panic"));
+    let _agent = home
+        .agent()
+        .failpoints("agent-before-record=1*panic")
+        .start();
     let out = home.add(&fixture.pod.path(), &[], &*LINKERD_FLAGS);
     assert!(!out.status.success());
     assert!(
@@ -1163,14 +1178,14 @@ fn a_request_that_panics_inside_the_agent_is_answered_and_the_agent_serves_on() 
 /// it.
 #[test]
 fn status_and_ready_say_when_interception_is_not_as_configured() {
-    if !privileged("status_and_ready_say_when_interception_is_not_as_configured") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agenthealth");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
     let addr = free_loopback_addr();
-    let agent = home.start_with(&["--metrics-addr", &addr]);
+    let agent = home.agent().args(&["--metrics-addr", &addr]).start();
     home.mesh(&fixture.pod.path(), &["--name", "web"]);
     let state_dir = home.state_dir.display().to_string();
     let status = || {
@@ -1257,7 +1272,7 @@ fn status_and_ready_say_when_interception_is_not_as_configured() {
         || http_get(&addr, "/ready").0.contains(" 200 "),
     );
     agent.stop();
-    let _agent = home.start_with(&["--metrics-addr", &addr]);
+    let _agent = home.agent().args(&["--metrics-addr", &addr]).start();
     assert!(http_get(&addr, "/ready").0.contains(" 200 "));
     assert!(status().contains("interception in force as configured"));
     assert_eq!(

@@ -100,7 +100,7 @@ fn meshes_a_pod_under(tag: &str, dirs: &[&str], expected: &str) -> String {
     let log = home.log_path();
     let root = layout.root.path.display().to_string();
     let extra = ["--kubepods-under", root.as_str(), "--log-format", "json"];
-    let agent = home.start_logged(&log, &extra);
+    let agent = home.agent().args(&extra).log_to(&log).start();
     let (chosen, reason) = logged_choice(&log);
     let expected = layout.root.path.join(expected);
     assert_eq!(chosen, expected, "the agent chose ({reason})");
@@ -121,7 +121,7 @@ fn meshes_a_pod_under(tag: &str, dirs: &[&str], expected: &str) -> String {
 
     // The next agent finds the same cgroup and takes the pinned links over there.
     agent.stop();
-    let _agent = home.start_logged(&log, &extra);
+    let _agent = home.agent().args(&extra).log_to(&log).start();
     assert_eq!(attached_cgroup_id(&home), cgroup_id(&expected));
     assert_eq!(home.problems(), Vec::<String>::new());
     assert_eq!(
@@ -133,7 +133,7 @@ fn meshes_a_pod_under(tag: &str, dirs: &[&str], expected: &str) -> String {
 
 #[test]
 fn the_agent_finds_the_systemd_drivers_kubepods_slice_and_meshes_a_pod_in_it() {
-    if !privileged("the_agent_finds_the_systemd_drivers_kubepods_slice_and_meshes_a_pod_in_it") {
+    if !privileged() {
         return;
     }
     meshes_a_pod_under(
@@ -151,7 +151,7 @@ fn the_agent_finds_the_systemd_drivers_kubepods_slice_and_meshes_a_pod_in_it() {
 
 #[test]
 fn the_agent_finds_the_cgroupfs_drivers_kubepods_and_meshes_a_pod_in_it() {
-    if !privileged("the_agent_finds_the_cgroupfs_drivers_kubepods_and_meshes_a_pod_in_it") {
+    if !privileged() {
         return;
     }
     meshes_a_pod_under(
@@ -170,7 +170,7 @@ fn the_agent_finds_the_cgroupfs_drivers_kubepods_and_meshes_a_pod_in_it() {
 /// where every pod's sockets are seen, and says why.
 #[test]
 fn without_a_kubepods_cgroup_the_agent_attaches_at_the_directory_given() {
-    if !privileged("without_a_kubepods_cgroup_the_agent_attaches_at_the_directory_given") {
+    if !privileged() {
         return;
     }
     let reason = meshes_a_pod_under("cg-none", &["pods", "pods/web", "pods/web/1234"], "");
@@ -182,7 +182,7 @@ fn without_a_kubepods_cgroup_the_agent_attaches_at_the_directory_given() {
 /// stays meshed.
 #[test]
 fn links_attached_elsewhere_move_to_the_cgroup_found() {
-    if !privileged("links_attached_elsewhere_move_to_the_cgroup_found") {
+    if !privileged() {
         return;
     }
     let layout = KubeletLayout::new(
@@ -197,13 +197,13 @@ fn links_attached_elsewhere_move_to_the_cgroup_found() {
     fixture.set_processes_cgroup(layout.container());
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&layout.root.path);
-    let first = home.start();
+    let first = home.agent().start();
     home.mesh(&fixture.pod.path(), &["--name", "web"]);
     assert_eq!(attached_cgroup_id(&home), cgroup_id(&layout.root.path));
     first.stop();
 
     let root = layout.root.path.display().to_string();
-    let _agent = home.start_with(&["--kubepods-under", &root]);
+    let _agent = home.agent().args(&["--kubepods-under", &root]).start();
     assert_eq!(
         attached_cgroup_id(&home),
         cgroup_id(&layout.root.path.join("kubepods"))

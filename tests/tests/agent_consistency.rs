@@ -50,13 +50,16 @@ fn assert_consistent(home: &AgentHome) {
 
 #[test]
 fn an_update_the_maps_cannot_hold_is_refused_and_the_pod_stays_intercepted() {
-    if !privileged("an_update_the_maps_cannot_hold_is_refused_and_the_pod_stays_intercepted") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentrefuse");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start_meshing(&fixture.pod.path(), &["--name", "web"]);
+    let agent = home
+        .agent()
+        .meshing(&fixture.pod.path(), &["--name", "web"])
+        .start();
     let before = home.pods();
     let record = std::fs::read_dir(home.state_dir.join("agent-pods"))
         .unwrap()
@@ -126,7 +129,7 @@ fn an_update_the_maps_cannot_hold_is_refused_and_the_pod_stays_intercepted() {
 
     // A restart restores what was in force.
     agent.kill();
-    let agent = home.start();
+    let agent = home.agent().start();
     assert_eq!(
         app.connect(UNREACHABLE).proxy_orig().to_string(),
         UNREACHABLE
@@ -137,13 +140,13 @@ fn an_update_the_maps_cannot_hold_is_refused_and_the_pod_stays_intercepted() {
 
 #[test]
 fn an_address_change_that_cannot_be_applied_keeps_the_pod_intercepted() {
-    if !privileged("an_address_change_that_cannot_be_applied_keeps_the_pod_intercepted") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentaddr");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start_meshing(&fixture.pod.path(), &[]);
+    let agent = home.agent().meshing(&fixture.pod.path(), &[]).start();
 
     let app = fixture.in_pod().uid(APP_UID);
     let lines = std::thread::scope(|s| {
@@ -201,7 +204,7 @@ fn an_address_change_that_cannot_be_applied_keeps_the_pod_intercepted() {
 
 #[test]
 fn an_update_of_the_inbound_port_steers_to_the_proxys_listener_on_the_new_port() {
-    if !privileged("an_update_of_the_inbound_port_steers_to_the_proxys_listener_on_the_new_port") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentinport");
@@ -217,7 +220,7 @@ fn an_update_of_the_inbound_port_steers_to_the_proxys_listener_on_the_new_port()
         "inbound-4145",
     ]);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start();
+    let agent = home.agent().start();
     home.mesh(&fixture.pod.path(), &[]);
     let remote = fixture.on_remote();
     let landed_on = |landing: Landing| match landing {
@@ -248,12 +251,12 @@ fn an_update_of_the_inbound_port_steers_to_the_proxys_listener_on_the_new_port()
 
 #[test]
 fn a_client_that_says_nothing_does_not_delay_another_clients_pod_add() {
-    if !privileged("a_client_that_says_nothing_does_not_delay_another_clients_pod_add") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("agentsilent");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start();
+    let agent = home.agent().start();
     // Three clients connect and say nothing (the agent gives each 5 s).
     let silent: Vec<UnixStream> = (0..3)
         .map(|_| UnixStream::connect(home.socket()).expect("connect to the agent"))
@@ -334,7 +337,7 @@ fn on_start_up(point: &str) -> bool {
 /// registered pod never reaches its destination around the proxy at any moment.
 #[test]
 fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
-    if !privileged("an_agent_killed_at_any_point_restarts_into_a_consistent_state") {
+    if !privileged() {
         return;
     }
     let seed = std::env::var("INTERCEPTOR_KILL_SEED")
@@ -367,7 +370,7 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
             .expect("the agent's log file")
     };
     let log_len = || std::fs::metadata(&log_path).map_or(0, |m| m.len() as usize);
-    let mut agent = home.wait_ready(home.spawn(&[], log()));
+    let mut agent = home.agent().log(log()).start();
     home.mesh(&fixture.pod.path(), &["--name", "web"]);
 
     let app = fixture.in_pod().uid(APP_UID);
@@ -463,7 +466,11 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
                         layout += 1;
                     }
                     let layout_arg = layout.to_string();
-                    let starting = home.spawn(&["--map-layout-version", &layout_arg], log());
+                    let starting = home
+                        .agent()
+                        .args(&["--map-layout-version", &layout_arg])
+                        .log(log())
+                        .spawn();
                     std::thread::sleep(delay);
                     starting
                 }
@@ -474,8 +481,12 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
                     }
                     let layout_arg = layout.to_string();
                     let armed = format!("{name}={passes}*off->return");
-                    let mut armed =
-                        home.spawn_armed(&["--map-layout-version", &layout_arg], log(), &armed);
+                    let mut armed = home
+                        .agent()
+                        .args(&["--map-layout-version", &layout_arg])
+                        .log(log())
+                        .failpoints(&armed)
+                        .spawn();
                     // Until the point is reached (the agent is gone) or for a while: a point on
                     // the request paths needs the churn to pass through it.
                     let deadline = Instant::now()
@@ -495,7 +506,11 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
             killed.kill();
             let before_restart = log_len();
             let layout_arg = layout.to_string();
-            agent = home.wait_ready(home.spawn(&["--map-layout-version", &layout_arg], log()));
+            agent = home
+                .agent()
+                .args(&["--map-layout-version", &layout_arg])
+                .log(log())
+                .start();
             let _paused = gate.lock().unwrap();
             let problems = home.problems();
             let pods = home.pods();

@@ -138,7 +138,7 @@ fn pod_path(fixture: &PodFixture) -> String {
 
 #[test]
 fn an_iptables_agent_meshes_pods_with_proxy_inits_chains_through_restarts() {
-    if !privileged("an_iptables_agent_meshes_pods_with_proxy_inits_chains_through_restarts") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("aipt");
@@ -146,7 +146,7 @@ fn an_iptables_agent_meshes_pods_with_proxy_inits_chains_through_restarts() {
     let home = AgentHome::new(&fixture.cgroup.path);
     let addr = free_loopback_addr();
     let args = ["--mode", "iptables", "-w", "--metrics-addr", &addr];
-    let agent = home.start_with(&args);
+    let agent = home.agent().args(&args).start();
     home.mesh(
         &fixture.pod.path(),
         &["--name", "web", "--namespace", "shop"],
@@ -194,7 +194,7 @@ fn an_iptables_agent_meshes_pods_with_proxy_inits_chains_through_restarts() {
     assert_eq!(redirected_packets(&fixture.pod.path()), packets);
     agent.kill();
     let log = home.log_path();
-    let agent = home.start_logged(&log, &args);
+    let agent = home.agent().args(&args).log_to(&log).start();
     assert_eq!(home.pods()[0]["netns_cookie"], pods[0]["netns_cookie"]);
     assert_eq!(redirected_packets(&fixture.pod.path()), packets);
     assert_chains_once(&fixture.pod.path());
@@ -210,7 +210,7 @@ fn an_iptables_agent_meshes_pods_with_proxy_inits_chains_through_restarts() {
         .unwrap();
     assert!(cleanup.status.success(), "{}", stderr(&cleanup));
     assert_no_chains(&fixture.pod.path());
-    let agent = home.start_logged(&log, &args);
+    let agent = home.agent().args(&args).log_to(&log).start();
     assert_chains_once(&fixture.pod.path());
     assert_meshed(&fixture);
     let repair_log = std::fs::read_to_string(&log).unwrap();
@@ -249,13 +249,13 @@ fn an_iptables_agent_meshes_pods_with_proxy_inits_chains_through_restarts() {
 
 #[test]
 fn an_iptables_agent_meshes_pods_added_through_the_cni_plugin() {
-    if !privileged("an_iptables_agent_meshes_pods_added_through_the_cni_plugin") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("aiptcni");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start_with(&["--mode", "iptables", "-w"]);
+    let agent = home.agent().args(&["--mode", "iptables", "-w"]).start();
     let network = CniNetwork::new("aiptcni-node");
     let installed = network
         .install(Path::new(BIN), Path::new(PLUGIN), &home.socket())
@@ -310,13 +310,13 @@ fn an_iptables_agent_meshes_pods_added_through_the_cni_plugin() {
 /// (a downgrade) writes their chains again and leaves the pinned eBPF state alone.
 #[test]
 fn an_ebpf_agent_takes_over_the_pods_an_iptables_agent_meshed() {
-    if !privileged("an_ebpf_agent_takes_over_the_pods_an_iptables_agent_meshed") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("aiptup");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let iptables_agent = home.start_with(&["--mode", "iptables", "-w"]);
+    let iptables_agent = home.agent().args(&["--mode", "iptables", "-w"]).start();
     home.mesh(&fixture.pod.path(), &["--name", "web"]);
     assert_chains_once(&fixture.pod.path());
     let cookie = home.pods()[0]["netns_cookie"].clone();
@@ -329,7 +329,7 @@ fn an_ebpf_agent_takes_over_the_pods_an_iptables_agent_meshed() {
         // pods back must fit in it, also on a busy machine.
         let load = s.spawn(|| check_load(&app, "6"));
         std::thread::sleep(Duration::from_millis(200));
-        let agent = home.start_logged(&log, &["--mode", "ebpf"]);
+        let agent = home.agent().args(&["--mode", "ebpf"]).log_to(&log).start();
         assert!(!load.is_finished(), "the load outlasts the takeover");
         (load.join().expect("load"), agent)
     });
@@ -355,7 +355,11 @@ fn an_ebpf_agent_takes_over_the_pods_an_iptables_agent_meshed() {
     ebpf_agent.stop();
 
     // Back to iptables: chains again, the pinned programs left in place.
-    let agent = home.start_logged(&log, &["--mode", "iptables", "-w"]);
+    let agent = home
+        .agent()
+        .args(&["--mode", "iptables", "-w"])
+        .log_to(&log)
+        .start();
     let pods: Vec<Value> = home.pods();
     assert_eq!(pods[0]["backend"], "iptables");
     assert_chains_once(&fixture.pod.path());
@@ -373,13 +377,13 @@ fn an_ebpf_agent_takes_over_the_pods_an_iptables_agent_meshed() {
 /// where every hook has a program variant this kernel can run, else iptables.
 #[test]
 fn an_agent_in_auto_mode_says_which_backend_and_why() {
-    if !privileged("an_agent_in_auto_mode_says_which_backend_and_why") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("aiptauto");
     let home = AgentHome::new(&fixture.cgroup.path);
     let log = home.log_path();
-    let agent = home.start_logged(&log, &["--mode", "auto"]);
+    let agent = home.agent().args(&["--mode", "auto"]).log_to(&log).start();
     let health = interceptor::agent::api::health(&home.socket()).unwrap();
     let ebpf_runs_here = interceptor::ebpf::variants::choose(KernelFeatures::get()).is_ok();
     let expected = if ebpf_runs_here {
@@ -403,7 +407,7 @@ fn an_agent_in_auto_mode_says_which_backend_and_why() {
 /// `daemon --mode auto` says why in one line and meshes pods with proxy-init's chains.
 #[test]
 fn an_agent_in_auto_mode_meshes_pods_with_iptables_where_ebpf_cannot_run() {
-    if !privileged("an_agent_in_auto_mode_meshes_pods_with_iptables_where_ebpf_cannot_run") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("aiptfall");
@@ -411,7 +415,11 @@ fn an_agent_in_auto_mode_meshes_pods_with_iptables_where_ebpf_cannot_run() {
     let home =
         AgentHome::new(&fixture.cgroup.path).with_env(FEATURES_ENV, "-netns_cookie_getsockopt");
     let log = home.log_path();
-    let agent = home.start_logged(&log, &["--mode", "auto", "-w"]);
+    let agent = home
+        .agent()
+        .args(&["--mode", "auto", "-w"])
+        .log_to(&log)
+        .start();
     let health = interceptor::agent::api::health(&home.socket()).unwrap();
     assert_eq!(health.backend, interceptor::agent::api::Backend::Iptables);
     home.mesh(&fixture.pod.path(), &[]);
@@ -440,15 +448,16 @@ fn auto_mode_lines(log: &Path) -> Vec<String> {
 /// refused with pod_table_full and nothing is written in it. `uninstall` removes the chains.
 #[test]
 fn an_iptables_agent_refuses_pods_beyond_max_pods_and_uninstall_removes_its_chains() {
-    if !privileged(
-        "an_iptables_agent_refuses_pods_beyond_max_pods_and_uninstall_removes_its_chains",
-    ) {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("aiptfull");
     let second = interceptor_tests::Netns::new("aiptfull2");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start_with(&["--mode", "iptables", "-w", "--max-pods", "1"]);
+    let agent = home
+        .agent()
+        .args(&["--mode", "iptables", "-w", "--max-pods", "1"])
+        .start();
     home.mesh(&fixture.pod.path(), &[]);
     let refused = home.add(
         &second.path(),

@@ -74,7 +74,7 @@ fn intercepted(app: &Probe) -> bool {
 /// programs, and the log says what moved from where to where.
 #[test]
 fn a_restart_with_another_cgroup_moves_the_links_there_first() {
-    if !privileged("a_restart_with_another_cgroup_moves_the_links_there_first") {
+    if !privileged() {
         return;
     }
     let mut fixture = PodFixture::new("pinsmove");
@@ -84,7 +84,7 @@ fn a_restart_with_another_cgroup_moves_the_links_there_first() {
     fixture.set_processes_cgroup(&new.path);
     let _servers = Servers::start(&fixture);
     let mut home = AgentHome::new(&old.path);
-    let agent = home.start_meshing(&fixture.pod.path(), &[]);
+    let agent = home.agent().meshing(&fixture.pod.path(), &[]).start();
     let (in_old, in_new) = (app_in(&fixture, &old.path), app_in(&fixture, &new.path));
     for app in [&in_old, &in_new] {
         assert_eq!(
@@ -100,7 +100,7 @@ fn a_restart_with_another_cgroup_moves_the_links_there_first() {
     let (lines, agent) = std::thread::scope(|s| {
         let load = s.spawn(|| check_load(&in_new, "3"));
         std::thread::sleep(Duration::from_millis(300));
-        let agent = home.start_logged(&log, &[]);
+        let agent = home.agent().log_to(&log).start();
         assert!(!load.is_finished(), "the load outlasts the switch");
         (load.join().expect("load"), agent)
     });
@@ -147,7 +147,7 @@ fn a_restart_with_another_cgroup_moves_the_links_there_first() {
 /// temporary pin of ours that a crash in the middle of a replacement would leave.
 #[test]
 fn a_restart_after_the_old_cgroup_was_removed_replaces_the_defunct_links() {
-    if !privileged("a_restart_after_the_old_cgroup_was_removed_replaces_the_defunct_links") {
+    if !privileged() {
         return;
     }
     let mut fixture = PodFixture::new("pinsdefunct");
@@ -156,7 +156,7 @@ fn a_restart_after_the_old_cgroup_was_removed_replaces_the_defunct_links() {
     fixture.set_processes_cgroup(&new.path);
     let _servers = Servers::start(&fixture);
     let mut home = AgentHome::new(&old.path);
-    let agent = home.start_meshing(&fixture.pod.path(), &[]);
+    let agent = home.agent().meshing(&fixture.pod.path(), &[]).start();
     agent.kill();
     let connect4 = home.bpffs.join("link_icpt_connect4");
     let leftover = home.bpffs.join("link_icpt_connect4_new");
@@ -167,7 +167,7 @@ fn a_restart_after_the_old_cgroup_was_removed_replaces_the_defunct_links() {
     });
 
     home.cgroup = new.path.clone();
-    let _agent = home.start();
+    let _agent = home.agent().start();
     let app = app_in(&fixture, &new.path);
     all_reached_the_proxy(&check_load(&app, "1"));
     for name in NODE_LINKS {
@@ -185,7 +185,7 @@ fn a_restart_after_the_old_cgroup_was_removed_replaces_the_defunct_links() {
 /// `interceptor daemon` on `home`, which must fail: its stderr.
 fn daemon_fails(home: &AgentHome) -> String {
     // Killed on drop if it started after all.
-    let mut agent = home.spawn(&[], Stdio::piped());
+    let mut agent = home.agent().log(Stdio::piped()).spawn();
     let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
         if let Some(status) = agent.child.try_wait().unwrap() {
@@ -204,7 +204,7 @@ fn daemon_fails(home: &AgentHome) -> String {
 /// names the path and says what to do, and leaves the object pinned.
 #[test]
 fn foreign_objects_at_our_pin_paths_are_refused_and_left_alone() {
-    if !privileged("foreign_objects_at_our_pin_paths_are_refused_and_left_alone") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("pinsforeign");
@@ -264,13 +264,13 @@ fn repin_to(path: &Path, netns: &Path) {
 /// namespace gone): restoring the pod puts a link on the pod's own namespace both times.
 #[test]
 fn a_pods_sk_lookup_link_attached_elsewhere_or_defunct_is_replaced_on_restore() {
-    if !privileged("a_pods_sk_lookup_link_attached_elsewhere_or_defunct_is_replaced_on_restore") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("pinspod");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start_meshing(&fixture.pod.path(), &[]);
+    let agent = home.agent().meshing(&fixture.pod.path(), &[]).start();
     let cookie = home.pods()[0]["netns_cookie"].as_u64().unwrap();
     let path: PathBuf = home.bpffs.join(format!("link_icpt_sk_lookup_{cookie}"));
     let pod_netns = LinkTarget::Netns {
@@ -291,7 +291,7 @@ fn a_pods_sk_lookup_link_attached_elsewhere_or_defunct_is_replaced_on_restore() 
     agent.kill();
     let other = Netns::new("pinsother");
     repin_to(&path, &other.path());
-    let agent = home.start();
+    let agent = home.agent().start();
     restored("attached elsewhere");
     let other_ns = File::open(other.path()).unwrap();
     eventually("the other namespace runs none of our programs", || {
@@ -307,7 +307,7 @@ fn a_pods_sk_lookup_link_attached_elsewhere_or_defunct_is_replaced_on_restore() 
     eventually("the link is defunct", || {
         link_target(&path) == LinkTarget::Netns { inode: 0 }
     });
-    let _agent = home.start();
+    let _agent = home.agent().start();
     restored("defunct");
 }
 
@@ -315,7 +315,7 @@ fn a_pods_sk_lookup_link_attached_elsewhere_or_defunct_is_replaced_on_restore() 
 /// attached elsewhere for another cgroup, and a missing link, named.
 #[test]
 fn link_problems_names_links_missing_or_attached_elsewhere() {
-    if !privileged("link_problems_names_links_missing_or_attached_elsewhere") {
+    if !privileged() {
         return;
     }
     use interceptor::ebpf::{EbpfNode, LinkProblem, LoadOptions};
@@ -379,13 +379,13 @@ fn link_id(path: &Path) -> u32 {
 /// outlives the process, as a SIGKILL right after shows.
 #[test]
 fn pins_removed_while_the_agent_runs_are_pinned_again() {
-    if !privileged("pins_removed_while_the_agent_runs_are_pinned_again") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("pinsgone");
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
-    let agent = home.start();
+    let agent = home.agent().start();
     home.mesh(&fixture.pod.path(), &[]);
     let cookie = home.pods()[0]["netns_cookie"].as_u64().unwrap();
     let mut links: Vec<PathBuf> = NODE_LINKS.iter().map(|l| home.bpffs.join(l)).collect();

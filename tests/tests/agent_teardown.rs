@@ -48,9 +48,9 @@ fn stopped_with(tag: &str, then: AtTermination) -> Left {
     let home = AgentHome::new(&fixture.cgroup.path);
     let kubeconfig = api.kubeconfig(&home.state_dir).display().to_string();
     let log = home.log_path();
-    let agent = home.start_logged(
-        &log,
-        &[
+    let agent = home
+        .agent()
+        .args(&[
             "--kubeconfig",
             &kubeconfig,
             "--node-name",
@@ -59,8 +59,9 @@ fn stopped_with(tag: &str, then: AtTermination) -> Left {
             &format!("{NAMESPACE}/{NAME}"),
             "--repair-interval",
             "0",
-        ],
-    );
+        ])
+        .log_to(&log)
+        .start();
     home.mesh(&fixture.pod.path(), &[]);
     let app = fixture.in_pod().uid(APP_UID);
     assert_eq!(
@@ -123,7 +124,7 @@ fn stopped_with(tag: &str, then: AtTermination) -> Left {
 
 #[test]
 fn an_agent_whose_daemonset_is_gone_or_taken_over_leaves_nothing_on_the_node() {
-    if !privileged("an_agent_whose_daemonset_is_gone_or_taken_over_leaves_nothing_on_the_node") {
+    if !privileged() {
         return;
     }
     for (tag, then, reason) in [
@@ -149,7 +150,7 @@ fn an_agent_whose_daemonset_is_gone_or_taken_over_leaves_nothing_on_the_node() {
 
 #[test]
 fn an_agent_replaced_by_another_of_ours_or_unsure_keeps_interception_pinned() {
-    if !privileged("an_agent_replaced_by_another_of_ours_or_unsure_keeps_interception_pinned") {
+    if !privileged() {
         return;
     }
     for (tag, then, said) in [

@@ -51,7 +51,7 @@ fn seeds() -> Vec<u64> {
 
 #[test]
 fn every_backend_agrees_with_proxy_init_on_random_configurations() {
-    if !privileged("every_backend_agrees_with_proxy_init_on_random_configurations") {
+    if !privileged() {
         return;
     }
     let started = std::time::Instant::now();

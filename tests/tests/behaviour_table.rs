@@ -15,7 +15,7 @@ macro_rules! scenarios {
     ($backend:expr, $family:expr; $($name:ident),* $(,)?) => {$(
         #[test]
         fn $name() {
-            if privileged(concat!(module_path!(), "::", stringify!($name))) {
+            if privileged() {
                 scenario::run(&$backend, scenario::scenario(stringify!($name)), $family);
             }
         }

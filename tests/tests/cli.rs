@@ -64,7 +64,7 @@ fn run_named(fixture: &PodFixture, instance: &str, extra: &[&str]) -> Meshed {
 /// proxy is not listening) are off by default and written with `interceptor::ebpf=debug`.
 #[test]
 fn the_programs_log_lines_are_written_only_when_asked_for() {
-    if !privileged("the_programs_log_lines_are_written_only_when_asked_for") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("clikernlog");
@@ -91,7 +91,7 @@ fn the_programs_log_lines_are_written_only_when_asked_for() {
 
 #[test]
 fn run_meshes_a_pod_reports_status_and_detaches_on_sigterm() {
-    if !privileged("run_meshes_a_pod_reports_status_and_detaches_on_sigterm") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("cli-run");
@@ -229,7 +229,7 @@ fn run_meshes_a_pod_reports_status_and_detaches_on_sigterm() {
 
 #[test]
 fn a_second_run_of_the_same_instance_is_refused() {
-    if !privileged("a_second_run_of_the_same_instance_is_refused") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("cli-twice");
@@ -254,7 +254,7 @@ fn assert_nothing_attached(fixture: &PodFixture, instance: &str) {
 
 #[test]
 fn bad_flags_are_rejected_by_name_and_nothing_is_attached() {
-    if !privileged("bad_flags_are_rejected_by_name_and_nothing_is_attached") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("cli-bad");
@@ -309,7 +309,7 @@ fn bad_flags_are_rejected_by_name_and_nothing_is_attached() {
 
 #[test]
 fn simulate_prints_the_plan_and_changes_nothing() {
-    if !privileged("simulate_prints_the_plan_and_changes_nothing") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("cli-sim");
@@ -330,7 +330,7 @@ fn simulate_prints_the_plan_and_changes_nothing() {
 
 #[test]
 fn addresses_added_to_the_pod_later_are_its_own() {
-    if !privileged("addresses_added_to_the_pod_later_are_its_own") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("cli-addr");
@@ -366,7 +366,7 @@ fn addresses_added_to_the_pod_later_are_its_own() {
 
 #[test]
 fn a_killed_run_keeps_intercepting_and_the_next_run_takes_over() {
-    if !privileged("a_killed_run_keeps_intercepting_and_the_next_run_takes_over") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("cli-crash");
@@ -443,7 +443,7 @@ fn validate(fixture: &PodFixture) -> (Option<i32>, String) {
 
 #[test]
 fn validate_exits_0_when_intercepted_and_95_when_not() {
-    if !privileged("validate_exits_0_when_intercepted_and_95_when_not") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("validate");

@@ -198,12 +198,12 @@ fn pod_process(fixture: &PodFixture, netns: &Netns) -> interceptor_tests::Probe 
 
 #[test]
 fn pods_added_by_the_runtime_are_intercepted_from_their_first_connect() {
-    if !privileged("pods_added_by_the_runtime_are_intercepted_from_their_first_connect") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("cni");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start();
+    let _agent = home.agent().start();
     let node = Node::new(&home, 91);
     let (web, db) = (Netns::new("cniweb"), Netns::new("cnidb"));
 
@@ -308,7 +308,7 @@ fn pods_added_by_the_runtime_are_intercepted_from_their_first_connect() {
 
 #[test]
 fn add_fails_with_try_again_later_when_the_agent_is_not_running() {
-    if !privileged("add_fails_with_try_again_later_when_the_agent_is_not_running") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("cnidown");
@@ -339,12 +339,12 @@ fn add_fails_with_try_again_later_when_the_agent_is_not_running() {
 
 #[test]
 fn a_bad_linkerd_block_is_refused_with_the_invalid_configuration_code() {
-    if !privileged("a_bad_linkerd_block_is_refused_with_the_invalid_configuration_code") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("cnibad");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start();
+    let _agent = home.agent().start();
     let node = Node::new(&home, 93);
     let pod = Netns::new("cnibadpod");
     for (linkerd, names) in [
@@ -389,13 +389,13 @@ const PROXY_VERSION: (&str, &str) = ("linkerd.io/proxy-version", "edge-24.11.8")
 
 #[test]
 fn only_the_pods_linkerd_injected_are_meshed_each_with_its_own_annotations() {
-    if !privileged("only_the_pods_linkerd_injected_are_meshed_each_with_its_own_annotations") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("cnisel");
     let home = AgentHome::new(&fixture.cgroup.path);
     let metrics = free_loopback_addr();
-    let _agent = home.start_with(&["--metrics-addr", &metrics]);
+    let _agent = home.agent().args(&["--metrics-addr", &metrics]).start();
     let node = Node::new(&home, 94);
     // A real destination on the node, which the pods reach through their gateway.
     let _node_server = interceptor_tests::Probe::new()
@@ -496,12 +496,12 @@ fn only_the_pods_linkerd_injected_are_meshed_each_with_its_own_annotations() {
 
 #[test]
 fn a_malformed_annotation_or_no_annotations_at_all_leave_the_pod_unregistered() {
-    if !privileged("a_malformed_annotation_or_no_annotations_at_all_leave_the_pod_unregistered") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("cniann");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start();
+    let _agent = home.agent().start();
     let node = Node::new(&home, 95);
     let pod = Netns::new("cniannpod");
     for (annotation, value) in [
@@ -809,7 +809,7 @@ fn the_watching_installer_chains_once_the_primarys_plugins_appear() {
 /// work with, agent or not.
 #[test]
 fn status_is_ready_without_an_agent_and_fails_only_for_an_invalid_configuration() {
-    if !privileged("status_is_ready_without_an_agent_and_fails_only_for_an_invalid_configuration") {
+    if !privileged() {
         return;
     }
     let cgroup = Cgroup::new("cnistatus");
@@ -844,7 +844,7 @@ fn status_is_ready_without_an_agent_and_fails_only_for_an_invalid_configuration(
     );
     refused(&node);
 
-    let _agent = home.start();
+    let _agent = home.agent().start();
     let (ok, out) = node.ours("STATUS", "", None, json!({}));
     assert!(ok, "STATUS: {out}");
     let lines = |log: &str| log.matches("does not answer").count();
@@ -898,7 +898,7 @@ impl Drop for SilentAgent {
 /// given up after its short deadline, and ADD succeeds.
 #[test]
 fn a_pod_not_injected_is_not_held_up_by_an_agent_that_never_answers() {
-    if !privileged("a_pod_not_injected_is_not_held_up_by_an_agent_that_never_answers") {
+    if !privileged() {
         return;
     }
     let cgroup = Cgroup::new("cnisilentplain");
@@ -933,7 +933,7 @@ fn a_pod_not_injected_is_not_held_up_by_an_agent_that_never_answers() {
 /// starts unmeshed, and never waits the runtime's own minutes.
 #[test]
 fn an_injected_pod_fails_with_try_again_later_when_the_agent_never_answers() {
-    if !privileged("an_injected_pod_fails_with_try_again_later_when_the_agent_never_answers") {
+    if !privileged() {
         return;
     }
     let cgroup = Cgroup::new("cnisilentweb");

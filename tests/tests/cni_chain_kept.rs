@@ -223,13 +223,13 @@ fn restored_total(metrics_addr: &str) -> u64 {
 /// and logged as not counted.
 #[test]
 fn the_installer_puts_back_what_cilium_rewrites_and_the_agent_counts_it() {
-    if !privileged("the_installer_puts_back_what_cilium_rewrites_and_the_agent_counts_it") {
+    if !privileged() {
         return;
     }
     let cgroup = Cgroup::new("chainkept");
     let home = AgentHome::new(&cgroup.path);
     let metrics = free_loopback_addr();
-    let agent = home.start_with(&["--metrics-addr", &metrics]);
+    let agent = home.agent().args(&["--metrics-addr", &metrics]).start();
     let network = CniNetwork::with_stand_ins("chainkept", "05-cilium.conflist", &cilium());
     std::fs::write(
         network.conf_dir.join("10-calico.conflist"),

@@ -7,814 +7,32 @@
 //! with its own `config.linkerd.io/*` annotations. Every case is checked by connecting from
 //! inside the pod's network namespace.
 //!
-//! Everything is the test's own: containerd's root, state, sockets and configuration in a
-//! temporary directory; containerd itself runs in a network namespace of the test's, so the
-//! bridge it has the plugins make (the pods' gateway, the node side) is there, with no route
-//! out; the sandboxes' cgroups go under the test's cgroup, where the agent attaches; the sandbox
-//! image is built from Debian's busybox-static (no registry is reachable) and imported with
-//! `ctr`.
-//!
-//! The repair tests run the node as a kubelet with the cgroupfs driver lays it out: each sandbox
-//! under `kubepods/besteffort/pod<uid>` in the test's cgroup, the agent finding `kubepods` there
-//! (`--kubepods-under`) and the node's pods in the stand-in API server, with the status the
-//! kubelet would report; their sandboxes are created while our entry is not in the chain.
+//! The node, all the test's own, is the kit's [`interceptor_tests::containerd::Node`]. The
+//! repair tests run it as a kubelet with the cgroupfs driver lays it out, the node's pods in the
+//! stand-in API server with the status the kubelet would report; their sandboxes are created
+//! while our entry is not in the chain.
 use std::{
     collections::HashMap,
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use interceptor_tests::{
-    Netns, Probe,
-    agent_home::{Agent, AgentHome, free_loopback_addr, http_get, metric},
-    cni_network::{CniNetwork, PRIMARY, REFERENCE_PLUGINS},
+    agent_home::{free_loopback_addr, http_get, metric},
+    cni_network::PRIMARY,
+    containerd::{GATEWAY, NODE_NAME, Node, POD_NAMESPACE, Pod, pod_uid, to_node},
     fake_api::{self, FakeApi},
-    fixture::{Cgroup, remove_v1_cgroup_dirs},
     privileged,
-    probe::Listener,
-    scenario::{APP_UID, PROXY_UID},
-    unique_name,
-};
-use k8s_cri::v1::{
-    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption,
-    PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest, RemovePodSandboxRequest,
-    RunPodSandboxRequest, StatusRequest, StopPodSandboxRequest,
-    runtime_service_client::RuntimeServiceClient,
+    scenario::APP_UID,
 };
 use serde_json::{Value, json};
-use tonic::transport::{Channel, Endpoint, Uri};
 
-const INTERCEPTOR: &str = env!("CARGO_BIN_EXE_interceptor-under-test");
-const PLUGIN: &str = env!("CARGO_BIN_EXE_interceptor-cni-under-test");
-const RUNTIME: &str = env!("CARGO_BIN_EXE_runc-without-rlimits");
-/// The sandbox ("pause") image, in this containerd's own store.
-const PAUSE_IMAGE: &str = "localhost/interceptor-test/pause:1";
-/// The pods' bridge network, inside the node namespace: its gateway is the node.
-const GATEWAY: &str = "10.98.0.1";
-const POD_NAMESPACE: &str = "shop";
 const PROXY_VERSION: (&str, &str) = ("linkerd.io/proxy-version", "edge-24.11.8");
-/// The plugin's `linkerd` block, as the DaemonSet's ConfigMap gives it to the installer and to
-/// the agent (for its repairs).
-const LINKERD: &str = r#"{"inbound-ports-to-ignore": ["4190", "4191"]}"#;
-/// This node's name in the stand-in API server.
-const NODE_NAME: &str = "node-a";
 /// The init container Linkerd's CNI mode injects instead of `linkerd-init`.
 const VALIDATOR: &str = "linkerd-network-validator";
 
-/// Where the node's sandboxes' cgroups are.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Layout {
-    /// Right under the node's cgroup, where the agent attaches (`--cgroup`).
-    Flat,
-    /// As the kubelet's cgroupfs driver makes them, `kubepods/besteffort/pod<uid>` under the
-    /// node's cgroup: the agent finds `kubepods` (`--kubepods-under`), and a pod's cgroup by
-    /// its UID.
-    Kubepods,
-}
-
-/// A node: the agent, containerd with its CRI plugin and CNI network, all the test's own.
-struct Node {
-    dir: PathBuf,
-    layout: Layout,
-    /// The agent's arguments beyond its home's.
-    agent_args: Vec<String>,
-    agents_started: usize,
-    // Stopped before its home is removed (fields drop in order); `None` while a test has it
-    // down.
-    agent: Option<Agent>,
-    home: AgentHome,
-    netns: Netns,
-    cni: CniNetwork,
-    containerd: Child,
-    runtime: tokio::runtime::Runtime,
-    client: RuntimeServiceClient<Channel>,
-    cgroup_parent: String,
-    sandboxes: Vec<String>,
-    // Dropped last: the pods' processes are killed with it.
-    cgroup: Cgroup,
-}
-
-/// A pod sandbox that containerd started.
-struct Pod {
-    id: String,
-    netns: PathBuf,
-    ip: String,
-    uid: String,
-    /// Its sandbox's process.
-    pid: u32,
-    /// Where the test's processes of the pod run.
-    cgroup: PathBuf,
-}
-
-/// The node's server ([`Node::serve_on_node`]) as pods connect to it, through the gateway.
-fn to_node() -> String {
-    format!("{GATEWAY}:1404")
-}
-
-/// The UID of the node's pod `name`.
-fn pod_uid(name: &str) -> String {
-    format!("{}-{name}", std::process::id())
-}
-
-impl Node {
-    fn new(tag: &str) -> Self {
-        Self::build(tag, Layout::Flat, |_| Vec::new())
-    }
-
-    /// A node whose agent reads its pods from `api` (as node [`NODE_NAME`]) and repairs those
-    /// started without the plugin every second, with `extra` arguments; its pods' cgroups laid
-    /// out as the kubelet's.
-    fn repairing(tag: &str, api: &FakeApi, extra: &[&str]) -> Self {
-        let node = Self::build(tag, Layout::Kubepods, |dir| {
-            let mut args: Vec<String> = vec![
-                "--kubeconfig".into(),
-                api.kubeconfig(dir).display().to_string(),
-                "--node-name".into(),
-                NODE_NAME.into(),
-                "--linkerd".into(),
-                LINKERD.into(),
-                "--repair-interval".into(),
-                "1".into(),
-            ];
-            args.extend(extra.iter().map(|a| (*a).to_owned()));
-            args
-        });
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while api.requests_with("watch=true") == 0 {
-            assert!(
-                Instant::now() < deadline,
-                "the agent never watched the pods"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        node
-    }
-
-    fn build(tag: &str, layout: Layout, agent_args: impl FnOnce(&Path) -> Vec<String>) -> Self {
-        let cgroup = Cgroup::new(tag);
-        let dir = std::env::temp_dir().join(unique_name(&format!("{tag}-ctrd")));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut agent_args = agent_args(&dir);
-        if layout == Layout::Kubepods {
-            std::fs::create_dir_all(cgroup.path.join("kubepods/besteffort")).unwrap();
-            agent_args.extend(["--kubepods-under".into(), cgroup.path.display().to_string()]);
-        }
-        let home = AgentHome::new(&cgroup.path);
-        let args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
-        let agent = home.start_logged(&dir.join("agent-0.log"), &args);
-        let netns = Netns::new(&format!("{tag}-node"));
-        let cni = CniNetwork::with_primary(
-            &format!("{tag}-cni"),
-            &json!({
-                "cniVersion": "1.0.0",
-                "name": "pods",
-                "plugins": [{
-                    "type": "bridge",
-                    "bridge": "cni0",
-                    "isGateway": true,
-                    "ipMasq": false,
-                    "ipam": {
-                        "type": "host-local",
-                        "ranges": [[{ "subnet": "10.98.0.0/24", "gateway": GATEWAY }]],
-                        "routes": [{ "dst": "0.0.0.0/0" }],
-                        "dataDir": dir.join("ipam"),
-                    },
-                }],
-            }),
-        );
-        // containerd takes one plugin directory: the reference plugins beside ours.
-        for plugin in ["bridge", "host-local", "loopback"] {
-            std::fs::copy(
-                Path::new(REFERENCE_PLUGINS).join(plugin),
-                cni.bin_dir.join(plugin),
-            )
-            .unwrap_or_else(|e| panic!("copy {plugin}: {e}"));
-        }
-        // Chained as the DaemonSet's install-cni container chains it.
-        let out = Command::new(INTERCEPTOR)
-            .args(["cni", "install", "--plugin", PLUGIN, "--conf-dir"])
-            .arg(&cni.conf_dir)
-            .arg("--bin-dir")
-            .arg(&cni.bin_dir)
-            .arg("--agent-socket")
-            .arg(home.socket())
-            .arg("--log-file")
-            .arg(dir.join("cni.log"))
-            .args(["--linkerd", LINKERD])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "cni install: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-
-        let socket = dir.join("containerd.sock");
-        let config = dir.join("config.toml");
-        std::fs::write(
-            &config,
-            containerd_config(&dir, &socket, &cni.conf_dir, &cni.bin_dir),
-        )
-        .unwrap();
-        let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
-        let containerd = Command::new("nsenter")
-            .arg(format!("--net={}", netns.path().display()))
-            .arg("containerd")
-            .arg("--config")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start containerd");
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let client = runtime.block_on(connect(&socket));
-        let cgroup_parent = cgroup
-            .path
-            .strip_prefix(interceptor::cgroup::cgroup2_root().unwrap())
-            .map(|p| format!("/{}", p.display()))
-            .expect("the test cgroup under the cgroup2 root");
-        let mut node = Self {
-            dir,
-            layout,
-            agent_args,
-            agents_started: 1,
-            home,
-            agent: Some(agent),
-            netns,
-            cni,
-            containerd,
-            runtime,
-            client,
-            cgroup_parent,
-            sandboxes: Vec::new(),
-            cgroup,
-        };
-        node.import_pause_image(&socket);
-        node.wait_for_network(true);
-        node
-    }
-
-    /// Starts the node's agent again (the previous one killed first, if it still runs), with
-    /// `failpoints` armed; its log is `agent-<n>.log` in the node's directory.
-    fn restart_agent(&mut self, failpoints: &str) {
-        if let Some(agent) = self.agent.take() {
-            agent.kill();
-        }
-        let log = std::fs::File::create(self.agent_log(self.agents_started)).unwrap();
-        self.agents_started += 1;
-        let args: Vec<&str> = self.agent_args.iter().map(String::as_str).collect();
-        let agent = self.home.spawn_armed(&args, log, failpoints);
-        self.agent = Some(self.home.wait_ready(agent));
-    }
-
-    /// The log of the `n`th agent started.
-    fn agent_log(&self, n: usize) -> PathBuf {
-        self.dir.join(format!("agent-{n}.log"))
-    }
-
-    /// Takes our entry out of the primary network, as a primary CNI that writes its
-    /// configuration again does, and waits until containerd loaded the network without it.
-    fn unchain(&mut self) {
-        let path = self.cni.conf_dir.join(PRIMARY);
-        let mut list: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        list["plugins"]
-            .as_array_mut()
-            .expect("plugins")
-            .retain(|p| p["type"] != "interceptor-cni");
-        let staged = path.with_extension("tmp");
-        std::fs::write(&staged, list.to_string()).unwrap();
-        std::fs::rename(&staged, &path).unwrap();
-        self.wait_for_network(false);
-    }
-
-    /// Builds the sandbox image (busybox's sleep as its entrypoint) as a docker archive and
-    /// imports it into containerd's `k8s.io` namespace, where the CRI plugin looks.
-    fn import_pause_image(&self, socket: &Path) {
-        let image = self.dir.join("image");
-        let rootfs = image.join("rootfs");
-        std::fs::create_dir_all(rootfs.join("bin")).unwrap();
-        std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).unwrap();
-        std::os::unix::fs::symlink("busybox", rootfs.join("bin/sleep")).unwrap();
-        run_ok(
-            Command::new("tar")
-                .arg("-C")
-                .arg(&rootfs)
-                .arg("-cf")
-                .arg(image.join("layer.tar"))
-                .arg("."),
-        );
-        let digest = run_ok(Command::new("sha256sum").arg(image.join("layer.tar")));
-        let digest = digest.split_whitespace().next().expect("a digest");
-        let config = json!({
-            "architecture": "amd64",
-            "os": "linux",
-            "config": { "Entrypoint": ["/bin/sleep", "2147483647"] },
-            "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{digest}")] },
-        });
-        std::fs::write(image.join("config.json"), config.to_string()).unwrap();
-        let manifest = json!([{
-            "Config": "config.json",
-            "RepoTags": [PAUSE_IMAGE],
-            "Layers": ["layer.tar"],
-        }]);
-        std::fs::write(image.join("manifest.json"), manifest.to_string()).unwrap();
-        run_ok(
-            Command::new("tar")
-                .arg("-C")
-                .arg(&image)
-                .arg("-cf")
-                .arg(self.dir.join("pause.tar"))
-                .args(["manifest.json", "config.json", "layer.tar"]),
-        );
-        run_ok(
-            Command::new("ctr")
-                .arg("--address")
-                .arg(socket)
-                .args(["--namespace", "k8s.io", "images", "import"])
-                .arg(self.dir.join("pause.tar")),
-        );
-    }
-
-    /// containerd reloads its CNI configuration when it is written: waits until the CRI
-    /// plugin's network has our entry (`chained`), or has not.
-    fn wait_for_network(&mut self, chained: bool) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let status = self
-                .runtime
-                .block_on(self.client.status(StatusRequest { verbose: true }))
-                .expect("CRI Status");
-            let cni = status
-                .into_inner()
-                .info
-                .get("cniconfig")
-                .cloned()
-                .unwrap_or_default();
-            if cni.contains("interceptor-cni") == chained {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "containerd never loaded the network (chained: {chained}): {cni}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// `RunPodSandbox` of pod `name` in namespace `shop` with `annotations`, as the kubelet
-    /// sends it; then where its network namespace is and its address.
-    fn run_pod(&mut self, name: &str, annotations: &[(&str, &str)]) -> Result<Pod, tonic::Status> {
-        self.run_pod_with(name, annotations, false)
-    }
-
-    /// [`Self::run_pod`], in the node's network namespace with `host_network`, as the kubelet
-    /// runs a `hostNetwork` pod (no CNI).
-    fn run_pod_with(
-        &mut self,
-        name: &str,
-        annotations: &[(&str, &str)],
-        host_network: bool,
-    ) -> Result<Pod, tonic::Status> {
-        let uid = pod_uid(name);
-        let cgroup_parent = match self.layout {
-            Layout::Flat => self.cgroup_parent.clone(),
-            Layout::Kubepods => format!("{}/kubepods/besteffort/pod{uid}", self.cgroup_parent),
-        };
-        let security_context = host_network.then(|| LinuxSandboxSecurityContext {
-            namespace_options: Some(NamespaceOption {
-                network: NamespaceMode::Node as i32,
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-        let log_directory = self.dir.join("pods").join(name);
-        std::fs::create_dir_all(&log_directory).unwrap();
-        let config = PodSandboxConfig {
-            metadata: Some(PodSandboxMetadata {
-                name: name.to_owned(),
-                uid: uid.clone(),
-                namespace: POD_NAMESPACE.to_owned(),
-                attempt: 0,
-            }),
-            // As the kubelet: a hostNetwork pod shares the node's UTS namespace and name.
-            hostname: if host_network {
-                String::new()
-            } else {
-                name.to_owned()
-            },
-            log_directory: log_directory.display().to_string(),
-            annotations: annotations
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect::<HashMap<_, _>>(),
-            linux: Some(LinuxPodSandboxConfig {
-                cgroup_parent,
-                security_context,
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let id = self
-            .runtime
-            .block_on(self.client.run_pod_sandbox(RunPodSandboxRequest {
-                config: Some(config),
-                runtime_handler: String::new(),
-            }))?
-            .into_inner()
-            .pod_sandbox_id;
-        self.sandboxes.push(id.clone());
-        let status = self
-            .runtime
-            .block_on(self.client.pod_sandbox_status(PodSandboxStatusRequest {
-                pod_sandbox_id: id.clone(),
-                verbose: true,
-            }))
-            .expect("PodSandboxStatus")
-            .into_inner();
-        let ip = status
-            .status
-            .and_then(|s| s.network)
-            .map(|n| n.ip)
-            .expect("the pod's address");
-        let info: Value = serde_json::from_str(status.info.get("info").expect("verbose info"))
-            .expect("verbose info is JSON");
-        let netns = if host_network {
-            self.netns.path()
-        } else {
-            info["runtimeSpec"]["linux"]["namespaces"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|ns| ns["type"] == "network")
-                .and_then(|ns| ns["path"].as_str())
-                .map(PathBuf::from)
-                .unwrap_or_else(|| panic!("no network namespace in {info}"))
-        };
-        let pid = info["pid"]
-            .as_u64()
-            .and_then(|pid| u32::try_from(pid).ok())
-            .unwrap_or_else(|| panic!("no sandbox pid in {info}"));
-        let cgroup = match self.layout {
-            Layout::Flat => self.cgroup.path.clone(),
-            // Beside the sandbox's, as a container's: not in the pod's cgroup itself, which
-            // may not hold processes once it has children with controllers.
-            Layout::Kubepods => {
-                let cgroup = self
-                    .cgroup
-                    .path
-                    .join(format!("kubepods/besteffort/pod{uid}/test-processes"));
-                std::fs::create_dir_all(&cgroup).unwrap();
-                cgroup
-            }
-        };
-        Ok(Pod {
-            id,
-            netns,
-            ip,
-            uid,
-            pid,
-            cgroup,
-        })
-    }
-
-    /// `StopPodSandbox` then `RemovePodSandbox`, as the kubelet deletes a pod.
-    fn remove_pod(&mut self, id: &str) {
-        self.runtime
-            .block_on(self.client.stop_pod_sandbox(StopPodSandboxRequest {
-                pod_sandbox_id: id.to_owned(),
-            }))
-            .expect("StopPodSandbox");
-        self.runtime
-            .block_on(self.client.remove_pod_sandbox(RemovePodSandboxRequest {
-                pod_sandbox_id: id.to_owned(),
-            }))
-            .expect("RemovePodSandbox");
-        self.sandboxes.retain(|s| s != id);
-    }
-
-    /// A process of `pod` as `uid`, in its cgroup as the pod's containers are.
-    fn in_pod(&self, pod: &Pod, uid: u32) -> Probe {
-        Probe::new().netns(&pod.netns).cgroup(&pod.cgroup).uid(uid)
-    }
-
-    /// `interceptor validate` in `pod` as its `linkerd-network-validator` runs (its namespace
-    /// and cgroup, an app UID): its exit code and line.
-    fn validate(&self, pod: &Pod) -> (Option<i32>, String) {
-        let script = format!(
-            "echo $$ > {}/cgroup.procs && exec nsenter --net={} setpriv --reuid {APP_UID} --regid {APP_UID} --clear-groups {INTERCEPTOR} validate --timeout-ms 2000",
-            pod.cgroup.display(),
-            pod.netns.display()
-        );
-        let out = Command::new("sh").args(["-c", &script]).output().unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
-        )
-    }
-
-    /// A stand-in proxy (outbound 4140, inbound 4143) and the app's servers on 8080 and 9090.
-    fn serve(&self, pod: &Pod, app: &str) -> Vec<Listener> {
-        let proxy = self.in_pod(pod, PROXY_UID);
-        vec![
-            proxy.listen(&["proxy", "127.0.0.1:4140", "--name", "outbound"]),
-            proxy.listen(&["proxy", "0.0.0.0:4143", "--name", "inbound"]),
-            self.in_pod(pod, APP_UID).listen(&[
-                "server",
-                "0.0.0.0:8080",
-                "0.0.0.0:9090",
-                "--name",
-                app,
-            ]),
-        ]
-    }
-
-    /// A client on the node (source address the gateway's).
-    fn on_node(&self) -> Probe {
-        Probe::new().netns(&self.netns.path())
-    }
-
-    /// The node's own server, `node-server`, where pods reach it: [`to_node`].
-    fn serve_on_node(&self) -> Listener {
-        self.on_node()
-            .listen(&["server", "0.0.0.0:1404", "--name", "node-server"])
-    }
-
-    /// Asserts that the app of `pod` connecting to the node's server lands on its proxy, with
-    /// the original destination.
-    fn assert_outbound_on_proxy(&self, pod: &Pod) {
-        let to_node = to_node();
-        assert_eq!(
-            self.in_pod(pod, APP_UID)
-                .connect(&to_node)
-                .proxy_orig()
-                .to_string(),
-            to_node
-        );
-    }
-
-    /// Asserts that `pod` is meshed both ways: its app's connection to the node's server, and
-    /// the node's to its app's port 8080, land on its proxy with their original destination.
-    fn assert_meshed(&self, pod: &Pod) {
-        self.assert_outbound_on_proxy(pod);
-        let to_pod = format!("{}:8080", pod.ip);
-        assert_eq!(
-            self.on_node().connect(&to_pod).proxy_orig().to_string(),
-            to_pod
-        );
-    }
-
-    /// Asserts that the app of `pod` connecting to the node's server reaches it, untouched.
-    fn assert_outbound_passes(&self, pod: &Pod) {
-        assert_eq!(
-            self.in_pod(pod, APP_UID).connect(&to_node()).server_name(),
-            "node-server"
-        );
-    }
-
-    /// containerd's view of the node's network: the CRI `Status` condition `NetworkReady`
-    /// (containerd 2 sets it from CNI STATUS for `cniVersion` 1.1.0 networks; 1.6 from the
-    /// configuration it loaded).
-    fn network_ready(&mut self) -> bool {
-        let status = self
-            .runtime
-            .block_on(self.client.status(StatusRequest { verbose: false }))
-            .expect("CRI Status")
-            .into_inner();
-        status
-            .status
-            .into_iter()
-            .flat_map(|s| s.conditions)
-            .any(|c| c.r#type == "NetworkReady" && c.status)
-    }
-
-    /// CNI STATUS of our entry in the chained network, run as a runtime runs it: the binary
-    /// the installer put in the bin directory, the entry with the network's name and version.
-    fn plugin_status(&self) -> (bool, String) {
-        let list: Value =
-            serde_json::from_slice(&std::fs::read(self.cni.conf_dir.join(PRIMARY)).unwrap())
-                .unwrap();
-        let mut conf = list["plugins"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["type"] == "interceptor-cni")
-            .expect("our entry in the chain")
-            .clone();
-        conf["cniVersion"] = list["cniVersion"].clone();
-        conf["name"] = list["name"].clone();
-        let mut child = Command::new(self.cni.bin_dir.join("interceptor-cni"))
-            .env("CNI_COMMAND", "STATUS")
-            .env("CNI_PATH", &self.cni.bin_dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("run the plugin");
-        std::io::Write::write_all(
-            &mut child.stdin.take().unwrap(),
-            conf.to_string().as_bytes(),
-        )
-        .unwrap();
-        let out = child.wait_with_output().unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    }
-
-    /// The pods the agent has registered, by name, with their records.
-    fn registered(&self) -> Vec<(String, Value)> {
-        let mut pods: Vec<(String, Value)> = self
-            .home
-            .pods()
-            .into_iter()
-            .map(|p| (p["meta"]["name"].as_str().unwrap_or("-").to_owned(), p))
-            .collect();
-        pods.sort_by(|a, b| a.0.cmp(&b.0));
-        pods
-    }
-
-    /// Asserts that the agent has registered exactly `names` now, and returns the registrations.
-    fn assert_registered(&self, names: &[&str]) -> Vec<(String, Value)> {
-        let registered = self.registered();
-        assert_eq!(
-            registered
-                .iter()
-                .map(|(n, _)| n.as_str())
-                .collect::<Vec<_>>(),
-            names,
-            "{registered:#?}"
-        );
-        registered
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        for id in std::mem::take(&mut self.sandboxes) {
-            let _ = self
-                .runtime
-                .block_on(self.client.stop_pod_sandbox(StopPodSandboxRequest {
-                    pod_sandbox_id: id.clone(),
-                }));
-            let _ = self.runtime.block_on(
-                self.client
-                    .remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id }),
-            );
-        }
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.containerd.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.containerd.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.containerd.kill();
-        let _ = self.containerd.wait();
-        // Shims outlive containerd by design; ours are those started for this directory.
-        kill_processes_mentioning(&self.dir);
-        unmount_under(&self.dir);
-        remove_v1_cgroup_dirs(&self.cgroup_parent);
-        let _ = std::fs::remove_dir_all(&self.dir);
-        let _ = &self.cni;
-    }
-}
-
-/// containerd's configuration: every path under `dir`, CRI's CNI directories the test's, runc
-/// through the wrapper that drops rlimits this machine's containers cannot have, cgroupfs.
-fn containerd_config(dir: &Path, socket: &Path, conf_dir: &Path, bin_dir: &Path) -> String {
-    format!(
-        r#"version = 2
-root = "{root}"
-state = "{state}"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
-
-[grpc]
-  address = "{socket}"
-
-[ttrpc]
-  address = "{socket}.ttrpc"
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{opt}"
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE_IMAGE}"
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  netns_mounts_under_state_dir = true
-
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        BinaryName = "{RUNTIME}"
-        Root = "{runc_root}"
-        SystemdCgroup = false
-
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{bin_dir}"
-    conf_dir = "{conf_dir}"
-    max_conf_num = 1
-"#,
-        root = dir.join("root").display(),
-        state = dir.join("state").display(),
-        opt = dir.join("opt").display(),
-        runc_root = dir.join("runc").display(),
-        socket = socket.display(),
-        bin_dir = bin_dir.display(),
-        conf_dir = conf_dir.display(),
-    )
-}
-
-/// A CRI client on containerd's socket, once it answers.
-async fn connect(socket: &Path) -> RuntimeServiceClient<Channel> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let path = socket.to_owned();
-        let channel = Endpoint::try_from("http://[::]")
-            .unwrap()
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                        tokio::net::UnixStream::connect(path).await?,
-                    ))
-                }
-            }))
-            .await;
-        if let Ok(channel) = channel {
-            let mut client = RuntimeServiceClient::new(channel);
-            if client
-                .version(k8s_cri::v1::VersionRequest::default())
-                .await
-                .is_ok()
-            {
-                return client;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "containerd's CRI never answered on {} (see containerd.log beside it)",
-            socket.display()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn run_ok(command: &mut Command) -> String {
-    let out = command.output().expect("run a command");
-    assert!(
-        out.status.success(),
-        "{command:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn kill_processes_mentioning(dir: &Path) {
-    let needle = dir.display().to_string();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(&needle) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-    }
-}
-
-/// Lazily unmounts every mount under `dir` (containerd's rootfs, shm and netns mounts),
-/// deepest first.
-fn unmount_under(dir: &Path) {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut mounts: Vec<&str> = mountinfo
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| Path::new(m).starts_with(dir))
-        .collect();
-    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-    for mount in mounts {
-        let _ = nix::mount::umount2(mount, nix::mount::MntFlags::MNT_DETACH);
-    }
-}
-
 #[test]
 fn containerd_meshes_the_pods_linkerd_injected_and_passes_the_others_through() {
-    if !privileged("containerd_meshes_the_pods_linkerd_injected_and_passes_the_others_through") {
+    if !privileged() {
         return;
     }
     let mut node = Node::new("ctrdmesh");
@@ -857,7 +75,7 @@ fn containerd_meshes_the_pods_linkerd_injected_and_passes_the_others_through() {
 
 #[test]
 fn containerd_pods_own_annotations_change_only_their_own_interception() {
-    if !privileged("containerd_pods_own_annotations_change_only_their_own_interception") {
+    if !privileged() {
         return;
     }
     let mut node = Node::new("ctrdannot");
@@ -926,8 +144,7 @@ fn containerd_pods_own_annotations_change_only_their_own_interception() {
 
 #[test]
 fn containerd_refuses_a_pod_with_a_malformed_annotation_with_the_plugins_message() {
-    if !privileged("containerd_refuses_a_pod_with_a_malformed_annotation_with_the_plugins_message")
-    {
+    if !privileged() {
         return;
     }
     let mut node = Node::new("ctrdbad");
@@ -953,9 +170,7 @@ fn containerd_refuses_a_pod_with_a_malformed_annotation_with_the_plugins_message
 /// once an agent runs again the injected pod starts, meshed from its first connect.
 #[test]
 fn containerd_with_the_agent_down_starts_other_pods_at_once_and_injected_ones_once_it_is_back() {
-    if !privileged(
-        "containerd_with_the_agent_down_starts_other_pods_at_once_and_injected_ones_once_it_is_back",
-    ) {
+    if !privileged() {
         return;
     }
     let mut node = Node::new("ctrddown");
@@ -997,7 +212,7 @@ fn containerd_with_the_agent_down_starts_other_pods_at_once_and_injected_ones_on
     );
 
     // The agent back: the retried sandbox starts, meshed; the pod started without it is not.
-    node.agent = Some(node.home.start());
+    node.agent = Some(node.home.agent().start());
     assert!(node.registered().is_empty(), "{:#?}", node.registered());
     let web = node
         .run_pod("web", &[PROXY_VERSION, ("app", "web")])
@@ -1032,27 +247,6 @@ fn api_pod(name: &str, annotations: &[(&str, &str)], init_containers: &[&str]) -
     )
 }
 
-/// Waits (up to 20 s) until the agent has registered exactly `names`, and returns the
-/// registrations.
-fn wait_registered(node: &Node, names: &[&str]) -> Vec<(String, Value)> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let registered = node.registered();
-        if registered
-            .iter()
-            .map(|(n, _)| n.as_str())
-            .eq(names.iter().copied())
-        {
-            return registered;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never registered exactly {names:?}: {registered:#?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// A pod Linkerd injected whose sandbox was created while our entry was not in the chain runs
 /// unmeshed: its `linkerd-network-validator` exits 95. Once the kubelet reports the validator's
 /// container (crash-looping), the agent registers the pod in place, as the plugin would have:
@@ -1061,9 +255,7 @@ fn wait_registered(node: &Node, names: &[&str]) -> Vec<(String, Value)> {
 /// `hostNetwork` one are left alone.
 #[test]
 fn containerd_repair_meshes_an_injected_pod_that_started_unchained_and_leaves_the_others_alone() {
-    if !privileged(
-        "containerd_repair_meshes_an_injected_pod_that_started_unchained_and_leaves_the_others_alone",
-    ) {
+    if !privileged() {
         return;
     }
     let (api, metrics, mut node) = repairing_node("ctrdrepair");
@@ -1115,7 +307,7 @@ fn containerd_repair_meshes_an_injected_pod_that_started_unchained_and_leaves_th
         }
         api.put(fake_api::reported(object, "Running", &started));
     }
-    let registered = wait_registered(&node, &["web"]);
+    let registered = node.wait_registered(&["web"]);
     let record = &registered[0].1;
     assert_eq!(record["meta"]["namespace"], POD_NAMESPACE);
     assert_eq!(record["meta"]["uid"], web.uid.as_str());
@@ -1159,7 +351,7 @@ fn containerd_repair_meshes_an_injected_pod_that_started_unchained_and_leaves_th
 
     // Later passes change nothing, and nothing failed.
     std::thread::sleep(Duration::from_millis(2500));
-    wait_registered(&node, &["web"]);
+    node.wait_registered(&["web"]);
     assert_eq!(
         metric(&metrics, "interceptor_pods_repaired_total"),
         Some(1.0)
@@ -1193,9 +385,7 @@ fn containerd_repair_meshes_an_injected_pod_that_started_unchained_and_leaves_th
 /// each registered once.
 #[test]
 fn containerd_an_agent_restarted_midway_repairs_what_is_left_and_registers_nothing_twice() {
-    if !privileged(
-        "containerd_an_agent_restarted_midway_repairs_what_is_left_and_registers_nothing_twice",
-    ) {
+    if !privileged() {
         return;
     }
     let (api, metrics, mut node) = repairing_node("ctrdrestart");
@@ -1214,9 +404,9 @@ fn containerd_an_agent_restarted_midway_repairs_what_is_left_and_registers_nothi
         pod
     };
     let _a = start(&mut node, "a");
-    wait_registered(&node, &["a"]);
+    node.wait_registered(&["a"]);
     let _b = start(&mut node, "b");
-    wait_registered(&node, &["a", "b"]);
+    node.wait_registered(&["a", "b"]);
     let c = start(&mut node, "c");
     let deadline = Instant::now() + Duration::from_secs(20);
     let agent = node.agent.as_mut().expect("the armed agent");
@@ -1232,7 +422,7 @@ fn containerd_an_agent_restarted_midway_repairs_what_is_left_and_registers_nothi
     let d = start(&mut node, "d");
 
     node.restart_agent("");
-    let registered = wait_registered(&node, &["a", "b", "c", "d"]);
+    let registered = node.wait_registered(&["a", "b", "c", "d"]);
     let uids: std::collections::BTreeSet<&str> = registered
         .iter()
         .map(|(_, r)| r["meta"]["uid"].as_str().unwrap())
@@ -1269,24 +459,14 @@ fn containerd_an_agent_restarted_midway_repairs_what_is_left_and_registers_nothi
 #[test]
 fn containerd_a_primary_rewriting_its_conflist_while_pods_start_ends_with_every_injected_pod_meshed()
  {
-    if !privileged(
-        "containerd_a_primary_rewriting_its_conflist_while_pods_start_ends_with_every_injected_pod_meshed",
-    ) {
+    if !privileged() {
         return;
     }
     let (api, metrics, mut node) = repairing_node("ctrdrewrite");
     let installer_log = node.dir.join("installer.log");
-    let mut installer = Command::new(INTERCEPTOR)
-        .args(["cni", "install", "--watch", "--check-ms", "200"])
-        .args(["--plugin", PLUGIN, "--conf-dir"])
-        .arg(&node.cni.conf_dir)
-        .arg("--bin-dir")
-        .arg(&node.cni.bin_dir)
-        .arg("--agent-socket")
-        .arg(node.home.socket())
-        .arg("--log-file")
-        .arg(node.dir.join("cni.log"))
-        .args(["--linkerd", LINKERD])
+    let mut installer = node
+        .cni_install()
+        .args(["--watch", "--check-ms", "200"])
         .stderr(std::fs::File::create(&installer_log).unwrap())
         .spawn()
         .unwrap();
@@ -1361,7 +541,7 @@ fn containerd_a_primary_rewriting_its_conflist_while_pods_start_ends_with_every_
         ));
     }
     let expected: Vec<&str> = names.iter().map(String::as_str).collect();
-    wait_registered(&node, &expected);
+    node.wait_registered(&expected);
     let added = std::fs::read_to_string(node.dir.join("cni.log"))
         .unwrap_or_default()
         .lines()
@@ -1388,7 +568,7 @@ fn containerd_a_primary_rewriting_its_conflist_while_pods_start_ends_with_every_
         "{added} of {} pods registered by their ADD, the others repaired",
         names.len()
     );
-    wait_registered(&node, &expected);
+    node.wait_registered(&expected);
     let _ = installer.kill();
     let _ = installer.wait();
 }

@@ -1255,7 +1255,7 @@ impl Drop for Podman {
 
 #[test]
 fn the_image_runs_the_agent_the_plugin_and_both_iptables_modes() {
-    if !privileged("the_image_runs_the_agent_the_plugin_and_both_iptables_modes") {
+    if !privileged() {
         return;
     }
     let Some(podman) = load_image() else {
@@ -1557,7 +1557,7 @@ fn load_image() -> Option<Podman> {
 /// (the installer runs without `--daemonset` here: there is no API server to ask).
 #[test]
 fn the_daemonsets_pod_meshes_pods_and_keeps_them_meshed_through_a_replay() {
-    if !privileged("the_daemonsets_pod_meshes_pods_and_keeps_them_meshed_through_a_replay") {
+    if !privileged() {
         return;
     }
     let Some(podman) = load_image() else {
@@ -1676,7 +1676,7 @@ fn logs_carry_no_colour_codes_off_a_terminal_and_json_is_one_object_per_line() {
 /// none, and nothing where one is mounted already (the node's own, or its previous run's).
 #[test]
 fn the_init_container_mounts_a_bpffs_only_where_there_is_none() {
-    if !privileged("the_init_container_mounts_a_bpffs_only_where_there_is_none") {
+    if !privileged() {
         return;
     }
     const BPF_FS_MAGIC: i64 = 0xcafe_4a11;

@@ -72,7 +72,7 @@ fn ok_count(lines: &[String]) -> usize {
 
 #[test]
 fn one_app_uses_both_families_at_once_through_one_proxy_on_dual_stack_sockets() {
-    if !privileged("one_app_uses_both_families_at_once_through_one_proxy_on_dual_stack_sockets") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("dual");
@@ -165,7 +165,7 @@ fn one_app_uses_both_families_at_once_through_one_proxy_on_dual_stack_sockets() 
 /// through an IPv6 socket.
 #[test]
 fn without_ipv6_native_ipv6_is_left_alone_but_ipv4_on_ipv6_sockets_is_not() {
-    if !privileged("without_ipv6_native_ipv6_is_left_alone_but_ipv4_on_ipv6_sockets_is_not") {
+    if !privileged() {
         return;
     }
     let config = InterceptionConfig {
@@ -206,7 +206,7 @@ fn without_ipv6_native_ipv6_is_left_alone_but_ipv4_on_ipv6_sockets_is_not() {
 
 #[test]
 fn ipv6_decisions_are_counted_when_ipv6_is_off() {
-    if !privileged("ipv6_decisions_are_counted_when_ipv6_is_off") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("noip6cnt");
@@ -233,7 +233,7 @@ fn ipv6_decisions_are_counted_when_ipv6_is_off() {
 
 #[test]
 fn a_dual_stack_proxy_listening_before_registration_takes_both_families() {
-    if !privileged("a_dual_stack_proxy_listening_before_registration_takes_both_families") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("dualadopt");
@@ -266,7 +266,7 @@ fn a_dual_stack_proxy_listening_before_registration_takes_both_families() {
 
 #[test]
 fn an_ipv6_only_proxy_listener_never_takes_ipv4_which_fails_closed() {
-    if !privileged("an_ipv6_only_proxy_listener_never_takes_ipv4_which_fails_closed") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("v6only");
@@ -301,7 +301,7 @@ fn an_ipv6_only_proxy_listener_never_takes_ipv4_which_fails_closed() {
 /// socket (the other tests), `SOL_IPV6`/`IP6T_SO_ORIGINAL_DST` does not, on both backends.
 #[test]
 fn an_ipv6_original_destination_is_not_made_up_for_an_ipv4_connection() {
-    if !privileged("an_ipv6_original_destination_is_not_made_up_for_an_ipv4_connection") {
+    if !privileged() {
         return;
     }
     let backends: [(&str, &dyn Backend); 2] = [

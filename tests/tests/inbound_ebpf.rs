@@ -40,7 +40,7 @@ fn eventually(mut f: impl FnMut() -> Landing, ok: impl Fn(&Landing) -> bool) -> 
 
 #[test]
 fn without_a_listening_proxy_inbound_fails_closed_then_steers_once_it_listens() {
-    if !privileged("without_a_listening_proxy_inbound_fails_closed_then_steers_once_it_listens") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("nolisten");
@@ -76,7 +76,7 @@ fn without_a_listening_proxy_inbound_fails_closed_then_steers_once_it_listens() 
 
 #[test]
 fn a_restarted_proxy_listener_replaces_the_old_one() {
-    if !privileged("a_restarted_proxy_listener_replaces_the_old_one") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("restart");
@@ -101,7 +101,7 @@ fn a_restarted_proxy_listener_replaces_the_old_one() {
 
 #[test]
 fn a_proxy_listening_before_the_pod_is_meshed_is_found() {
-    if !privileged("a_proxy_listening_before_the_pod_is_meshed_is_found") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("early");
@@ -116,7 +116,7 @@ fn a_proxy_listening_before_the_pod_is_meshed_is_found() {
 
 #[test]
 fn a_listener_on_another_port_is_not_taken_for_the_proxy() {
-    if !privileged("a_listener_on_another_port_is_not_taken_for_the_proxy") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("otherport");
@@ -139,7 +139,7 @@ fn a_listener_on_another_port_is_not_taken_for_the_proxy() {
 
 #[test]
 fn inbound_counters_count_each_decision() {
-    if !privileged("inbound_counters_count_each_decision") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("incount");
@@ -175,7 +175,7 @@ fn inbound_counters_count_each_decision() {
 
 #[test]
 fn two_pods_with_identical_addresses_each_steer_to_their_own_proxy() {
-    if !privileged("two_pods_with_identical_addresses_each_steer_to_their_own_proxy") {
+    if !privileged() {
         return;
     }
     let a = PodFixture::new("in-twin-a");
@@ -210,7 +210,7 @@ fn two_pods_with_identical_addresses_each_steer_to_their_own_proxy() {
 
 #[test]
 fn unregistering_a_pod_stops_steering() {
-    if !privileged("unregistering_a_pod_stops_steering") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("inremove");
@@ -228,7 +228,7 @@ fn unregistering_a_pod_stops_steering() {
 
 #[test]
 fn loopback_is_decided_by_the_pods_own_program_and_counted_there() {
-    if !privileged("loopback_is_decided_by_the_pods_own_program_and_counted_there") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("lo-own");

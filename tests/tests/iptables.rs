@@ -90,7 +90,7 @@ fn run_cli(args: &[String]) -> std::process::Output {
 
 #[test]
 fn the_default_linkerd_configuration_lists_exactly_as_proxy_init() {
-    if !privileged("the_default_linkerd_configuration_lists_exactly_as_proxy_init") {
+    if !privileged() {
         return;
     }
     for (mode, name) in [(IptablesMode::Legacy, "legacy"), (IptablesMode::Nft, "nft")] {
@@ -113,7 +113,7 @@ fn the_default_linkerd_configuration_lists_exactly_as_proxy_init() {
 
 #[test]
 fn running_twice_is_idempotent() {
-    if !privileged("running_twice_is_idempotent") {
+    if !privileged() {
         return;
     }
     let netns = Netns::new("ipt-twice");
@@ -133,7 +133,7 @@ fn running_twice_is_idempotent() {
 
 #[test]
 fn cleanup_removes_ours_and_nothing_else() {
-    if !privileged("cleanup_removes_ours_and_nothing_else") {
+    if !privileged() {
         return;
     }
     let netns = Netns::new("ipt-clean");
@@ -178,7 +178,7 @@ fn cleanup_removes_ours_and_nothing_else() {
 
 #[test]
 fn ipv6_applies_the_same_rules_with_ip6tables() {
-    if !privileged("ipv6_applies_the_same_rules_with_ip6tables") {
+    if !privileged() {
         return;
     }
     let netns = Netns::new("ipt-v6");
@@ -207,7 +207,7 @@ fn ipv6_applies_the_same_rules_with_ip6tables() {
 
 #[test]
 fn a_missing_binary_is_named_and_nothing_is_installed() {
-    if !privileged("a_missing_binary_is_named_and_nothing_is_installed") {
+    if !privileged() {
         return;
     }
     let netns = Netns::new("ipt-missing");
@@ -238,7 +238,7 @@ fn a_missing_binary_is_named_and_nothing_is_installed() {
 
 #[test]
 fn a_failing_command_is_reported_and_leaves_no_half_installed_chain() {
-    if !privileged("a_failing_command_is_reported_and_leaves_no_half_installed_chain") {
+    if !privileged() {
         return;
     }
     let netns = Netns::new("ipt-fail");
@@ -282,7 +282,7 @@ fn a_failing_command_is_reported_and_leaves_no_half_installed_chain() {
 
 #[test]
 fn simulate_prints_the_commands_and_changes_nothing() {
-    if !privileged("simulate_prints_the_commands_and_changes_nothing") {
+    if !privileged() {
         return;
     }
     let netns = Netns::new("ipt-sim");
@@ -301,7 +301,7 @@ fn simulate_prints_the_commands_and_changes_nothing() {
 
 #[test]
 fn auto_mode_uses_ebpf_when_the_kernel_allows_it() {
-    if !privileged("auto_mode_uses_ebpf_when_the_kernel_allows_it") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("auto-ebpf");
@@ -335,7 +335,7 @@ fn auto_mode_uses_ebpf_when_the_kernel_allows_it() {
 
 #[test]
 fn auto_mode_falls_back_to_iptables_without_bpf_privileges() {
-    if !privileged("auto_mode_falls_back_to_iptables_without_bpf_privileges") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("auto-ipt");

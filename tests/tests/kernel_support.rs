@@ -29,7 +29,7 @@ fn kernel_report() -> Value {
 
 #[test]
 fn every_variant_loads_exactly_where_the_probes_say_it_can() {
-    if !privileged("every_variant_loads_exactly_where_the_probes_say_it_can") {
+    if !privileged() {
         return;
     }
     let report = kernel_report();

@@ -183,7 +183,7 @@ fn agent_watching(api: &FakeApi, home: &AgentHome, extra: &[&str]) -> (Agent, St
         &metrics,
     ];
     args.extend(extra);
-    let agent = home.start_logged(&home.log_path(), &args);
+    let agent = home.agent().args(&args).log_to(&home.log_path()).start();
     eventually("the agent watches the node's pods", || {
         api.requests_with("watch=true") > 0
     });
@@ -211,9 +211,7 @@ fn registered(home: &AgentHome) -> Vec<String> {
 
 #[test]
 fn the_agent_reads_a_pods_annotations_from_the_kubernetes_api_when_the_runtime_passes_none() {
-    if !privileged(
-        "the_agent_reads_a_pods_annotations_from_the_kubernetes_api_when_the_runtime_passes_none",
-    ) {
+    if !privileged() {
         return;
     }
     let api = api_with(vec![
@@ -325,12 +323,12 @@ fn the_agent_reads_a_pods_annotations_from_the_kubernetes_api_when_the_runtime_p
 
 #[test]
 fn without_kubernetes_access_a_pod_without_annotations_is_told_to_try_again() {
-    if !privileged("without_kubernetes_access_a_pod_without_annotations_is_told_to_try_again") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("kubenone");
     let home = AgentHome::new(&fixture.cgroup.path);
-    let _agent = home.start();
+    let _agent = home.agent().start();
     let network = network_without_annotations(&home);
     let error = network
         .add("web", &fixture.pod.path(), &json!(null))
@@ -345,7 +343,7 @@ fn without_kubernetes_access_a_pod_without_annotations_is_told_to_try_again() {
 /// runtime passed its annotations is meshed as they say; one whose runtime passed none waits.
 #[test]
 fn without_a_kubernetes_client_an_injected_pod_is_meshed_by_its_annotations() {
-    if !privileged("without_a_kubernetes_client_an_injected_pod_is_meshed_by_its_annotations") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("kubebad");
@@ -353,7 +351,10 @@ fn without_a_kubernetes_client_an_injected_pod_is_meshed_by_its_annotations() {
     let kubeconfig = home.state_dir.join("kubeconfig");
     std::fs::create_dir_all(&home.state_dir).unwrap();
     std::fs::write(&kubeconfig, "not: [a kubeconfig").unwrap();
-    let _agent = home.start_with(&["--kubeconfig", &kubeconfig.display().to_string()]);
+    let _agent = home
+        .agent()
+        .args(&["--kubeconfig", &kubeconfig.display().to_string()])
+        .start();
     network_with_annotations(&home, "kubebad-cni")
         .add(
             "web",
@@ -376,7 +377,7 @@ fn without_a_kubernetes_client_an_injected_pod_is_meshed_by_its_annotations() {
 /// passed the annotations or not; a pod with a `linkerd-init` init container is left to it.
 #[test]
 fn a_control_plane_pod_reaches_the_api_server_around_its_proxy() {
-    if !privileged("a_control_plane_pod_reaches_the_api_server_around_its_proxy") {
+    if !privileged() {
         return;
     }
     let control_plane = |name: &str| {
@@ -484,7 +485,7 @@ fn outbound_ignored(home: &AgentHome, name: &str) -> Value {
 /// pod's own wins, key by key; nothing else comes from the namespace.
 #[test]
 fn a_namespaces_config_annotations_apply_to_its_pods_under_their_own() {
-    if !privileged("a_namespaces_config_annotations_apply_to_its_pods_under_their_own") {
+    if !privileged() {
         return;
     }
     let api = api_with_namespace(
@@ -551,9 +552,7 @@ fn a_namespaces_config_annotations_apply_to_its_pods_under_their_own() {
 /// the pod itself, and is meshed with the namespace's annotations once the API answers.
 #[test]
 fn a_forbidden_namespace_leaves_pods_their_own_annotations_and_an_unanswered_one_waits() {
-    if !privileged(
-        "a_forbidden_namespace_leaves_pods_their_own_annotations_and_an_unanswered_one_waits",
-    ) {
+    if !privileged() {
         return;
     }
     let pods = || vec![pod("web", NODE, &[INJECTED])];
@@ -618,7 +617,7 @@ fn systemd_pod_process(node_cgroup: &Path, uid: &str, netns: &Path) -> (PathBuf,
 /// and repaired once it is there.
 #[test]
 fn repair_finds_a_pods_namespace_by_its_uid_and_reports_one_it_cannot_find_yet() {
-    if !privileged("repair_finds_a_pods_namespace_by_its_uid_and_reports_one_it_cannot_find_yet") {
+    if !privileged() {
         return;
     }
     let uid = |name: &str| format!("{}-{name}", std::process::id());
@@ -743,7 +742,7 @@ fn repair_finds_a_pods_namespace_by_its_uid_and_reports_one_it_cannot_find_yet()
 /// the agent before it starts.
 #[test]
 fn without_the_api_repair_is_off_and_the_agent_says_so_once() {
-    if !privileged("without_the_api_repair_is_off_and_the_agent_says_so_once") {
+    if !privileged() {
         return;
     }
     let api = api_with(Vec::new());
@@ -772,7 +771,7 @@ fn without_the_api_repair_is_off_and_the_agent_says_so_once() {
         ),
     ] {
         let log = home.log_path();
-        home.start_logged(&log, args).stop();
+        home.agent().args(args).log_to(&log).start().stop();
         let text = std::fs::read_to_string(&log).unwrap();
         assert_eq!(text.matches("pod repair is off").count(), 1, "{text}");
         assert!(text.contains(why), "{why}: {text}");
@@ -845,7 +844,7 @@ fn taints(api: &FakeApi) -> Vec<String> {
 #[test]
 fn the_startup_taint_goes_once_the_node_can_mesh_pods() {
     use interceptor::agent::api::node_status::ChainReport;
-    if !privileged("the_startup_taint_goes_once_the_node_can_mesh_pods") {
+    if !privileged() {
         return;
     }
     let api = api_with(Vec::new());
@@ -960,7 +959,7 @@ fn the_startup_taint_goes_once_the_node_can_mesh_pods() {
 #[test]
 fn a_pods_drift_leaves_the_node_ready_and_is_told_elsewhere() {
     use std::os::fd::AsFd as _;
-    if !privileged("a_pods_drift_leaves_the_node_ready_and_is_told_elsewhere") {
+    if !privileged() {
         return;
     }
     let api = api_with(Vec::new());

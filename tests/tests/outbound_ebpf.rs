@@ -26,7 +26,7 @@ use interceptor_tests::{
 
 #[test]
 fn counters_count_each_decision_per_pod() {
-    if !privileged("counters_count_each_decision_per_pod") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("count");
@@ -85,7 +85,7 @@ fn counters_count_each_decision_per_pod() {
 /// dialled; a port no pod has is not in it.
 #[test]
 fn an_app_sees_the_address_it_dialled_whatever_its_pods_outbound_port() {
-    if !privileged("an_app_sees_the_address_it_dialled_whatever_its_pods_outbound_port") {
+    if !privileged() {
         return;
     }
     const OTHER_PORT: u16 = 5140;
@@ -126,7 +126,7 @@ fn an_app_sees_the_address_it_dialled_whatever_its_pods_outbound_port() {
 
 #[test]
 fn two_pods_with_identical_addresses_do_not_interfere() {
-    if !privileged("two_pods_with_identical_addresses_do_not_interfere") {
+    if !privileged() {
         return;
     }
     // Both pods are 10.77.0.1 with a remote 10.77.0.2; one node attachment serves both.
@@ -183,7 +183,7 @@ fn two_pods_with_identical_addresses_do_not_interfere() {
 
 #[test]
 fn thousands_of_short_connections_all_get_their_original_destination() {
-    if !privileged("thousands_of_short_connections_all_get_their_original_destination") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("loop");
@@ -221,7 +221,7 @@ fn thousands_of_short_connections_all_get_their_original_destination() {
 
 #[test]
 fn entries_go_when_the_proxy_socket_closes_read_or_not() {
-    if !privileged("entries_go_when_the_proxy_socket_closes_read_or_not") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("closed");
@@ -257,7 +257,7 @@ fn proxy_outside_the_cgroup(fixture: &PodFixture) -> interceptor_tests::probe::L
 
 #[test]
 fn entries_nobody_removes_are_bounded() {
-    if !privileged("entries_nobody_removes_are_bounded") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("bound");
@@ -288,7 +288,7 @@ fn entries_nobody_removes_are_bounded() {
 
 #[test]
 fn a_stale_entry_never_answers_for_a_reused_tuple() {
-    if !privileged("a_stale_entry_never_answers_for_a_reused_tuple") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("stale");
@@ -321,7 +321,7 @@ fn a_stale_entry_never_answers_for_a_reused_tuple() {
 
 #[test]
 fn udp_is_never_touched() {
-    if !privileged("udp_is_never_touched") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("udp");
@@ -356,7 +356,7 @@ fn udp_is_never_touched() {
 
 #[test]
 fn namespaces_that_are_not_registered_are_untouched() {
-    if !privileged("namespaces_that_are_not_registered_are_untouched") {
+    if !privileged() {
         return;
     }
     let meshed = PodFixture::new("meshed");
@@ -376,7 +376,7 @@ fn namespaces_that_are_not_registered_are_untouched() {
 
 #[test]
 fn detaching_restores_direct_connections() {
-    if !privileged("detaching_restores_direct_connections") {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("detach");
@@ -416,9 +416,7 @@ fn detaching_restores_direct_connections() {
 /// given back.
 #[test]
 fn a_taken_connect_slot_sends_the_connect_to_the_lru_map_and_a_stale_one_is_taken_over() {
-    if !privileged(
-        "a_taken_connect_slot_sends_the_connect_to_the_lru_map_and_a_stale_one_is_taken_over",
-    ) {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("slots");
@@ -563,9 +561,7 @@ fn twenty_connects_land_right(app: &interceptor_tests::Probe) {
 
 #[test]
 fn a_held_pending_slot_sends_the_connection_to_the_lru_map_and_a_stale_or_same_key_one_is_taken() {
-    if !privileged(
-        "a_held_pending_slot_sends_the_connection_to_the_lru_map_and_a_stale_or_same_key_one_is_taken",
-    ) {
+    if !privileged() {
         return;
     }
     let fixture = PodFixture::new("pslots");
@@ -660,7 +656,7 @@ fn a_held_pending_slot_sends_the_connection_to_the_lru_map_and_a_stale_or_same_k
 
 #[test]
 fn a_load_that_fails_leaves_no_pins_behind() {
-    if !privileged("a_load_that_fails_leaves_no_pins_behind") {
+    if !privileged() {
         return;
     }
     // A map of no entries: the kernel refuses to create it, after the maps before it were

@@ -17,8 +17,8 @@ use interceptor_tests::{
 /// An address only interception can reach (the remote refuses it).
 const UNREACHABLE: &str = "192.0.2.2:1404";
 
-fn redirected_on_every_backend_and_family(test: &str, via: &str) {
-    if !privileged(test) {
+fn redirected_on_every_backend_and_family(via: &str) {
+    if !privileged() {
         return;
     }
     let backends: [(&str, &dyn Backend); 2] = [
@@ -57,33 +57,30 @@ fn redirected_on_every_backend_and_family(test: &str, via: &str) {
 
 #[test]
 fn a_blocking_connect_is_redirected() {
-    redirected_on_every_backend_and_family("a_blocking_connect_is_redirected", "connect");
+    redirected_on_every_backend_and_family("connect");
 }
 
 #[test]
 fn a_non_blocking_connect_is_redirected() {
-    redirected_on_every_backend_and_family("a_non_blocking_connect_is_redirected", "nonblocking");
+    redirected_on_every_backend_and_family("nonblocking");
 }
 
 #[test]
 fn an_io_uring_connect_is_redirected() {
-    redirected_on_every_backend_and_family("an_io_uring_connect_is_redirected", "io-uring");
+    redirected_on_every_backend_and_family("io-uring");
 }
 
 #[test]
 fn a_fast_open_sendto_without_connect_is_redirected() {
-    redirected_on_every_backend_and_family(
-        "a_fast_open_sendto_without_connect_is_redirected",
-        "fastopen-sendto",
-    );
+    redirected_on_every_backend_and_family("fastopen-sendto");
 }
 
 #[test]
 fn a_fast_open_connect_is_redirected() {
-    redirected_on_every_backend_and_family("a_fast_open_connect_is_redirected", "fastopen-connect");
+    redirected_on_every_backend_and_family("fastopen-connect");
 }
 
 #[test]
 fn a_multipath_tcp_connect_is_redirected() {
-    redirected_on_every_backend_and_family("a_multipath_tcp_connect_is_redirected", "mptcp");
+    redirected_on_every_backend_and_family("mptcp");
 }

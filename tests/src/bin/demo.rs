@@ -179,7 +179,11 @@ fn node_agent(interceptor: &Path, pod: &PodFixture, app: &Probe) -> anyhow::Resu
             home.state_dir.display()
         ),
     );
-    let agent = home.start_shown(&["--metrics-addr", &metrics]);
+    let agent = home
+        .agent()
+        .args(&["--metrics-addr", &metrics])
+        .log_shown()
+        .start();
 
     let network = CniNetwork::new("demo-node");
     let plugin = sibling_binary("interceptor-cni");
@@ -244,7 +248,11 @@ fn node_agent(interceptor: &Path, pod: &PodFixture, app: &Probe) -> anyhow::Resu
         agent.kill();
         println!("  agent killed");
         std::thread::sleep(Duration::from_millis(500));
-        let agent = home.start_shown(&["--metrics-addr", &metrics]);
+        let agent = home
+            .agent()
+            .args(&["--metrics-addr", &metrics])
+            .log_shown()
+            .start();
         (load.join(), agent)
     });
     let (load, agent) = lines;

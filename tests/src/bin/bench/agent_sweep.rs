@@ -159,7 +159,7 @@ pub fn run(
         .with_state_on_tmpfs();
     let log = home.log_path();
     // The periodic check at its default, as on a node.
-    let agent = home.start_logged(&log, &AGENT_FLAGS);
+    let agent = home.agent().args(&AGENT_FLAGS).log_to(&log).start();
     let mut registration_ms = Vec::new();
     let mut points = Vec::new();
     let mut rests = Vec::new();
