@@ -89,16 +89,7 @@ impl Probe {
 
     /// Runs a command to completion and returns its stdout lines.
     pub fn run(&self, args: &[&str]) -> Vec<String> {
-        let out = self.command(args).output().expect("run netprobe");
-        assert!(
-            out.status.success(),
-            "netprobe {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        succeeded(args, self.command(args).output().expect("run netprobe"))
     }
 
     /// Runs a command to completion with `input` on its stdin; returns its stdout lines.
@@ -117,15 +108,7 @@ impl Probe {
         let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
         let out = child.wait_with_output().expect("netprobe output");
         let _ = writer.join();
-        assert!(
-            out.status.success(),
-            "netprobe {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        succeeded(args, out)
     }
 
     /// One connection: where it landed.
@@ -242,4 +225,17 @@ impl Landing {
             other => panic!("expected to reach a real server, got {other:?}"),
         }
     }
+}
+
+/// The stdout lines of a netprobe command that must have succeeded.
+fn succeeded(args: &[&str], out: std::process::Output) -> Vec<String> {
+    assert!(
+        out.status.success(),
+        "netprobe {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }
