@@ -11,6 +11,7 @@
 //! succeed by being intercepted.
 pub mod agent_home;
 pub mod cni_network;
+pub mod cni_node;
 pub mod containerd;
 pub mod ebpf_backend;
 pub mod fake_api;
