@@ -110,10 +110,19 @@ pub struct PodAddRequest {
 impl PodAddRequest {
     /// The request's configuration: `config`, or else `args` read as proxy-init's flags.
     pub fn config(&self) -> Result<InterceptionConfig, ConfigError> {
-        match &self.config {
-            Some(config) => Ok(config.clone()),
-            None => InterceptionConfig::from_proxy_init_args(&self.args),
-        }
+        config_or_flags(self.config.as_ref(), &self.args)
+    }
+}
+
+/// A configuration as this version writes it (`config`), or else as what predates it wrote it
+/// (`args`, proxy-init's flags): a registration of an older client, a record of an older agent.
+fn config_or_flags(
+    config: Option<&InterceptionConfig>,
+    args: &[String],
+) -> Result<InterceptionConfig, ConfigError> {
+    match config {
+        Some(config) => Ok(config.clone()),
+        None => InterceptionConfig::from_proxy_init_args(args),
     }
 }
 

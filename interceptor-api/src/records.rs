@@ -147,13 +147,8 @@ pub fn parse<C: DeserializeOwned>(name: &str, bytes: &[u8]) -> Result<ReadBack<C
             content: stored.netns_cookie,
         });
     }
-    let (config, older) = match stored.config {
-        Some(config) => (config, false),
-        None => (
-            InterceptionConfig::from_proxy_init_args(&stored.args)?,
-            true,
-        ),
-    };
+    let older = stored.config.is_none();
+    let config = crate::config_or_flags(stored.config.as_ref(), &stored.args)?;
     Ok(ReadBack {
         record: PodRecord {
             netns: stored.netns,
