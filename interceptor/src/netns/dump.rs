@@ -1,7 +1,10 @@
 //! One rtnetlink dump (`NLM_F_DUMP`) of the calling thread's network namespace, on a socket of
 //! its own: the request sent, each answer read until `NLMSG_DONE`, what the caller picks from
 //! each message kept. Addresses and routes are read this way.
-use std::{io, os::fd::AsFd as _};
+use std::{
+    io,
+    os::fd::{AsFd as _, OwnedFd},
+};
 
 use interceptor_sys::netns::{recv, route_socket, send};
 use netlink_packet_core::{
@@ -15,14 +18,7 @@ pub(super) fn dump<T>(
     mut pick: impl FnMut(RouteNetlinkMessage) -> Option<T>,
 ) -> io::Result<Vec<T>> {
     let fd = route_socket(0)?;
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-    header.sequence_number = 1;
-    let mut request = NetlinkMessage::new(header, request.into());
-    request.finalize();
-    let mut datagram = vec![0u8; request.buffer_len()];
-    request.serialize(&mut datagram);
-    send(fd.as_fd(), &datagram)?;
+    send_request(&fd, request, NLM_F_DUMP)?;
 
     let mut picked = Vec::new();
     let mut buf = vec![0u8; 32 * 1024];
@@ -32,6 +28,22 @@ pub(super) fn dump<T>(
             return Ok(picked);
         }
     }
+}
+
+/// Sends one request on `socket`, with `flags` beside `NLM_F_REQUEST`, as sequence number 1.
+pub(super) fn send_request(
+    socket: &OwnedFd,
+    request: RouteNetlinkMessage,
+    flags: u16,
+) -> io::Result<()> {
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | flags;
+    header.sequence_number = 1;
+    let mut message = NetlinkMessage::new(header, request.into());
+    message.finalize();
+    let mut datagram = vec![0u8; message.buffer_len()];
+    message.serialize(&mut datagram);
+    send(socket.as_fd(), &datagram).map(drop)
 }
 
 /// Parses one datagram of a dump, keeping what `pick` takes; true once the dump is done. Bytes

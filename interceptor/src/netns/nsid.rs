@@ -8,17 +8,14 @@
 //! namespaces (a socket keeps its namespace alive), and costs one file descriptor per node.
 use std::{io, os::fd::AsFd as _, os::fd::AsRawFd as _, os::fd::OwnedFd};
 
-use interceptor_sys::netns::{listen_all_nsid, recv, recv_with_nsid, route_socket, send};
-use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_ECHO, NLM_F_REQUEST, NLMSG_ALIGNTO, NetlinkHeader, NetlinkMessage,
-    NetlinkPayload,
-};
+use interceptor_sys::netns::{listen_all_nsid, recv, recv_with_nsid, route_socket};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_ECHO, NLMSG_ALIGNTO, NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::{
     RouteNetlinkMessage,
     nsid::{NsidAttribute, NsidMessage},
 };
 
-use super::PodNetns;
+use super::{PodNetns, dump::send_request};
 
 /// `NETNSA_NSID_NOT_ASSIGNED`: the namespace has no id in ours.
 const NOT_ASSIGNED: i32 = -1;
@@ -64,14 +61,7 @@ fn by_fd(fd: u32, id: Option<i32>) -> NsidMessage {
 /// and its acknowledgement are read up to the acknowledgement, so the next request on `socket`
 /// reads its own.
 fn ask(socket: &OwnedFd, request: RouteNetlinkMessage, flags: u16) -> io::Result<Option<i32>> {
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
-    header.sequence_number = 1;
-    let mut message = NetlinkMessage::new(header, request.into());
-    message.finalize();
-    let mut datagram = vec![0u8; message.buffer_len()];
-    message.serialize(&mut datagram);
-    send(socket.as_fd(), &datagram)?;
+    send_request(socket, request, NLM_F_ACK | flags)?;
     let mut buf = vec![0u8; 4096];
     let mut id = None;
     loop {
