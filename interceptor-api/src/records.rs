@@ -8,7 +8,7 @@
 //!
 //! A record's backend part is `C`: what the iptables backend wrote in the pod (the agent's
 //! `ChainsInForce`), opaque here.
-use std::{collections::BTreeSet, path::PathBuf};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
@@ -25,20 +25,24 @@ pub struct PodRecord<C> {
     pub backend: PodBackend<C>,
 }
 
-/// What the agent keeps with each pod in its backend's table, which is the one table of the
-/// agent's pods: the rest of a record (its key and configuration) is the backend's.
+/// What the agent keeps with each pod in the node's pod table: the rest of a record (its key,
+/// namespace path and configuration) is the entry's own.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodFacts<C> {
-    pub netns: PathBuf,
     pub meta: PodMeta,
     /// Which backend meshed the pod.
     pub meshed_by: PodBackend<C>,
 }
 
 impl<C: Clone> PodRecord<C> {
-    pub fn new(netns_cookie: NetnsCookie, config: InterceptionConfig, facts: PodFacts<C>) -> Self {
+    pub fn new(
+        netns_cookie: NetnsCookie,
+        netns: PathBuf,
+        config: InterceptionConfig,
+        facts: PodFacts<C>,
+    ) -> Self {
         Self {
-            netns: facts.netns,
+            netns,
             netns_cookie,
             meta: facts.meta,
             config,
@@ -48,7 +52,6 @@ impl<C: Clone> PodRecord<C> {
 
     pub fn facts(&self) -> PodFacts<C> {
         PodFacts {
-            netns: self.netns.clone(),
             meta: self.meta.clone(),
             meshed_by: self.backend.clone(),
         }
@@ -249,18 +252,6 @@ pub fn restore_step<C>(
             },
         },
     })
-}
-
-/// The pods the maps or the pins hold something of (`in_maps`) that are not registered: a
-/// registration or a removal cut short. Their leftovers are removed.
-pub fn leftovers(
-    in_maps: impl IntoIterator<Item = NetnsCookie>,
-    registered: impl Fn(NetnsCookie) -> bool,
-) -> BTreeSet<NetnsCookie> {
-    in_maps
-        .into_iter()
-        .filter(|cookie| !registered(*cookie))
-        .collect()
 }
 
 #[cfg(test)]

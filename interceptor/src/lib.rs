@@ -3,6 +3,8 @@
 //!
 //! - [`config`]: how a pod is intercepted, as plain data (the `interceptor-config` crate).
 //! - [`ebpf`]: the eBPF backend (loader, pod registry); the programs live in `interceptor-ebpf`.
+//! - [`node`]: the one table of a node's pods, and the trait its backends implement.
+//! - [`iptables`]: the other backend, proxy-init's chains in each pod's namespace.
 //! - [`netns`], [`cgroup`]: where pods live and where programs attach.
 //! - [`state`]: what a running instance leaves for `status`.
 //! - [`agent`]: the node agent (`interceptor daemon`) and its API.
@@ -25,4 +27,5 @@ pub mod iptables;
 pub mod kubernetes;
 pub mod logging;
 pub mod netns;
+pub mod node;
 pub mod state;

@@ -18,8 +18,8 @@ const LAYERS: &[&[&str]] = &[
     // The node agent, `run`'s record of the one instance it attached, and the cluster's check
     // of every node's agent (`health`, read from the Kubernetes API).
     &["agent", "state", "health"],
-    // The node's two backends.
-    &["ebpf", "iptables"],
+    // The node's pod table and the trait its backends implement (`node`), and the two backends.
+    &["node", "ebpf", "iptables"],
     // What they attach to and pin in, and the Kubernetes API client.
     &["netns", "cgroup", "bpffs", "kubernetes"],
     // Below everything: the configuration (the interceptor-config crate), logging, crash

@@ -1,8 +1,9 @@
 //! The eBPF backend, driven in-process through the same library calls `interceptor run` makes.
 use interceptor::{
     config::InterceptionConfig,
-    ebpf::{EbpfNode, LoadOptions, PodSpec},
+    ebpf::{EbpfPods, LoadOptions},
     netns::PodNetns,
+    node::Wanted,
 };
 
 use crate::{Netns, PodFixture, scenario::Backend};
@@ -33,38 +34,33 @@ pub fn options() -> LoadOptions {
     )
 }
 
-pub fn load(options: LoadOptions) -> EbpfNode {
-    EbpfNode::load(options).unwrap_or_else(|e| panic!("load eBPF: {e}"))
+/// The node's programs and maps, with an empty pod table.
+pub fn load(options: LoadOptions) -> EbpfPods {
+    EbpfPods::load(options).unwrap_or_else(|e| panic!("load eBPF: {e}"))
 }
 
-pub fn pod_spec(netns: &Netns, config: &InterceptionConfig) -> PodSpec {
-    let pod = std::sync::Arc::new(PodNetns::open(&netns.path()).expect("open pod netns"));
-    let local = pod
-        .local_destinations()
-        .expect("pod addresses and local routes");
-    PodSpec {
-        netns: std::sync::Arc::clone(&pod),
-        netns_cookie: pod.cookie().expect("netns cookie"),
-        addresses: local.addresses,
-        local_routes: local.routes,
-        config: config.clone(),
-    }
-}
-
-/// Registers the pod; returns its netns cookie.
+/// Registers the pod, as `interceptor run` does; returns its netns cookie.
 pub fn register(
-    node: &mut EbpfNode,
+    node: &mut EbpfPods,
     netns: &Netns,
     config: &InterceptionConfig,
 ) -> interceptor_common::NetnsCookie {
-    let spec = pod_spec(netns, config);
-    node.pods()
-        .add(&spec)
+    let path = netns.path();
+    let pod = PodNetns::open(&path).expect("open pod netns");
+    let (cookie, local) = pod
+        .cookie_and_local()
+        .expect("netns cookie, pod addresses and local routes");
+    let wanted = Wanted {
+        netns: &pod,
+        config,
+        local: &local,
+    };
+    node.add(cookie, &path, &wanted, ())
         .unwrap_or_else(|e| panic!("register pod: {e}"));
-    spec.netns_cookie
+    cookie
 }
 
-pub fn attach(node: &mut EbpfNode, cgroup: &std::path::Path) {
+pub fn attach(node: &mut EbpfPods, cgroup: &std::path::Path) {
     node.attach(cgroup)
         .unwrap_or_else(|e| panic!("attach: {e}"));
 }

@@ -126,7 +126,7 @@ fn one_app_uses_both_families_at_once_through_one_proxy_on_dual_stack_sockets() 
     // lo, which sk_lookup sees as the pod talking to itself, as do the app's two connections to
     // its own addresses; sk_lookup also runs for a segment that finds no socket any more (the
     // proxy's FIN after the app closed with RST), so that counter may be a little higher.
-    let counters = node.pods().counters(cookie).unwrap().unwrap();
+    let counters = node.counters(cookie).unwrap().unwrap();
     assert_eq!(counters.get(Decision::Redirected), 400);
     // netprobe's proxy asks twice per connection.
     assert_eq!(counters.get(Decision::OrigDstServed), 800);
@@ -226,7 +226,7 @@ fn ipv6_decisions_are_counted_when_ipv6_is_off() {
             .server_name(),
         "app-80"
     );
-    let counters = node.pods().counters(cookie).unwrap().unwrap();
+    let counters = node.counters(cookie).unwrap().unwrap();
     assert_eq!(counters.get(Decision::Ipv6NotIntercepted), 1);
     assert_eq!(counters.get(Decision::InboundIpv6NotIntercepted), 1);
 }
@@ -243,7 +243,7 @@ fn a_dual_stack_proxy_listening_before_registration_takes_both_families() {
     let mut node = load(options());
     let cookie = register(&mut node, &fixture.pod, &dual_stack_config());
     attach(&mut node, &fixture.cgroup.path);
-    assert!(node.pods().has_listener(cookie));
+    assert!(node.has_listener(cookie));
     let client = fixture.on_remote();
     for target in [format!("{POD_ADDR}:80"), format!("[{POD_ADDR6}]:80")] {
         match client.connect(&target) {
@@ -292,7 +292,7 @@ fn an_ipv6_only_proxy_listener_never_takes_ipv4_which_fails_closed() {
         client.connect(&format!("{POD_ADDR}:80")),
         Landing::Failed("connect:ECONNREFUSED".into())
     );
-    let counters = node.pods().counters(cookie).unwrap().unwrap();
+    let counters = node.counters(cookie).unwrap().unwrap();
     assert_eq!(counters.get(Decision::Steered), 1);
     assert_eq!(counters.get(Decision::InboundNoListener), 1);
 }

@@ -57,12 +57,12 @@ fn without_a_listening_proxy_inbound_fails_closed_then_steers_once_it_listens() 
     );
     // Exempt traffic is not affected.
     assert_eq!(client.connect("10.77.0.1:4190").server_name(), "app-4190");
-    assert!(!node.pods().has_listener(cookie));
+    assert!(!node.has_listener(cookie));
 
     let _proxy = start_inbound_proxy(&fixture);
     assert_steered(&client.connect("10.77.0.1:80"), "10.77.0.1:80");
-    assert!(node.pods().has_listener(cookie));
-    let counters = node.pods().counters(cookie).unwrap().unwrap();
+    assert!(node.has_listener(cookie));
+    let counters = node.counters(cookie).unwrap().unwrap();
     // A lookup per SYN: one the client sent again before the refusal reached it is counted
     // again (2 was seen once, on 6.1 under QEMU).
     let refused = counters.get(Decision::InboundNoListener);
@@ -110,7 +110,7 @@ fn a_proxy_listening_before_the_pod_is_meshed_is_found() {
     let mut node = load(options());
     attach(&mut node, &fixture.cgroup.path);
     let cookie = register(&mut node, &fixture.pod, &linkerd_config());
-    assert!(node.pods().has_listener(cookie));
+    assert!(node.has_listener(cookie));
     assert_steered(&fixture.on_remote().connect("10.77.0.1:80"), "10.77.0.1:80");
 }
 
@@ -130,7 +130,7 @@ fn a_listener_on_another_port_is_not_taken_for_the_proxy() {
             .in_pod()
             .uid(PROXY_UID)
             .listen(&["proxy", "0.0.0.0:4191", "--name", "admin"]);
-    assert!(!node.pods().has_listener(cookie));
+    assert!(!node.has_listener(cookie));
     assert_eq!(
         fixture.on_remote().connect("10.77.0.1:80"),
         Landing::Failed("connect:ECONNREFUSED".into())
@@ -158,7 +158,7 @@ fn inbound_counters_count_each_decision() {
         .uid(APP_UID)
         .connect("10.77.0.1:80")
         .server_name();
-    let counters = node.pods().counters(cookie).unwrap().unwrap();
+    let counters = node.counters(cookie).unwrap().unwrap();
     assert_eq!(
         counters.get(Decision::InboundIgnoredPort),
         1,
@@ -219,7 +219,7 @@ fn unregistering_a_pod_stops_steering() {
     let cookie = register(&mut node, &fixture.pod, &linkerd_config());
     attach(&mut node, &fixture.cgroup.path);
     assert_steered(&fixture.on_remote().connect("10.77.0.1:80"), "10.77.0.1:80");
-    node.pods().remove(cookie).unwrap();
+    node.remove(cookie).unwrap();
     assert_eq!(
         fixture.on_remote().connect("10.77.0.1:80").server_name(),
         "app-80"
@@ -265,9 +265,8 @@ fn loopback_is_decided_by_the_pods_own_program_and_counted_there() {
     }
     // ...but loopback never reaches the tail call: the pod still talks to itself, and the
     // lookups are counted in the pod's slot all the same.
-    let mut from_pod = || {
-        node.pods()
-            .counters(cookie)
+    let from_pod = || {
+        node.counters(cookie)
             .unwrap()
             .unwrap()
             .get(Decision::InboundFromPod)

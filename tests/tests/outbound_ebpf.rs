@@ -52,11 +52,7 @@ fn counters_count_each_decision_per_pod() {
         .connect("10.77.0.2:80")
         .server_name();
 
-    let counters = node
-        .pods()
-        .counters(cookie)
-        .unwrap()
-        .expect("pod registered");
+    let counters = node.counters(cookie).unwrap().expect("pod registered");
     let expected = [
         (Decision::Redirected, 3),
         // netprobe's proxy asks twice per connection.
@@ -209,13 +205,13 @@ fn thousands_of_short_connections_all_get_their_original_destination() {
         "{out:#?}"
     );
 
-    let counters = node.pods().counters(cookie).unwrap().unwrap();
+    let counters = node.counters(cookie).unwrap().unwrap();
     assert_eq!(counters.get(Decision::Redirected), 3000);
     assert_eq!(counters.get(Decision::OrigDstServed), 2 * 3000);
     // Every proxy socket closed: nothing is left behind, once the kernel has processed the
     // last closes (the app's runs end before the proxy's side closes).
     eventually_eq("pending original destinations", 0, || {
-        node.pods().pending_orig_dst_entries()
+        node.backend().maps().pending_orig_dst_entries()
     });
 }
 
@@ -242,7 +238,7 @@ fn entries_go_when_the_proxy_socket_closes_read_or_not() {
     assert!(out.iter().all(|l| l.starts_with("who=proxy")), "{out:?}");
     // The app has its line before the proxy closes its side: wait for the last close.
     eventually_eq("pending original destinations", 0, || {
-        node.pods().pending_orig_dst_entries()
+        node.backend().maps().pending_orig_dst_entries()
     });
 }
 
@@ -282,7 +278,7 @@ fn entries_nobody_removes_are_bounded() {
         "--linger0",
     ]);
     assert!(out.iter().all(|l| l.starts_with("who=proxy")), "{out:?}");
-    let pending = node.pods().fill_levels().pending_in_lru;
+    let pending = node.backend().maps().fill_levels().pending_in_lru;
     assert!(pending <= 64 && pending > 0, "pending entries: {pending}");
 }
 
@@ -303,7 +299,7 @@ fn a_stale_entry_never_answers_for_a_reused_tuple() {
         let _proxy = proxy_outside_the_cgroup(&fixture);
         let landing = app.connect_with("192.0.2.1:80", &["--bind", "127.0.0.1:41000", "--linger0"]);
         assert!(matches!(landing, Landing::Proxy { .. }), "{landing:?}");
-        assert_eq!(node.pods().pending_orig_dst_entries(), 1);
+        assert_eq!(node.backend().maps().pending_orig_dst_entries(), 1);
     }
     // 2. A direct (loopback, not redirected) connection from the very same 4-tuple, to a proxy
     //    the programs see.
@@ -389,7 +385,7 @@ fn detaching_restores_direct_connections() {
     assert_eq!(app.connect(&remote.to_string()).proxy_orig(), remote);
 
     // Unregistering the pod stops interception at once, programs still attached.
-    node.pods().remove(cookie).unwrap();
+    node.remove(cookie).unwrap();
     assert_eq!(app.connect(&remote.to_string()).server_name(), "remote-80");
 
     // Registered again, then detached altogether by dropping the node.
@@ -467,7 +463,7 @@ fn a_taken_connect_slot_sends_the_connect_to_the_lru_map_and_a_stale_one_is_take
         "a slot taken by a connect in flight was taken from it"
     );
     assert_eq!(
-        node.pods().fill_levels().connecting,
+        node.backend().maps().fill_levels().connecting,
         0,
         "moved on once established"
     );
@@ -602,7 +598,7 @@ fn a_held_pending_slot_sends_the_connection_to_the_lru_map_and_a_stale_or_same_k
             "phase {phase}"
         );
         eventually_eq(&format!("pending in the LRU map, phase {phase}"), 0, || {
-            node.pods().fill_levels().pending_in_lru
+            node.backend().maps().fill_levels().pending_in_lru
         });
     }
 
@@ -666,6 +662,6 @@ fn a_load_that_fails_leaves_no_pins_behind() {
         ..options()
     };
     let pin_dir = options.pin_dir.clone();
-    assert!(interceptor::ebpf::EbpfNode::<()>::load(options).is_err());
+    assert!(interceptor::ebpf::EbpfNode::load(options).is_err());
     assert!(!pin_dir.exists(), "{} is left", pin_dir.display());
 }

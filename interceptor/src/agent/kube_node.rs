@@ -87,7 +87,14 @@ impl Agent {
     /// chained when the installer reports it (`--cni-chain-report`). Pods' drift is not here:
     /// it is theirs alone.
     pub(super) fn node_problems(&self) -> Vec<String> {
-        let mut problems = self.backend.node_problems(&self.cgroup);
+        let mut problems: Vec<String> = self
+            .pods
+            .ebpf()
+            .map(|ebpf| ebpf.backend().link_problems(&self.cgroup))
+            .unwrap_or_default()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         if let Some(problem) = self
             .chain_report
             .as_deref()
@@ -113,14 +120,15 @@ impl Agent {
         self.pod_problems
             .iter()
             .filter_map(|(cookie, problem)| {
-                let facts = self.backend.facts(*cookie)?;
+                let facts = self.pods.facts(*cookie)?;
+                let netns = self.pods.netns(*cookie)?;
                 Some(PodProblem {
                     namespace: facts.meta.namespace.clone().unwrap_or_default(),
                     name: facts
                         .meta
                         .name
                         .clone()
-                        .unwrap_or_else(|| facts.netns.display().to_string()),
+                        .unwrap_or_else(|| netns.display().to_string()),
                     reason: problem.clone(),
                 })
             })
@@ -131,7 +139,7 @@ impl Agent {
     pub(super) fn drifted_count(&self) -> usize {
         self.pod_problems
             .keys()
-            .filter(|cookie| self.backend.facts(**cookie).is_some())
+            .filter(|cookie| self.pods.facts(**cookie).is_some())
             .count()
     }
 
@@ -139,10 +147,11 @@ impl Agent {
     pub(super) fn node_status(&mut self) -> NodeStatus {
         let problems = self.readiness();
         let variants = self
-            .backend
+            .pods
             .ebpf()
-            .map(|node| {
-                node.programs()
+            .map(|ebpf| {
+                ebpf.backend()
+                    .programs()
                     .iter()
                     .map(|p| {
                         let hook = p.attach_type.split(',').next().unwrap_or_default();
@@ -161,12 +170,12 @@ impl Agent {
         let (not_meshed, not_meshed_total) = capped(self.not_meshed.values().cloned().collect());
         NodeStatus {
             version: env!("CARGO_PKG_VERSION").to_owned(),
-            backend: self.backend.kind(),
+            backend: self.pods.kind(),
             variants,
             can_mesh: problems.is_empty(),
             problems,
             chained,
-            meshed: u32::try_from(self.backend.len()).unwrap_or(u32::MAX),
+            meshed: u32::try_from(self.pods.len()).unwrap_or(u32::MAX),
             not_meshed,
             not_meshed_total,
             drifted,

@@ -164,7 +164,7 @@ fn render(agent: &Agent) -> String {
         "Connections decided per pod, direction and reason (from the kernel's per-CPU counters)",
         decisions,
     );
-    let backend = agent.backend.kind().name();
+    let backend = agent.pods.kind().name();
     let info = Family::<Labels, Gauge<i64>>::default();
     info.get_or_create(&vec![("backend".to_owned(), backend.to_owned())])
         .set(1);
@@ -176,7 +176,7 @@ fn render(agent: &Agent) -> String {
     // The series whose meaning depends on the backend carry it as a label.
     let by_backend = registry.sub_registry_with_label(("backend".into(), backend.into()));
     let pods = Gauge::<i64>::default();
-    pods.set(agent.backend.len() as i64);
+    pods.set(agent.pods.len() as i64);
     by_backend.register("pods_registered", "Pods registered with this agent", pods);
     by_backend.register(
         "pod_registration_seconds",
@@ -248,9 +248,9 @@ fn render(agent: &Agent) -> String {
             kube.lookups(),
         );
     }
-    if let Some(node) = agent.backend.ebpf() {
+    if let Some(node) = agent.pods.ebpf() {
         let fill = Family::<Labels, Gauge<i64>>::default();
-        let levels = node.pods_ref().fill_levels();
+        let levels = node.backend().maps().fill_levels();
         for (map, entries) in [
             ("pending_orig_dst", levels.pending),
             ("connecting", levels.connecting),

@@ -8,11 +8,10 @@
 //! (`records`), keeping their slots and counters. Only `interceptor uninstall` detaches.
 //!
 //! Where the programs cannot load, the agent's backend is iptables instead (`--mode`, see
-//! `backend`): each pod gets proxy-init's chains in its namespace, behind the same API, records,
-//! restore and metrics.
+//! `table`): each pod gets proxy-init's chains in its namespace, behind the same pod table, API,
+//! records, restore and metrics.
 pub use interceptor_api as api;
 use interceptor_common::names;
-mod backend;
 mod events;
 mod kube_node;
 pub mod kube_pods;
@@ -24,6 +23,7 @@ mod registration;
 mod repair;
 mod restore;
 mod server;
+mod table;
 mod teardown;
 mod watch;
 
@@ -39,7 +39,7 @@ use std::{
 use anyhow::Context as _;
 use api::ErrorKind;
 use nix::fcntl::{Flock, FlockArg};
-use records::{PodFacts, Records};
+use records::Records;
 use tokio::{
     net::UnixListener,
     signal::unix::{SignalKind, signal},
@@ -47,8 +47,8 @@ use tokio::{
 use tracing::{info, warn};
 
 pub use crate::iptables::IptablesSettings;
-pub use backend::BackendChoice;
 pub use repair::RepairOptions;
+pub use table::BackendChoice;
 
 use crate::{
     crash_points::crash_point,
@@ -124,8 +124,8 @@ impl AgentPaths {
 /// The agent's view: the node (programs and maps) with the table of its pods, and their records
 /// on disk.
 struct Agent {
-    /// The one table of the pods (see [`backend::Backend`]).
-    backend: backend::Backend,
+    /// The node's one table of the pods, with the agent's facts (see [`table::AgentPods`]).
+    pods: Box<dyn table::AgentPods>,
     /// Written from the table after each change, read back at start-up.
     records: Records,
     registration_seconds: prometheus_client::metrics::histogram::Histogram,
@@ -203,25 +203,25 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
     };
     let records = Records::open(&paths.records())
         .with_context(|| format!("opening {}", paths.records().display()))?;
-    let (backend, older) = match options.backend {
+    let (node, older) = match options.backend {
         BackendChoice::Ebpf => {
             let (node, older) = load_ebpf(&paths, &options)?;
-            (backend::Backend::Ebpf(Box::new(node)), older)
+            (Some(node), older)
         }
-        BackendChoice::Iptables(settings) => {
+        BackendChoice::Iptables(_) => {
             if paths.bpffs.join("link_icpt_connect4").exists() || !paths.all_maps_dirs().is_empty()
             {
                 warn!(bpffs = %paths.bpffs.display(), "an eBPF agent's pinned programs and maps are here: left alone (their programs keep intercepting the pods whose entries they hold); `interceptor uninstall` removes them");
             }
-            let pods = crate::iptables::IptablesPods::new(settings, options.max_pods);
-            (backend::Backend::Iptables(pods), Vec::new())
+            (None, Vec::new())
         }
     };
+    let pods = table::pods_for(options.backend, node, options.max_pods);
     // The pins are the eBPF backend's: their directory exists once the programs are loaded.
-    let pins = (backend.kind() == api::Backend::Ebpf).then_some(paths.bpffs.as_path());
+    let pins = pods.ebpf().is_some().then_some(paths.bpffs.as_path());
     let (netns_watch, mut events) = watch::Watch::start(pins)?;
     let mut agent = Agent {
-        backend,
+        pods,
         records,
         registration_seconds: metrics::registration_histogram(),
         pods_skipped: metrics::PodsSkipped::default(),
@@ -239,7 +239,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         netns_watch,
         cgroup: cgroup.to_owned(),
     };
-    if agent.backend.ebpf().is_some() {
+    if agent.pods.ebpf().is_some() {
         start_ebpf(&mut agent, cgroup, &older)?;
     } else {
         agent.restore(false)?;
@@ -288,7 +288,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         .with_context(|| format!("chmod 0600 {}", socket.display()))?;
     let (backend, pods) = {
         let agent = lock(&agent);
-        (agent.backend.kind(), agent.backend.len())
+        (agent.pods.kind(), agent.pods.len())
     };
     info!(
         socket = %socket.display(),
@@ -325,7 +325,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         return Ok(());
     }
     info!(
-        pods = lock(&agent).backend.len(),
+        pods = lock(&agent).pods.len(),
         "agent exiting; interception stays in force (pinned) until the next agent takes over"
     );
     Ok(())
@@ -336,7 +336,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
 fn load_ebpf(
     paths: &AgentPaths,
     options: &AgentOptions,
-) -> anyhow::Result<(EbpfNode<PodFacts>, Vec<PathBuf>)> {
+) -> anyhow::Result<(EbpfNode, Vec<PathBuf>)> {
     let bpffs_root = paths.bpffs.parent().unwrap_or(Path::new("/"));
     crate::bpffs::ensure_bpffs(bpffs_root)?;
     let maps_dir = paths.maps_dir(options.map_layout);
@@ -368,10 +368,10 @@ fn start_ebpf(agent: &mut Agent, cgroup: &Path, older: &[PathBuf]) -> anyhow::Re
     let migrating = !older.is_empty();
     // Original destinations the replaced programs record until the switch: copied before it,
     // and again after it for those recorded meanwhile.
-    let import_in_flight = |agent: &mut Agent| match agent.backend.ebpf_mut() {
+    let import_in_flight = |agent: &mut Agent| match agent.pods.ebpf_mut() {
         Some(node) => older
             .iter()
-            .map(|dir| node.pods().import_in_flight(dir))
+            .map(|dir| node.backend_mut().maps_mut().import_in_flight(dir))
             .sum::<usize>(),
         None => 0,
     };
@@ -380,7 +380,7 @@ fn start_ebpf(agent: &mut Agent, cgroup: &Path, older: &[PathBuf]) -> anyhow::Re
         import_in_flight(agent);
         crash_point!("migration-built");
     }
-    if let Some(node) = agent.backend.ebpf_mut() {
+    if let Some(node) = agent.pods.ebpf_mut() {
         node.attach(cgroup)
             .with_context(|| format!("attaching to cgroup {}", cgroup.display()))?;
     }

@@ -20,7 +20,7 @@ use interceptor_common::NetnsCookie;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::{Agent, backend::identify_lenient, lock, watch::Event};
+use super::{Agent, lock, watch::Event};
 use crate::netns::PodNetns;
 
 /// Work for the reconciler's thread.
@@ -70,17 +70,17 @@ fn run(agent: &Mutex<Agent>, work: Work) {
         Work::Pods(pods, trigger) => (pods, trigger),
         Work::At(path) => {
             let pods = lock(agent)
-                .backend
+                .pods
                 .registered()
-                .filter(|(_, facts)| facts.netns == path)
-                .map(|(cookie, _)| cookie)
+                .filter(|(_, netns, _)| *netns == path)
+                .map(|(cookie, _, _)| cookie)
                 .collect();
             (pods, "event")
         }
         Work::Pins => return repin(agent),
         Work::All => {
             repin(agent);
-            let pods = lock(agent).backend.registered().map(|(c, _)| c).collect();
+            let pods = lock(agent).pods.keys();
             (pods, "lost")
         }
     };
@@ -92,26 +92,26 @@ fn run(agent: &Mutex<Agent>, work: Work) {
 /// Checks one pod against its namespace: removed if the namespace is gone or was replaced, its
 /// addresses applied if they changed.
 fn check(agent: &Mutex<Agent>, cookie: NetnsCookie, trigger: &'static str) {
-    let (kind, path) = {
+    let (identify, path) = {
         let agent = lock(agent);
-        let Some(facts) = agent.backend.facts(cookie) else {
+        let Some(netns) = agent.pods.netns(cookie) else {
             return;
         };
         agent.pod_checks.count(trigger);
-        (agent.backend.kind(), facts.netns.clone())
+        (agent.pods.lenient_identifier(), netns.to_owned())
     };
     // One switch into the namespace for both.
-    let current = PodNetns::open(&path).and_then(|n| identify_lenient(kind, &n));
+    let current = PodNetns::open(&path).and_then(|n| identify(&n));
     let mut agent = lock(agent);
     // Removed or replaced through the API meanwhile.
-    if agent.backend.facts(cookie).map(|f| &f.netns) != Some(&path) {
+    if agent.pods.netns(cookie) != Some(path.as_path()) {
         return;
     }
     match current {
         Ok((c, local)) if c == cookie => {
             if let Some(local) = local
-                && agent.backend.local_destinations(cookie) != local
-                && let Err(e) = agent.backend.set_local_destinations(cookie, &local)
+                && agent.pods.local_destinations(cookie) != Some(&local)
+                && let Err(e) = agent.pods.set_local(cookie, &local)
             {
                 warn!(netns = %path.display(), error = %e, "updating pod addresses and local routes: the previous ones stay in force");
             }
@@ -133,7 +133,7 @@ fn repin(agent: &Mutex<Agent>) {
 /// A pin removed by hand (or by a cleanup script) while the agent runs leaves the attachment
 /// held by this process only: pinned again here, the next restart or crash does not end it.
 fn restore_missing_pins(agent: &Agent) {
-    let Some(node) = agent.backend.ebpf() else {
+    let Some(node) = agent.pods.ebpf() else {
         return;
     };
     let (pinned, failed) = node.restore_missing_pins();
@@ -178,8 +178,8 @@ impl Sweep {
     pub fn step(&mut self, agent: &Mutex<Agent>, reconciler: &Reconciler) {
         let (next, pods) = {
             let agent = lock(agent);
-            let pods = agent.backend.len();
-            let mut registered = agent.backend.registered().map(|(c, _)| c);
+            let pods = agent.pods.len();
+            let mut registered = agent.pods.registered().map(|(c, _, _)| c);
             let next = match self.last {
                 Some(last) => registered.find(|c| *c > last),
                 None => registered.next(),

@@ -1,33 +1,28 @@
 //! Registering, changing and removing pods through the API.
 //!
 //! A change is applied to the maps first (make before break: the old state stays in force
-//! unless the new one is complete, see `ebpf::PodRegistry`), and only then to the pod's record,
+//! unless the new one is complete, see `crate::node`), and only then to the pod's record,
 //! so a restarted agent never restores a configuration the maps did not take. Work that can be
 //! slow (opening the pod's namespace, looking through `/proc` for its proxy's listener, running
 //! iptables) is done without holding the agent's lock.
 use interceptor_common::NetnsCookie;
-use std::{
-    collections::BTreeSet,
-    path::Path,
-    sync::{Arc, Mutex},
-    time::Instant,
-};
+use std::{collections::BTreeSet, path::Path, sync::Mutex, time::Instant};
 
 use tracing::{info, warn};
 
 use super::{
     Agent, Refusal,
-    api::{Backend, ErrorKind, Health, PodAdd, PodInfo},
-    backend::{identify, same_path},
+    api::{ErrorKind, Health, PodAdd, PodInfo},
     events::Occurrence,
     kube_pods::PodRef,
     lock,
     records::{PodBackend, PodFacts},
 };
 use crate::{
+    config::InterceptionConfig,
     crash_points::crash_point,
-    ebpf::PodSpec,
-    netns::{PodNetns, listener::find_listeners},
+    netns::{LocalDestinations, PodNetns, listener::find_listeners},
+    node::Wanted,
 };
 
 /// What a request changed in the maps.
@@ -44,28 +39,30 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
     let started = Instant::now();
     let config = add.config.clone();
     let unknown = |e: crate::netns::NetnsError| (ErrorKind::UnknownNetns, e.to_string());
-    let netns = Arc::new(PodNetns::open(&add.netns).map_err(unknown)?);
-    let backend = lock(agent).backend.kind();
-    let (cookie, local) = identify(backend, &netns).map_err(unknown)?;
-    let spec = PodSpec {
-        netns: Arc::clone(&netns),
-        netns_cookie: cookie,
-        addresses: local.addresses,
-        local_routes: local.routes,
-        config,
+    let netns = PodNetns::open(&add.netns).map_err(unknown)?;
+    let (backend, identify, ebpf) = {
+        let agent = lock(agent);
+        let pods = &agent.pods;
+        (pods.kind(), pods.identifier(), pods.ebpf().is_some())
+    };
+    let (cookie, local) = identify(&netns).map_err(unknown)?;
+    let pod = PodAsked {
+        netns: &netns,
+        path: &add.netns,
+        config: &config,
+        local: &local,
     };
     let facts = PodFacts {
-        netns: add.netns.clone(),
         meta: add.meta.clone(),
         meshed_by: PodBackend::default(),
     };
     let nsid = namespace_id(&netns);
-    let applied = lock(agent).apply(&spec, facts, nsid, add.update)?;
+    let applied = lock(agent).apply(cookie, &pod, facts, nsid, add.update)?;
     if applied != Applied::Nothing {
-        let agent = if backend == Backend::Ebpf {
+        let agent = if ebpf {
             // Its configuration is in force, so a listen() from here on is caught by sock_ops;
             // one made before is looked for now, in /proc, without the lock.
-            let found = find_listeners(&netns, spec.config.incoming_proxy_port);
+            let found = find_listeners(&netns, config.incoming_proxy_port);
             let mut agent = lock(agent);
             agent.adopt_listeners(cookie, found, applied == Applied::NewPod)?;
             agent
@@ -81,14 +78,14 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
             name = add.meta.name.as_deref().unwrap_or("-"),
             namespace = add.meta.namespace.as_deref().unwrap_or("-"),
             uid = add.meta.uid.as_deref().unwrap_or("-"),
-            config = %spec.config,
+            %config,
             %backend,
             micros = started.elapsed().as_micros() as u64,
             "pod registered"
         );
     }
     // With the iptables backend the chains are ours: there is nothing to take over.
-    if add.takeover_iptables && backend == Backend::Ebpf {
+    if add.takeover_iptables && ebpf {
         take_over_from_iptables(&add.netns)?;
     }
     // The answer's problem is the one `apply` left: none, as its writes (or its check of a pod
@@ -97,6 +94,25 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
     // a registration and find nothing more. Its listener is looked up alone, not every pod's.
     let info = lock(agent).info_checked(cookie, None, Checked::Just);
     Ok(info.into_iter().collect())
+}
+
+/// A pod as a request asks for it.
+struct PodAsked<'a> {
+    netns: &'a PodNetns,
+    /// The path it names the namespace with.
+    path: &'a Path,
+    config: &'a InterceptionConfig,
+    local: &'a LocalDestinations,
+}
+
+impl PodAsked<'_> {
+    fn wanted(&self) -> Wanted<'_> {
+        Wanted {
+            netns: self.netns,
+            config: self.config,
+            local: self.local,
+        }
+    }
 }
 
 /// Where a pod's report takes its problem from.
@@ -115,21 +131,20 @@ impl Agent {
     /// `nsid`: the namespace's id in the agent's, for its address notifications (`watch`).
     fn apply(
         &mut self,
-        spec: &PodSpec,
+        cookie: NetnsCookie,
+        pod: &PodAsked<'_>,
         facts: PodFacts,
         nsid: Option<i32>,
         update: bool,
     ) -> Result<Applied, Refusal> {
-        let cookie = spec.netns_cookie;
-        let existing = self.backend.record(cookie);
+        let existing = self.pods.record(cookie);
         // Whether only the pod's names change: what is in force stays, nothing is written again.
         let mut names_only = false;
         if let Some(existing) = &existing {
-            let same = existing.config == spec.config;
+            let same = existing.config == *pod.config;
             // A pod whose entries (or chains) are not what its record says is written again.
-            let settled = same
-                && self.backend.problem(cookie).is_none()
-                && self.backend.differs(existing, None).is_none();
+            let settled =
+                same && self.pods.problem(cookie).is_none() && self.pods.differs(cookie).is_none();
             if settled && existing.meta == facts.meta {
                 // In force as asked. A record that is missing (a panic between a registration's
                 // maps and its record) is written now, so a restart restores the pod.
@@ -149,18 +164,14 @@ impl Agent {
                     ErrorKind::Conflict,
                     format!(
                         "pod {} is already registered with another configuration ({}); pass --update to apply the new one in place",
-                        facts.netns.display(),
+                        pod.path.display(),
                         existing.config.to_args().join(" ")
                     ),
                 ));
             }
         }
         // The same path with another cookie: the namespace was replaced, the old pod is gone.
-        let stale = self
-            .backend
-            .registered()
-            .find(|(c, f)| same_path(&f.netns, &facts.netns) && *c != cookie)
-            .map(|(c, _)| c);
+        let stale = self.pods.find(pod.path).filter(|stale| *stale != cookie);
         if let Some(stale) = stale {
             self.forget(stale, "its network namespace was replaced");
         }
@@ -169,35 +180,32 @@ impl Agent {
                 meshed_by: existing.backend.clone(),
                 ..facts
             };
-            self.backend.set_facts(cookie, facts);
+            self.pods.set_facts(cookie, facts);
         } else {
-            self.backend
-                .apply(spec, facts, existing.as_ref().map(|r| &r.config))?;
+            self.pods.apply(cookie, pod.path, &pod.wanted(), facts)?;
         }
         crash_point!("agent-before-record");
         let record = self
-            .backend
+            .pods
             .record(cookie)
             .expect("a pod just applied is registered");
         if let Err(e) = self.records.save(&record) {
             // Back to what was in force, so the table, the maps and the records agree.
             let undone = match &existing {
                 Some(existing) if names_only => {
-                    self.backend.set_facts(cookie, existing.facts());
+                    self.pods.set_facts(cookie, existing.facts());
                     Ok(())
                 }
-                Some(existing) => self
-                    .backend
-                    .apply(
-                        &PodSpec {
-                            config: existing.config.clone(),
-                            ..spec.clone()
-                        },
-                        existing.facts(),
-                        Some(&spec.config),
-                    )
-                    .map_err(|(_, message)| message),
-                None => self.backend.remove(cookie),
+                Some(existing) => {
+                    let before = PodAsked {
+                        config: &existing.config,
+                        ..*pod
+                    };
+                    self.pods
+                        .apply(cookie, &existing.netns, &before.wanted(), existing.facts())
+                        .map_err(|(_, message)| message)
+                }
+                None => self.pods.remove(cookie),
             };
             if let Err(undo) = undone {
                 warn!(netns = %record.netns.display(), error = %undo, "undoing a change whose record could not be saved");
@@ -226,10 +234,10 @@ impl Agent {
         found: Vec<crate::netns::listener::Listening>,
         is_new: bool,
     ) -> Result<(), Refusal> {
-        let Some(node) = self.backend.ebpf_mut() else {
+        let Some(ebpf) = self.pods.ebpf_mut() else {
             return Ok(());
         };
-        let Err(e) = node.pods().adopt_listeners(cookie, found) else {
+        let Err(e) = ebpf.adopt_listeners(cookie, found) else {
             return Ok(());
         };
         if is_new {
@@ -242,7 +250,7 @@ impl Agent {
     }
 
     pub(super) fn find(&self, netns: &Path) -> Result<NetnsCookie, Refusal> {
-        self.backend.find(netns).ok_or_else(|| {
+        self.pods.find(netns).ok_or_else(|| {
             (
                 ErrorKind::UnknownNetns,
                 format!("no pod is registered for {}", netns.display()),
@@ -255,7 +263,7 @@ impl Agent {
             return Ok(Vec::new());
         };
         let info = self.info(cookie);
-        self.backend
+        self.pods
             .remove(cookie)
             .map_err(|e| (ErrorKind::Internal, e))?;
         crash_point!("agent-before-record-removal");
@@ -267,8 +275,8 @@ impl Agent {
     /// Removes a pod whose namespace is gone, whatever state it is in. If its entries cannot be
     /// removed it stays registered, and the next reconciliation tries again.
     pub(super) fn forget(&mut self, cookie: NetnsCookie, why: &str) {
-        let netns = self.backend.facts(cookie).map(|f| f.netns.clone());
-        if let Err(e) = self.backend.forget(cookie) {
+        let netns = self.pods.netns(cookie).map(Path::to_owned);
+        if let Err(e) = self.pods.forget(cookie) {
             warn!(netns_cookie = %cookie, error = %e, "removing a pod's map entries");
             return;
         }
@@ -289,10 +297,11 @@ impl Agent {
 
     /// Every pod's information; the listener map is walked once, not once per pod.
     pub(super) fn all_info(&self) -> Vec<PodInfo> {
-        let listening = self.backend.listening();
-        self.backend
-            .registered()
-            .filter_map(|(c, _)| self.info_checked(c, Some(&listening), Checked::Now))
+        let listening = self.pods.listening();
+        self.pods
+            .keys()
+            .into_iter()
+            .filter_map(|c| self.info_checked(c, Some(&listening), Checked::Now))
             .collect()
     }
 
@@ -300,16 +309,16 @@ impl Agent {
         self.info_checked(cookie, None, Checked::Now)
     }
 
-    /// `listening`: as [`Backend::details`] takes it.
+    /// `listening`: as [`super::table::AgentPods::details`] takes it.
     fn info_checked(
         &self,
         cookie: NetnsCookie,
         listening: Option<&BTreeSet<NetnsCookie>>,
         checked: Checked,
     ) -> Option<PodInfo> {
-        let record = self.backend.record(cookie)?;
+        let record = self.pods.record(cookie)?;
         let mut details = self
-            .backend
+            .pods
             .details(cookie, listening, checked == Checked::Now)?;
         // Not checked for the report: the last check or change left its problem in `pod_problems`.
         if checked == Checked::Just {
@@ -337,9 +346,9 @@ impl Agent {
     /// on the pod; found or cleared, it changes the node's status.
     pub(super) fn recheck(&mut self, cookie: NetnsCookie) {
         let found = self
-            .backend
+            .pods
             .facts(cookie)
-            .and_then(|_| self.backend.problem(cookie));
+            .and_then(|_| self.pods.problem(cookie));
         let before = match &found {
             Some(problem) => self.pod_problems.insert(cookie, problem.clone()),
             None => self.pod_problems.remove(&cookie),
@@ -352,10 +361,10 @@ impl Agent {
             info!(netns_cookie = %cookie, "the pod's interception is in force as configured again");
             return;
         };
-        let Some(facts) = self.backend.facts(cookie) else {
+        let (Some(facts), Some(netns)) = (self.pods.facts(cookie), self.pods.netns(cookie)) else {
             return;
         };
-        warn!(netns = %facts.netns.display(), netns_cookie = %cookie, %problem, "the pod's interception is not in force as configured");
+        warn!(netns = %netns.display(), netns_cookie = %cookie, %problem, "the pod's interception is not in force as configured");
         if let (Some(events), Some(namespace), Some(name)) =
             (&self.events, &facts.meta.namespace, &facts.meta.name)
         {
@@ -369,7 +378,7 @@ impl Agent {
     }
 
     pub(super) fn recheck_all(&mut self) {
-        let cookies: Vec<NetnsCookie> = self.backend.registered().map(|(c, _)| c).collect();
+        let cookies = self.pods.keys();
         self.pod_problems.retain(|c, _| cookies.contains(c));
         for cookie in cookies {
             self.recheck(cookie);
@@ -381,22 +390,21 @@ impl Agent {
     /// the kernel, and anything the address and subnet maps, the pins and the records hold that
     /// belongs to no registered pod, and every iptables pod's chains.
     pub(super) fn health(&self) -> Health {
-        let backend = self.backend.kind();
+        let backend = self.pods.kind();
         let node_problems = self.node_problems();
         let mut problems = node_problems.clone();
-        for (cookie, facts) in self.backend.registered() {
-            if let Some(problem) = self.backend.problem(cookie) {
-                problems.push(format!("pod {}: {problem}", facts.netns.display()));
+        for (cookie, netns, _) in self.pods.registered() {
+            if let Some(problem) = self.pods.problem(cookie) {
+                problems.push(format!("pod {}: {problem}", netns.display()));
             }
         }
-        let in_maps = self.backend.in_maps();
-        for record in self.backend.records() {
-            if let Some(difference) = self.backend.differs(&record, in_maps.as_ref()) {
-                problems.push(format!("pod {}: {difference}", record.netns.display()));
+        for (cookie, difference) in self.pods.differences() {
+            if let Some(netns) = self.pods.netns(cookie) {
+                problems.push(format!("pod {}: {difference}", netns.display()));
             }
         }
-        if let Some(in_maps) = &in_maps {
-            for cookie in self.unregistered(in_maps) {
+        if let Some(ebpf) = self.pods.ebpf() {
+            for cookie in ebpf.leftovers(&ebpf.census()) {
                 problems.push(format!(
                     "the maps or pins hold entries for netns cookie {cookie}, which is not a registered pod"
                 ));
@@ -408,7 +416,7 @@ impl Agent {
             .iter()
             .map(|r| r.netns_cookie)
             .collect();
-        let registered: BTreeSet<NetnsCookie> = self.backend.registered().map(|(c, _)| c).collect();
+        let registered: BTreeSet<NetnsCookie> = self.pods.keys().into_iter().collect();
         for cookie in recorded.symmetric_difference(&registered) {
             problems.push(format!(
                 "netns cookie {cookie} has a pod record but is not registered, or the other way round"

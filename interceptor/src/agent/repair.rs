@@ -245,7 +245,7 @@ impl Repair {
         let agent = lock(&self.agent);
         let mut uids = HashSet::new();
         let mut names = HashSet::new();
-        for (_, facts) in agent.backend.registered() {
+        for (_, _, facts) in agent.pods.registered() {
             match (&facts.meta.uid, &facts.meta.namespace, &facts.meta.name) {
                 (Some(uid), _, _) => {
                     uids.insert(uid.clone());

@@ -4,22 +4,18 @@
 //! whose namespace is still there is restored in full (its record's configuration, or, if that
 //! cannot be applied, the one in force); everything the maps and pins hold for a pod without a
 //! record (a registration or removal cut short) is removed.
-use interceptor_common::NetnsCookie;
-use std::{collections::BTreeSet, sync::Arc};
 
 use anyhow::bail;
 use tracing::{info, warn};
 
 use super::{
     Agent,
-    api::records::{Found, NotRestored, Restore, Then, leftovers, restore_step},
-    backend::{Backend, identify},
+    api::records::{Found, NotRestored, Then, restore_step},
     records::{PodBackend, PodRecord},
     registration::{namespace_id, take_over_from_iptables},
 };
 use crate::{
     crash_points::crash_point,
-    ebpf::{InMaps, PodSpec},
     netns::{PodNetns, listener::find_listeners},
 };
 
@@ -34,13 +30,21 @@ impl Agent {
     /// once the programs are attached); an iptables agent writes chains for a pod eBPF meshed,
     /// and leaves the pinned eBPF state alone.
     pub(super) fn restore(&mut self, migrating: bool) -> anyhow::Result<()> {
-        let mut in_maps = self.backend.in_maps();
+        let restored = self.restore_records(migrating);
+        self.pods.end_restore();
+        restored?;
+        self.remove_leftovers();
+        info!(pods = self.pods.len(), backend = %self.pods.kind(), "pods restored");
+        Ok(())
+    }
+
+    fn restore_records(&mut self, migrating: bool) -> anyhow::Result<()> {
         for record in self.records.load_all() {
             let cookie = record.netns_cookie;
             let netns = record.netns.clone();
             // What becomes of a pod not restored: `interceptor_api::records` decides.
             match self
-                .restore_one(record, in_maps.as_mut(), migrating)
+                .restore_one(&record, migrating)
                 .map_err(|not| not.then(migrating))
             {
                 Ok(nsid) => {
@@ -56,17 +60,13 @@ impl Agent {
                 }
                 Err(Then::Forget(why)) => {
                     warn!(netns = %netns.display(), netns_cookie = %cookie, "not restoring pod: {why}");
-                    if let Some(node) = self.backend.ebpf_mut() {
-                        let _ = node.pods().purge(cookie);
+                    if let Some(ebpf) = self.pods.ebpf_mut() {
+                        let _ = ebpf.purge(cookie);
                     }
                     let _ = self.records.remove(cookie);
                 }
             }
         }
-        if let Some(in_maps) = &in_maps {
-            self.remove_leftovers(in_maps);
-        }
-        info!(pods = self.backend.len(), backend = %self.backend.kind(), "pods restored");
         Ok(())
     }
 
@@ -74,61 +74,26 @@ impl Agent {
     /// (nothing to repair). Returns its namespace's id, for its address notifications.
     fn restore_one(
         &mut self,
-        record: PodRecord,
-        in_maps: Option<&mut InMaps>,
+        record: &PodRecord,
         migrating: bool,
     ) -> Result<Option<i32>, NotRestored> {
         let gone = |e: crate::netns::NetnsError| NotRestored::Gone(e.to_string());
-        let netns = Arc::new(PodNetns::open(&record.netns).map_err(gone)?);
-        let (cookie, local) = identify(self.backend.kind(), &netns).map_err(gone)?;
-        // How the pod is taken back, if its namespace is still the recorded one:
+        let netns = PodNetns::open(&record.netns).map_err(gone)?;
+        let (cookie, local) = (self.pods.identifier())(&netns).map_err(gone)?;
+        // Whether the pod is taken back, if its namespace is still the recorded one:
         // `interceptor_api::records` decides.
-        let how = restore_step(&record, self.backend.kind(), Found::Key(cookie))?;
+        restore_step(record, self.pods.kind(), Found::Key(cookie))?;
         let path = record.netns.display().to_string();
-        match (&mut self.backend, in_maps, how) {
-            (Backend::Ebpf(node), Some(in_maps), Restore::Ebpf { .. }) => {
-                let spec = PodSpec {
-                    netns: Arc::clone(&netns),
-                    netns_cookie: cookie,
-                    addresses: local.addresses.clone(),
-                    local_routes: local.routes.clone(),
-                    config: record.config.clone(),
-                };
-                let repaired = node
-                    .pods()
-                    .restore(&spec, in_maps, record.facts())
-                    .map_err(|e| NotRestored::Refused(e.to_string()))?;
-                if let Some(what) = repaired.filter(|_| !migrating) {
-                    warn!(netns = %path, netns_cookie = %cookie, "pod restored, repaired: {what}");
-                }
-            }
-            (Backend::Iptables(pods), _, Restore::Iptables { recorded }) => {
-                let (chains, written) = pods
-                    .restore_chains(&record.netns, &record.config, recorded)
-                    .map_err(|e| NotRestored::Kept(format!("writing its iptables chains: {e}")))?;
-                match &record.backend {
-                    PodBackend::Ebpf => {
-                        info!(netns = %path, netns_cookie = %cookie, "pod meshed by eBPF: its iptables chains are written; its pinned eBPF state is left alone");
-                    }
-                    PodBackend::Iptables(_) if written => {
-                        warn!(netns = %path, netns_cookie = %cookie, "pod restored, repaired: its iptables chains were missing or not those recorded, and are written again");
-                    }
-                    PodBackend::Iptables(_) => {}
-                }
-                let mut facts = record.facts();
-                if written {
-                    facts.meshed_by = PodBackend::Iptables(chains);
-                }
-                pods.insert(cookie, &record.config, &local.addresses, facts);
-                if written
-                    && let Some(record) = self.backend.record(cookie)
-                    && let Err(e) = self.records.save(&record)
-                {
-                    warn!(netns = %path, error = %e, "saving the pod record");
-                }
-            }
-            (Backend::Ebpf(_), None, _) => unreachable!("the eBPF backend has maps"),
-            (_, _, how) => unreachable!("{how:?} is another backend's"),
+        let repaired = self.pods.restore(record, &netns, &local)?;
+        if let Some(what) = repaired.filter(|_| !migrating) {
+            warn!(netns = %path, netns_cookie = %cookie, "pod restored, repaired: {what}");
+        }
+        // What the backend wrote anew (iptables: its chains) goes into the record.
+        if let Some(now) = self.pods.record(cookie)
+            && now != *record
+            && let Err(e) = self.records.save(&now)
+        {
+            warn!(netns = %path, error = %e, "saving the pod record");
         }
         Ok(namespace_id(&netns))
     }
@@ -140,20 +105,21 @@ impl Agent {
     /// attached.
     pub(super) fn take_over_iptables_pods(&mut self) {
         let meshed_by_iptables: Vec<PodRecord> = self
-            .backend
-            .records()
+            .pods
+            .keys()
             .into_iter()
+            .filter_map(|cookie| self.pods.record(cookie))
             .filter(|r| matches!(r.backend, PodBackend::Iptables(_)))
             .collect();
         for mut record in meshed_by_iptables {
             let cookie = record.netns_cookie;
-            let Some(node) = self.backend.ebpf_mut() else {
+            let Some(ebpf) = self.pods.ebpf_mut() else {
                 return;
             };
             let found = PodNetns::open(&record.netns)
                 .map(|netns| find_listeners(&netns, record.config.incoming_proxy_port))
                 .unwrap_or_default();
-            if let Err(e) = node.pods().adopt_listeners(cookie, found) {
+            if let Err(e) = ebpf.adopt_listeners(cookie, found) {
                 warn!(netns = %record.netns.display(), error = %e, "not taking over a pod from iptables (its proxy's listener could not be adopted): its chains stay in force");
                 continue;
             }
@@ -162,7 +128,7 @@ impl Agent {
                 continue;
             }
             record.backend = PodBackend::Ebpf;
-            self.backend.set_facts(cookie, record.facts());
+            self.pods.set_facts(cookie, record.facts());
             if let Err(e) = self.records.save(&record) {
                 warn!(netns = %record.netns.display(), error = %e, "saving the pod record");
             }
@@ -172,34 +138,18 @@ impl Agent {
 
     /// Removes what the maps and pins hold for pods without a record: a configuration, address
     /// or subnet entries, or an sk_lookup link written by a registration that never answered.
-    fn remove_leftovers(&mut self, in_maps: &InMaps) {
-        for cookie in self.unregistered(in_maps) {
+    fn remove_leftovers(&mut self) {
+        let Some(ebpf) = self.pods.ebpf_mut() else {
+            return;
+        };
+        for cookie in ebpf.leftovers(&ebpf.census()) {
             warn!(
                 netns_cookie = %cookie,
                 "removing what the maps and pins hold for a pod without a record"
             );
-            let Some(node) = self.backend.ebpf_mut() else {
-                return;
-            };
-            if let Err(e) = node.pods().purge(cookie) {
+            if let Err(e) = ebpf.purge(cookie) {
                 warn!(netns_cookie = %cookie, error = %e, "removing a pod's leftovers");
             }
         }
-    }
-
-    /// The pods the maps (`in_maps`: the address and subnet entries, read once) or the pins hold
-    /// something of, and that are not registered.
-    pub(super) fn unregistered(&self, in_maps: &InMaps) -> BTreeSet<NetnsCookie> {
-        let Some(node) = self.backend.ebpf() else {
-            return BTreeSet::new();
-        };
-        let pods = node.pods_ref();
-        leftovers(
-            pods.cookies_in_maps()
-                .into_iter()
-                .chain(in_maps.cookies())
-                .chain(pods.pinned_inbound_cookies()),
-            |cookie| self.backend.facts(cookie).is_some(),
-        )
     }
 }

@@ -1,10 +1,8 @@
 //! `interceptor run`: mesh one pod until SIGINT/SIGTERM.
-use interceptor_common::PodSlot;
 use std::{
     io::Read as _,
     net::IpAddr,
     path::Path,
-    sync::Arc,
     time::{SystemTime, UNIX_EPOCH},
 };
 
@@ -19,9 +17,10 @@ use crate::{
     cgroup,
     cli::{Mode, RunArgs},
     config::InterceptionConfig,
-    ebpf::{self, EbpfNode, LoadOptions, PodSpec},
+    ebpf::{EbpfPods, LoadOptions},
     iptables,
     netns::PodNetns,
+    node::Wanted,
     state::{InstanceLock, InstancePaths, InstanceState, PodState},
 };
 
@@ -75,15 +74,8 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
     // detach below instead of killing the process with its state half-written.
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
-    let netns = Arc::new(PodNetns::open(&args.netns)?);
-    let local = netns.local_destinations()?;
-    let spec = PodSpec {
-        netns: Arc::clone(&netns),
-        netns_cookie: netns.cookie()?,
-        addresses: local.addresses,
-        local_routes: local.routes,
-        config,
-    };
+    let netns = PodNetns::open(&args.netns)?;
+    let (cookie, local) = netns.cookie_and_local()?;
     // Open before attaching: a namespace we cannot watch is an error, not a silent gap.
     let address_changes = netns.address_changes()?;
     cgroup::open_cgroup2(&cgroup)?;
@@ -96,9 +88,15 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
         persistent: false,
         max_pods: interceptor_common::MAX_PODS,
     };
-    let mut node: EbpfNode = EbpfNode::load(options).context("loading the eBPF programs")?;
-    let slot = node.pods().add(&spec).context("registering the pod")?;
-    node.attach(&cgroup)
+    let mut pods: EbpfPods = EbpfPods::load(options).context("loading the eBPF programs")?;
+    let wanted = Wanted {
+        netns: &netns,
+        config: &config,
+        local: &local,
+    };
+    pods.add(cookie, &args.netns, &wanted, ())
+        .context("registering the pod")?;
+    pods.attach(&cgroup)
         .with_context(|| format!("attaching to cgroup {}", cgroup.display()))?;
     let mut state = InstanceState {
         instance: lock.paths().name.clone(),
@@ -109,12 +107,8 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
         started_at_unix: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
-        programs: node.programs(),
-        pods: vec![pod_state(
-            &spec,
-            slot,
-            node.pods().inbound_program(spec.netns_cookie),
-        )],
+        programs: pods.backend().programs(),
+        pods: vec![pod_state(&pods, cookie)],
     };
     // Our programs are attached: detach a dead run's before the state file says we run, so
     // whoever sees this run as running never also sees the dead run's programs in force.
@@ -123,11 +117,11 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
     }
     lock.write_state(&state)?;
     info!(
-        netns = %spec.netns_path().display(),
-        netns_cookie = %spec.netns_cookie,
+        netns = %args.netns.display(),
+        netns_cookie = %cookie,
         cgroup = %cgroup.display(),
         instance = %lock.paths().name,
-        config = %spec.config,
+        %config,
         "interception active"
     );
 
@@ -138,21 +132,19 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
             _ = sigterm.recv() => break,
             Some(()) = changes.recv() => {
                 let local = netns.local_destinations()?;
-                if node.pods_ref().local_destinations(spec.netns_cookie) == local {
+                if pods.get(cookie).is_some_and(|entry| entry.pod.local == local) {
                     continue;
                 }
-                info!(netns = %spec.netns_path().display(), addresses = ?local.addresses, local_routes = ?local.routes, "pod addresses or local routes changed");
-                node.pods().set_local_destinations(spec.netns_cookie, &local)?;
-                let sk_lookup = node.pods().inbound_program(spec.netns_cookie);
-                let now = PodSpec { addresses: local.addresses, local_routes: local.routes, ..spec.clone() };
-                state.pods = vec![pod_state(&now, slot, sk_lookup)];
+                info!(netns = %args.netns.display(), addresses = ?local.addresses, local_routes = ?local.routes, "pod addresses or local routes changed");
+                pods.set_local(cookie, &local)?;
+                state.pods = vec![pod_state(&pods, cookie)];
                 lock.write_state(&state)?;
             }
         }
     }
     info!("detaching");
-    node.pods().remove(spec.netns_cookie)?;
-    drop(node);
+    pods.remove(cookie)?;
+    drop(pods);
     drop(lock);
     info!("detached");
     Ok(())
@@ -216,14 +208,22 @@ fn watch(fd: std::os::fd::OwnedFd) -> mpsc::UnboundedReceiver<()> {
     rx
 }
 
-fn pod_state(spec: &PodSpec, slot: PodSlot, sk_lookup: Option<ebpf::ProgramState>) -> PodState {
+/// The pod's state for the instance's state file, from its table entry.
+fn pod_state(pods: &EbpfPods, cookie: interceptor_common::NetnsCookie) -> PodState {
+    let entry = pods.get(cookie).expect("run's pod is registered");
     PodState {
-        sk_lookup,
-        netns: spec.netns_path().to_owned(),
-        netns_cookie: spec.netns_cookie,
-        slot,
-        addresses: spec.addresses.iter().map(IpAddr::to_string).collect(),
-        config: spec.config.clone(),
+        sk_lookup: pods.inbound_program(cookie),
+        netns: entry.pod.netns.clone(),
+        netns_cookie: cookie,
+        slot: entry.pod.written.slot(),
+        addresses: entry
+            .pod
+            .local
+            .addresses
+            .iter()
+            .map(IpAddr::to_string)
+            .collect(),
+        config: entry.pod.config.clone(),
     }
 }
 

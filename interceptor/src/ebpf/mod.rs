@@ -1,6 +1,6 @@
 //! The eBPF backend: one attachment per node (a cgroup v2 directory), pods as map entries keyed
 //! by their network namespace cookie. Meshing one pod (`interceptor run`) and many (the node
-//! agent) both go through [`EbpfNode`].
+//! agent) both go through the node's pod table with [`EbpfNode`] as its backend ([`EbpfPods`]).
 use interceptor_common::NetnsCookie;
 mod creds;
 mod encode;
@@ -12,21 +12,17 @@ mod loader;
 mod maps;
 mod pod_lookup;
 mod pods;
+mod table;
 pub mod variants;
 
-use std::{
-    net::IpAddr,
-    path::{Path, PathBuf},
-    sync::Arc,
-};
+use std::path::{Path, PathBuf};
 
 use aya::{maps::MapError, programs::ProgramError};
 use interceptor_common::counters::{COUNTERS_PER_POD, Decision};
 pub use links::{LinkProblem, PinError, remove_ours};
 pub use loader::{ProgramState, VariantLoad, pinned_programs};
-pub use pods::{FillLevels, InMaps, PodRegistry, read_counters};
-
-use crate::{config::InterceptionConfig, netns::PodNetns};
+pub use pods::{EbpfWritten, FillLevels, InMaps, PodWriter, read_counters};
+pub use table::EbpfPods;
 
 /// The object built from `interceptor-ebpf`, embedded at compile time.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/interceptor-ebpf"));
@@ -123,27 +119,6 @@ fn thousands(n: usize) -> String {
     out
 }
 
-/// What registering a pod needs: its identity, its addresses and its configuration.
-#[derive(Clone, Debug)]
-pub struct PodSpec {
-    /// Its namespace, opened once by whoever identified the pod: the registration attaches
-    /// there and looks there for a listening proxy without opening the path again.
-    pub netns: Arc<PodNetns>,
-    pub netns_cookie: NetnsCookie,
-    /// The pod's own addresses, both families (see [`crate::netns::PodNetns::addresses`]).
-    pub addresses: Vec<IpAddr>,
-    /// The prefixes of its `local` routes that are none of its addresses (AnyIP, see
-    /// [`crate::netns::LocalDestinations`]): delivered over lo, never redirected.
-    pub local_routes: Vec<ipnet::IpNet>,
-    pub config: InterceptionConfig,
-}
-
-impl PodSpec {
-    pub fn netns_path(&self) -> &Path {
-        self.netns.path()
-    }
-}
-
 /// Counters of one pod, summed over CPUs, in `Decision` order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Counters(pub [u64; COUNTERS_PER_POD]);
@@ -226,14 +201,15 @@ fn with_throwaway_pins<T>(
     result
 }
 
-/// The programs loaded and attached once for a node, and the pods they serve. Dropping it
-/// detaches everything (fields drop in order: links first, then the pods and their pins).
-pub struct EbpfNode<D = ()> {
+/// The programs loaded and attached once for a node, and what writes pods into their maps: the
+/// eBPF backend of the node's pod table. Dropping it detaches everything (fields drop in
+/// order: links first, then the maps' pins; the pods' own links went with the table's entries).
+pub struct EbpfNode {
     attached: loader::Attached,
-    pods: PodRegistry<D>,
+    maps: PodWriter,
 }
 
-impl<D> EbpfNode<D> {
+impl EbpfNode {
     /// Loads the programs (verifying them) and creates the shared maps, pinned under
     /// `options.pin_dir`, without attaching anything.
     pub fn load(options: LoadOptions) -> Result<Self, EbpfError> {
@@ -243,12 +219,12 @@ impl<D> EbpfNode<D> {
             source,
         })?;
         let loaded = loader::Attached::load(&options).and_then(|(attached, maps)| {
-            let pods = PodRegistry::new(maps, &options, attached.loopback_by_ifindex())?;
-            Ok(Self { attached, pods })
+            let maps = PodWriter::new(maps, &options, attached.loopback_by_ifindex())?;
+            Ok(Self { attached, maps })
         });
         // The maps are pinned as they are created, before a program the verifier refuses: a
         // process that pinned them for itself alone takes them away again, as dropping the
-        // registry would have.
+        // writer would have.
         if loaded.is_err() && fresh && !options.persistent {
             crate::bpffs::remove_pins(&options.pin_dir);
         }
@@ -267,36 +243,17 @@ impl<D> EbpfNode<D> {
         self.attached.link_problems(cgroup)
     }
 
-    /// Pins again the links (the node's and each pod's sk_lookup link) whose pins were removed
-    /// while this process held them, so the attachments outlive it as they should. Returns the
-    /// paths pinned again, and those that could not be.
-    pub fn restore_missing_pins(&self) -> (Vec<PathBuf>, Vec<(PathBuf, std::io::Error)>) {
-        let (mut pinned, mut failed) = (Vec::new(), Vec::new());
-        for link in self
-            .attached
-            .links()
-            .iter()
-            .chain(self.pods.inbound_links())
-        {
-            match link.restore_pin() {
-                Ok(true) => pinned.push(link.path().to_owned()),
-                Ok(false) => {}
-                Err(e) => failed.push((link.path().to_owned(), e)),
-            }
-        }
-        (pinned, failed)
-    }
-
     pub fn programs(&self) -> Vec<ProgramState> {
         self.attached.programs()
     }
 
-    pub fn pods(&mut self) -> &mut PodRegistry<D> {
-        &mut self.pods
+    /// The pods' entries in the maps, and the maps' fill levels.
+    pub fn maps(&self) -> &PodWriter {
+        &self.maps
     }
 
-    pub fn pods_ref(&self) -> &PodRegistry<D> {
-        &self.pods
+    pub fn maps_mut(&mut self) -> &mut PodWriter {
+        &mut self.maps
     }
 }
 

@@ -11,7 +11,7 @@ use std::{
 };
 
 use clap::ValueEnum;
-pub use pods::{ChainsInForce, IptablesPods, IptablesSettings};
+pub use pods::{ChainsInForce, IptablesBackend, IptablesSettings};
 pub use rules::{
     Existing, Family, OUTPUT_CHAIN, REDIRECT_CHAIN, Rule, cleanup as cleanup_rules,
     install as install_rules, multiport_groups,
@@ -88,6 +88,8 @@ pub enum IptablesError {
         status: std::process::ExitStatus,
         output: String,
     },
+    #[error("this agent serves at most {0} pods (--max-pods): remove a pod first")]
+    Full(u32),
 }
 
 /// Installs the chains (both families with `ipv6`). Idempotent: existing chains are flushed and

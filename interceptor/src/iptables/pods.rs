@@ -1,4 +1,4 @@
-//! The iptables backend's pods, as the agent meshes them: each registered pod gets proxy-init's
+//! The iptables backend of the node's pod table: each registered pod gets proxy-init's
 //! nat-table chains in its own network namespace (`install`, which enters it with setns before
 //! each command), and removing the pod runs `cleanup` there (our two jumps and two chains,
 //! nothing else). Nothing is loaded into the kernel, so it works where the eBPF programs cannot
@@ -7,13 +7,17 @@
 //! The chains are the state: a pod's record keeps them as `iptables-save` listed them once they
 //! were written, and a restarted agent compares that with what the namespace holds, writing them
 //! again only when they differ (missing, or another configuration's).
-use std::{collections::BTreeMap, net::IpAddr, path::Path};
+use std::path::Path;
 
 use interceptor_common::NetnsCookie;
 use serde::{Deserialize, Serialize};
 
 use super::{Family, IptablesError, IptablesMode, IptablesOptions};
-use crate::config::InterceptionConfig;
+use crate::{
+    config::InterceptionConfig,
+    netns::{LocalDestinations, NetnsError, PodNetns},
+    node::{Adopted, Interception, Pod, Wanted},
+};
 
 /// What the iptables backend wrote in a pod, as its record keeps it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,34 +36,17 @@ pub struct IptablesSettings {
     pub wait: bool,
 }
 
-/// The pods the iptables backend meshes, the one table of them: their chains are in their
-/// namespaces; this keeps each one's configuration and addresses, with its user's `D` (the
-/// agent's facts about it), as the eBPF backend's registry does.
-pub struct IptablesPods<D> {
+/// The iptables backend of a node's pod table: proxy-init's chains in each pod's namespace.
+/// What it wrote for a pod is the pod's entry's [`ChainsInForce`].
+pub struct IptablesBackend {
     settings: IptablesSettings,
-    /// `--max-pods`, as the eBPF backend's pod table is bounded.
+    /// `--max-pods`, as the eBPF backend's slots are bounded.
     max_pods: u32,
-    pods: BTreeMap<NetnsCookie, IptablesPod<D>>,
 }
 
-struct IptablesPod<D> {
-    config: InterceptionConfig,
-    addresses: Vec<IpAddr>,
-    data: D,
-}
-
-impl<D> IptablesPods<D> {
+impl IptablesBackend {
     pub fn new(settings: IptablesSettings, max_pods: u32) -> Self {
-        Self {
-            settings,
-            max_pods,
-            pods: BTreeMap::new(),
-        }
-    }
-
-    /// `Some(max)` when `max` pods are meshed already: a new one is refused.
-    pub fn full(&self) -> Option<u32> {
-        (self.pods.len() >= self.max_pods as usize).then_some(self.max_pods)
+        Self { settings, max_pods }
     }
 
     fn options(&self, netns: &Path, mode: IptablesMode, ipv6: bool) -> IptablesOptions {
@@ -72,9 +59,8 @@ impl<D> IptablesPods<D> {
     }
 
     /// Writes a pod's chains (an existing chain is flushed and refilled, a jump is never added
-    /// twice; a failure removes what it added) and reads back what is in force. The table is
-    /// left as it is.
-    pub fn write_chains(
+    /// twice; a failure removes what it added) and reads back what is in force.
+    fn write_chains(
         &self,
         netns: &Path,
         config: &InterceptionConfig,
@@ -85,114 +71,6 @@ impl<D> IptablesPods<D> {
             mode,
             rules: self.rules(netns, mode, config.ipv6)?,
         })
-    }
-
-    /// The chains of a pod taken back after a restart: those `in_force` describe, running
-    /// nothing when they are still what the namespace holds, or written again. Returns what is
-    /// in force now, and whether the chains had to be written again. The table is left as it is.
-    pub fn restore_chains(
-        &self,
-        netns: &Path,
-        config: &InterceptionConfig,
-        in_force: Option<&ChainsInForce>,
-    ) -> Result<(ChainsInForce, bool), IptablesError> {
-        if let Some(recorded) = in_force
-            && self.rules(netns, recorded.mode, config.ipv6)? == recorded.rules
-        {
-            return Ok((recorded.clone(), false));
-        }
-        Ok((self.write_chains(netns, config)?, true))
-    }
-
-    /// Puts a pod whose chains are in force in the table, with `data` (replacing what it held).
-    pub fn insert(
-        &mut self,
-        cookie: NetnsCookie,
-        config: &InterceptionConfig,
-        addresses: &[IpAddr],
-        data: D,
-    ) {
-        let pod = IptablesPod {
-            config: config.clone(),
-            addresses: addresses.to_vec(),
-            data,
-        };
-        self.pods.insert(cookie, pod);
-    }
-
-    /// Removes the pod's chains (written by `mode`'s binaries) and forgets it.
-    pub fn remove(
-        &mut self,
-        cookie: NetnsCookie,
-        netns: &Path,
-        ipv6: bool,
-        mode: Option<IptablesMode>,
-    ) -> Result<(), IptablesError> {
-        let mode = mode.unwrap_or(self.settings.mode);
-        super::cleanup(&self.options(netns, mode, ipv6))?;
-        self.pods.remove(&cookie);
-        Ok(())
-    }
-
-    /// Forgets a pod whose namespace is gone: its chains went with it.
-    pub fn forget(&mut self, cookie: NetnsCookie) {
-        self.pods.remove(&cookie);
-    }
-
-    pub fn addresses(&self, cookie: NetnsCookie) -> Vec<IpAddr> {
-        self.pods
-            .get(&cookie)
-            .map(|p| p.addresses.clone())
-            .unwrap_or_default()
-    }
-
-    pub fn set_addresses(&mut self, cookie: NetnsCookie, addresses: &[IpAddr]) {
-        if let Some(pod) = self.pods.get_mut(&cookie) {
-            pod.addresses = addresses.to_vec();
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.pods.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.pods.is_empty()
-    }
-
-    /// What is kept with a pod in the table.
-    pub fn data(&self, cookie: NetnsCookie) -> Option<&D> {
-        Some(&self.pods.get(&cookie)?.data)
-    }
-
-    /// The pods in the table, with what is kept with each, by key.
-    pub fn registered(&self) -> impl Iterator<Item = (NetnsCookie, &D)> {
-        self.pods.iter().map(|(cookie, p)| (*cookie, &p.data))
-    }
-
-    /// A pod's configuration, as its chains were written for it.
-    pub fn config(&self, cookie: NetnsCookie) -> Option<&InterceptionConfig> {
-        Some(&self.pods.get(&cookie)?.config)
-    }
-
-    /// Replaces what is kept with a pod; returns what was kept, or gives `data` back if the pod
-    /// is not in the table.
-    pub fn set_data(&mut self, cookie: NetnsCookie, data: D) -> Result<D, D> {
-        match self.pods.get_mut(&cookie) {
-            Some(pod) => Ok(std::mem::replace(&mut pod.data, data)),
-            None => Err(data),
-        }
-    }
-
-    /// What differs between the chains recorded for a pod and those in its namespace now (runs
-    /// `iptables-save` in it).
-    pub fn differs(&self, netns: &Path, ipv6: bool, recorded: &ChainsInForce) -> Option<String> {
-        match self.rules(netns, recorded.mode, ipv6) {
-            Ok(rules) if rules == recorded.rules => None,
-            Ok(rules) if rules.is_empty() => Some("its iptables chains are missing".into()),
-            Ok(_) => Some("its iptables chains are not those the agent wrote".into()),
-            Err(e) => Some(format!("its iptables chains cannot be read: {e}")),
-        }
     }
 
     /// Our rules in the namespace, as `iptables-save -t nat` lists them.
@@ -222,6 +100,138 @@ impl<D> IptablesPods<D> {
             );
         }
         Ok(rules)
+    }
+}
+
+impl Interception for IptablesBackend {
+    type Written = ChainsInForce;
+    type Error = IptablesError;
+    type Census = ();
+
+    /// The cookie, or where the kernel cannot tell it (5.10 to 5.13) a key derived from the
+    /// namespace's inode: the chains need nothing of the kernel's.
+    fn key(netns: &PodNetns) -> Result<NetnsCookie, NetnsError> {
+        match netns.cookie() {
+            Err(NetnsError::NoCookie { .. }) => netns.inode_key(),
+            other => other,
+        }
+    }
+
+    fn identify(netns: &PodNetns) -> Result<(NetnsCookie, LocalDestinations), NetnsError> {
+        netns.key_and_local()
+    }
+
+    fn room(&self, meshed: usize) -> Result<(), IptablesError> {
+        if meshed >= self.max_pods as usize {
+            return Err(IptablesError::Full(self.max_pods));
+        }
+        Ok(())
+    }
+
+    /// A failed change removes what its run added, so the previous configuration's chains are
+    /// written again.
+    fn write(
+        &mut self,
+        _key: NetnsCookie,
+        wanted: &Wanted<'_>,
+        before: Option<&mut Pod<ChainsInForce>>,
+    ) -> Result<ChainsInForce, IptablesError> {
+        let netns = wanted.netns.path();
+        self.write_chains(netns, wanted.config).inspect_err(|_| {
+            if let Some(before) = before
+                && let Err(undo) = self.write_chains(netns, &before.config)
+            {
+                tracing::error!(netns = %netns.display(), error = %undo, "writing a pod's previous iptables chains again after a change failed: the pod is not intercepted");
+            }
+        })
+    }
+
+    /// The chains need nothing: `-o lo` covers whatever the pod delivers over lo.
+    fn set_local(
+        &mut self,
+        _key: NetnsCookie,
+        _pod: &mut Pod<ChainsInForce>,
+        _local: &LocalDestinations,
+    ) -> Result<(), IptablesError> {
+        Ok(())
+    }
+
+    /// Runs `cleanup` in the pod's namespace with the binaries that wrote the chains: our two
+    /// jumps and two chains, nothing else.
+    fn remove(
+        &mut self,
+        _key: NetnsCookie,
+        pod: &mut Pod<ChainsInForce>,
+    ) -> Result<(), IptablesError> {
+        let options = self.options(&pod.netns, pod.written.mode, pod.config.ipv6);
+        super::cleanup(&options).map(drop)
+    }
+
+    /// The chains went with the namespace.
+    fn forget(
+        &mut self,
+        _key: NetnsCookie,
+        _pod: &mut Pod<ChainsInForce>,
+    ) -> Result<(), IptablesError> {
+        Ok(())
+    }
+
+    /// The chains are read only by the thorough check ([`Self::differs`]).
+    fn problem(&self, _key: NetnsCookie, _pod: &Pod<ChainsInForce>) -> Option<String> {
+        None
+    }
+
+    fn census(&self) {}
+
+    /// Runs `iptables-save` in the pod's namespace and compares our rules with those written.
+    fn differs(
+        &self,
+        _key: NetnsCookie,
+        pod: &Pod<ChainsInForce>,
+        _census: Option<&()>,
+    ) -> Option<String> {
+        match self.rules(&pod.netns, pod.written.mode, pod.config.ipv6) {
+            Ok(rules) if rules == pod.written.rules => None,
+            Ok(rules) if rules.is_empty() => Some("its iptables chains are missing".into()),
+            Ok(_) => Some("its iptables chains are not those the agent wrote".into()),
+            Err(e) => Some(format!("its iptables chains cannot be read: {e}")),
+        }
+    }
+
+    /// The chains `recorded` describes, running nothing when they are still what the namespace
+    /// holds, or written again.
+    fn adopt(
+        &mut self,
+        _key: NetnsCookie,
+        wanted: &Wanted<'_>,
+        recorded: Option<&ChainsInForce>,
+        _census: &mut (),
+    ) -> Result<Adopted<ChainsInForce>, IptablesError> {
+        let netns = wanted.netns.path();
+        let kept = match recorded {
+            Some(recorded)
+                if self.rules(netns, recorded.mode, wanted.config.ipv6)? == recorded.rules =>
+            {
+                Some(recorded.clone())
+            }
+            _ => None,
+        };
+        let repaired = match (&kept, recorded) {
+            (None, Some(_)) => Some(
+                "its iptables chains were missing or not those recorded, and are written again"
+                    .to_owned(),
+            ),
+            _ => None,
+        };
+        let written = match kept {
+            Some(kept) => kept,
+            None => self.write_chains(netns, wanted.config)?,
+        };
+        Ok(Adopted {
+            written,
+            local: wanted.local.clone(),
+            repaired,
+        })
     }
 }
 

@@ -6,14 +6,14 @@ use std::collections::BTreeSet;
 use aya::maps::{MapError, lpm_trie::Key};
 use interceptor_common::{MAX_SUBNET_RULES, NetnsCookie, PodSlot, names};
 
-use super::{InForce, PodRegistry, Written};
+use super::{InForce, PodWriter, Written};
 use crate::ebpf::{
     EbpfError,
     encode::{SubnetEntry, listener_key},
     maps::map_error,
 };
 
-impl<D> PodRegistry<D> {
+impl PodWriter {
     pub(super) fn write_new_entries(
         &mut self,
         before: &InForce,

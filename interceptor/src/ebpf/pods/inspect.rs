@@ -1,5 +1,5 @@
-//! What the registry and the maps say about the pods: for restore, health, `pod list`, metrics.
-use std::{collections::BTreeSet, net::IpAddr, os::fd::AsFd as _, path::Path};
+//! What the maps say about the pods: for restore, health, `pod list`, metrics.
+use std::{collections::BTreeSet, os::fd::AsFd as _, path::Path};
 
 use aya::maps::{MapData, PerCpuArray};
 use interceptor_common::{
@@ -7,16 +7,16 @@ use interceptor_common::{
     names, pending_phase,
 };
 
-use super::{FillLevels, InMaps, PodRegistry};
+use super::{EbpfWritten, FillLevels, InMaps, PodWriter};
 use crate::{
-    config::InterceptionConfig,
     ebpf::{
         Counters, EbpfError, ProgramState, inbound::inbound_link_path, links::PinnedLink,
         maps::map_error,
     },
+    node::Pod,
 };
 
-impl<D> PodRegistry<D> {
+impl PodWriter {
     /// What the subnet map holds, by pod: read once to restore many pods (a walk per pod would
     /// cost pods × entries system calls).
     pub fn in_maps(&self) -> InMaps {
@@ -32,55 +32,26 @@ impl<D> PodRegistry<D> {
         in_maps
     }
 
-    /// The registered pods' netns cookies.
-    pub fn cookies(&self) -> Vec<NetnsCookie> {
-        self.pods.keys().copied().collect()
-    }
-
-    /// How many pods are registered.
-    pub fn len(&self) -> usize {
-        self.pods.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.pods.is_empty()
-    }
-
-    /// What is kept with a registered pod.
-    pub fn data(&self, cookie: NetnsCookie) -> Option<&D> {
-        Some(&self.pods.get(&cookie)?.data)
-    }
-
-    /// The registered pods, with what is kept with each, by netns cookie.
-    pub fn registered(&self) -> impl Iterator<Item = (NetnsCookie, &D)> {
-        self.pods.iter().map(|(cookie, p)| (*cookie, &p.data))
-    }
-
-    /// A registered pod's configuration as asked for (its record's).
-    pub fn config(&self, cookie: NetnsCookie) -> Option<&InterceptionConfig> {
-        Some(&self.pods.get(&cookie)?.config)
-    }
-
-    /// A registered pod's counter slot.
-    pub fn slot(&self, cookie: NetnsCookie) -> Option<PodSlot> {
-        self.pods.get(&cookie).map(|p| p.slot)
-    }
-
-    /// Why a registered pod's entries are not exactly what its configuration asks for, if they
-    /// are not: what the kernel holds is checked (its configuration entry, its pinned sk_lookup
-    /// link), and what an earlier change could not complete is reported.
-    pub fn problem(&self, cookie: NetnsCookie) -> Option<String> {
-        let registered = self.pods.get(&cookie)?;
-        if let Some(problem) = &registered.problem {
+    /// Why a pod's entries are not exactly what its configuration asks for, if they are not:
+    /// what the kernel holds is checked (its configuration entry, its pinned sk_lookup link),
+    /// and what an earlier change could not complete is reported.
+    pub(in crate::ebpf) fn problem(
+        &self,
+        cookie: NetnsCookie,
+        pod: &Pod<EbpfWritten>,
+    ) -> Option<String> {
+        let written = &pod.written;
+        if let Some(problem) = &written.problem {
             return Some(problem.clone());
         }
         match self.maps.pods.get(&cookie, 0) {
             Ok(in_maps)
-                if bytemuck::bytes_of(&in_maps) == bytemuck::bytes_of(&registered.in_force()) => {}
+                if bytemuck::bytes_of(&in_maps)
+                    == bytemuck::bytes_of(&written.in_force(&pod.config, &pod.local)) => {}
             Ok(_) => return Some("its configuration entry differs from the one written".into()),
             Err(_) => return Some("its configuration entry is missing from the pod map".into()),
         }
-        let Some(inbound) = &registered.inbound else {
+        let Some(inbound) = &written.inbound else {
             return Some("its sk_lookup program is not attached by this agent".into());
         };
         if self.persistent
@@ -91,18 +62,15 @@ impl<D> PodRegistry<D> {
         None
     }
 
-    /// The sk_lookup links this registry holds for its pods.
-    pub(in crate::ebpf) fn inbound_links(&self) -> impl Iterator<Item = &PinnedLink> {
-        self.pods
-            .values()
-            .filter_map(|p| Some(p.inbound.as_ref()?.link()))
-    }
-
     /// How the subnet entries the maps hold for a registered pod (`in_maps`, read once for all
     /// pods) differ from what was written for it, if they do. (Its addresses are in its
     /// configuration entry, which [`Self::problem`] checks.)
-    pub fn entries_differ(&self, cookie: NetnsCookie, in_maps: &InMaps) -> Option<String> {
-        let registered = self.pods.get(&cookie)?;
+    pub(in crate::ebpf) fn entries_differ(
+        &self,
+        cookie: NetnsCookie,
+        registered: &EbpfWritten,
+        in_maps: &InMaps,
+    ) -> Option<String> {
         let empty_subnets = BTreeSet::new();
         let subnets = in_maps.subnets.get(&cookie).unwrap_or(&empty_subnets);
         if *subnets != registered.subnets {
@@ -136,30 +104,6 @@ impl<D> PodRegistry<D> {
         self.maps.pods.keys().filter_map(Result::ok).collect()
     }
 
-    /// A registered pod's own addresses, sorted.
-    /// The pod's own addresses and `local` routes, as registered.
-    pub fn local_destinations(&self, cookie: NetnsCookie) -> crate::netns::LocalDestinations {
-        self.pods
-            .get(&cookie)
-            .map(|p| crate::netns::LocalDestinations {
-                addresses: p.addresses.iter().copied().collect(),
-                routes: p.local_routes.iter().copied().collect(),
-            })
-            .unwrap_or_default()
-    }
-
-    pub fn addresses(&self, cookie: NetnsCookie) -> Vec<IpAddr> {
-        self.pods
-            .get(&cookie)
-            .map(|p| p.addresses.iter().copied().collect())
-            .unwrap_or_default()
-    }
-
-    /// The pod's own sk_lookup program instance, as `status` reports it.
-    pub fn inbound_program(&self, cookie: NetnsCookie) -> Option<ProgramState> {
-        Some(self.pods.get(&cookie)?.inbound.as_ref()?.program.clone())
-    }
-
     /// The pods whose proxy is listening, in either family (one walk of the listener map: a
     /// sock hash lookup from userspace needs 8-byte values, socket cookies, and aya-ebpf
     /// declares 4-byte ones).
@@ -185,11 +129,9 @@ impl<D> PodRegistry<D> {
         interceptor_sys::map_has_any_key(self.maps.listeners.fd().as_fd(), &keys).unwrap_or(false)
     }
 
-    pub fn counters(&self, cookie: NetnsCookie) -> Result<Option<Counters>, EbpfError> {
-        let Some(registered) = self.pods.get(&cookie) else {
-            return Ok(None);
-        };
-        read_counters(&self.maps.counters, registered.slot).map(Some)
+    /// The counters of a pod's slot, summed over CPUs.
+    pub fn counters(&self, slot: PodSlot) -> Result<Counters, EbpfError> {
+        read_counters(&self.maps.counters, slot)
     }
 
     /// Number of original destinations recorded for connections whose proxy side has not closed
@@ -231,6 +173,18 @@ impl<D> PodRegistry<D> {
             subnets: self.maps.subnets.keys().filter(Result::is_ok).count(),
             pods: self.maps.pods.keys().filter(Result::is_ok).count(),
         }
+    }
+}
+
+impl EbpfWritten {
+    /// The pod's own sk_lookup program instance, as `status` reports it.
+    pub fn inbound_program(&self) -> Option<ProgramState> {
+        Some(self.inbound.as_ref()?.program.clone())
+    }
+
+    /// The sk_lookup link held for the pod.
+    pub(in crate::ebpf) fn inbound_link(&self) -> Option<&PinnedLink> {
+        Some(self.inbound.as_ref()?.link())
     }
 }
 

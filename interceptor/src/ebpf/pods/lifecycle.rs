@@ -1,98 +1,67 @@
-//! A pod's lifecycle in the maps: registered, changed in place, given new addresses, removed.
+//! A pod's lifecycle in the maps: written new, changed in place, given new addresses, removed.
 use std::{collections::BTreeSet, net::IpAddr, path::PathBuf};
 
 use interceptor_common::{MAX_LOCAL_ADDRS_PER_POD, NetnsCookie, PodSlot, names};
 
 use ipnet::IpNet;
 
-use super::{InForce, PodRegistry, entries::ignore_absent};
+use super::{EbpfWritten, InForce, PodWriter, entries::ignore_absent};
 use crate::{
     crash_points::crash_point,
     ebpf::{
-        EbpfError, PodSpec,
+        EbpfError,
         encode::{configured_subnets, local_route_keys, write_local},
         inbound::{Inbound, inbound_link_path},
         links::PinnedLink,
         maps::map_error,
     },
-    netns::{LocalDestinations, listener::find_listeners},
+    netns::LocalDestinations,
+    node::{Pod, Wanted},
 };
 
-impl<D> PodRegistry<D> {
-    /// Registers a pod and adopts its proxy's inbound listener if it already listens (see
-    /// [`Self::register`] and [`Self::adopt_listeners`]): all of it, or nothing.
-    pub fn add(&mut self, spec: &PodSpec) -> Result<PodSlot, EbpfError>
-    where
-        D: Default,
-    {
-        let is_new = !self.pods.contains_key(&spec.netns_cookie);
-        let slot = self.register(spec, D::default())?;
-        let found = find_listeners(&spec.netns, spec.config.incoming_proxy_port);
-        if let Err(e) = self.adopt_listeners(spec.netns_cookie, found) {
-            if is_new {
-                let _ = self.remove(spec.netns_cookie);
-            }
-            return Err(e);
-        }
-        Ok(slot)
-    }
-
-    /// Registers a pod. Returns its counter slot. A pod registered with the same configuration
-    /// changes nothing; with another configuration it is an error (see [`Self::update`]). Its
-    /// proxy's existing listener is left to [`Self::adopt_listeners`], which walks `/proc` and
-    /// so is better done without holding whatever guards the registry. `data` is kept with it.
-    pub fn register(&mut self, spec: &PodSpec, data: D) -> Result<PodSlot, EbpfError> {
-        let cookie = spec.netns_cookie;
-        if let Some(registered) = self.pods.get_mut(&cookie) {
-            if registered.config == spec.config && registered.problem.is_none() {
-                registered.data = data;
-                return Ok(registered.slot);
-            }
-            return Err(EbpfError::AlreadyRegistered(cookie));
-        }
+impl PodWriter {
+    /// Writes a new pod: a free counter slot, zeroed, then its state (see [`Self::write`]).
+    pub(in crate::ebpf) fn write_new(
+        &mut self,
+        cookie: NetnsCookie,
+        wanted: &Wanted<'_>,
+    ) -> Result<EbpfWritten, EbpfError> {
         let slot = self.free_slot()?;
         self.zero_counters(slot)?;
-        let registered = self
-            .write(spec, slot, &InForce::default(), None, data)
+        let written = self
+            .write(cookie, wanted, slot, &InForce::default(), None)
             .map_err(|(e, _)| e)?;
-        self.pods.insert(cookie, registered);
-        Ok(slot)
+        self.mark_slot(slot, true);
+        Ok(written)
     }
 
-    /// Applies a new configuration to a registered pod in place (registers it if it is not),
-    /// make before break: at every moment the programs apply the old or the new configuration,
-    /// and if the new one cannot be applied the old one stays in force (and so does its data).
-    pub fn update(&mut self, spec: &PodSpec, data: D) -> Result<PodSlot, EbpfError> {
-        let cookie = spec.netns_cookie;
-        let Some(mut registered) = self.pods.remove(&cookie) else {
-            return self.register(spec, data);
+    /// Applies a new configuration to a registered pod in place, make before break: at every
+    /// moment the programs apply the old or the new configuration, and if the new one cannot
+    /// be applied the old one stays in force (and `before` as it was).
+    pub(in crate::ebpf) fn update(
+        &mut self,
+        cookie: NetnsCookie,
+        wanted: &Wanted<'_>,
+        before: &mut Pod<EbpfWritten>,
+    ) -> Result<EbpfWritten, EbpfError> {
+        let written = &mut before.written;
+        let in_force = InForce {
+            config: Some(written.in_force(&before.config, &before.local)),
+            subnets: std::mem::take(&mut written.subnets),
         };
-        let before = InForce {
-            config: Some(registered.in_force()),
-            subnets: std::mem::take(&mut registered.subnets),
-        };
-        let inbound = registered.inbound.take();
-        match self.write(spec, registered.slot, &before, inbound, data) {
-            Ok(updated) => {
-                self.pods.insert(cookie, updated);
-                Ok(registered.slot)
-            }
-            Err((e, inbound)) => {
-                registered.subnets = before.subnets;
-                registered.inbound = inbound;
-                self.pods.insert(cookie, registered);
-                Err(e)
-            }
-        }
+        let inbound = written.inbound.take();
+        self.write(cookie, wanted, written.slot, &in_force, inbound)
+            .map_err(|(e, inbound)| {
+                written.subnets = in_force.subnets;
+                written.inbound = inbound;
+                e
+            })
     }
 
-    /// Removes everything the maps and pins hold for a pod this registry does not manage (left
-    /// by an earlier agent whose pod is gone): its configuration first, so it stops being
+    /// Removes everything the maps and pins hold for a pod the table does not have (left by an
+    /// earlier agent whose pod is gone): its configuration first, so it stops being
     /// intercepted at once, then its addresses, subnets, listeners, counters and sk_lookup link.
-    pub fn purge(&mut self, cookie: NetnsCookie) -> Result<(), EbpfError> {
-        if self.pods.contains_key(&cookie) {
-            return self.remove(cookie);
-        }
+    pub(in crate::ebpf) fn purge(&mut self, cookie: NetnsCookie) -> Result<(), EbpfError> {
         let slot = self.maps.pods.get(&cookie, 0).ok().map(|c| PodSlot(c.slot));
         self.remove_config(cookie)?;
         let subnets = self.in_maps().subnets.remove(&cookie).unwrap_or_default();
@@ -100,20 +69,20 @@ impl<D> PodRegistry<D> {
         self.remove_entries(cookie, slot, &subnets)
     }
 
-    /// Unregisters a pod: its connections are no longer intercepted from this call on. If its
-    /// configuration cannot be removed, it stays registered as it was.
-    pub fn remove(&mut self, cookie: NetnsCookie) -> Result<(), EbpfError> {
-        let Some(registered) = self.pods.remove(&cookie) else {
-            return Ok(());
-        };
-        if let Err(e) = self.remove_config(cookie) {
-            self.pods.insert(cookie, registered);
-            return Err(e);
-        }
+    /// Takes a pod out of the maps: its connections are no longer intercepted from this call
+    /// on. If its configuration cannot be removed, it stays as it was.
+    pub(in crate::ebpf) fn remove(
+        &mut self,
+        cookie: NetnsCookie,
+        written: &mut EbpfWritten,
+    ) -> Result<(), EbpfError> {
+        self.remove_config(cookie)?;
         crash_point!("pod-config-removed");
-        self.detach_inbound(cookie, registered.inbound);
+        self.detach_inbound(cookie, written.inbound.take());
         crash_point!("pod-inbound-detached");
-        self.remove_entries(cookie, Some(registered.slot), &registered.subnets)
+        self.remove_entries(cookie, Some(written.slot), &written.subnets)?;
+        self.mark_slot(written.slot, false);
+        Ok(())
     }
 
     pub(super) fn remove_config(&mut self, cookie: NetnsCookie) -> Result<(), EbpfError> {
@@ -135,14 +104,12 @@ impl<D> PodRegistry<D> {
     /// Makes `local` the pod's own addresses and `local` routes, everything else in force kept
     /// (a configuration kept by a restore too): the new route entries are written first, then
     /// the pod's entry (the switch), then the entries only the old routes needed are removed.
-    pub fn set_local_destinations(
+    pub(in crate::ebpf) fn set_local(
         &mut self,
         cookie: NetnsCookie,
+        pod: &mut Pod<EbpfWritten>,
         local: &LocalDestinations,
     ) -> Result<(), EbpfError> {
-        let Some(registered) = self.pods.get(&cookie) else {
-            return Ok(());
-        };
         let wanted: BTreeSet<IpAddr> = local.addresses.iter().copied().collect();
         if wanted.len() > MAX_LOCAL_ADDRS_PER_POD as usize {
             return Err(EbpfError::TooManyAddresses {
@@ -152,40 +119,28 @@ impl<D> PodRegistry<D> {
             });
         }
         let routes: BTreeSet<IpNet> = local.routes.iter().copied().collect();
-        let mut config = registered.in_force();
+        let written = &mut pod.written;
+        let in_force = written.in_force(&pod.config, &pod.local);
+        let mut config = in_force;
         write_local(&mut config, &wanted, !routes.is_empty());
         let before = InForce {
-            config: Some(registered.in_force()),
-            subnets: registered.subnets.clone(),
+            config: Some(in_force),
+            subnets: written.subnets.clone(),
         };
-        let mut subnets = configured_subnets(&registered.subnets);
+        let mut subnets = configured_subnets(&written.subnets);
         subnets.extend(local_route_keys(cookie, &routes));
         self.check_subnet_room(&before.subnets, &subnets)?;
         self.switch(cookie, &before, &subnets, config)?;
         crash_point!("addresses-written");
         let (subnets, problem) =
             self.remove_old_entries(cookie, &before, subnets, config.inbound_port);
-        let Some(registered) = self.pods.get_mut(&cookie) else {
-            return Ok(());
-        };
-        registered.addresses = wanted;
-        registered.local_routes = routes;
-        registered.subnets = subnets;
+        written.subnets = subnets;
         if problem.is_some() {
-            registered.problem = problem;
+            written.problem = problem;
         }
-        if let Some(kept) = &mut registered.kept_in_force {
+        if let Some(kept) = &mut written.kept_in_force {
             **kept = config;
         }
         Ok(())
-    }
-
-    /// Replaces what is kept with a registered pod, without writing to the maps; returns what
-    /// was kept, or gives `data` back if the pod is not registered.
-    pub fn set_data(&mut self, cookie: NetnsCookie, data: D) -> Result<D, D> {
-        match self.pods.get_mut(&cookie) {
-            Some(registered) => Ok(std::mem::replace(&mut registered.data, data)),
-            None => Err(data),
-        }
     }
 }

@@ -4,7 +4,7 @@ use std::os::fd::AsFd as _;
 use aya::maps::MapError;
 use interceptor_common::{ListenerKey, NetnsCookie, names};
 
-use super::PodRegistry;
+use super::PodWriter;
 use crate::{
     ebpf::{EbpfError, encode::listener_key, maps::map_error},
     netns::listener::Listening,
@@ -13,19 +13,15 @@ use crate::{
 /// `bpf_map_update_elem`'s flag: only if the key is not there yet.
 const BPF_NOEXIST: u64 = 1;
 
-impl<D> PodRegistry<D> {
+impl PodWriter {
     /// Puts the listeners of the pod's proxy that existed before registration (found with
     /// [`find_listeners`](crate::netns::listener::find_listeners)) into the listener map, one per family (new ones are caught by
-    /// sock_ops; see `listener.rs`). A listener already in the map is newer: keep it. A pod
-    /// that is no longer registered is left alone.
-    pub fn adopt_listeners(
+    /// sock_ops; see `listener.rs`). A listener already in the map is newer: keep it.
+    pub(in crate::ebpf) fn adopt_listeners(
         &mut self,
         cookie: NetnsCookie,
         found: Vec<Listening>,
     ) -> Result<(), EbpfError> {
-        if !self.pods.contains_key(&cookie) {
-            return Ok(());
-        }
         for Listening { socket, ipv6 } in found {
             tracing::info!(
                 netns_cookie = %cookie,

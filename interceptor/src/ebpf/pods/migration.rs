@@ -7,9 +7,9 @@ use interceptor_common::{
     pending_phase,
 };
 
-use super::PodRegistry;
+use super::PodWriter;
 
-impl<D> PodRegistry<D> {
+impl PodWriter {
     /// Copies the original destinations that an older set of maps (pinned in `dir`, of the same
     /// key and value layout) holds for connections in flight: the programs being replaced
     /// recorded them there. Returns how many were copied; maps of another layout are skipped

@@ -1,5 +1,7 @@
-//! Registering pods: writing their configuration, addresses and subnets into the maps, and
-//! reading their counters back.
+//! The eBPF backend's writes of pods: their configuration, addresses and subnets into the maps,
+//! their sk_lookup programs into their namespaces, and their counters read back. What was
+//! written for a pod ([`EbpfWritten`]) is kept in its entry of the node's pod table
+//! (`crate::node`), which hands it back for each change.
 //!
 //! Every change to a pod is made before break: the entries the new state needs are written
 //! first, then the pod's configuration (one map update: the switch), then the entries only the
@@ -12,9 +14,10 @@
 //! older map layout holds for connections in flight), `inspect` (what the maps say, read only).
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
     path::PathBuf,
 };
+
+use crate::netns::LocalDestinations;
 
 use aya::maps::{MapError, PerCpuValues};
 use interceptor_common::{MAX_PODS, NetnsCookie, PodConfig, PodCounters, PodSlot, names};
@@ -27,7 +30,6 @@ use super::{
     pod_lookup::PodLookupLoader,
 };
 use crate::config::InterceptionConfig;
-use ipnet::IpNet;
 
 mod entries;
 mod inspect;
@@ -39,7 +41,7 @@ mod write;
 
 pub use inspect::read_counters;
 
-/// The subnet entries the maps hold, by netns cookie (see [`PodRegistry::in_maps`]); a pod's
+/// The subnet entries the maps hold, by netns cookie (see [`PodWriter::in_maps`]); a pod's
 /// addresses are in its configuration entry.
 #[derive(Default)]
 pub struct InMaps {
@@ -81,31 +83,24 @@ struct Written {
     subnets: Vec<SubnetEntry>,
 }
 
-/// What was written for one pod, so it can be changed or removed exactly, with what the
-/// registry's user keeps for it.
-struct Registered<D> {
+/// What the eBPF backend wrote for one pod, kept in the pod's table entry, so it can be changed
+/// or removed exactly.
+pub struct EbpfWritten {
     slot: PodSlot,
-    /// The configuration asked for (the pod's record).
-    config: InterceptionConfig,
-    /// The pod map's entry when it is not `config`'s encoding (a restore that could not apply
-    /// the record's configuration kept the one in force; `problem` says so). Boxed and usually
-    /// absent: an entry is 24 KiB (three port bitmaps), and a node holds thousands of pods.
+    /// The pod map's entry when it is not the encoding of the entry's configuration (a restore
+    /// that could not apply the record's configuration kept the one in force; `problem` says
+    /// so). Boxed and usually absent: an entry is 24 KiB (three port bitmaps), and a node holds
+    /// thousands of pods.
     kept_in_force: Option<Box<PodConfig>>,
-    /// The addresses its configuration entry holds as the pod's own.
-    addresses: BTreeSet<IpAddr>,
-    /// Its `local` routes that are none of `addresses` (AnyIP), in `subnets` too.
-    local_routes: BTreeSet<IpNet>,
-    /// Every subnet entry the maps hold for the pod.
+    /// Every subnet entry the maps hold for the pod (its `local` routes' too).
     subnets: BTreeSet<SubnetEntry>,
-    /// The pod's own sk_lookup program; dropping it detaches it from the pod's namespace (unless its
-    /// link is persistent).
+    /// The pod's own sk_lookup program; dropping it detaches it from the pod's namespace
+    /// (unless its link is persistent).
     inbound: Option<Inbound>,
-    /// Why the maps do not hold exactly `config` (a restore that could not apply the record's
-    /// configuration and kept the one in force, or old entries that could not be removed).
+    /// Why the maps do not hold exactly the configuration (a restore that could not apply the
+    /// record's configuration and kept the one in force, or old entries that could not be
+    /// removed).
     problem: Option<String>,
-    /// The user's own facts about the pod (the agent's: its path, names and history), so that
-    /// one table says which pods there are.
-    data: D,
 }
 
 /// `config` with no addresses (and no `local` routes), to compare what else two entries hold.
@@ -114,26 +109,37 @@ fn without_addresses(mut config: PodConfig) -> PodConfig {
     config
 }
 
-impl<D> Registered<D> {
-    /// The pod map's entry for the pod, as this registry wrote or kept it.
-    pub(super) fn in_force(&self) -> PodConfig {
+impl EbpfWritten {
+    /// The pod's counter slot.
+    pub fn slot(&self) -> PodSlot {
+        self.slot
+    }
+
+    /// The pod map's entry for the pod, as it was written for `config` and `local` or kept.
+    pub(super) fn in_force(
+        &self,
+        config: &InterceptionConfig,
+        local: &LocalDestinations,
+    ) -> PodConfig {
         match &self.kept_in_force {
             Some(kept) => **kept,
             None => pod_config(
                 self.slot,
-                &self.config,
-                &self.addresses,
-                !self.local_routes.is_empty(),
+                config,
+                &local.addresses.iter().copied().collect(),
+                !local.routes.is_empty(),
             ),
         }
     }
 }
 
-/// The pods one node attachment serves: the one table of them. Each pod carries a `D` of its
-/// user's (the agent's facts about it; nothing for `interceptor run` and the tests).
-pub struct PodRegistry<D = ()> {
+/// What writes the pods of one node attachment into its maps and their namespaces. The pods
+/// themselves are the node's pod table's; this keeps which counter slots they hold.
+pub struct PodWriter {
     maps: PodMaps,
-    pods: BTreeMap<NetnsCookie, Registered<D>>,
+    /// A bit per counter slot in use (a set cost an allocation per node of it, a tenth of a
+    /// registration's time at 1,000 pods).
+    slots: [u64; MAX_PODS.div_ceil(64) as usize],
     pin_dir: PathBuf,
     links_dir: PathBuf,
     /// The agent's: links and maps stay pinned when the registry goes.
@@ -145,7 +151,7 @@ pub struct PodRegistry<D = ()> {
     subnet_entries: usize,
 }
 
-impl<D> PodRegistry<D> {
+impl PodWriter {
     /// `loopback_by_ifindex`: whether pods' own sk_lookup programs may read `ingress_ifindex`
     /// (see `pod_lookup`).
     pub(super) fn new(
@@ -156,7 +162,7 @@ impl<D> PodRegistry<D> {
         let subnet_entries = maps.subnets.keys().filter(Result::is_ok).count();
         Ok(Self {
             maps,
-            pods: BTreeMap::new(),
+            slots: [0; MAX_PODS.div_ceil(64) as usize],
             pin_dir: options.pin_dir.clone(),
             links_dir: options.links_dir.clone(),
             persistent: options.persistent,
@@ -168,18 +174,23 @@ impl<D> PodRegistry<D> {
     }
 
     pub(super) fn free_slot(&self) -> Result<PodSlot, EbpfError> {
-        // A bit per slot on the stack: a set of the slots in use cost an allocation per node of
-        // it, a tenth of a registration's time at 1,000 pods.
-        let mut used = [0u64; MAX_PODS.div_ceil(64) as usize];
-        for slot in self.pods.values().map(|p| p.slot.0 as usize) {
-            if let Some(word) = used.get_mut(slot / 64) {
-                *word |= 1 << (slot % 64);
-            }
-        }
         (0..self.max_pods)
-            .find(|&slot| used[slot as usize / 64] & (1 << (slot % 64)) == 0)
+            .find(|&slot| self.slots[slot as usize / 64] & (1 << (slot % 64)) == 0)
             .map(PodSlot)
             .ok_or(EbpfError::NoFreeSlot(self.max_pods))
+    }
+
+    /// Marks a pod's counter slot as in use (`true`) or free.
+    pub(super) fn mark_slot(&mut self, slot: PodSlot, used: bool) {
+        let Some(word) = self.slots.get_mut(slot.0 as usize / 64) else {
+            return;
+        };
+        let bit = 1 << (slot.0 % 64);
+        if used {
+            *word |= bit;
+        } else {
+            *word &= !bit;
+        }
     }
 
     pub(super) fn zero_counters(&mut self, slot: PodSlot) -> Result<(), EbpfError> {
@@ -194,13 +205,11 @@ impl<D> PodRegistry<D> {
     }
 }
 
-impl<D> Drop for PodRegistry<D> {
+impl Drop for PodWriter {
     fn drop(&mut self) {
-        // Detach every pod's sk_lookup program, then drop the pins: the maps themselves go away
-        // once no program or process uses them. The agent's (persistent) pins stay.
-        for (_, registered) in std::mem::take(&mut self.pods) {
-            drop(registered.inbound);
-        }
+        // The pods' sk_lookup programs went with the table's entries, before the backend: drop
+        // the pins, and the maps themselves go away once no program or process uses them. The
+        // agent's (persistent) pins stay.
         if self.persistent {
             return;
         }

@@ -9,19 +9,20 @@ use interceptor_common::{
     outbound_ports,
 };
 
-use super::{InForce, PodRegistry, Registered, Written};
+use super::{EbpfWritten, InForce, PodWriter, Written};
 use crate::{
     crash_points::crash_point,
     ebpf::{
-        EbpfError, PodSpec,
+        EbpfError,
         encode::{SubnetEntry, pod_config, subnet_keys},
         inbound::{Inbound, inbound_link_path, load_inbound},
         maps::map_error,
     },
+    node::Wanted,
 };
 
-impl<D> PodRegistry<D> {
-    /// Makes `spec` the pod's state, from `before`: its sk_lookup link (`inbound`, or attached
+impl PodWriter {
+    /// Makes `wanted` the pod's state, from `before`: its sk_lookup link (`inbound`, or attached
     /// now), the entries the new state needs, its configuration (the switch), then the entries
     /// only `before` needed are removed. Nothing is written unless everything fits; a failure
     /// before the switch removes what was written, so the maps are as they were (a new pod's
@@ -32,18 +33,17 @@ impl<D> PodRegistry<D> {
     )]
     pub(super) fn write(
         &mut self,
-        spec: &PodSpec,
+        cookie: NetnsCookie,
+        wanted: &Wanted<'_>,
         slot: PodSlot,
         before: &InForce,
         inbound: Option<Inbound>,
-        data: D,
-    ) -> Result<Registered<D>, (EbpfError, Option<Inbound>)> {
-        let cookie = spec.netns_cookie;
-        let netns = &*spec.netns;
-        let addresses: BTreeSet<IpAddr> = spec.addresses.iter().copied().collect();
-        let local_routes: BTreeSet<IpNet> = spec.local_routes.iter().copied().collect();
-        let subnets = subnet_keys(cookie, &spec.config, &local_routes);
-        if let Err(e) = self.check_room(spec, &addresses, &before.subnets, &subnets) {
+    ) -> Result<EbpfWritten, (EbpfError, Option<Inbound>)> {
+        let netns = wanted.netns;
+        let addresses: BTreeSet<IpAddr> = wanted.local.addresses.iter().copied().collect();
+        let local_routes: BTreeSet<IpNet> = wanted.local.routes.iter().copied().collect();
+        let subnets = subnet_keys(cookie, wanted.config, &local_routes);
+        if let Err(e) = self.check_room(wanted, &addresses, &before.subnets, &subnets) {
             return Err((e, inbound));
         }
         // Attached again when its pin went missing: the new link is attached before the old
@@ -67,7 +67,7 @@ impl<D> PodRegistry<D> {
             },
         };
         crash_point!("pod-inbound-attached");
-        let config = pod_config(slot, &spec.config, &addresses, !local_routes.is_empty());
+        let config = pod_config(slot, wanted.config, &addresses, !local_routes.is_empty());
         let switched = self
             .mark_outbound_port(config.outbound_port)
             .and_then(|()| self.switch(cookie, before, &subnets, config));
@@ -81,16 +81,12 @@ impl<D> PodRegistry<D> {
         crash_point!("pod-switched");
         let (subnets, problem) =
             self.remove_old_entries(cookie, before, subnets, config.inbound_port);
-        Ok(Registered {
+        Ok(EbpfWritten {
             slot,
-            config: spec.config.clone(),
             kept_in_force: None,
-            addresses,
-            local_routes,
             subnets,
             inbound: Some(inbound),
             problem,
-            data,
         })
     }
 
@@ -138,14 +134,14 @@ impl<D> PodRegistry<D> {
     /// entries are both in the maps for a moment, so a change needs room for what it adds.
     fn check_room(
         &self,
-        spec: &PodSpec,
+        wanted: &Wanted<'_>,
         addresses: &BTreeSet<IpAddr>,
         subnets_before: &BTreeSet<SubnetEntry>,
         subnets: &BTreeSet<SubnetEntry>,
     ) -> Result<(), EbpfError> {
         if addresses.len() > MAX_LOCAL_ADDRS_PER_POD as usize {
             return Err(EbpfError::TooManyAddresses {
-                netns: spec.netns_path().to_owned(),
+                netns: wanted.netns.path().to_owned(),
                 count: addresses.len(),
                 max: MAX_LOCAL_ADDRS_PER_POD,
             });

@@ -1,0 +1,457 @@
+//! The agent's pods: the node's one pod table (`crate::node::PodTable`), with the agent's
+//! [`PodFacts`] in each entry, behind the backend chosen once per node (`daemon --mode`).
+//!
+//! The agent holds it as a `Box<dyn AgentPods>`: [`pods_for`] picks the backend, and nothing
+//! else asks which one it is. What differs between backends for the agent (how a refusal is
+//! worded, what a record says was written) is [`AgentBackend`], one impl per backend; what only
+//! eBPF can do (counters, listeners, pins) is reached through [`AgentPods::ebpf`].
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    path::Path,
+};
+
+use interceptor_common::{NetnsCookie, PodSlot};
+use tracing::info;
+
+use super::{
+    Refusal,
+    api::{Backend as Kind, ErrorKind, records::NotRestored},
+    records::{PodBackend, PodFacts, PodRecord},
+};
+use crate::{
+    ebpf::{EbpfError, EbpfNode, EbpfPods, EbpfWritten},
+    iptables::{ChainsInForce, IptablesBackend, IptablesError, IptablesSettings},
+    netns::{LocalDestinations, NetnsError, PodNetns},
+    node::{Interception, PodTable, Wanted},
+};
+
+/// Which backend an agent is to use, once `--mode auto` is resolved.
+#[derive(Clone, Copy, Debug)]
+pub enum BackendChoice {
+    Ebpf,
+    Iptables(IptablesSettings),
+}
+
+/// The agent's pod table over the eBPF node it loaded, or over proxy-init's chains.
+pub fn pods_for(
+    choice: BackendChoice,
+    node: Option<EbpfNode>,
+    max_pods: u32,
+) -> Box<dyn AgentPods> {
+    match (choice, node) {
+        (BackendChoice::Ebpf, Some(node)) => Box::new(AgentTable::new(node)),
+        (BackendChoice::Ebpf, None) => unreachable!("an eBPF agent loads its node first"),
+        (BackendChoice::Iptables(settings), _) => {
+            Box::new(AgentTable::new(IptablesBackend::new(settings, max_pods)))
+        }
+    }
+}
+
+/// A backend's [`Interception::identify`].
+pub type Identify = fn(&PodNetns) -> Result<(NetnsCookie, LocalDestinations), NetnsError>;
+/// A backend's [`Interception::identify_lenient`].
+pub type IdentifyLenient =
+    fn(&PodNetns) -> Result<(NetnsCookie, Option<LocalDestinations>), NetnsError>;
+
+/// What the backend knows of a pod beyond its record; `None` where the backend has no such
+/// thing (the iptables backend has no counter slot, counters or listener map).
+pub struct PodDetails {
+    pub slot: Option<PodSlot>,
+    pub counters: Option<BTreeMap<String, u64>>,
+    pub inbound_listener: Option<bool>,
+    pub addresses: Vec<IpAddr>,
+    pub problem: Option<String>,
+}
+
+/// The agent's pods, whichever backend intercepts them: registration, restore,
+/// reconciliation, health and metrics ask this, and branch on the backend nowhere.
+pub trait AgentPods: Send {
+    fn kind(&self) -> Kind;
+    fn len(&self) -> usize;
+    /// The registered pods' keys.
+    fn keys(&self) -> Vec<NetnsCookie>;
+    /// The registered pods, with their namespace paths and the agent's facts about each.
+    fn registered(&self) -> Box<dyn Iterator<Item = (NetnsCookie, &Path, &PodFacts)> + '_>;
+    fn facts(&self, key: NetnsCookie) -> Option<&PodFacts>;
+    /// The namespace path a pod was registered with.
+    fn netns(&self, key: NetnsCookie) -> Option<&Path>;
+    /// A registered pod's record, as it is saved: built from its entry.
+    fn record(&self, key: NetnsCookie) -> Option<PodRecord>;
+    /// The pod registered for the namespace at `netns`.
+    fn find(&self, netns: &Path) -> Option<NetnsCookie>;
+    /// Replaces the agent's facts about a registered pod, writing nothing else; returns the
+    /// previous ones (`None`: the pod is not registered).
+    fn set_facts(&mut self, key: NetnsCookie, facts: PodFacts) -> Option<PodFacts>;
+    /// How the backend tells a pod's key and local destinations: called without the agent's
+    /// lock, as it switches into the namespace.
+    fn identifier(&self) -> Identify;
+    /// [`Self::identifier`], with the local destinations only when they can be read: a failed
+    /// dump alone must not pass for a gone namespace.
+    fn lenient_identifier(&self) -> IdentifyLenient;
+    /// Puts `wanted` in force for the pod `key` registered at `path`, new or changed; the pod
+    /// is registered with `facts` from then on (their `meshed_by` says what this backend
+    /// wrote). If it fails, what was in force stays, with the pod's previous facts.
+    fn apply(
+        &mut self,
+        key: NetnsCookie,
+        path: &Path,
+        wanted: &Wanted<'_>,
+        facts: PodFacts,
+    ) -> Result<(), Refusal>;
+    /// Takes a registered pod out of interception, and out of the table; on failure it stays.
+    fn remove(&mut self, key: NetnsCookie) -> Result<(), String>;
+    /// Lets go of a pod whose namespace is gone or was replaced; if that fails, it stays
+    /// registered (to be tried again).
+    fn forget(&mut self, key: NetnsCookie) -> Result<(), String>;
+    /// Why a pod's state is not what was written, as far as can be told cheaply.
+    fn problem(&self, key: NetnsCookie) -> Option<String>;
+    /// The thorough check of one pod, without reading what all pods share (iptables: its
+    /// chains; eBPF: nothing more than [`Self::problem`]).
+    fn differs(&self, key: NetnsCookie) -> Option<String>;
+    /// The thorough check of every pod, what they share read once.
+    fn differences(&self) -> Vec<(NetnsCookie, String)>;
+    /// What the backend knows of a registered pod. `listening`: the pods whose proxy listens,
+    /// read once for a report of many pods (`None`: looked up alone). `check`: whether to
+    /// check the pod for its problem now.
+    fn details(
+        &self,
+        key: NetnsCookie,
+        listening: Option<&BTreeSet<NetnsCookie>>,
+        check: bool,
+    ) -> Option<PodDetails>;
+    /// The pods whose proxy's inbound listener the backend holds (read once for many pods).
+    fn listening(&self) -> BTreeSet<NetnsCookie>;
+    /// What a pod is known to deliver over lo: its addresses and `local` routes.
+    fn local_destinations(&self, key: NetnsCookie) -> Option<&LocalDestinations>;
+    /// Applies a pod's new addresses and `local` routes.
+    fn set_local(&mut self, key: NetnsCookie, local: &LocalDestinations) -> Result<(), String>;
+    /// Takes back a pod an earlier agent meshed, from its record; says what was repaired.
+    /// What all pods share is read at the first one, and kept until [`Self::end_restore`].
+    fn restore(
+        &mut self,
+        record: &PodRecord,
+        netns: &PodNetns,
+        local: &LocalDestinations,
+    ) -> Result<Option<String>, NotRestored>;
+    /// Drops what [`Self::restore`] read once for all pods.
+    fn end_restore(&mut self);
+    /// The eBPF table, for what only eBPF has (counters, listeners, pins, map leftovers).
+    fn ebpf(&self) -> Option<&EbpfPods<PodFacts>>;
+    fn ebpf_mut(&mut self) -> Option<&mut EbpfPods<PodFacts>>;
+}
+
+/// What differs between backends for the agent.
+pub trait AgentBackend: Interception<Written: Send, Census: Send> + Sized + Send + 'static {
+    const KIND: Kind;
+    /// The API's error kind and message for a change the backend refused.
+    fn refusal(e: Self::Error) -> Refusal;
+    /// What becomes of a pod whose restore the backend refused.
+    fn not_restored(e: Self::Error) -> NotRestored;
+    /// What a pod's record says this backend wrote, where it records that.
+    fn recorded(record: &PodRecord) -> Option<&Self::Written>;
+    /// What a record says meshed the pod once this backend wrote `written`; `before`: what it
+    /// said before a restore.
+    fn meshed_by(written: &Self::Written, before: Option<&PodBackend>) -> PodBackend;
+    /// What to say of a restored pod the other backend meshed, if anything.
+    fn taken_from_the_other(record: &PodRecord) -> Option<&'static str>;
+    fn as_ebpf(table: &PodTable<Self, PodFacts>) -> Option<&EbpfPods<PodFacts>>;
+    fn as_ebpf_mut(table: &mut PodTable<Self, PodFacts>) -> Option<&mut EbpfPods<PodFacts>>;
+}
+
+impl AgentBackend for EbpfNode {
+    const KIND: Kind = Kind::Ebpf;
+
+    fn refusal(e: EbpfError) -> Refusal {
+        ebpf_refusal(e)
+    }
+
+    fn not_restored(e: EbpfError) -> NotRestored {
+        NotRestored::Refused(e.to_string())
+    }
+
+    fn recorded(_record: &PodRecord) -> Option<&EbpfWritten> {
+        None
+    }
+
+    /// A pod taken back from iptables keeps saying so until its chains are removed
+    /// (`take_over_iptables_pods`).
+    fn meshed_by(_written: &EbpfWritten, before: Option<&PodBackend>) -> PodBackend {
+        before.cloned().unwrap_or(PodBackend::Ebpf)
+    }
+
+    /// Its chains are removed once the programs are attached (`take_over_iptables_pods`).
+    fn taken_from_the_other(_record: &PodRecord) -> Option<&'static str> {
+        None
+    }
+
+    fn as_ebpf(table: &PodTable<Self, PodFacts>) -> Option<&EbpfPods<PodFacts>> {
+        Some(table)
+    }
+
+    fn as_ebpf_mut(table: &mut PodTable<Self, PodFacts>) -> Option<&mut EbpfPods<PodFacts>> {
+        Some(table)
+    }
+}
+
+impl AgentBackend for IptablesBackend {
+    const KIND: Kind = Kind::Iptables;
+
+    fn refusal(e: IptablesError) -> Refusal {
+        let kind = match &e {
+            IptablesError::Netns { .. } => ErrorKind::UnknownNetns,
+            IptablesError::Full(_) => return (ErrorKind::PodTableFull, e.to_string()),
+            _ => ErrorKind::Internal,
+        };
+        (kind, format!("writing the pod's iptables chains: {e}"))
+    }
+
+    fn not_restored(e: IptablesError) -> NotRestored {
+        NotRestored::Kept(format!("writing its iptables chains: {e}"))
+    }
+
+    fn recorded(record: &PodRecord) -> Option<&ChainsInForce> {
+        match &record.backend {
+            PodBackend::Iptables(chains) => Some(chains),
+            PodBackend::Ebpf => None,
+        }
+    }
+
+    fn meshed_by(written: &ChainsInForce, _before: Option<&PodBackend>) -> PodBackend {
+        PodBackend::Iptables(written.clone())
+    }
+
+    fn taken_from_the_other(record: &PodRecord) -> Option<&'static str> {
+        (record.backend == PodBackend::Ebpf).then_some(
+            "pod meshed by eBPF: its iptables chains are written; its pinned eBPF state is left alone",
+        )
+    }
+
+    fn as_ebpf(_table: &PodTable<Self, PodFacts>) -> Option<&EbpfPods<PodFacts>> {
+        None
+    }
+
+    fn as_ebpf_mut(_table: &mut PodTable<Self, PodFacts>) -> Option<&mut EbpfPods<PodFacts>> {
+        None
+    }
+}
+
+/// The API's error kind for a registration the maps refused (nothing was changed).
+pub fn ebpf_refusal(e: EbpfError) -> Refusal {
+    let kind = match &e {
+        EbpfError::NoFreeSlot(_) => ErrorKind::PodTableFull,
+        EbpfError::Netns(_) => ErrorKind::UnknownNetns,
+        e if e.is_capacity() => ErrorKind::TableFull,
+        _ => ErrorKind::Internal,
+    };
+    (kind, e.to_string())
+}
+
+/// The node's pod table with the agent's facts, and what a restore reads once for all pods.
+struct AgentTable<B: Interception> {
+    table: PodTable<B, PodFacts>,
+    census: Option<B::Census>,
+}
+
+impl<B: AgentBackend> AgentTable<B> {
+    fn new(backend: B) -> Self {
+        Self {
+            table: PodTable::new(backend),
+            census: None,
+        }
+    }
+
+    /// Puts what was written for a pod into the agent's facts (`before`: what its record said).
+    fn say_meshed_by(&mut self, key: NetnsCookie, before: Option<&PodBackend>) {
+        let Some(entry) = self.table.get(key) else {
+            return;
+        };
+        let meshed_by = B::meshed_by(&entry.pod.written, before);
+        if let Some(facts) = self.table.facts_mut(key) {
+            facts.meshed_by = meshed_by;
+        }
+    }
+}
+
+impl<B: AgentBackend> AgentPods for AgentTable<B> {
+    fn kind(&self) -> Kind {
+        B::KIND
+    }
+
+    fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    fn keys(&self) -> Vec<NetnsCookie> {
+        self.table.keys()
+    }
+
+    fn registered(&self) -> Box<dyn Iterator<Item = (NetnsCookie, &Path, &PodFacts)> + '_> {
+        Box::new(
+            self.table
+                .iter()
+                .map(|(key, entry)| (key, entry.pod.netns.as_path(), &entry.facts)),
+        )
+    }
+
+    fn facts(&self, key: NetnsCookie) -> Option<&PodFacts> {
+        Some(&self.table.get(key)?.facts)
+    }
+
+    fn netns(&self, key: NetnsCookie) -> Option<&Path> {
+        Some(&self.table.get(key)?.pod.netns)
+    }
+
+    fn record(&self, key: NetnsCookie) -> Option<PodRecord> {
+        let entry = self.table.get(key)?;
+        Some(PodRecord::new(
+            key,
+            entry.pod.netns.clone(),
+            entry.pod.config.clone(),
+            entry.facts.clone(),
+        ))
+    }
+
+    fn find(&self, netns: &Path) -> Option<NetnsCookie> {
+        self.table.find(netns)
+    }
+
+    fn set_facts(&mut self, key: NetnsCookie, facts: PodFacts) -> Option<PodFacts> {
+        self.table.set_facts(key, facts)
+    }
+
+    fn identifier(&self) -> Identify {
+        B::identify
+    }
+
+    fn lenient_identifier(&self) -> IdentifyLenient {
+        B::identify_lenient
+    }
+
+    fn apply(
+        &mut self,
+        key: NetnsCookie,
+        path: &Path,
+        wanted: &Wanted<'_>,
+        facts: PodFacts,
+    ) -> Result<(), Refusal> {
+        self.table
+            .write(key, path, wanted, facts)
+            .map_err(B::refusal)?;
+        self.say_meshed_by(key, None);
+        Ok(())
+    }
+
+    fn remove(&mut self, key: NetnsCookie) -> Result<(), String> {
+        self.table.remove(key).map(drop).map_err(|e| e.to_string())
+    }
+
+    fn forget(&mut self, key: NetnsCookie) -> Result<(), String> {
+        self.table.forget(key).map(drop).map_err(|e| e.to_string())
+    }
+
+    fn problem(&self, key: NetnsCookie) -> Option<String> {
+        self.table.problem(key)
+    }
+
+    fn differs(&self, key: NetnsCookie) -> Option<String> {
+        self.table.differs(key, None)
+    }
+
+    fn differences(&self) -> Vec<(NetnsCookie, String)> {
+        let census = self.table.census();
+        self.table
+            .keys()
+            .into_iter()
+            .filter_map(|key| Some((key, self.table.differs(key, Some(&census))?)))
+            .collect()
+    }
+
+    fn details(
+        &self,
+        key: NetnsCookie,
+        listening: Option<&BTreeSet<NetnsCookie>>,
+        check: bool,
+    ) -> Option<PodDetails> {
+        let entry = self.table.get(key)?;
+        let mut details = PodDetails {
+            slot: None,
+            counters: None,
+            inbound_listener: None,
+            addresses: entry.pod.local.addresses.clone(),
+            problem: if check { self.table.problem(key) } else { None },
+        };
+        if let Some(ebpf) = B::as_ebpf(&self.table) {
+            details.slot = ebpf.slot(key);
+            details.counters = Some(
+                ebpf.counters(key)
+                    .ok()
+                    .flatten()
+                    .map(|c| c.named().map(|(k, v)| (k.to_owned(), v)).collect())
+                    .unwrap_or_default(),
+            );
+            details.inbound_listener = Some(match listening {
+                Some(listening) => listening.contains(&key),
+                None => ebpf.has_listener(key),
+            });
+        }
+        Some(details)
+    }
+
+    fn listening(&self) -> BTreeSet<NetnsCookie> {
+        B::as_ebpf(&self.table)
+            .map(|ebpf| ebpf.backend().maps().listening_cookies())
+            .unwrap_or_default()
+    }
+
+    fn local_destinations(&self, key: NetnsCookie) -> Option<&LocalDestinations> {
+        Some(&self.table.get(key)?.pod.local)
+    }
+
+    fn set_local(&mut self, key: NetnsCookie, local: &LocalDestinations) -> Result<(), String> {
+        self.table.set_local(key, local).map_err(|e| e.to_string())
+    }
+
+    fn restore(
+        &mut self,
+        record: &PodRecord,
+        netns: &PodNetns,
+        local: &LocalDestinations,
+    ) -> Result<Option<String>, NotRestored> {
+        let census = self.census.get_or_insert_with(|| self.table.census());
+        let wanted = Wanted {
+            netns,
+            config: &record.config,
+            local,
+        };
+        let key = record.netns_cookie;
+        let repaired = self
+            .table
+            .adopt(
+                key,
+                &record.netns,
+                &wanted,
+                B::recorded(record),
+                census,
+                record.facts(),
+            )
+            .map_err(B::not_restored)?;
+        if let Some(note) = B::taken_from_the_other(record) {
+            info!(netns = %record.netns.display(), netns_cookie = %key, "{note}");
+        }
+        self.say_meshed_by(key, Some(&record.backend));
+        Ok(repaired)
+    }
+
+    fn end_restore(&mut self) {
+        self.census = None;
+    }
+
+    fn ebpf(&self) -> Option<&EbpfPods<PodFacts>> {
+        B::as_ebpf(&self.table)
+    }
+
+    fn ebpf_mut(&mut self) -> Option<&mut EbpfPods<PodFacts>> {
+        B::as_ebpf_mut(&mut self.table)
+    }
+}
