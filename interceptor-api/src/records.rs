@@ -8,7 +8,7 @@
 //!
 //! A record's backend part is `C`: what the iptables backend wrote in the pod (the agent's
 //! `ChainsInForce`), opaque here.
-use std::path::PathBuf;
+use std::{collections::BTreeSet, path::PathBuf};
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
@@ -252,6 +252,18 @@ pub fn restore_step<C>(
             },
         },
     })
+}
+
+/// The pods the maps or the pins hold something of (`in_maps`) that are not registered: a
+/// registration or a removal cut short. Their leftovers are removed.
+pub fn leftovers(
+    in_maps: impl IntoIterator<Item = NetnsCookie>,
+    registered: impl Fn(NetnsCookie) -> bool,
+) -> BTreeSet<NetnsCookie> {
+    in_maps
+        .into_iter()
+        .filter(|cookie| !registered(*cookie))
+        .collect()
 }
 
 #[cfg(test)]

@@ -142,6 +142,12 @@ fn a_pod_not_restored_is_forgotten_kept_or_stops_a_migration() {
         );
         assert_eq!(NotRestored::Kept(why()).then(migrating), Then::Keep(why()));
     }
+    let registered = [NetnsCookie(1), NetnsCookie(3)];
+    assert_eq!(
+        leftovers([1, 2, 3, 2, 4].map(NetnsCookie), |c| registered
+            .contains(&c)),
+        BTreeSet::from([NetnsCookie(2), NetnsCookie(4)])
+    );
 }
 
 /// Found by the `pod_record` fuzz target: two files holding the record of one pod (4098.json

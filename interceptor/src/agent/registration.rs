@@ -403,12 +403,10 @@ impl Agent {
                 problems.push(format!("pod {}: {difference}", netns.display()));
             }
         }
-        if let Some(ebpf) = self.pods.ebpf() {
-            for cookie in ebpf.leftovers(&ebpf.census()) {
-                problems.push(format!(
-                    "the maps or pins hold entries for netns cookie {cookie}, which is not a registered pod"
-                ));
-            }
+        for cookie in self.unregistered() {
+            problems.push(format!(
+                "the maps or pins hold entries for netns cookie {cookie}, which is not a registered pod"
+            ));
         }
         let recorded: BTreeSet<NetnsCookie> = self
             .records

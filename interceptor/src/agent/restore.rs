@@ -5,12 +5,15 @@
 //! cannot be applied, the one in force); everything the maps and pins hold for a pod without a
 //! record (a registration or removal cut short) is removed.
 
+use std::collections::BTreeSet;
+
 use anyhow::bail;
+use interceptor_common::NetnsCookie;
 use tracing::{info, warn};
 
 use super::{
     Agent,
-    api::records::{Found, NotRestored, Then, restore_step},
+    api::records::{Found, NotRestored, Then, leftovers, restore_step},
     records::{PodBackend, PodRecord},
     registration::{namespace_id, take_over_from_iptables},
 };
@@ -139,10 +142,10 @@ impl Agent {
     /// Removes what the maps and pins hold for pods without a record: a configuration, address
     /// or subnet entries, or an sk_lookup link written by a registration that never answered.
     fn remove_leftovers(&mut self) {
-        let Some(ebpf) = self.pods.ebpf_mut() else {
-            return;
-        };
-        for cookie in ebpf.leftovers(&ebpf.census()) {
+        for cookie in self.unregistered() {
+            let Some(ebpf) = self.pods.ebpf_mut() else {
+                return;
+            };
             warn!(
                 netns_cookie = %cookie,
                 "removing what the maps and pins hold for a pod without a record"
@@ -151,5 +154,14 @@ impl Agent {
                 warn!(netns_cookie = %cookie, error = %e, "removing a pod's leftovers");
             }
         }
+    }
+
+    /// The pods the maps or the pins hold something of, and that are not registered
+    /// (`interceptor_api::records` decides).
+    pub(super) fn unregistered(&self) -> BTreeSet<NetnsCookie> {
+        let Some(ebpf) = self.pods.ebpf() else {
+            return BTreeSet::new();
+        };
+        leftovers(ebpf.held(&ebpf.census()), |cookie| ebpf.contains(cookie))
     }
 }

@@ -1,9 +1,6 @@
 //! The eBPF backend of the node's pod table ([`EbpfNode`] as an [`Interception`]), and what
 //! only a table of eBPF pods can tell or do: counters, listeners, pins, leftovers in the maps.
-use std::{
-    collections::BTreeSet,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use interceptor_common::{NetnsCookie, PodSlot};
 
@@ -182,14 +179,14 @@ impl<F> PodTable<EbpfNode, F> {
     }
 
     /// The pods the maps (`in_maps`: the subnet entries, read once) or the pins hold something
-    /// of, and that are not registered: a registration or a removal cut short.
-    pub fn leftovers(&self, in_maps: &InMaps) -> BTreeSet<NetnsCookie> {
+    /// of, registered or not: those not registered are what a registration or a removal cut
+    /// short left behind.
+    pub fn held(&self, in_maps: &InMaps) -> Vec<NetnsCookie> {
         let maps = self.backend().maps();
         maps.cookies_in_maps()
             .into_iter()
             .chain(in_maps.cookies())
             .chain(maps.pinned_inbound_cookies())
-            .filter(|key| !self.contains(*key))
             .collect()
     }
 

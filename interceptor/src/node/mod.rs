@@ -320,3 +320,6 @@ impl<B: Interception, F> PodTable<B, F> {
         Ok(adopted.repaired)
     }
 }
+
+#[cfg(test)]
+mod tests;
