@@ -10,6 +10,7 @@
 //! namespace has no route out of them, so a connect to anything else (192.0.2.0/24) can only
 //! succeed by being intercepted.
 pub mod agent_home;
+pub mod cni_installer;
 pub mod cni_network;
 pub mod cni_node;
 pub mod containerd;

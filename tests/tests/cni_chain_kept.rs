@@ -7,28 +7,20 @@
 //! likely cause and its fix, once. An agent that is down or never answers costs the installer
 //! nothing but the count, which it says was not delivered.
 use std::{
-    io::{BufRead as _, BufReader},
     os::unix::net::UnixListener,
     path::Path,
-    process::{Child, Stdio},
-    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use interceptor_tests::{
     Cgroup,
     agent_home::{AgentHome, free_loopback_addr, http_get},
+    cni_installer::Installer,
     cni_network::CniNetwork,
     eventually_eq, privileged,
 };
-use nix::{
-    sys::signal::{Signal, kill},
-    unistd::Pid,
-};
 use serde_json::{Value, json};
 
-const INTERCEPTOR: &str = env!("CARGO_BIN_EXE_interceptor-under-test");
-const PLUGIN: &str = env!("CARGO_BIN_EXE_interceptor-cni-under-test");
 /// The installers' `--check-ms` here: long enough that a rewrite inotify reports is seen to be
 /// put back well before the next check.
 const CHECK: Duration = Duration::from_millis(2000);
@@ -46,78 +38,20 @@ fn cilium() -> Value {
         {"type": "cilium-cni", "enable-debug": false, "log-file": "/var/run/cilium/cilium-cni.log"}]})
 }
 
-/// A watching installer with its log lines as they come, started once it watches.
-struct Installer {
-    child: Child,
-    log: Arc<Mutex<Vec<String>>>,
+/// A watching installer (`--check-ms` [`CHECK`]), returned once it watches: rewrites made
+/// before inotify watches would wait for the first check.
+fn watching(network: &CniNetwork, agent_socket: &Path, extra: &[&str]) -> Installer {
+    let check = CHECK.as_millis().to_string();
+    let args = [&["--watch", "--check-ms", &check][..], extra].concat();
+    let installer = Installer::start(network, agent_socket, &args);
+    installer.logged(&["watching the CNI configuration"], 1);
+    installer
 }
 
-impl Installer {
-    fn start(network: &CniNetwork, agent_socket: &Path) -> Self {
-        Self::start_with(network, agent_socket, &[])
-    }
-
-    fn start_with(network: &CniNetwork, agent_socket: &Path, extra: &[&str]) -> Self {
-        let mut child = network
-            .install(Path::new(INTERCEPTOR), Path::new(PLUGIN), agent_socket)
-            .args(["--watch", "--check-ms", &CHECK.as_millis().to_string()])
-            .args(extra)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = BufReader::new(child.stderr.take().unwrap());
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let lines = log.clone();
-        std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                lines.lock().unwrap().push(line);
-            }
-        });
-        let installer = Self { child, log };
-        // Rewrites made before inotify watches would wait for the first check.
-        installer.logged(&["watching the CNI configuration"], 1);
-        installer
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().join("\n")
-    }
-
-    /// The log lines containing every one of `needles`.
-    fn lines_with(&self, needles: &[&str]) -> usize {
-        let log = self.log.lock().unwrap();
-        log.iter()
-            .filter(|l| needles.iter().all(|n| l.contains(n)))
-            .count()
-    }
-
-    /// Waits (up to 10 s) until `count` lines contain all of `needles`, and no more.
-    fn logged(&self, needles: &[&str], count: usize) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.lines_with(needles) < count && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert_eq!(
-            self.lines_with(needles),
-            count,
-            "lines with {needles:?}:\n{}",
-            self.log()
-        );
-    }
-
-    /// SIGTERM: without --daemonset it removes what it added, then exits 0.
-    fn terminate(mut self) {
-        kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM).unwrap();
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "{status}: {}", self.log());
-    }
-}
-
-impl Drop for Installer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// SIGTERM: without --daemonset it removes what it added, then exits 0.
+fn stop(installer: Installer) {
+    let (status, _, log) = installer.terminate();
+    assert!(status.success(), "{status}: {log}");
 }
 
 /// How the primary CNI rewrites its configuration, without our entry.
@@ -237,7 +171,7 @@ fn the_installer_puts_back_what_cilium_rewrites_and_the_agent_counts_it() {
             .to_string(),
     )
     .unwrap();
-    let installer = Installer::start(&network, &home.socket());
+    let installer = watching(&network, &home.socket(), &[]);
     eventually_eq("chained at start", 1, || network.chained());
     installer.logged(&["CNI plugin chained"], 1);
     assert_eq!(
@@ -296,7 +230,7 @@ fn the_installer_puts_back_what_cilium_rewrites_and_the_agent_counts_it() {
     );
     installer.logged(&[KEEPS_REWRITING], 1);
 
-    installer.terminate();
+    stop(installer);
     assert_eq!(network.conflist(), cilium(), "uninstalled on SIGTERM");
 }
 
@@ -310,7 +244,7 @@ fn an_agent_that_never_answers_holds_up_no_restore_and_the_error_names_the_prima
     let socket = network.root.join("agent.sock");
     // Never accepted: connections wait in the backlog, their requests unread.
     let _silent = UnixListener::bind(&socket).unwrap();
-    let installer = Installer::start(&network, &socket);
+    let installer = watching(&network, &socket, &[]);
     eventually_eq("chained at start", 1, || network.chained());
     let conf = network.primary_path.display().to_string();
     let primary = CniNetwork::primary();
@@ -330,7 +264,7 @@ fn an_agent_that_never_answers_holds_up_no_restore_and_the_error_names_the_prima
         1,
     );
     assert_eq!(installer.lines_with(&["Cilium"]), 0, "{}", installer.log());
-    installer.terminate();
+    stop(installer);
     assert_eq!(network.conflist(), primary, "uninstalled on SIGTERM");
 }
 
@@ -347,7 +281,7 @@ fn the_installer_reports_whether_the_plugin_is_chained() {
     std::fs::rename(&loopback, &kept).unwrap();
     // In a directory not there yet, as the agent's state directory before the agent runs.
     let report = network.root.join("state").join("cni-chain.json");
-    let installer = Installer::start_with(
+    let installer = watching(
         &network,
         &network.root.join("agent.sock"),
         &["--chain-report", &report.display().to_string()],
@@ -374,7 +308,7 @@ fn the_installer_reports_whether_the_plugin_is_chained() {
     );
     assert_eq!(read(), chained, "still chained after a restore");
 
-    installer.terminate();
+    stop(installer);
     assert_eq!(
         network.conflist(),
         CniNetwork::primary(),

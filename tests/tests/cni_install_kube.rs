@@ -9,108 +9,37 @@
 //! the DaemonSet remains (a rolling update replacing this pod) or the API cannot tell, the
 //! plugin stays chained: a pod created meanwhile waits (CNI error 11) rather than start
 //! unmeshed.
-use std::{
-    io::{BufRead as _, BufReader},
-    process::{Child, Command, ExitStatus, Stdio},
-    sync::mpsc::{self, Receiver},
-    time::{Duration, Instant},
-};
+use std::{path::PathBuf, time::Duration};
 
 use interceptor_tests::{
+    cni_installer::Installer,
     cni_network::CniNetwork,
     fake_api::{FakeApi, Mode, daemonset},
 };
-use nix::{
-    sys::signal::{Signal, kill},
-    unistd::Pid,
-};
 use serde_json::json;
 
-const INTERCEPTOR: &str = env!("CARGO_BIN_EXE_interceptor-under-test");
-const PLUGIN: &str = env!("CARGO_BIN_EXE_interceptor-cni-under-test");
 const NAMESPACE: &str = "interceptor";
 const NAME: &str = "interceptor";
 
-/// The installer as the DaemonSet runs it, watching, with its log lines as they come.
-struct Installer {
-    child: Child,
-    lines: Receiver<String>,
-    log: Vec<String>,
+/// Where no agent listens: nothing is ever sent to the node's.
+fn no_agent(network: &CniNetwork) -> PathBuf {
+    network.root.join("agent.sock")
 }
 
-impl Installer {
-    fn start(network: &CniNetwork, extra: &[&str]) -> Self {
-        let mut child = Command::new(INTERCEPTOR)
-            .args(["cni", "install", "--plugin", PLUGIN])
-            .arg("--conf-dir")
-            .arg(&network.conf_dir)
-            .arg("--bin-dir")
-            .arg(&network.bin_dir)
-            // No agent there: nothing is ever sent to the node's.
-            .arg("--agent-socket")
-            .arg(network.root.join("agent.sock"))
-            .args(extra)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = BufReader::new(child.stderr.take().unwrap());
-        let (sender, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                let _ = sender.send(line);
-            }
-        });
-        Self {
-            child,
-            lines,
-            log: Vec::new(),
-        }
-    }
-
-    /// Started against `api`, naming its DaemonSet.
-    fn with_daemonset(network: &CniNetwork, api: &FakeApi) -> Self {
-        let kubeconfig = api.kubeconfig(&network.root.join("kube"));
-        Self::start(
-            network,
-            &[
-                "--watch",
-                "--daemonset",
-                &format!("{NAMESPACE}/{NAME}"),
-                "--kubeconfig",
-                &kubeconfig.display().to_string(),
-            ],
-        )
-    }
-
-    /// Waits for a log line containing `needle`.
-    fn logged(&mut self, needle: &str) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.log.iter().any(|l| l.contains(needle)) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => self.log.push(line),
-                Err(_) => panic!("never logged {needle:?}: {:#?}", self.log),
-            }
-        }
-    }
-
-    /// For an installer that exits by itself: its exit status and whole log.
-    fn exited(mut self) -> (ExitStatus, String) {
-        let status = self.child.wait().unwrap();
-        self.log.extend(self.lines.iter());
-        (status, self.log.join("\n"))
-    }
-
-    /// SIGTERM, as the kubelet stops the container; its exit status, how long it took to exit,
-    /// and its whole log.
-    fn terminate(mut self) -> (ExitStatus, Duration, String) {
-        let sent = Instant::now();
-        kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM).unwrap();
-        let status = self.child.wait().unwrap();
-        let took = sent.elapsed();
-        self.log.extend(self.lines.iter());
-        (status, took, self.log.join("\n"))
-    }
+/// The installer as the DaemonSet runs it, watching, against `api`, naming its DaemonSet.
+fn with_daemonset(network: &CniNetwork, api: &FakeApi) -> Installer {
+    let kubeconfig = api.kubeconfig(&network.root.join("kube"));
+    Installer::start(
+        network,
+        &no_agent(network),
+        &[
+            "--watch",
+            "--daemonset",
+            &format!("{NAMESPACE}/{NAME}"),
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+        ],
+    )
 }
 
 /// A node with the primary network only, an API with the DaemonSet, and the installer started
@@ -118,8 +47,8 @@ impl Installer {
 fn installed(tag: &str) -> (CniNetwork, FakeApi, Installer) {
     let network = CniNetwork::new(tag);
     let api = FakeApi::start(vec![daemonset(NAMESPACE, NAME)]);
-    let mut installer = Installer::with_daemonset(&network, &api);
-    installer.logged("DaemonSet found");
+    let installer = with_daemonset(&network, &api);
+    installer.wait_for("DaemonSet found");
     assert_eq!(network.chained(), 1);
     assert!(network.bin_dir.join("interceptor-cni").is_file());
     (network, api, installer)
@@ -245,8 +174,8 @@ fn access_withdrawn_since_start_unchains_the_plugin_but_access_never_granted_doe
     let network = CniNetwork::new("dsnever");
     let api = FakeApi::start(vec![daemonset(NAMESPACE, NAME)]);
     api.state().mode = Mode::Refuse(403);
-    let mut installer = Installer::with_daemonset(&network, &api);
-    installer.logged("refuses this pod its DaemonSet");
+    let installer = with_daemonset(&network, &api);
+    installer.wait_for("refuses this pod its DaemonSet");
     assert_eq!(network.chained(), 1);
     let (status, _, log) = installer.terminate();
     assert!(status.success(), "{status}: {log}");
@@ -262,6 +191,7 @@ fn the_daemonset_option_is_checked_before_anything_is_installed() {
     let missing = network.root.join("no-kubeconfig");
     let (status, log) = Installer::start(
         &network,
+        &no_agent(&network),
         &[
             "--watch",
             "--daemonset",
@@ -283,7 +213,7 @@ fn the_daemonset_option_is_checked_before_anything_is_installed() {
         &["--daemonset", "interceptor/interceptor"],
         &["--watch", "--kubeconfig", "/k"],
     ] {
-        let (status, log) = Installer::start(&network, args).exited();
+        let (status, log) = Installer::start(&network, &no_agent(&network), args).exited();
         assert_eq!(status.code(), Some(2), "{args:?}: {log}");
     }
     assert_eq!(network.chained(), 0);
