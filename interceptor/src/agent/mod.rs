@@ -203,20 +203,21 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
     };
     let records = Records::open(&paths.records())
         .with_context(|| format!("opening {}", paths.records().display()))?;
-    let (node, older) = match options.backend {
+    // The one place that picks a backend.
+    let (pods, older) = match options.backend {
         BackendChoice::Ebpf => {
             let (node, older) = load_ebpf(&paths, &options)?;
-            (Some(node), older)
+            (table::pods_over(node), older)
         }
-        BackendChoice::Iptables(_) => {
+        BackendChoice::Iptables(settings) => {
             if paths.bpffs.join("link_icpt_connect4").exists() || !paths.all_maps_dirs().is_empty()
             {
                 warn!(bpffs = %paths.bpffs.display(), "an eBPF agent's pinned programs and maps are here: left alone (their programs keep intercepting the pods whose entries they hold); `interceptor uninstall` removes them");
             }
-            (None, Vec::new())
+            let backend = crate::iptables::IptablesBackend::new(settings, options.max_pods);
+            (table::pods_over(backend), Vec::new())
         }
     };
-    let pods = table::pods_for(options.backend, node, options.max_pods);
     // The pins are the eBPF backend's: their directory exists once the programs are loaded.
     let pins = pods.ebpf().is_some().then_some(paths.bpffs.as_path());
     let (netns_watch, mut events) = watch::Watch::start(pins)?;

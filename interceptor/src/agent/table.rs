@@ -1,8 +1,8 @@
 //! The agent's pods: the node's one pod table (`crate::node::PodTable`), with the agent's
 //! [`PodFacts`] in each entry, behind the backend chosen once per node (`daemon --mode`).
 //!
-//! The agent holds it as a `Box<dyn AgentPods>`: [`pods_for`] picks the backend, and nothing
-//! else asks which one it is. What differs between backends for the agent (how a refusal is
+//! The agent holds it as a `Box<dyn AgentPods>` ([`pods_over`]): its start-up picks the backend,
+//! and nothing else asks which one it is. What differs between backends for the agent (how a refusal is
 //! worded, what a record says was written) is [`AgentBackend`], one impl per backend; what only
 //! eBPF can do (counters, listeners, pins) is reached through [`AgentPods::ebpf`].
 use std::{
@@ -33,19 +33,9 @@ pub enum BackendChoice {
     Iptables(IptablesSettings),
 }
 
-/// The agent's pod table over the eBPF node it loaded, or over proxy-init's chains.
-pub fn pods_for(
-    choice: BackendChoice,
-    node: Option<EbpfNode>,
-    max_pods: u32,
-) -> Box<dyn AgentPods> {
-    match (choice, node) {
-        (BackendChoice::Ebpf, Some(node)) => Box::new(AgentTable::new(node)),
-        (BackendChoice::Ebpf, None) => unreachable!("an eBPF agent loads its node first"),
-        (BackendChoice::Iptables(settings), _) => {
-            Box::new(AgentTable::new(IptablesBackend::new(settings, max_pods)))
-        }
-    }
+/// The agent's pod table over `backend`: the eBPF node it loaded, or proxy-init's chains.
+pub fn pods_over<B: AgentBackend>(backend: B) -> Box<dyn AgentPods> {
+    Box::new(AgentTable::new(backend))
 }
 
 /// A backend's [`Interception::identify`].
