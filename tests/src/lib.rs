@@ -10,15 +10,19 @@
 //! namespace has no route out of them, so a connect to anything else (192.0.2.0/24) can only
 //! succeed by being intercepted.
 pub mod agent_home;
+pub mod chart;
 pub mod cni_installer;
 pub mod cni_network;
 pub mod cni_node;
+pub mod command;
 pub mod containerd;
 pub mod ebpf_backend;
 pub mod fake_api;
 pub mod fixture;
 pub mod iptables_backend;
+pub mod linkerd_check;
 pub mod meshed;
+pub mod node_image;
 pub mod podman;
 pub mod probe;
 pub mod program;

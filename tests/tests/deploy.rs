@@ -10,54 +10,25 @@
 //! the agent, the plugin and both iptables modes, and the DaemonSet's pod under podman.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io::Write as _,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Command, Stdio},
 };
 
-use clap::Parser as _;
 use interceptor_tests::{
+    chart::{
+        CHART, NAMESPACE, Rendered,
+        args::{HOST_IP, agent_args, args_of, parse},
+        container, helm, render,
+        schemas::{newest_schemas, validate},
+        try_render, workspace_root,
+    },
     cni_network::{self, CniNetwork},
+    command::run,
+    node_image::{AgentPod, NodeImage},
     privileged, unique_name,
 };
 use serde_json::{Value, json};
 
-fn workspace_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ sits in the workspace")
-}
-
-fn run(cmd: &mut Command, input: Option<&str>) -> String {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    if let Some(input) = input {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-    }
-    drop(child.stdin.take());
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// The chart, and the namespace users install it in (`-n linkerd-cni`, where `linkerd check`
-/// looks).
-const CHART: &str = "charts/interceptor";
-const NAMESPACE: &str = "linkerd-cni";
 /// Every value set to something other than its default.
 const EVERY_VALUE: &str = "charts/interceptor/ci/every-value.yaml";
 /// Each platform's values file, and the host's CNI plugin and configuration directories it
@@ -74,178 +45,6 @@ const PLATFORMS: [(&str, &str, &str); 2] = [
         "/var/lib/rancher/k3s/agent/etc/cni/net.d",
     ),
 ];
-
-/// tests/helm_render.py with `args`, run by the test tools' Python (first on PATH).
-fn helm(args: &[&str]) -> Command {
-    let mut cmd = Command::new("python3");
-    cmd.arg(workspace_root().join("tests/helm_render.py"))
-        .args(args)
-        .current_dir(workspace_root());
-    cmd
-}
-
-/// A render of the chart: its objects (hooks included), the same as manifests, and NOTES.txt.
-struct Rendered {
-    objects: Vec<Value>,
-    yaml: String,
-    notes: String,
-}
-
-impl Rendered {
-    fn get(&self, kind: &str, name: &str) -> Option<&Value> {
-        self.objects
-            .iter()
-            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
-    }
-
-    fn find(&self, kind: &str, name: &str) -> &Value {
-        self.get(kind, name)
-            .unwrap_or_else(|| panic!("no {kind} {name} in the chart's objects"))
-    }
-
-    fn daemonset(&self) -> &Value {
-        self.find("DaemonSet", "linkerd-cni")
-    }
-
-    /// The ConfigMap's data, which the containers' `$(VAR)`s name.
-    fn config(&self) -> BTreeMap<String, String> {
-        serde_json::from_value(self.find("ConfigMap", "linkerd-cni-config")["data"].clone())
-            .unwrap()
-    }
-}
-
-/// The chart rendered by Helm as `helm install linkerd2-cni charts/interceptor -n linkerd-cni`
-/// would, with `values` (values files, from the workspace's root, or JSON objects) merged in
-/// order, as a `.Release.Service` of `release_service` when given; Helm's refusal otherwise.
-fn try_render(values: &[&str], release_service: Option<&str>) -> Result<Rendered, String> {
-    let mut cmd = helm(&["render", CHART, NAMESPACE]);
-    for values in values {
-        cmd.arg("--values").arg(values);
-    }
-    if let Some(service) = release_service {
-        cmd.args(["--release-service", service]);
-    }
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    if !out.status.success() {
-        return Err(format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let out: Value = serde_json::from_slice(&out.stdout).unwrap();
-    Ok(Rendered {
-        objects: out["objects"].as_array().unwrap().clone(),
-        yaml: out["yaml"].as_str().unwrap().to_owned(),
-        notes: out["notes"].as_str().unwrap().to_owned(),
-    })
-}
-
-fn render(values: &[&str]) -> Rendered {
-    try_render(values, None).unwrap_or_else(|e| panic!("rendering with {values:?}: {e}"))
-}
-
-fn container<'a>(daemonset: &'a Value, name: &str) -> &'a Value {
-    daemonset["spec"]["template"]["spec"]["containers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == name)
-        .unwrap_or_else(|| panic!("no container {name}"))
-}
-
-/// The node address `status.hostIP` gives in [`args_of`].
-const HOST_IP: &str = "fd00::7";
-
-/// A container's arguments, with `$(VAR)` replaced by the ConfigMap value its env names, the
-/// pod's `namespace` for a `metadata.namespace` field reference, or [`HOST_IP`] for
-/// `status.hostIP`, as the kubelet does.
-fn args_of(container: &Value, config: &BTreeMap<String, String>, namespace: &str) -> Vec<String> {
-    let env: BTreeMap<String, String> = container["env"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|e| {
-            let from = &e["valueFrom"];
-            // Another field reference (NODE_NAME) is not in an argument.
-            let value = match from["configMapKeyRef"]["key"].as_str() {
-                Some(key) => config[key].clone(),
-                None if from["fieldRef"]["fieldPath"] == "metadata.namespace" => {
-                    namespace.to_owned()
-                }
-                // An IPv6 node's address, as the kubelet expands it (no brackets).
-                None if from["fieldRef"]["fieldPath"] == "status.hostIP" => HOST_IP.to_owned(),
-                None => return None,
-            };
-            Some((e["name"].as_str().unwrap().to_owned(), value))
-        })
-        .collect();
-    container["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| {
-            let mut arg = a.as_str().unwrap().to_owned();
-            for (name, value) in &env {
-                arg = arg.replace(&format!("$({name})"), value);
-            }
-            arg
-        })
-        .collect()
-}
-
-/// `args` as this build's command line parses them.
-fn parse(args: &[String], what: &str) -> interceptor::cli::Cli {
-    interceptor::cli::Cli::try_parse_from(
-        std::iter::once("interceptor".to_owned()).chain(args.iter().cloned()),
-    )
-    .unwrap_or_else(|e| panic!("the {what}'s arguments {args:?}: {e}"))
-}
-
-/// The agent's `daemon` arguments, parsed, and its log level.
-fn agent_args(rendered: &Rendered) -> (String, interceptor::cli::DaemonArgs) {
-    let args = args_of(
-        container(rendered.daemonset(), "agent"),
-        &rendered.config(),
-        NAMESPACE,
-    );
-    let cli = parse(&args, "agent");
-    let interceptor::cli::Command::Daemon(daemon) = cli.command else {
-        panic!("the agent container runs {args:?}, not `daemon`");
-    };
-    (cli.log_level, daemon)
-}
-
-/// kubernetes-validate's version is the newest Kubernetes whose schemas it ships (1.37.0 ships
-/// 1.25 to 1.37; `cargo xtask setup` pins it).
-fn newest_schemas() -> String {
-    run(Command::new("kubernetes-validate").arg("--version"), None)
-        .trim()
-        .to_owned()
-}
-
-/// kubernetes-validate's report on `yaml` against Kubernetes `version`, strictly (a field the
-/// schema does not know is refused); `Err` when it refuses.
-fn validate(yaml: &str, version: &str) -> Result<String, String> {
-    let file = std::env::temp_dir().join(format!("{}.yaml", unique_name("manifests")));
-    std::fs::write(&file, yaml).unwrap();
-    let out = Command::new("kubernetes-validate")
-        .args(["--strict", "--kubernetes-version", version])
-        .arg(&file)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_file(&file);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if out.status.success() {
-        Ok(text)
-    } else {
-        Err(text)
-    }
-}
 
 #[test]
 fn the_chart_passes_helm_lint_strict() {
@@ -1212,53 +1011,12 @@ fn the_values_reference_and_the_schema_cover_every_value() {
     }
 }
 
-/// A podman with an image store of the test's own, running containers with the tests' runc
-/// wrapper (these machines withhold the rlimits podman asks for).
-struct Podman {
-    root: PathBuf,
-}
-
-impl Podman {
-    fn new() -> Self {
-        Self {
-            root: std::env::temp_dir().join(unique_name("image")),
-        }
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new("podman");
-        cmd.arg("--root")
-            .arg(self.root.join("storage"))
-            .arg("--runroot")
-            .arg(self.root.join("run"))
-            .args(["--runtime", env!("CARGO_BIN_EXE_runc-without-rlimits")])
-            .args(args);
-        cmd
-    }
-
-    /// `podman run --rm` of the image with `entrypoint` and `args`; its stdout.
-    fn run(&self, extra: &[&str], entrypoint: &str, args: &[&str], input: Option<&str>) -> String {
-        let mut cmd = self.command(&["run", "--rm", "-i", "--network", "none"]);
-        cmd.args(extra)
-            .args(["--entrypoint", entrypoint, "localhost/interceptor:0.1.0"])
-            .args(args);
-        run(&mut cmd, input)
-    }
-}
-
-impl Drop for Podman {
-    fn drop(&mut self) {
-        let _ = self.command(&["rmi", "--all", "--force"]).output();
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
 #[test]
 fn the_image_runs_the_agent_the_plugin_and_both_iptables_modes() {
     if !privileged() {
         return;
     }
-    let Some(podman) = load_image() else {
+    let Some(podman) = NodeImage::load() else {
         return;
     };
 
@@ -1298,258 +1056,6 @@ fn the_image_runs_the_agent_the_plugin_and_both_iptables_modes() {
     }
 }
 
-/// The DaemonSet's pod as a real runtime runs it: its template from the rendered manifests,
-/// its host paths redirected into a root of the test's own (never the machine's `/etc/cni`,
-/// `/opt/cni` or default bpffs directory), `--cgroup` the test's cgroup, run from the image
-/// with `podman kube play`.
-struct AgentPod {
-    podman: Podman,
-    network: CniNetwork,
-    yaml: PathBuf,
-    configmap: PathBuf,
-    state_dir: PathBuf,
-    bpffs: PathBuf,
-}
-
-impl AgentPod {
-    fn new(podman: Podman, cgroup: &Path) -> Self {
-        // The node's primary network before the agent comes: loopback only (nothing leaves).
-        let network = CniNetwork::new("kubeplay");
-        let state_dir = network.root.join("state");
-        std::fs::create_dir_all(&state_dir).unwrap();
-        let bpffs = Path::new("/sys/fs/bpf/interceptor-tests").join(unique_name("kubeplay"));
-        std::fs::create_dir_all(&bpffs).unwrap();
-
-        let rendered = render(&[]);
-        let mut config = rendered.find("ConfigMap", "linkerd-cni-config").clone();
-        // The pods here connect over both families (the proxies listen on both): the one line
-        // a cluster whose Linkerd runs with disableIPv6=false changes.
-        let linkerd = config["data"]["linkerd"].as_str().unwrap();
-        assert!(linkerd.contains(r#""ipv6": false"#), "{linkerd}");
-        config["data"]["linkerd"] = json!(linkerd.replace(r#""ipv6": false"#, r#""ipv6": true"#));
-        let daemonset = rendered.daemonset();
-        let namespace = daemonset["metadata"]["namespace"].as_str().unwrap();
-        let mut spec = daemonset["spec"]["template"]["spec"].clone();
-        // The host's cgroup2 mount is the test's own cgroup: no kubelet pod cgroup is found
-        // under it, so the agent attaches there, never at the machine's root.
-        let host_paths = [
-            ("/sys/fs/bpf", bpffs.clone()),
-            ("/sys/fs/cgroup", cgroup.to_owned()),
-            ("/run/interceptor", state_dir.clone()),
-            ("/opt/cni/bin", network.bin_dir.clone()),
-            ("/etc/cni/net.d", network.conf_dir.clone()),
-        ];
-        for volume in spec["volumes"].as_array_mut().unwrap() {
-            let path = volume["hostPath"]["path"].as_str().unwrap().to_owned();
-            if let Some((_, ours)) = host_paths.iter().find(|(p, _)| *p == path) {
-                volume["hostPath"]["path"] = json!(ours.display().to_string());
-            }
-        }
-        let socket = state_dir.join("agent.sock");
-        let metrics = free_port();
-        let data: BTreeMap<String, String> =
-            serde_json::from_value(config["data"].clone()).unwrap();
-        let mut containers = spec["initContainers"].as_array().unwrap().clone();
-        containers.extend(spec["containers"].as_array().unwrap().iter().cloned());
-        for container in &mut containers {
-            // The kubelet expands `$(VAR)` in arguments; podman 4 does not.
-            let mut args = args_of(container, &data, namespace);
-            // No API server here to ask whether the DaemonSet is being deleted: without
-            // --daemonset the installer unchains the plugin on SIGTERM, as deleting the
-            // DaemonSet does, and the agent leaves interception in force, as for a rolling
-            // update (tests/cni_install_kube.rs covers --daemonset against a stand-in API
-            // server).
-            args.retain(|a| !a.starts_with("--daemonset="));
-            container["args"] = json!(args);
-            // podman refuses port declarations on the host's network (Kubernetes takes them as
-            // documentation there); nothing is published either way.
-            container.as_object_mut().unwrap().remove("ports");
-            // The kubelet resolves `fieldRef`s; podman 4 does not support these.
-            for env in container["env"].as_array_mut().into_iter().flatten() {
-                let value = match env["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
-                    Some("spec.nodeName") => "test-node",
-                    Some("metadata.namespace") => namespace,
-                    Some("status.hostIP") => "127.0.0.1",
-                    _ => continue,
-                };
-                *env = json!({"name": env["name"], "value": value});
-            }
-            for arg in container["args"].as_array_mut().unwrap() {
-                let text = arg.as_str().unwrap();
-                // The plugin runs on this host: it reaches the agent where the host sees the
-                // socket. The node's port 9990 may be taken: the metrics go elsewhere.
-                if text.starts_with("--agent-socket=") {
-                    *arg = json!(format!("--agent-socket={}", socket.display()));
-                } else if text.starts_with("--metrics-addr=") {
-                    *arg = json!(format!("--metrics-addr=127.0.0.1:{metrics}"));
-                }
-            }
-        }
-        let init = spec["initContainers"].as_array().unwrap().len();
-        spec["containers"] = json!(containers.split_off(init));
-        spec["initContainers"] = json!(containers);
-        let name = unique_name("interceptor");
-        let pod = json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "labels": {"app.kubernetes.io/name": "interceptor"},
-                // Podman 4.3 removes a finished init container ("once", the default) racing
-                // its exit (containers/podman#18477); "always" keeps it, as the kubelet does.
-                "annotations": {"io.podman.annotations.init.container.type": "always"},
-            },
-            "spec": spec,
-        });
-        let yaml = network.root.join("pod.json");
-        let configmap = network.root.join("configmap.json");
-        std::fs::write(&yaml, pod.to_string()).unwrap();
-        std::fs::write(&configmap, config.to_string()).unwrap();
-        Self {
-            podman,
-            network,
-            yaml,
-            configmap,
-            state_dir,
-            bpffs,
-        }
-    }
-
-    /// `podman kube play` (again, after removing the pod, with `replace`); returns once the
-    /// agent answers its API and the installer has chained the plugin.
-    fn play(&self, replace: bool) {
-        if replace {
-            self.remove_pod();
-        }
-        let mut cmd = self.podman.command(&["kube", "play", "--configmap"]);
-        cmd.arg(&self.configmap);
-        run(cmd.arg(&self.yaml), None);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while interceptor::agent::api::call(
-            &self.state_dir.join("agent.sock"),
-            &interceptor::agent::api::Request::List,
-        )
-        .is_err()
-            || self.network.chained() != 1
-        {
-            if std::time::Instant::now() > deadline {
-                panic!(
-                    "the agent's pod did not come up (chained {}): {}",
-                    self.network.chained(),
-                    self.logs()
-                );
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-    }
-
-    /// `podman pod rm -f`, tried again while podman's own clean-up of a killed container still
-    /// holds its `shm` mount: removal then fails with EBUSY (podman's known "unlinkat/EBUSY"
-    /// race, containers/podman#11594, #17216), as `kube play --replace` did once in CI.
-    fn remove_pod(&self) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        loop {
-            let out = self
-                .podman
-                .command(&["pod", "rm", "--force", "--time", "0"])
-                .arg(self.pod_name())
-                .output()
-                .unwrap();
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            if out.status.success() {
-                return;
-            }
-            if !stderr.contains("device or resource busy") || std::time::Instant::now() > deadline {
-                panic!("podman pod rm: {stderr}");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
-    }
-
-    fn logs(&self) -> String {
-        let logs = self
-            .podman
-            .command(&["pod", "logs"])
-            .arg(self.pod_name())
-            .output()
-            .unwrap();
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&logs.stdout),
-            String::from_utf8_lossy(&logs.stderr)
-        )
-    }
-
-    /// The effective capabilities of a container's process, from the kernel (`CapEff`).
-    fn capabilities(&self, container: &str) -> u64 {
-        let pid = run(
-            self.podman
-                .command(&["inspect", "--format", "{{.State.Pid}}"])
-                .arg(format!("{}-{container}", self.pod_name())),
-            None,
-        );
-        let status = std::fs::read_to_string(format!("/proc/{}/status", pid.trim())).unwrap();
-        let hex = status
-            .lines()
-            .find_map(|l| l.strip_prefix("CapEff:"))
-            .unwrap()
-            .trim();
-        u64::from_str_radix(hex, 16).unwrap()
-    }
-
-    fn pod_name(&self) -> String {
-        let pod: Value = serde_json::from_slice(&std::fs::read(&self.yaml).unwrap()).unwrap();
-        pod["metadata"]["name"].as_str().unwrap().to_owned()
-    }
-}
-
-impl Drop for AgentPod {
-    fn drop(&mut self) {
-        let _ = self
-            .podman
-            .command(&["kube", "down"])
-            .arg(&self.yaml)
-            .output();
-        // What the agent pinned and recorded: its programs detach here.
-        let _ = Command::new(interceptor_tests::agent_home::interceptor_bin())
-            .arg("uninstall")
-            .arg("--bpffs")
-            .arg(self.bpffs.join("interceptor"))
-            .arg("--state-dir")
-            .arg(&self.state_dir)
-            .output();
-        let _ = std::fs::remove_dir(self.bpffs.join("interceptor"));
-        // Where `--mode auto` probed (the probe removes its own directory in it).
-        let _ = std::fs::remove_dir(self.bpffs.join("interceptor-probe"));
-        let _ = std::fs::remove_dir(&self.bpffs);
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn load_image() -> Option<Podman> {
-    let Some(image) = std::env::var_os("INTERCEPTOR_IMAGE") else {
-        assert!(
-            std::env::var("INTERCEPTOR_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
-            "INTERCEPTOR_IMAGE is not set: `cargo xtask test` builds the image and sets it"
-        );
-        eprintln!("SKIPPED: INTERCEPTOR_IMAGE is not set (build it with `cargo xtask image`)");
-        return None;
-    };
-    let podman = Podman::new();
-    let loaded = run(
-        podman.command(&["load", "--quiet", "--input"]).arg(&image),
-        None,
-    );
-    assert!(loaded.contains("localhost/interceptor:0.1.0"), "{loaded}");
-    Some(podman)
-}
-
 /// The DaemonSet's own pod, from the image, by podman: it chains the plugin into the primary
 /// network placed there before; a pod added through that network is meshed from its first
 /// connect; the agent's pod killed and played again leaves it meshed throughout; the pod
@@ -1560,7 +1066,7 @@ fn the_daemonsets_pod_meshes_pods_and_keeps_them_meshed_through_a_replay() {
     if !privileged() {
         return;
     }
-    let Some(podman) = load_image() else {
+    let Some(podman) = NodeImage::load() else {
         return;
     };
     let fixture = interceptor_tests::PodFixture::new("kubeplay");

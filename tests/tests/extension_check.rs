@@ -1,283 +1,34 @@
-//! `linkerd-interceptor check` as `linkerd check` runs it (the flags of linkerd2
-//! `cli/cmd/check.go:261-278`, `--output=json`), and `interceptor check` and `interceptor
-//! namespace-metadata`: the real binaries against the kit's stand-in API server
-//! (`interceptor_tests::fake_api`, through `--kubeconfig`), holding a cluster of two nodes,
-//! `node-a` and `node-b`, interceptor's DaemonSet `linkerd-cni` and its pods, and pods Linkerd
-//! injected.
+//! `linkerd-interceptor check` as `linkerd check` runs it, and `interceptor check` and
+//! `interceptor namespace-metadata`: the real binaries against the kit's stand-in API server
+//! (`interceptor_tests::linkerd_check`), holding a cluster of two nodes, `node-a` and `node-b`,
+//! interceptor's DaemonSet `linkerd-cni` and its pods, and pods Linkerd injected.
 //!
-//! The JSON is read as Linkerd reads it (`parseJSONCheckOutput`, `cli/cmd/check_extensions.go:
-//! 277-300`): a check failed if its `error` is not empty, and is a warning if its `result` is
-//! `warning`.
+//! The JSON is read as Linkerd reads it (`interceptor_tests::linkerd_check::output`): a check
+//! failed if its `error` is not empty, and is a warning if its `result` is `warning`.
 use std::{
-    path::PathBuf,
-    process::{Command, Output},
+    process::Command,
     time::{Duration, Instant},
 };
 
-use interceptor_tests::fake_api::{self, FakeApi, Mode};
+use interceptor_tests::{
+    agent_home::interceptor_bin,
+    fake_api::{self, Mode},
+    linkerd_check::{
+        Cluster, linkerd_interceptor_bin,
+        objects::{
+            NAMESPACE, STATUS, agent, daemonset, good_status, healthy, injected,
+            labelled_namespace, node,
+        },
+        output::{assert_linkerd_shape, check, error},
+    },
+};
 use serde_json::{Value, json};
-
-const LINKERD_INTERCEPTOR: &str = env!("CARGO_BIN_EXE_linkerd-interceptor-under-test");
-const INTERCEPTOR: &str = env!("CARGO_BIN_EXE_interceptor-under-test");
-const NAMESPACE: &str = "linkerd-cni";
-const STATUS: &str = "interceptor.linkerd.io/status";
 
 const DAEMONSET_READY: &str = "agent pod is ready on every node";
 const CAN_MESH: &str = "every node's agent can mesh pods";
 const CHAINED: &str = "CNI plugin is chained on every node";
 const MESHED: &str = "every injected pod is meshed";
 const DRIFTED: &str = "no meshed pod's interception has drifted";
-
-/// The flags `linkerd check` passes every extension when none of its own is given
-/// (`getExtensionCheckFlags`: each flag whose value prints non-empty, the string array
-/// `--as-group` printing `[]`), and `--output=json` last.
-const LINKERD_FLAGS: &[&str] = &[
-    "--as-group=[]",
-    "--linkerd-namespace=linkerd",
-    "--verbose=false",
-    "--proxy=false",
-    "--wait=5m0s",
-    "--output=json",
-];
-
-/// A node's status as an agent publishes it: can mesh, chained, nothing wrong.
-fn good_status() -> Value {
-    json!({
-        "version": "0.1.0",
-        "backend": "ebpf",
-        "variants": ["connect4=icpt_connect4", "sock_ops=icpt_sockops"],
-        "can_mesh": true,
-        "chained": true,
-        "meshed": 3,
-        "not_meshed": [],
-        "not_meshed_total": 0,
-        "drifted": [],
-        "drifted_total": 0,
-        "updated": "2026-11-28T10:00:00Z",
-    })
-}
-
-/// A Node, ready, with `status` as its agent's annotation (none when `Null`).
-fn node(name: &str, status: &Value) -> Value {
-    let mut node = fake_api::node(name, &[]);
-    if !status.is_null() {
-        node["metadata"]["annotations"] = json!({ STATUS: status.to_string() });
-    }
-    node
-}
-
-/// The DaemonSet as the chart renders it: our label, linkerd-cni's name and selector, on Linux
-/// nodes, `ready` of 2 pods ready.
-fn daemonset(ready: u32) -> Value {
-    let mut daemonset = fake_api::daemonset(NAMESPACE, "linkerd-cni");
-    daemonset["metadata"]["labels"] =
-        json!({ "app.kubernetes.io/name": "interceptor", "k8s-app": "linkerd-cni" });
-    daemonset["spec"]["selector"] = json!({ "matchLabels": { "k8s-app": "linkerd-cni" } });
-    daemonset["spec"]["template"]["metadata"]["labels"] = json!({ "k8s-app": "linkerd-cni" });
-    daemonset["spec"]["template"]["spec"]["nodeSelector"] = json!({ "kubernetes.io/os": "linux" });
-    daemonset["spec"]["template"]["spec"]["tolerations"] = json!([{ "operator": "Exists" }]);
-    daemonset["status"]["desiredNumberScheduled"] = json!(2);
-    daemonset["status"]["currentNumberScheduled"] = json!(2);
-    daemonset["status"]["numberReady"] = json!(ready);
-    daemonset
-}
-
-/// The DaemonSet's pod on `node`, ready or crash-looping.
-fn agent(node: &str, ready: bool) -> Value {
-    let state = if ready {
-        json!({ "running": { "startedAt": "2026-11-28T09:00:00Z" } })
-    } else {
-        json!({ "waiting": { "reason": "CrashLoopBackOff" } })
-    };
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": format!("linkerd-cni-{node}"),
-            "namespace": NAMESPACE,
-            "uid": format!("uid-agent-{node}"),
-            "labels": { "k8s-app": "linkerd-cni" },
-        },
-        "spec": { "nodeName": node, "containers": [{ "name": "agent", "image": "interceptor" }] },
-        "status": {
-            "phase": "Running",
-            "conditions": [{ "type": "Ready", "status": if ready { "True" } else { "False" } }],
-            "containerStatuses": [{
-                "name": "agent", "image": "interceptor", "imageID": "", "ready": ready,
-                "restartCount": if ready { 0 } else { 4 }, "state": state,
-            }],
-        },
-    })
-}
-
-/// A pod Linkerd injected on `node`, running, its validator passed (`validator_exit` 0) or
-/// crash-looping after exiting with that code.
-fn injected(namespace: &str, name: &str, node: &str, validator_exit: i32) -> Value {
-    let mut pod = fake_api::pod(
-        namespace,
-        name,
-        &format!("uid-{name}"),
-        node,
-        &[],
-        &["linkerd-network-validator"],
-    );
-    pod["metadata"]["labels"] = json!({ "linkerd.io/control-plane-ns": "linkerd" });
-    let validator = if validator_exit == 0 {
-        json!({ "state": { "terminated": { "exitCode": 0, "reason": "Completed" } }, "ready": true })
-    } else {
-        json!({
-            "state": { "waiting": { "reason": "CrashLoopBackOff" } },
-            "lastState": { "terminated": { "exitCode": validator_exit, "reason": "Error" } },
-            "ready": false,
-        })
-    };
-    let mut validator = validator;
-    validator["name"] = json!("linkerd-network-validator");
-    validator["image"] = json!("proxy:1");
-    validator["imageID"] = json!("");
-    validator["restartCount"] = json!(if validator_exit == 0 { 0 } else { 3 });
-    pod["status"] = json!({
-        "phase": if validator_exit == 0 { "Running" } else { "Pending" },
-        "initContainerStatuses": [validator],
-    });
-    pod
-}
-
-/// The namespace as `namespace-metadata` leaves it.
-fn labelled_namespace(name: &str) -> Value {
-    let mut namespace = fake_api::namespace(name, &[("linkerd.io/inject", "disabled")]);
-    namespace["metadata"]["labels"] = json!({
-        "kubernetes.io/metadata.name": name,
-        "linkerd.io/extension": "interceptor",
-        "linkerd.io/cni-resource": "true",
-        "config.linkerd.io/admission-webhooks": "disabled",
-        "pod-security.kubernetes.io/enforce": "privileged",
-    });
-    namespace
-}
-
-/// A healthy cluster: both agents ready and able to mesh, one injected pod meshed.
-fn healthy() -> Vec<Value> {
-    vec![
-        labelled_namespace(NAMESPACE),
-        daemonset(2),
-        node("node-a", &good_status()),
-        node("node-b", &good_status()),
-        agent("node-a", true),
-        agent("node-b", true),
-        injected("app", "web-1", "node-a", 0),
-    ]
-}
-
-/// The stand-in API with `objects`, and a kubeconfig for it.
-struct Cluster {
-    api: FakeApi,
-    kubeconfig: PathBuf,
-    _dir: TempDir,
-}
-
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-impl Cluster {
-    fn start(objects: Vec<Value>) -> Self {
-        let api = FakeApi::start(objects);
-        let dir = std::env::temp_dir().join(interceptor_tests::unique_name("extension-check"));
-        let kubeconfig = api.kubeconfig(&dir);
-        Self {
-            api,
-            kubeconfig,
-            _dir: TempDir(dir),
-        }
-    }
-
-    /// `binary` with `args` then `--kubeconfig`.
-    fn run(&self, binary: &str, args: &[&str]) -> Output {
-        let output = Command::new(binary)
-            .args(args)
-            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
-            .output()
-            .unwrap();
-        eprintln!(
-            "{binary} {args:?}: {}\nstdout:\n{}\nstderr:\n{}",
-            output.status,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        output
-    }
-
-    /// `linkerd-interceptor check` as `linkerd check` runs it, plus `extra` (which come later
-    /// and so win).
-    fn linkerd_check(&self, extra: &[&str]) -> (Output, Value) {
-        let args: Vec<&str> = ["check"]
-            .iter()
-            .chain(LINKERD_FLAGS)
-            .chain(extra)
-            .copied()
-            .collect();
-        let output = self.run(LINKERD_INTERCEPTOR, &args);
-        let json = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-            panic!(
-                "not JSON ({e}): {}",
-                String::from_utf8_lossy(&output.stdout)
-            )
-        });
-        (output, json)
-    }
-}
-
-/// Asserts `json` has Linkerd's `CheckOutput` shape exactly (no field it does not know, each
-/// it needs), and that each check's `error` and `result` agree as Linkerd reads them.
-fn assert_linkerd_shape(json: &Value) {
-    let keys = |v: &Value| -> Vec<String> {
-        let mut keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
-        keys.sort();
-        keys
-    };
-    assert_eq!(keys(json), ["categories", "success"], "{json:#}");
-    assert!(json["success"].is_boolean());
-    for category in json["categories"].as_array().unwrap() {
-        assert_eq!(keys(category), ["categoryName", "checks"], "{category:#}");
-        for check in category["checks"].as_array().unwrap() {
-            let result = check["result"].as_str().unwrap();
-            let failed = check.get("error").is_some();
-            match result {
-                "success" => assert_eq!(keys(check), ["description", "result"], "{check:#}"),
-                "warning" | "error" => {
-                    assert_eq!(
-                        keys(check),
-                        ["description", "error", "hint", "result"],
-                        "{check:#}"
-                    );
-                    assert!(failed && !check["error"].as_str().unwrap().is_empty());
-                }
-                other => panic!("result {other:?} is not Linkerd's: {check:#}"),
-            }
-        }
-    }
-}
-
-/// The check whose description starts with `description` (a success's may go on with what it
-/// found).
-fn check<'a>(json: &'a Value, description: &str) -> &'a Value {
-    json["categories"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|c| c["checks"].as_array().unwrap())
-        .find(|c| c["description"].as_str().unwrap().starts_with(description))
-        .unwrap_or_else(|| panic!("no check {description:?} in {json:#}"))
-}
-
-fn error(check: &Value) -> &str {
-    check["error"].as_str().unwrap_or_default()
-}
 
 #[test]
 fn a_healthy_cluster_passes_in_linkerds_json_and_in_the_table() {
@@ -316,7 +67,7 @@ fn a_healthy_cluster_passes_in_linkerds_json_and_in_the_table() {
     );
 
     // `interceptor check`, the same checks, as a person reads them.
-    let output = cluster.run(INTERCEPTOR, &["check"]);
+    let output = cluster.run(&interceptor_bin(), &["check"]);
     assert_eq!(output.status.code(), Some(0));
     let table = String::from_utf8(output.stdout).unwrap();
     assert!(
@@ -621,7 +372,7 @@ fn flags_from_a_newer_linkerd_are_ignored_and_no_always_run_is_claimed() {
 
     // `linkerd check` asks every linkerd-* binary on the PATH for its metadata, and runs those
     // answering `"checks": "always"` even without a labelled namespace: not this one.
-    let metadata = Command::new(LINKERD_INTERCEPTOR)
+    let metadata = Command::new(linkerd_interceptor_bin())
         .arg("_extension-metadata")
         .output()
         .unwrap();
@@ -643,7 +394,7 @@ fn namespace_metadata_labels_the_namespace_keeping_what_is_there() {
             api.state().mode = Mode::Answer;
         });
         cluster.run(
-            INTERCEPTOR,
+            &interceptor_bin(),
             &["namespace-metadata", "--namespace", "icpt-meta"],
         )
     });
@@ -667,7 +418,7 @@ fn namespace_metadata_labels_the_namespace_keeping_what_is_there() {
     // A namespace that does not exist is an error at once.
     let start = Instant::now();
     let output = cluster.run(
-        INTERCEPTOR,
+        &interceptor_bin(),
         &["namespace-metadata", "--namespace", "nowhere"],
     );
     assert_eq!(output.status.code(), Some(1));
@@ -678,7 +429,7 @@ fn namespace_metadata_labels_the_namespace_keeping_what_is_there() {
     api.state().mode = Mode::Refuse(403);
     let before = api.requests_with("/api/v1/namespaces/icpt-meta");
     let output = cluster.run(
-        INTERCEPTOR,
+        &interceptor_bin(),
         &[
             "namespace-metadata",
             "--namespace",
