@@ -132,24 +132,21 @@ fn status_when(api: &FakeApi, what: &str, done: impl Fn(&Value) -> bool) -> Valu
 /// A node's CNI network whose plugin entry does not declare the annotations capability: the
 /// runtime passes no annotations, as a runtime without the capability does.
 fn network_without_annotations(home: &AgentHome) -> CniNetwork {
-    let network = CniNetwork::with_primary(
-        "kubeapi-cni",
-        &json!({
-            "cniVersion": "1.0.0",
-            "name": "lo-net",
-            "plugins": [
-                { "type": "loopback" },
-                { "type": "interceptor-cni", "agent_socket": home.socket(), "log_file": "/dev/null" },
-            ],
-        }),
-    );
-    std::fs::copy(PLUGIN, network.bin_dir.join("interceptor-cni")).unwrap();
-    network
+    network(home, "kubeapi-cni", json!({}))
 }
 
 /// A node's CNI network whose plugin entry declares the annotations capability: the runtime
 /// passes each pod's annotations, as containerd does.
 fn network_with_annotations(home: &AgentHome, tag: &str) -> CniNetwork {
+    network(
+        home,
+        tag,
+        json!({ "io.kubernetes.cri.pod-annotations": true }),
+    )
+}
+
+/// Loopback, then the plugin (declaring `capabilities`) talking to `home`'s agent.
+fn network(home: &AgentHome, tag: &str, capabilities: Value) -> CniNetwork {
     let network = CniNetwork::with_primary(
         tag,
         &json!({
@@ -159,7 +156,7 @@ fn network_with_annotations(home: &AgentHome, tag: &str) -> CniNetwork {
                 { "type": "loopback" },
                 {
                     "type": "interceptor-cni", "agent_socket": home.socket(), "log_file": "/dev/null",
-                    "capabilities": { "io.kubernetes.cri.pod-annotations": true },
+                    "capabilities": capabilities,
                 },
             ],
         }),
