@@ -171,7 +171,11 @@ impl Agent {
             }
         }
         // The same path with another cookie: the namespace was replaced, the old pod is gone.
-        let stale = self.pods.find(pod.path).filter(|stale| *stale != cookie);
+        let stale = self
+            .pods
+            .registered()
+            .find(|(c, netns, _)| netns.as_os_str() == pod.path.as_os_str() && *c != cookie)
+            .map(|(c, _, _)| c);
         if let Some(stale) = stale {
             self.forget(stale, "its network namespace was replaced");
         }
