@@ -142,7 +142,7 @@ pub struct PodWriter {
     slots: [u64; MAX_PODS.div_ceil(64) as usize],
     pin_dir: PathBuf,
     links_dir: PathBuf,
-    /// The agent's: links and maps stay pinned when the registry goes.
+    /// The agent's: links and maps stay pinned when the writer goes.
     persistent: bool,
     max_pods: u32,
     pod_lookup: PodLookupLoader,
