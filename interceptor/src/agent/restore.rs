@@ -83,11 +83,11 @@ impl Agent {
         let gone = |e: crate::netns::NetnsError| NotRestored::Gone(e.to_string());
         let netns = PodNetns::open(&record.netns).map_err(gone)?;
         let (cookie, local) = (self.pods.identifier())(&netns).map_err(gone)?;
-        // Whether the pod is taken back, if its namespace is still the recorded one:
+        // How the pod is taken back, if its namespace is still the recorded one:
         // `interceptor_api::records` decides.
-        restore_step(record, self.pods.kind(), Found::Key(cookie))?;
+        let how = restore_step(record, self.pods.kind(), Found::Key(cookie))?;
         let path = record.netns.display().to_string();
-        let repaired = self.pods.restore(record, &netns, &local)?;
+        let repaired = self.pods.restore(record, how, &netns, &local)?;
         if let Some(what) = repaired.filter(|_| !migrating) {
             warn!(netns = %path, netns_cookie = %cookie, "pod restored, repaired: {what}");
         }

@@ -16,7 +16,10 @@ use tracing::info;
 
 use super::{
     Refusal,
-    api::{Backend as Kind, ErrorKind, records::NotRestored},
+    api::{
+        Backend as Kind, ErrorKind,
+        records::{NotRestored, Restore},
+    },
     records::{PodBackend, PodFacts, PodRecord},
 };
 use crate::{
@@ -116,11 +119,13 @@ pub trait AgentPods: Send {
     fn local_destinations(&self, key: NetnsCookie) -> Option<&LocalDestinations>;
     /// Applies a pod's new addresses and `local` routes.
     fn set_local(&mut self, key: NetnsCookie, local: &LocalDestinations) -> Result<(), String>;
-    /// Takes back a pod an earlier agent meshed, from its record; says what was repaired.
-    /// What all pods share is read at the first one, and kept until [`Self::end_restore`].
+    /// Takes back a pod an earlier agent meshed, from its record, as `how` (the API's restore
+    /// decision) says; says what was repaired. What all pods share is read at the first one,
+    /// and kept until [`Self::end_restore`].
     fn restore(
         &mut self,
         record: &PodRecord,
+        how: Restore<'_, ChainsInForce>,
         netns: &PodNetns,
         local: &LocalDestinations,
     ) -> Result<Option<String>, NotRestored>;
@@ -138,13 +143,14 @@ pub trait AgentBackend: Interception<Written: Send, Census: Send> + Sized + Send
     fn refusal(e: Self::Error) -> Refusal;
     /// What becomes of a pod whose restore the backend refused.
     fn not_restored(e: Self::Error) -> NotRestored;
-    /// What a pod's record says this backend wrote, where it records that.
-    fn recorded(record: &PodRecord) -> Option<&Self::Written>;
+    /// What the restore decision (`interceptor_api::records::restore_step`) says this backend
+    /// wrote for the pod, where the record keeps that.
+    fn recorded<'r>(how: &Restore<'r, ChainsInForce>) -> Option<&'r Self::Written>;
     /// What a record says meshed the pod once this backend wrote `written`; `before`: what it
     /// said before a restore.
     fn meshed_by(written: &Self::Written, before: Option<&PodBackend>) -> PodBackend;
-    /// What to say of a restored pod the other backend meshed, if anything.
-    fn taken_from_the_other(record: &PodRecord) -> Option<&'static str>;
+    /// What to say of a restored pod the other backend meshed (as `how` says), if anything.
+    fn taken_from_the_other(how: &Restore<'_, ChainsInForce>) -> Option<&'static str>;
     fn as_ebpf(table: &PodTable<Self, PodFacts>) -> Option<&EbpfPods<PodFacts>>;
     fn as_ebpf_mut(table: &mut PodTable<Self, PodFacts>) -> Option<&mut EbpfPods<PodFacts>>;
 }
@@ -160,7 +166,8 @@ impl AgentBackend for EbpfNode {
         NotRestored::Refused(e.to_string())
     }
 
-    fn recorded(_record: &PodRecord) -> Option<&EbpfWritten> {
+    /// Nothing of what eBPF writes is recorded: the maps and pins are read back.
+    fn recorded<'r>(_how: &Restore<'r, ChainsInForce>) -> Option<&'r EbpfWritten> {
         None
     }
 
@@ -171,7 +178,7 @@ impl AgentBackend for EbpfNode {
     }
 
     /// Its chains are removed once the programs are attached (`take_over_iptables_pods`).
-    fn taken_from_the_other(_record: &PodRecord) -> Option<&'static str> {
+    fn taken_from_the_other(_how: &Restore<'_, ChainsInForce>) -> Option<&'static str> {
         None
     }
 
@@ -200,10 +207,10 @@ impl AgentBackend for IptablesBackend {
         NotRestored::Kept(format!("writing its iptables chains: {e}"))
     }
 
-    fn recorded(record: &PodRecord) -> Option<&ChainsInForce> {
-        match &record.backend {
-            PodBackend::Iptables(chains) => Some(chains),
-            PodBackend::Ebpf => None,
+    fn recorded<'r>(how: &Restore<'r, ChainsInForce>) -> Option<&'r ChainsInForce> {
+        match how {
+            Restore::Iptables { recorded } => *recorded,
+            Restore::Ebpf { .. } => None,
         }
     }
 
@@ -211,8 +218,8 @@ impl AgentBackend for IptablesBackend {
         PodBackend::Iptables(written.clone())
     }
 
-    fn taken_from_the_other(record: &PodRecord) -> Option<&'static str> {
-        (record.backend == PodBackend::Ebpf).then_some(
+    fn taken_from_the_other(how: &Restore<'_, ChainsInForce>) -> Option<&'static str> {
+        matches!(how, Restore::Iptables { recorded: None }).then_some(
             "pod meshed by eBPF: its iptables chains are written; its pinned eBPF state is left alone",
         )
     }
@@ -405,6 +412,7 @@ impl<B: AgentBackend> AgentPods for AgentTable<B> {
     fn restore(
         &mut self,
         record: &PodRecord,
+        how: Restore<'_, ChainsInForce>,
         netns: &PodNetns,
         local: &LocalDestinations,
     ) -> Result<Option<String>, NotRestored> {
@@ -421,12 +429,12 @@ impl<B: AgentBackend> AgentPods for AgentTable<B> {
                 key,
                 &record.netns,
                 &wanted,
-                B::recorded(record),
+                B::recorded(&how),
                 census,
                 record.facts(),
             )
             .map_err(B::not_restored)?;
-        if let Some(note) = B::taken_from_the_other(record) {
+        if let Some(note) = B::taken_from_the_other(&how) {
             info!(netns = %record.netns.display(), netns_cookie = %key, "{note}");
         }
         self.say_meshed_by(key, Some(&record.backend));
