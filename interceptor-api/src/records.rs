@@ -13,6 +13,7 @@ use std::{collections::BTreeSet, path::PathBuf};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::{Backend, ConfigError, InterceptionConfig, NetnsCookie, PodMeta};
+use interceptor_config::user_ids::HostIds;
 
 /// What the agent keeps of one pod.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -21,6 +22,10 @@ pub struct PodRecord<C> {
     pub netns_cookie: NetnsCookie,
     pub meta: PodMeta,
     pub config: InterceptionConfig,
+    /// The configuration's proxy ids as the host knows them, translated through the pod's user
+    /// namespace at registration. `None`: an older agent's record, translated again at restore.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_ids: Option<HostIds>,
     /// Which backend meshed the pod.
     pub backend: PodBackend<C>,
 }
@@ -39,6 +44,7 @@ impl<C: Clone> PodRecord<C> {
         netns_cookie: NetnsCookie,
         netns: PathBuf,
         config: InterceptionConfig,
+        host_ids: HostIds,
         facts: PodFacts<C>,
     ) -> Self {
         Self {
@@ -46,6 +52,7 @@ impl<C: Clone> PodRecord<C> {
             netns_cookie,
             meta: facts.meta,
             config,
+            host_ids: Some(host_ids),
             backend: facts.meshed_by,
         }
     }
@@ -89,6 +96,8 @@ struct Stored<C> {
     config: Option<InterceptionConfig>,
     #[serde(default)]
     args: Vec<String>,
+    #[serde(default)]
+    host_ids: Option<HostIds>,
     #[serde(default)]
     backend: PodBackend<C>,
 }
@@ -158,6 +167,7 @@ pub fn parse<C: DeserializeOwned>(name: &str, bytes: &[u8]) -> Result<ReadBack<C
             netns_cookie: stored.netns_cookie,
             meta: stored.meta,
             config,
+            host_ids: stored.host_ids,
             backend: stored.backend,
         },
         older,

@@ -51,6 +51,22 @@ fn an_iptables_record_keeps_its_chains() {
 }
 
 #[test]
+fn a_records_host_ids_are_kept_and_an_older_record_has_none() {
+    let mut with_ids = record(9, PodBackend::Ebpf);
+    with_ids.host_ids = Some(HostIds {
+        proxy_uid: Some(202102),
+        proxy_gid: None,
+    });
+    let json = to_json(&with_ids).unwrap();
+    let value: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    assert_eq!(value["host_ids"], serde_json::json!({"proxy_uid": 202102}));
+    assert_eq!(read("9.json", std::str::from_utf8(&json).unwrap()).unwrap().record, with_ids);
+    let older = r#"{"netns":"/p","netns_cookie":9,"meta":{},
+        "config":{"incoming_proxy_port":4143,"outgoing_proxy_port":4140,"proxy_uid":2102}}"#;
+    assert_eq!(read("9.json", older).unwrap().record.host_ids, None);
+}
+
+#[test]
 fn unusable_records_say_why() {
     let flags = read(
         "43.json",
@@ -90,6 +106,7 @@ fn record(cookie: u64, backend: PodBackend<serde_json::Value>) -> Record {
         netns_cookie: NetnsCookie(cookie),
         meta: PodMeta::default(),
         config: InterceptionConfig::linkerd(),
+        host_ids: None,
         backend,
     }
 }

@@ -18,6 +18,7 @@ pub mod kube;
 pub mod mesh;
 pub mod ports;
 pub mod subnets;
+pub mod user_ids;
 
 use std::fmt;
 

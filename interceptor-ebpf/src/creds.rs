@@ -19,7 +19,8 @@ const _: () = assert!(
 static ICPT_CRED_OFFSETS: CredOffsets = CredOffsets::UNSET;
 
 /// The (fsuid, fsgid) of the credentials the connecting socket's file was opened with; `None`
-/// where they cannot be read (no offsets, a socket without a file).
+/// for a socket without a file (a kernel socket), which iptables' owner match never matches,
+/// or where they cannot be read (no offsets: the loader never picks this variant then).
 #[inline(always)]
 pub fn socket_creator(ctx: &SockAddrContext) -> Option<(u32, u32)> {
     // Each field read on its own and volatile: a plain read of the static would be folded to

@@ -202,8 +202,9 @@ fn decide<const CREATOR: bool>(
     dst: Ip6Addr,
     dst_port_be: u16,
 ) -> Decision {
-    if pod.flags & (flags::HAS_PROXY_UID | flags::HAS_PROXY_GID) != 0 {
-        let (uid, gid) = owner::<CREATOR>(ctx);
+    if pod.flags & (flags::HAS_PROXY_UID | flags::HAS_PROXY_GID) != 0
+        && let Some((uid, gid)) = owner::<CREATOR>(ctx)
+    {
         if pod.flags & flags::HAS_PROXY_UID != 0 && uid == pod.proxy_uid {
             return Decision::ProxyUid;
         }
@@ -239,14 +240,15 @@ fn decide<const CREATOR: bool>(
     Decision::Redirected
 }
 
-/// The (UID, GID) the proxy's exemption is told by: the socket's creator's (`fsuid`, `fsgid`,
-/// what iptables' owner match reads) with `CREATOR` where the kernel lets the program read
-/// them, else the connecting task's real IDs.
+/// The (UID, GID) the proxy's exemption is told by, as the host knows them (the agent wrote
+/// the pod's proxy ids translated out of its user namespace): with `CREATOR` the socket's
+/// creator's (`fsuid`, `fsgid`, what iptables' owner match reads), and none for a socket
+/// without a file, which the owner match never matches; else the connecting task's real IDs.
 #[inline(always)]
-fn owner<const CREATOR: bool>(ctx: &SockAddrContext) -> (u32, u32) {
-    if CREATOR && let Some(ids) = creds::socket_creator(ctx) {
-        return ids;
+fn owner<const CREATOR: bool>(ctx: &SockAddrContext) -> Option<(u32, u32)> {
+    if CREATOR {
+        return creds::socket_creator(ctx);
     }
     let uid_gid = bpf_get_current_uid_gid();
-    (uid_gid as u32, (uid_gid >> 32) as u32)
+    Some((uid_gid as u32, (uid_gid >> 32) as u32))
 }

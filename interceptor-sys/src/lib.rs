@@ -9,6 +9,7 @@
 //! Each public item names the oldest kernel it works on.
 pub mod asm;
 pub mod netns;
+pub mod userns;
 use std::{
     ffi::{CStr, CString},
     io,

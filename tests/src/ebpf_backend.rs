@@ -53,6 +53,11 @@ pub fn register(
     let wanted = Wanted {
         netns: &pod,
         config,
+        host_ids: pod
+            .users()
+            .expect("the pod's user namespace")
+            .host_ids(config)
+            .unwrap_or_else(|e| panic!("{e}")),
         local: &local,
     };
     node.add(cookie, &path, &wanted, ())

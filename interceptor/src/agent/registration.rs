@@ -19,7 +19,7 @@ use super::{
     records::{PodBackend, PodFacts},
 };
 use crate::{
-    config::InterceptionConfig,
+    config::{InterceptionConfig, user_ids::HostIds},
     crash_points::crash_point,
     netns::{LocalDestinations, PodNetns, listener::find_listeners},
     node::Wanted,
@@ -46,10 +46,12 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
         (pods.kind(), pods.identifier(), pods.ebpf().is_some())
     };
     let (cookie, local) = identify(&netns).map_err(unknown)?;
+    let host_ids = proxy_ids_on_host(&netns, &config)?;
     let pod = PodAsked {
         netns: &netns,
         path: &add.netns,
         config: &config,
+        host_ids,
         local: &local,
     };
     let facts = PodFacts {
@@ -102,6 +104,7 @@ struct PodAsked<'a> {
     /// The path it names the namespace with.
     path: &'a Path,
     config: &'a InterceptionConfig,
+    host_ids: HostIds,
     local: &'a LocalDestinations,
 }
 
@@ -110,9 +113,25 @@ impl PodAsked<'_> {
         Wanted {
             netns: self.netns,
             config: self.config,
+            host_ids: self.host_ids,
             local: self.local,
         }
     }
+}
+
+/// `config`'s proxy ids as the host knows them: translated through the pod's user namespace
+/// when it has one of its own (`hostUsers: false`), which costs a fork; an id it does not map
+/// is refused, as iptables' owner match refuses it.
+pub(super) fn proxy_ids_on_host(
+    netns: &PodNetns,
+    config: &InterceptionConfig,
+) -> Result<HostIds, Refusal> {
+    let users = netns
+        .users()
+        .map_err(|e| (ErrorKind::Internal, e.to_string()))?;
+    users
+        .host_ids(config)
+        .map_err(|e| (ErrorKind::InvalidConfig, e.to_string()))
 }
 
 /// Where a pod's report takes its problem from.

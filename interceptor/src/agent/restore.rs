@@ -15,7 +15,7 @@ use super::{
     Agent,
     api::records::{Found, NotRestored, Then, leftovers, restore_step},
     records::{PodBackend, PodRecord},
-    registration::{namespace_id, take_over_from_iptables},
+    registration::{namespace_id, proxy_ids_on_host, take_over_from_iptables},
 };
 use crate::{
     crash_points::crash_point,
@@ -86,8 +86,15 @@ impl Agent {
         // How the pod is taken back, if its namespace is still the recorded one:
         // `interceptor_api::records` decides.
         let how = restore_step(record, self.pods.kind(), Found::Key(cookie))?;
+        // As recorded: a namespace's id maps never change once written. An older agent's
+        // record has none; a pod whose maps cannot be read now is left as it was.
+        let host_ids = match record.host_ids {
+            Some(ids) => ids,
+            None => proxy_ids_on_host(&netns, &record.config)
+                .map_err(|(_, why)| NotRestored::Kept(why))?,
+        };
         let path = record.netns.display().to_string();
-        let repaired = self.pods.restore(record, how, &netns, &local)?;
+        let repaired = self.pods.restore(record, how, &netns, host_ids, &local)?;
         if let Some(what) = repaired.filter(|_| !migrating) {
             warn!(netns = %path, netns_cookie = %cookie, "pod restored, repaired: {what}");
         }

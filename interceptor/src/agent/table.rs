@@ -23,6 +23,7 @@ use super::{
     records::{PodBackend, PodFacts, PodRecord},
 };
 use crate::{
+    config::user_ids::HostIds,
     ebpf::{EbpfError, EbpfNode, EbpfPods, EbpfWritten},
     iptables::{ChainsInForce, IptablesBackend, IptablesError, IptablesSettings},
     netns::{LocalDestinations, NetnsError, PodNetns},
@@ -127,6 +128,7 @@ pub trait AgentPods: Send {
         record: &PodRecord,
         how: Restore<'_, ChainsInForce>,
         netns: &PodNetns,
+        host_ids: HostIds,
         local: &LocalDestinations,
     ) -> Result<Option<String>, NotRestored>;
     /// Drops what [`Self::restore`] read once for all pods.
@@ -305,6 +307,7 @@ impl<B: AgentBackend> AgentPods for AgentTable<B> {
             key,
             entry.pod.netns.clone(),
             entry.pod.config.clone(),
+            entry.pod.host_ids,
             entry.facts.clone(),
         ))
     }
@@ -414,12 +417,14 @@ impl<B: AgentBackend> AgentPods for AgentTable<B> {
         record: &PodRecord,
         how: Restore<'_, ChainsInForce>,
         netns: &PodNetns,
+        host_ids: HostIds,
         local: &LocalDestinations,
     ) -> Result<Option<String>, NotRestored> {
         let census = self.census.get_or_insert_with(|| self.table.census());
         let wanted = Wanted {
             netns,
             config: &record.config,
+            host_ids,
             local,
         };
         let key = record.netns_cookie;

@@ -48,6 +48,8 @@ fn run_iptables(config: &InterceptionConfig, args: &RunArgs) -> anyhow::Result<(
         }
         return Ok(());
     }
+    // The kernel would refuse the owner match with a bare "Invalid argument".
+    PodNetns::open(&args.netns)?.users()?.host_ids(config)?;
     let ran = iptables::install(config, &options)?;
     for command in &ran {
         debug!(%command, "ran");
@@ -76,6 +78,9 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
     let mut sigterm = signal(SignalKind::terminate())?;
     let netns = PodNetns::open(&args.netns)?;
     let (cookie, local) = netns.cookie_and_local()?;
+    // The proxy's ids as the programs compare them: the host's, for a pod with a user
+    // namespace of its own.
+    let host_ids = netns.users()?.host_ids(&config)?;
     // Open before attaching: a namespace we cannot watch is an error, not a silent gap.
     let address_changes = netns.address_changes()?;
     cgroup::open_cgroup2(&cgroup)?;
@@ -92,6 +97,7 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
     let wanted = Wanted {
         netns: &netns,
         config: &config,
+        host_ids,
         local: &local,
     };
     pods.add(cookie, &args.netns, &wanted, ())

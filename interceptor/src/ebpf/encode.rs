@@ -11,7 +11,7 @@ use interceptor_common::{
 };
 use ipnet::IpNet;
 
-use crate::config::InterceptionConfig;
+use crate::config::{InterceptionConfig, user_ids::HostIds};
 
 /// One entry of the subnet trie: (prefix length, key).
 pub(super) type SubnetEntry = (u32, SubnetKey);
@@ -103,14 +103,17 @@ pub(super) fn listener_key(netns_cookie: NetnsCookie, ipv6: bool) -> ListenerKey
 pub(super) fn pod_config(
     slot: PodSlot,
     config: &InterceptionConfig,
+    host_ids: HostIds,
     addresses: &BTreeSet<IpAddr>,
     has_local_routes: bool,
 ) -> PodConfig {
     let mut pod_flags = 0;
-    if config.proxy_uid.is_some() {
+    // The programs compare the host's ids (a socket's `kuid_t`): a pod with a user namespace
+    // of its own has its configuration's translated.
+    if host_ids.proxy_uid.is_some() {
         pod_flags |= flags::HAS_PROXY_UID;
     }
-    if config.proxy_gid.is_some() {
+    if host_ids.proxy_gid.is_some() {
         pod_flags |= flags::HAS_PROXY_GID;
     }
     if config.ipv6 {
@@ -145,8 +148,8 @@ pub(super) fn pod_config(
     let mut pod = PodConfig {
         slot: slot.0,
         flags: pod_flags,
-        proxy_uid: config.proxy_uid.unwrap_or(0),
-        proxy_gid: config.proxy_gid.unwrap_or(0),
+        proxy_uid: host_ids.proxy_uid.unwrap_or(0),
+        proxy_gid: host_ids.proxy_gid.unwrap_or(0),
         outbound_port: config.outgoing_proxy_port,
         inbound_port: config.incoming_proxy_port,
         local_addr_count: 0,
@@ -210,7 +213,9 @@ mod tests {
             .map(|a| a.parse().unwrap())
             .into();
         let config = crate::config::InterceptionConfig::linkerd();
-        let mut pod = super::pod_config(interceptor_common::PodSlot(3), &config, &addresses, false);
+        let host_ids = crate::config::user_ids::HostIds::of_host_pod(&config);
+        let mut pod =
+            super::pod_config(interceptor_common::PodSlot(3), &config, host_ids, &addresses, false);
         assert_eq!(super::own_addresses(&pod), addresses);
         for addr in &addresses {
             assert!(pod.is_own_address((*addr).into()), "{addr}");

@@ -11,7 +11,7 @@ use std::{collections::BTreeSet, fmt, sync::OnceLock};
 
 use interceptor_sys::{
     BPF_CMPXCHG, ProgLoad,
-    asm::{ATOMIC_DW, CALL, EXIT, LDX_DW, LDX_W, MOV64_IMM, SK_PASS, ST_DW},
+    asm::{ATOMIC_DW, CALL, EXIT, JEQ_IMM, LDX_DW, LDX_W, MOV64_IMM, SK_PASS, ST_DW},
     bpf_attach_type, bpf_func_id, bpf_insn as Insn, bpf_prog_type, insn,
 };
 use serde::{Deserialize, Serialize};
@@ -118,14 +118,15 @@ impl Feature {
                     .and_then(|ns| ns.cookie())
                     .is_ok()
             }
-            Feature::SocketCreator => {
-                super::creds::offsets().is_some()
-                    && loads(
+            Feature::SocketCreator => super::creds::offsets()
+                .and_then(socket_creator_walk)
+                .is_some_and(|insns| {
+                    loads(
                         bpf_prog_type::BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
                         Some(bpf_attach_type::BPF_CGROUP_INET4_CONNECT),
-                        &tcp_sock_of_ctx(),
+                        &insns,
                     )
-            }
+                }),
         }
     }
 }
@@ -236,20 +237,66 @@ fn netns_cookie_of_ctx() -> [Insn; 3] {
     ]
 }
 
-/// `r1 = ctx->sk; call bpf_skc_to_tcp_sock(r1); r0 = 1; exit`: "unknown func" where connect4
-/// may not call it (before 5.9, or without CAP_PERFMON).
-fn tcp_sock_of_ctx() -> [Insn; 4] {
-    [
+/// The connect programs' walk from the context to the socket's creator, load for load at this
+/// kernel's offsets (`interceptor-ebpf/src/creds.rs`): `ctx->sk`, `bpf_skc_to_tcp_sock`, then
+/// `->sk_socket->file->f_cred->{fsuid,fsgid}`, each pointer tested for null. "unknown func"
+/// where connect4 may not call the helper (before 5.9, or without CAP_PERFMON); a kernel whose
+/// verifier refuses a load through one of these BTF pointers refuses the probe too, so the
+/// programs fall back to the task's IDs rather than fail to load. `None` where an offset does
+/// not fit an instruction.
+fn socket_creator_walk(offsets: &interceptor_common::CredOffsets) -> Option<[Insn; 13]> {
+    let at = |offset: u32| i16::try_from(offset).ok();
+    // Each null test jumps to the `r0 = 1` at index 11.
+    let out = |from: i16| 10 - from;
+    Some([
         insn(LDX_DW, 1, 1, interceptor_common::creds::SOCK_ADDR_CTX_SK, 0),
         insn(CALL, 0, 0, 0, bpf_func_id::BPF_FUNC_skc_to_tcp_sock as i32),
+        insn(JEQ_IMM, 0, 0, out(2), 0),
+        insn(LDX_DW, 1, 0, at(offsets.sock_socket)?, 0),
+        insn(JEQ_IMM, 1, 0, out(4), 0),
+        insn(LDX_DW, 1, 1, at(offsets.socket_file)?, 0),
+        insn(JEQ_IMM, 1, 0, out(6), 0),
+        insn(LDX_DW, 1, 1, at(offsets.file_cred)?, 0),
+        insn(JEQ_IMM, 1, 0, out(8), 0),
+        insn(LDX_W, 2, 1, at(offsets.cred_fsuid)?, 0),
+        insn(LDX_W, 2, 1, at(offsets.cred_fsgid)?, 0),
         insn(MOV64_IMM, 0, 0, 0, 1),
         insn(EXIT, 0, 0, 0, 0),
-    ]
+    ])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_creator_probe_walks_the_pointers_the_programs_walk() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(
+                std::env::var_os("INTERCEPTOR_REQUIRE_PRIVILEGED").is_none(),
+                "this test loads programs: run as root, e.g. sudo -E cargo xtask test"
+            );
+            eprintln!("skipped: loading programs needs root");
+            return;
+        }
+        let offsets = super::super::creds::offsets().expect("this kernel has BTF");
+        let load = |offsets| {
+            loads(
+                bpf_prog_type::BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
+                Some(bpf_attach_type::BPF_CGROUP_INET4_CONNECT),
+                &socket_creator_walk(offsets).expect("offsets that fit"),
+            )
+        };
+        assert!(load(offsets));
+        // Taking a field that is no pointer (the first of `struct sock`, its address pair) for
+        // `sk_socket`: the next load is through a scalar, which the verifier refuses, so the
+        // probe fails wherever the programs' walk would.
+        let wrong = interceptor_common::CredOffsets {
+            sock_socket: 0,
+            ..*offsets
+        };
+        assert!(!load(&wrong));
+    }
 
     #[test]
     fn features_are_taken_away_by_name_or_all() {

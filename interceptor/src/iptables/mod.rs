@@ -5,7 +5,7 @@ mod rules;
 
 use std::{
     fs::File,
-    os::fd::AsRawFd as _,
+    os::fd::{AsFd as _, AsRawFd as _, OwnedFd},
     path::{Path, PathBuf},
     process::Command,
 };
@@ -174,6 +174,10 @@ pub fn save_nat(options: &IptablesOptions, family: Family) -> Result<String, Ipt
 struct Runner<'a> {
     options: &'a IptablesOptions,
     netns: Option<File>,
+    /// The user namespace that owns `netns`, where it is not ours (a pod with `hostUsers:
+    /// false`): iptables runs inside it, as the pod's own `linkerd-init` would, since the kernel
+    /// refuses an owner match written from another user namespace (`xt_owner`'s check).
+    userns: Option<OwnedFd>,
 }
 
 impl<'a> Runner<'a> {
@@ -188,7 +192,20 @@ impl<'a> Runner<'a> {
         // Entering the namespace we are already in would still need CAP_SYS_ADMIN, which
         // iptables itself does not: skip it.
         let netns = netns.filter(|ns| !same_file(ns, Path::new("/proc/self/ns/net")));
-        Ok(Self { options, netns })
+        let userns = match (&netns, &options.netns) {
+            (Some(netns), Some(path)) => foreign_owner(netns).map_err(|source| {
+                IptablesError::Netns {
+                    path: path.clone(),
+                    source,
+                }
+            })?,
+            _ => None,
+        };
+        Ok(Self {
+            options,
+            netns,
+            userns,
+        })
     }
 
     /// The family's iptables binary, once both it and its save counterpart are known to be there,
@@ -224,9 +241,17 @@ impl<'a> Runner<'a> {
     fn command(&self, binary: &str, args: &[String]) -> Command {
         let mut cmd = Command::new(binary);
         cmd.args(args);
-        if let Some(netns) = &self.netns {
-            // The namespace's fd stays open until after the spawn (self holds it).
-            interceptor_sys::netns::enter_netns_before_exec(&mut cmd, netns.as_raw_fd());
+        // The namespaces' fds stay open until after the spawn (self holds them).
+        match (&self.netns, &self.userns) {
+            (Some(netns), Some(userns)) => interceptor_sys::userns::enter_pod_before_exec(
+                &mut cmd,
+                netns.as_raw_fd(),
+                userns.as_raw_fd(),
+            ),
+            (Some(netns), None) => {
+                interceptor_sys::netns::enter_netns_before_exec(&mut cmd, netns.as_raw_fd());
+            }
+            (None, _) => {}
         }
         cmd
     }
@@ -271,6 +296,12 @@ impl<'a> Runner<'a> {
     fn existing(&self, save: &str) -> Result<Existing, IptablesError> {
         Ok(parse_existing(&self.output(save, &["-t", "nat"])?))
     }
+}
+
+/// The user namespace that owns the network namespace `netns`, unless it is ours.
+fn foreign_owner(netns: &File) -> std::io::Result<Option<OwnedFd>> {
+    let userns = interceptor_sys::userns::owning_user_namespace(netns.as_fd())?;
+    Ok((!interceptor_sys::userns::is_own_user_namespace(userns.as_fd())?).then_some(userns))
 }
 
 fn same_file(file: &File, path: &Path) -> bool {

@@ -6,6 +6,7 @@ mod dump;
 pub mod listener;
 pub mod nsid;
 mod routes;
+mod users;
 
 use std::{
     fs::File,
@@ -36,6 +37,8 @@ pub enum NetnsError {
         "network namespace {path}: this kernel cannot tell a namespace's cookie (SO_NETNS_COOKIE needs Linux 5.14), which the eBPF backend needs; use the iptables backend (--mode iptables or auto)"
     )]
     NoCookie { path: PathBuf },
+    #[error("the user namespace of network namespace {path}: {reason}")]
+    IdMap { path: PathBuf, reason: String },
     #[error("{call} in network namespace {path}: {source}")]
     Syscall {
         call: &'static str,

@@ -20,7 +20,7 @@ use std::{
 use interceptor_common::NetnsCookie;
 
 use crate::{
-    config::InterceptionConfig,
+    config::{InterceptionConfig, user_ids::HostIds},
     netns::{LocalDestinations, NetnsError, PodNetns},
 };
 
@@ -115,6 +115,9 @@ pub struct Wanted<'a> {
     /// Its namespace, opened once by whoever identified the pod.
     pub netns: &'a PodNetns,
     pub config: &'a InterceptionConfig,
+    /// The configuration's proxy UID and GID as the host's kernel knows them, translated
+    /// through the pod's user namespace when it has its own (`PodNetns::users`).
+    pub host_ids: HostIds,
     pub local: &'a LocalDestinations,
 }
 
@@ -125,6 +128,8 @@ pub struct Pod<W> {
     pub netns: PathBuf,
     /// The configuration asked for (what its record keeps).
     pub config: InterceptionConfig,
+    /// Its proxy ids as the host knows them (see [`Wanted::host_ids`]).
+    pub host_ids: HostIds,
     /// Its addresses and `local` routes, as written.
     pub local: LocalDestinations,
     pub written: W,
@@ -237,6 +242,7 @@ impl<B: Interception, F> PodTable<B, F> {
         let pod = Pod {
             netns: path.to_owned(),
             config: wanted.config.clone(),
+            host_ids: wanted.host_ids,
             local: wanted.local.clone(),
             written,
         };
@@ -313,6 +319,7 @@ impl<B: Interception, F> PodTable<B, F> {
         let pod = Pod {
             netns: path.to_owned(),
             config: wanted.config.clone(),
+            host_ids: wanted.host_ids,
             local: adopted.local,
             written: adopted.written,
         };

@@ -120,6 +120,7 @@ fn an_entry_changes_only_once_its_backend_has_put_the_change_in_force() {
     let wanted = |config| Wanted {
         netns: &netns,
         config,
+        host_ids: HostIds::of_host_pod(config),
         local: &local,
     };
     let key = NetnsCookie(7);

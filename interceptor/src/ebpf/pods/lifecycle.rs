@@ -46,7 +46,7 @@ impl PodWriter {
     ) -> Result<EbpfWritten, EbpfError> {
         let written = &mut before.written;
         let in_force = InForce {
-            config: Some(written.in_force(&before.config, &before.local)),
+            config: Some(written.in_force(&before.config, before.host_ids, &before.local)),
             subnets: std::mem::take(&mut written.subnets),
         };
         let inbound = written.inbound.take();
@@ -120,7 +120,7 @@ impl PodWriter {
         }
         let routes: BTreeSet<IpNet> = local.routes.iter().copied().collect();
         let written = &mut pod.written;
-        let in_force = written.in_force(&pod.config, &pod.local);
+        let in_force = written.in_force(&pod.config, pod.host_ids, &pod.local);
         let mut config = in_force;
         write_local(&mut config, &wanted, !routes.is_empty());
         let before = InForce {

@@ -29,7 +29,7 @@ use super::{
     maps::{PodMaps, map_error},
     pod_lookup::PodLookupLoader,
 };
-use crate::config::InterceptionConfig;
+use crate::config::{InterceptionConfig, user_ids::HostIds};
 
 mod entries;
 mod inspect;
@@ -119,6 +119,7 @@ impl EbpfWritten {
     pub(super) fn in_force(
         &self,
         config: &InterceptionConfig,
+        host_ids: HostIds,
         local: &LocalDestinations,
     ) -> PodConfig {
         match &self.kept_in_force {
@@ -126,6 +127,7 @@ impl EbpfWritten {
             None => pod_config(
                 self.slot,
                 config,
+                host_ids,
                 &local.addresses.iter().copied().collect(),
                 !local.routes.is_empty(),
             ),

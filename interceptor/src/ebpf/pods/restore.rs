@@ -56,7 +56,7 @@ impl PodWriter {
                     Some(in_force)
                         if bytemuck::bytes_of(&without_addresses(in_force))
                             != bytemuck::bytes_of(&without_addresses(
-                                written.in_force(wanted.config, wanted.local),
+                                written.in_force(wanted.config, wanted.host_ids, wanted.local),
                             )) =>
                     {
                         Some("the maps held another configuration than its record's (a change cut short): the record's is applied".to_owned())

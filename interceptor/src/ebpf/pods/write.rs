@@ -67,7 +67,13 @@ impl PodWriter {
             },
         };
         crash_point!("pod-inbound-attached");
-        let config = pod_config(slot, wanted.config, &addresses, !local_routes.is_empty());
+        let config = pod_config(
+            slot,
+            wanted.config,
+            wanted.host_ids,
+            &addresses,
+            !local_routes.is_empty(),
+        );
         let switched = self
             .mark_outbound_port(config.outbound_port)
             .and_then(|()| self.switch(cookie, before, &subnets, config));
