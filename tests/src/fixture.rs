@@ -35,6 +35,48 @@ impl Netns {
         netns
     }
 
+    /// A network namespace owned by a user namespace of its own whose ids 0-65535 are the
+    /// host's [`POD_USERS_ON_HOST`] on (what the kubelet makes for `hostUsers: false`). Made by a
+    /// child that unshares both, whose maps this process writes (as a runtime does), then named
+    /// with `ip netns attach`: the network namespace keeps its user namespace alive.
+    pub fn with_own_users(tag: &str) -> Self {
+        use std::os::unix::fs::MetadataExt as _;
+        let name = unique_name(tag);
+        let mut child = Command::new("unshare")
+            .args(["--user", "--net", "sleep", "60"])
+            .spawn()
+            .expect("unshare");
+        let ours = std::fs::metadata("/proc/self/ns/net").expect("our netns").ino();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // unshare makes the namespaces, then runs sleep: wait for the first.
+        loop {
+            let theirs = std::fs::metadata(format!("/proc/{}/ns/net", child.id()));
+            if theirs.is_ok_and(|m| m.ino() != ours) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "unshare never made its namespaces");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let map = format!("0 {POD_USERS_ON_HOST} 65536\n");
+        for file in ["uid_map", "gid_map"] {
+            std::fs::write(format!("/proc/{}/{file}", child.id()), &map)
+                .unwrap_or_else(|e| panic!("writing the pod's {file}: {e}"));
+        }
+        let pid = child.id().to_string();
+        let attached = Command::new("ip").args(["netns", "attach", &name, &pid]).output();
+        let _ = child.kill();
+        let _ = child.wait();
+        let out = attached.expect("ip netns attach");
+        assert!(
+            out.status.success(),
+            "ip netns attach: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let netns = Self { name };
+        netns.ip(&["link", "set", "lo", "up"]);
+        netns
+    }
+
     pub fn path(&self) -> PathBuf {
         netns_path(&self.name)
     }
@@ -260,13 +302,25 @@ pub struct PodFixture {
 }
 
 pub const POD_ADDR: &str = "10.77.0.1";
+/// The host's id of id 0 of a pod with a user namespace of its own ([`Netns::with_own_users`]):
+/// its proxy's 2102 is the host's 202102.
+pub const POD_USERS_ON_HOST: u32 = 200_000;
 pub const REMOTE_ADDR: &str = "10.77.0.2";
 pub const POD_ADDR6: &str = "fd77::1";
 pub const REMOTE_ADDR6: &str = "fd77::2";
 
 impl PodFixture {
     pub fn new(tag: &str) -> Self {
-        let pod = Netns::new(tag);
+        Self::around(Netns::new(tag), tag)
+    }
+
+    /// The standard pod with a user namespace of its own ([`Netns::with_own_users`]): its
+    /// processes run in it, with the ids they are given as the pod's ids.
+    pub fn with_own_users(tag: &str) -> Self {
+        Self::around(Netns::with_own_users(tag), tag)
+    }
+
+    fn around(pod: Netns, tag: &str) -> Self {
         let remote = Netns::new(&format!("{tag}-remote"));
         pod.veth_to(
             &[&format!("{POD_ADDR}/24"), &format!("{POD_ADDR6}/64")],

@@ -58,6 +58,13 @@ impl Probe {
         self
     }
 
+    /// Supplementary groups (none unless given).
+    pub fn groups(mut self, groups: &[u32]) -> Self {
+        let list: Vec<String> = groups.iter().map(u32::to_string).collect();
+        self.context.extend(["--groups".into(), list.join(",")]);
+        self
+    }
+
     fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(netprobe_path());
         cmd.args(&self.context).args(args);

@@ -509,12 +509,16 @@ pub trait Backend {
 
 /// Runs one scenario against a backend, on a fresh pod, with connections of `family`.
 pub fn run(backend: &dyn Backend, scenario: &Scenario, family: Family) {
+    run_in(backend, scenario, family, PodFixture::new("scn"));
+}
+
+/// [`run`], in the pod `fixture` (one with a user namespace of its own, say).
+pub fn run_in(backend: &dyn Backend, scenario: &Scenario, family: Family, fixture: PodFixture) {
     assert!(
         !(scenario.ipv4_only && family == Family::Ipv6),
         "scenario {} is IPv4 only",
         scenario.name
     );
-    let fixture = PodFixture::new("scn");
     let _servers = Servers::start(&fixture);
     let mut config = linkerd_config();
     family.configure(&mut config);

@@ -26,6 +26,7 @@ pub const TARGETS: &[&str] = &[
     "annotations",
     "pod_record",
     "kube_pod",
+    "id_map",
 ];
 
 /// Each target's time in `cargo xtask test`. Measured on two cores shared with other builds

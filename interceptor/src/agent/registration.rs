@@ -222,6 +222,8 @@ impl Agent {
                 Some(existing) => {
                     let before = PodAsked {
                         config: &existing.config,
+                        // A record built from the table always has them.
+                        host_ids: existing.host_ids.unwrap_or(pod.host_ids),
                         ..*pod
                     };
                     self.pods

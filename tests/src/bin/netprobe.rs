@@ -22,7 +22,7 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: netprobe [--netns PATH] [--cgroup DIR] [--uid N] [--gid N] COMMAND\n\
+        "usage: netprobe [--netns PATH] [--cgroup DIR] [--uid N] [--gid N] [--groups G,...] COMMAND\n\
          commands:\n  \
            proxy ADDR... [--name N] [--no-orig] [--ask-ipv6] [--inline] [--v6only]  accept, answer with SO_ORIGINAL_DST\n  \
            server ADDR... [--name N] [--v6only] [--close]  accept, answer who it is\n  \
@@ -76,26 +76,49 @@ fn die(what: &str, e: impl std::fmt::Display) -> ! {
     std::process::exit(1)
 }
 
-/// Enters netns, then cgroup, then drops to uid/gid: the order a container runtime uses.
+/// Enters netns, then cgroup, then the user namespace that owns the netns where it is not
+/// ours (a pod with `hostUsers: false`: its processes are in it, and the ids below are its),
+/// then drops to uid/gid and the supplementary groups: the order a container runtime uses.
 fn enter_context(args: &mut Vec<String>) {
     let netns = take_opt(args, "--netns");
     let cgroup = take_opt(args, "--cgroup");
     let uid = take_opt(args, "--uid").map(|u| u.parse::<u32>().unwrap_or_else(|e| die("--uid", e)));
     let gid = take_opt(args, "--gid").map(|g| g.parse::<u32>().unwrap_or_else(|e| die("--gid", e)));
+    let groups: Vec<libc::gid_t> = take_opt(args, "--groups")
+        .map(|list| {
+            list.split(',')
+                .map(|g| g.parse().unwrap_or_else(|e| die("--groups", e)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut userns = None;
     if let Some(netns) = netns {
         let f = std::fs::File::open(&netns).unwrap_or_else(|e| die(&netns, e));
         // SAFETY: setns on a valid fd; this process is single-threaded here.
         if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
             die("setns", std::io::Error::last_os_error());
         }
+        let owner = interceptor_sys::userns::owning_user_namespace(std::os::fd::AsFd::as_fd(&f))
+            .unwrap_or_else(|e| die("NS_GET_USERNS", e));
+        let own = interceptor_sys::userns::is_own_user_namespace(std::os::fd::AsFd::as_fd(&owner))
+            .unwrap_or_else(|e| die("its user namespace", e));
+        userns = (!own).then_some(owner);
     }
     if let Some(cgroup) = cgroup {
         let procs = PathBuf::from(&cgroup).join("cgroup.procs");
         std::fs::write(&procs, std::process::id().to_string()).unwrap_or_else(|e| die(&cgroup, e));
     }
-    // SAFETY: plain credential syscalls.
+    // SAFETY: setns on a valid fd (single-threaded, as joining a user namespace needs), then
+    // plain credential syscalls.
     unsafe {
-        if (uid.is_some() || gid.is_some()) && libc::setgroups(0, std::ptr::null()) != 0 {
+        if let Some(userns) = &userns
+            && libc::setns(userns.as_raw_fd(), libc::CLONE_NEWUSER) != 0
+        {
+            die("setns(CLONE_NEWUSER)", std::io::Error::last_os_error());
+        }
+        if (uid.is_some() || gid.is_some() || !groups.is_empty() || userns.is_some())
+            && libc::setgroups(groups.len(), groups.as_ptr()) != 0
+        {
             die("setgroups", std::io::Error::last_os_error());
         }
         if let Some(gid) = gid

@@ -161,6 +161,21 @@ pub const RUNS: &[TestRun] = &[
         skip: &[EBPF_TAKEOVER],
         ..run("agent_iptables", &[], Features::Native, Needs::NoEbpf)
     },
+    // Pods with a user namespace of their own (`hostUsers: false`): proxy-init's chains written
+    // from inside it on every kernel, the programs comparing the ids translated out of it
+    // wherever they run; the agent meshing such a pod through the CNI plugin with each.
+    run(
+        "user_namespaces",
+        &["iptables_legacy::", "iptables_agent"],
+        Features::Native,
+        Needs::Any,
+    ),
+    run(
+        "user_namespaces",
+        &["ebpf::", "ebpf_agent"],
+        Features::Native,
+        Needs::Ebpf,
+    ),
     full(run("socket_paths", &[], Features::Native, Needs::Ebpf)),
     full(run(
         "outbound_ebpf",
