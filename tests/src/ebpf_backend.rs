@@ -1,4 +1,9 @@
 //! The eBPF backend, driven in-process through the same library calls `interceptor run` makes.
+use std::sync::{
+    Arc, Mutex,
+    atomic::{AtomicBool, Ordering},
+};
+
 use interceptor::{
     config::InterceptionConfig,
     ebpf::{EbpfPods, LoadOptions},
@@ -82,4 +87,101 @@ pub fn foreign_program() -> std::os::fd::OwnedFd {
         license: c"GPL",
     })
     .expect("load the foreign program")
+}
+
+/// The eBPF backend as `interceptor run` (or the node agent) keeps pods: it follows each pod's
+/// addresses and local routes by netlink events (`PodNetns::address_changes`) and puts what
+/// changed in force (`set_local`), so a route added after a pod is meshed is learnt. Stops
+/// following and detaches when dropped.
+pub struct Following {
+    node: Arc<Mutex<EbpfPods>>,
+    cookies: Vec<interceptor_common::NetnsCookie>,
+    stop: Arc<AtomicBool>,
+    watchers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Following {
+    /// One node for `pods`, its programs attached to the first pod's cgroup (where the others'
+    /// processes run too, as pods share a node's cgroup).
+    pub fn attach(pods: &[(&PodFixture, &InterceptionConfig)]) -> Self {
+        let mut node = load(options());
+        let cookies: Vec<_> = pods
+            .iter()
+            .map(|(fixture, config)| register(&mut node, &fixture.pod, config))
+            .collect();
+        attach(&mut node, &pods[0].0.cgroup.path);
+        let node = Arc::new(Mutex::new(node));
+        let stop = Arc::new(AtomicBool::new(false));
+        let watchers =
+            pods.iter()
+                .zip(&cookies)
+                .map(|((fixture, _), cookie)| {
+                    let netns = PodNetns::open(&fixture.pod.path()).expect("open pod netns");
+                    let changes =
+                        std::fs::File::from(netns.address_changes().unwrap_or_else(|e| {
+                            panic!("follow the pod's addresses and routes: {e}")
+                        }));
+                    let (node, stop, cookie) = (Arc::clone(&node), Arc::clone(&stop), *cookie);
+                    std::thread::spawn(move || follow(&netns, changes, &node, cookie, &stop))
+                })
+                .collect();
+        Self {
+            node,
+            cookies,
+            stop,
+            watchers,
+        }
+    }
+
+    /// The `local` routes the entry of the `index`th pod holds now.
+    pub fn local_routes(&self, index: usize) -> Vec<ipnet::IpNet> {
+        let node = self.node.lock().expect("the node's lock");
+        node.get(self.cookies[index])
+            .map(|entry| entry.pod.local.routes.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// `interceptor run`'s loop: on every event, the namespace's addresses and local routes again.
+fn follow(
+    netns: &PodNetns,
+    mut changes: std::fs::File,
+    node: &Mutex<EbpfPods>,
+    cookie: interceptor_common::NetnsCookie,
+    stop: &AtomicBool,
+) {
+    use std::{io::Read as _, os::fd::AsRawFd as _};
+    let mut buf = [0u8; 16 * 1024];
+    while !stop.load(Ordering::Relaxed) {
+        let mut pollfd = libc::pollfd {
+            fd: changes.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; a tenth of a second, to see `stop` soon after it is set.
+        if unsafe { libc::poll(&mut pollfd, 1, 100) } != 1 {
+            continue;
+        }
+        if changes.read(&mut buf).is_err() {
+            return;
+        }
+        let local = netns
+            .local_destinations()
+            .unwrap_or_else(|e| panic!("the pod's addresses and local routes: {e}"));
+        node.lock()
+            .expect("the node's lock")
+            .set_local(cookie, &local)
+            .unwrap_or_else(|e| panic!("set the pod's addresses and local routes: {e}"));
+    }
+}
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for watcher in self.watchers.drain(..) {
+            if watcher.join().is_err() && !std::thread::panicking() {
+                panic!("following a pod's addresses and routes failed (its panic is above)");
+            }
+        }
+    }
 }

@@ -26,6 +26,7 @@ pub mod node_image;
 pub mod podman;
 pub mod probe;
 pub mod program;
+pub mod proxy_init;
 pub mod random;
 pub mod scenario;
 pub mod sockets;

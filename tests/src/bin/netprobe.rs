@@ -32,7 +32,7 @@ fn usage() -> ! {
            bench ADDR... --seconds S [--threads T] connect in a loop for S seconds, print the rate\n  \
            udp-server ADDR | udp-send ADDR MSG\n  \
            probes  one connection per stdin line: ADDR [--via PATH] [--bind ADDR]\n  \
-             [--creds R:E:RG:EG] [--socket-creds R:E:RG:EG]; also reads to the end and\n  \
+             [--creds R:E:RG:EG] [--socket-creds R:E:RG:EG] [--groups G,...]; also reads to the end and\n  \
              prints getpeername() after the peer's close (app_peer_after=)"
     );
     std::process::exit(2)
@@ -690,15 +690,21 @@ impl Creds {
     }
 }
 
+/// The supplementary groups (as root).
+fn set_groups(groups: &[libc::gid_t]) {
+    // SAFETY: a valid array of `groups.len()` GIDs.
+    if unsafe { libc::setgroups(groups.len(), groups.as_ptr()) } != 0 {
+        die("setgroups", std::io::Error::last_os_error());
+    }
+}
+
 /// `probes`: one connection per line of stdin, each with its own credentials for creating the
 /// socket and for connecting it (so one process in the pod runs every probe of a random
 /// configuration), printing one line each with `getpeername()` before and after the peer's
 /// close. Started as root in its namespace and cgroup, without `--uid`/`--gid`.
 fn probes_cmd() {
-    // SAFETY: dropping supplementary groups, so only the probe's own GIDs count.
-    if unsafe { libc::setgroups(0, std::ptr::null()) } != 0 {
-        die("setgroups", std::io::Error::last_os_error());
-    }
+    // Only the probe's own GIDs count, and the supplementary groups a line gives.
+    set_groups(&[]);
     for line in std::io::stdin().lines() {
         let line = line.unwrap_or_else(|e| die("stdin", e));
         let mut args: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
@@ -710,7 +716,13 @@ fn probes_cmd() {
         let creds = take_opt(&mut args, "--creds").map_or(Creds::ROOT, |c| Creds::parse(&c));
         let socket_creds =
             take_opt(&mut args, "--socket-creds").map_or(creds, |c| Creds::parse(&c));
+        let groups: Vec<libc::gid_t> = take_opt(&mut args, "--groups").map_or_else(Vec::new, |g| {
+            g.split(',')
+                .map(|id| id.parse().unwrap_or_else(|e| die("--groups", e)))
+                .collect()
+        });
         let target = parse_addr(&args[0]);
+        set_groups(&groups);
         socket_creds.enter();
         let result = open_socket(target, via).and_then(|socket| {
             // A blocking connect gives up after 5 s, as the other paths do, not the kernel's
@@ -720,6 +732,7 @@ fn probes_cmd() {
             finish_connect(socket, target, bind, false, via, true)
         });
         Creds::ROOT.enter();
+        set_groups(&[]);
         match result {
             Ok(line) => println!("{line}"),
             Err(e) => println!("error={e}"),

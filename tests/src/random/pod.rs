@@ -5,7 +5,8 @@
 //! - the pod: a second interface (`eth1`, 10.250.65.1/24, fd65::1/64; a veth pair whose both
 //!   ends are in the pod, as the test kernels may have no dummy driver), whose address is the
 //!   pod's own but not on eth0; an AnyIP `local` route on lo (10.250.64.0/24, fd64::/64): no
-//!   address, yet routed over lo, which proxy-init's `-o lo -j RETURN` exempts;
+//!   address, yet routed over lo, which proxy-init's `-o lo -j RETURN` exempts; and another
+//!   one (10.250.66.0/24, fd66::/64) added after the pod is meshed;
 //! - the remote host: more addresses to connect from (10.250.61.1, 10.250.62.1, fd61::1,
 //!   fd62::1, fd63::1 on its lo, and its documentation ranges), the clients in and out of the subnets a
 //!   configuration ignores, and a route back to the pod's eth1.
@@ -47,6 +48,12 @@ pub const OWN: [Pair; 2] = [("10.77.0.1", "fd77::1"), ("10.250.65.1", "fd65::1")
 /// An address of the pod's AnyIP `local` route on lo.
 pub const ANYIP: Pair = ("10.250.64.5", "fd64::5");
 
+/// An address of the AnyIP `local` route added once the pod is meshed ([`RandomPod::add_late_route`]).
+pub const LATE_ANYIP: Pair = ("10.250.66.5", "fd66::5");
+
+/// The routes [`RandomPod::add_late_route`] adds.
+pub const LATE_ROUTES: [&str; 2] = ["10.250.66.0/24", "fd66::/64"];
+
 /// Loopback, the second loopback address (IPv4 has 127.0.0.0/8) and the unspecified address,
 /// which the kernel connects to loopback.
 pub const LOOPBACK: [Pair; 3] = [
@@ -71,8 +78,28 @@ pub struct RandomPod {
 }
 
 impl RandomPod {
-    pub fn new(config: &InterceptionConfig) -> Self {
-        let fixture = PodFixture::new("rnd");
+    /// The pod for `config`, its proxy's inbound listener only if `inbound_listening` (without
+    /// it, what is steered inbound must fail, on every backend).
+    pub fn new(config: &InterceptionConfig, inbound_listening: bool) -> Self {
+        Self::with_fixture(PodFixture::new("rnd"), config, inbound_listening)
+    }
+
+    /// Another pod of the node, with the same addresses in a namespace of its own, whose
+    /// processes run in `first`'s cgroup, as a node's pods share the cgroup the programs are
+    /// attached to.
+    pub fn next_to(first: &RandomPod, config: &InterceptionConfig) -> Self {
+        Self::with_fixture(
+            PodFixture::new("rnd2").share_cgroup_with(&first.fixture),
+            config,
+            true,
+        )
+    }
+
+    fn with_fixture(
+        fixture: PodFixture,
+        config: &InterceptionConfig,
+        inbound_listening: bool,
+    ) -> Self {
         fixture.pod.ip_batch(
             "link add eth1 type veth peer name eth1-end\n\
              addr add 10.250.65.1/24 dev eth1\n\
@@ -117,18 +144,29 @@ impl RandomPod {
             "--name",
             "outbound",
         ]));
-        listeners.push(proxy.listen(&[
-            "proxy",
-            &format!("0.0.0.0:{inb}"),
-            &format!("[::]:{inb}"),
-            "--v6only",
-            "--close",
-            "--name",
-            "inbound",
-        ]));
+        if inbound_listening {
+            listeners.push(proxy.listen(&[
+                "proxy",
+                &format!("0.0.0.0:{inb}"),
+                &format!("[::]:{inb}"),
+                "--v6only",
+                "--close",
+                "--name",
+                "inbound",
+            ]));
+        }
         Self {
             fixture,
             _listeners: listeners,
         }
+    }
+
+    /// An AnyIP `local` route on lo ([`LATE_ROUTES`]), added once a backend is attached: the
+    /// eBPF backend learns it by netlink events, iptables' `-o lo` sees it at once.
+    pub fn add_late_route(&self) {
+        self.fixture.pod.ip_batch(&format!(
+            "route add local {} dev lo\nroute add local {} dev lo\n",
+            LATE_ROUTES[0], LATE_ROUTES[1]
+        ));
     }
 }

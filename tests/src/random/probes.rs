@@ -4,7 +4,7 @@ use fastrand::Rng;
 use interceptor::config::InterceptionConfig;
 
 use super::pod::{
-    ANYIP, APP_PORTS, CLIENT_SOURCES, CLOSED_PORT, LOOPBACK, OWN, Pair, REMOTE_TARGETS,
+    ANYIP, APP_PORTS, CLIENT_SOURCES, CLOSED_PORT, LATE_ANYIP, LOOPBACK, OWN, Pair, REMOTE_TARGETS,
 };
 use crate::scenario::{APP_UID, PROXY_GID, PROXY_UID};
 
@@ -15,6 +15,19 @@ pub enum Place {
     Pod,
     /// The remote host: inbound.
     Remote,
+    /// The app of a second pod of the node, meshed with another configuration.
+    SecondPod,
+    /// The second pod's remote host.
+    SecondRemote,
+}
+
+impl Place {
+    pub const ALL: [Place; 4] = [
+        Place::Pod,
+        Place::Remote,
+        Place::SecondPod,
+        Place::SecondRemote,
+    ];
 }
 
 #[derive(Clone, Debug)]
@@ -64,32 +77,41 @@ impl Family {
 }
 
 /// The IDs a probe runs with: `R:E:RG:EG` to connect, and to create the socket when that
-/// differs (the process changed its IDs in between).
+/// differs (the process changed its IDs in between), and its supplementary groups.
 struct Who {
     name: &'static str,
     creds: [u32; 4],
     socket_creds: Option<[u32; 4]>,
+    groups: Option<u32>,
 }
 
 /// Every identity an outbound probe takes: the app, root, the proxy's UID and GID, IDs whose
 /// real and effective values differ (iptables' owner match reads the socket file's, which
 /// follow the effective IDs; a program may read the real ones), and sockets made under other
 /// IDs than those that connect them.
-fn identities(config: &InterceptionConfig) -> Vec<Who> {
+fn identities(config: &InterceptionConfig, other: Option<&InterceptionConfig>) -> Vec<Who> {
     let (app, uid) = (APP_UID, config.proxy_uid.unwrap_or(PROXY_UID));
     let gid = config.proxy_gid.unwrap_or(PROXY_GID);
     let who = |name, creds| Who {
         name,
         creds,
         socket_creds: None,
+        groups: None,
     };
     let switched = |name, socket_creds, creds| Who {
         name,
         creds,
         socket_creds: Some(socket_creds),
+        groups: None,
+    };
+    // The proxy's GID only among the supplementary groups: iptables' `--gid-owner` (without
+    // `--suppl-groups`) reads the socket's file-system GID alone.
+    let supplementary = |name, creds| Who {
+        groups: Some(gid),
+        ..who(name, creds)
     };
     let app_ids = [app, app, app, app];
-    vec![
+    let mut identities = vec![
         who("app", app_ids),
         who("app", app_ids),
         who("root", [0; 4]),
@@ -119,7 +141,19 @@ fn identities(config: &InterceptionConfig) -> Vec<Who> {
             [app, app, gid, gid],
             app_ids,
         ),
-    ]
+        supplementary("app-in-proxy-gid-supplementary", app_ids),
+        supplementary("proxy-uid-in-proxy-gid-supplementary", [uid, uid, app, app]),
+    ];
+    // The other pod's proxy IDs, which must mean nothing here.
+    if let Some(other) = other {
+        let (uid, gid) = (
+            other.proxy_uid.unwrap_or(PROXY_UID),
+            other.proxy_gid.unwrap_or(PROXY_GID),
+        );
+        identities.push(who("other-pods-proxy-uid", [uid, uid, app, app]));
+        identities.push(who("other-pods-proxy-gid", [app, app, gid, gid]));
+    }
+    identities
 }
 
 fn ids(creds: [u32; 4]) -> String {
@@ -130,27 +164,41 @@ fn pick<T: Copy>(rng: &mut Rng, items: &[T]) -> T {
     items[rng.usize(..items.len())]
 }
 
-/// `count` outbound probes from the pod.
-pub fn outbound(rng: &mut Rng, config: &InterceptionConfig, count: usize) -> Vec<RandomProbe> {
-    let identities = identities(config);
+/// `count` outbound probes from the pod (`place`: the first pod's or the second's), under
+/// `config`; `other` is the other pod's configuration, whose exemptions must not apply here.
+pub fn outbound(
+    rng: &mut Rng,
+    place: Place,
+    config: &InterceptionConfig,
+    other: Option<&InterceptionConfig>,
+    count: usize,
+) -> Vec<RandomProbe> {
+    let identities = identities(config, other);
+    let ports: Vec<u16> = APP_PORTS
+        .iter()
+        .copied()
+        .chain(other.map(|o| o.outgoing_proxy_port))
+        .collect();
     (0..count)
         .map(|_| {
             let who = &identities[rng.usize(..identities.len())];
-            let (place, pair) = match rng.u8(..10) {
-                0..5 => ("remote", pick(rng, &REMOTE_TARGETS)),
-                5..7 => ("own", pick(rng, &OWN)),
-                7..8 => ("anyip", ANYIP),
+            let (target_kind, pair) = match rng.u8(..20) {
+                0..10 => ("remote", pick(rng, &REMOTE_TARGETS)),
+                10..14 => ("own", pick(rng, &OWN)),
+                14..15 => ("anyip", ANYIP),
+                15..16 => ("anyip-added-after-meshing", LATE_ANYIP),
                 _ => ("loopback", pick(rng, &LOOPBACK)),
             };
             // Now and then the proxy's own outbound port on another host.
-            let port = if place == "remote" && rng.u8(..10) == 0 {
+            let port = if target_kind == "remote" && rng.u8(..10) == 0 {
                 config.outgoing_proxy_port
             } else {
-                pick(rng, &APP_PORTS)
+                pick(rng, &ports)
             };
             let via = match rng.u8(..10) {
-                0..6 => "connect",
-                6..8 => "nonblocking",
+                0..5 => "connect",
+                5..7 => "nonblocking",
+                7..8 => "io-uring",
                 _ => "fastopen-sendto",
             };
             let target = Family::draw(rng).addr(pair, port);
@@ -158,10 +206,13 @@ pub fn outbound(rng: &mut Rng, config: &InterceptionConfig, count: usize) -> Vec
             if let Some(socket) = who.socket_creds {
                 line.push_str(&format!(" --socket-creds {}", ids(socket)));
             }
+            if let Some(group) = who.groups {
+                line.push_str(&format!(" --groups {group}"));
+            }
             let creator = who.socket_creds.unwrap_or(who.creds);
             RandomProbe {
-                place: Place::Pod,
-                kind: format!("out/{}/{place}", who.name),
+                place,
+                kind: format!("{}out/{}/{target_kind}", prefix(place), who.name),
                 line,
                 task_ids_differ: (who.creds[0], who.creds[2]) != (creator[1], creator[3]),
             }
@@ -169,9 +220,23 @@ pub fn outbound(rng: &mut Rng, config: &InterceptionConfig, count: usize) -> Vec
         .collect()
 }
 
-/// `count` inbound probes from the remote host, from sources in and out of the ignored
-/// subnets, to the pod's addresses on ignored, redirected, proxy and other ports.
-pub fn inbound(rng: &mut Rng, config: &InterceptionConfig, count: usize) -> Vec<RandomProbe> {
+fn prefix(place: Place) -> &'static str {
+    match place {
+        Place::Pod | Place::Remote => "",
+        Place::SecondPod | Place::SecondRemote => "second-pod/",
+    }
+}
+
+/// `count` inbound probes from the remote host (`place`: the first pod's or the second's),
+/// from sources in and out of the ignored subnets, to the pod's addresses on ignored,
+/// redirected, proxy and other ports, and on the other pod's (`other`).
+pub fn inbound(
+    rng: &mut Rng,
+    place: Place,
+    config: &InterceptionConfig,
+    other: Option<&InterceptionConfig>,
+    count: usize,
+) -> Vec<RandomProbe> {
     let mut ports: Vec<(&'static str, u16)> = vec![
         ("proxy-inbound-port", config.incoming_proxy_port),
         ("proxy-outbound-port", config.outgoing_proxy_port),
@@ -187,6 +252,22 @@ pub fn inbound(rng: &mut Rng, config: &InterceptionConfig, count: usize) -> Vec<
             .filter(|p| APP_PORTS.contains(p))
             .map(|p| ("ignored", p)),
     );
+    if let Some(other) = other {
+        ports.push(("other-pods-inbound-port", other.incoming_proxy_port));
+        ports.extend(
+            other
+                .inbound_ports_to_ignore
+                .ports()
+                .filter(|p| APP_PORTS.contains(p))
+                .map(|p| ("other-pods-ignored", p)),
+        );
+        ports.extend(
+            other
+                .ports_to_redirect
+                .iter()
+                .map(|p| ("other-pods-to-redirect", *p)),
+        );
+    }
     (0..count)
         .map(|_| {
             let (kind, port) = if rng.bool() {
@@ -197,14 +278,14 @@ pub fn inbound(rng: &mut Rng, config: &InterceptionConfig, count: usize) -> Vec<
             let family = Family::draw(rng);
             let target = family.addr(pick(rng, &OWN), port);
             let source = family.addr(pick(rng, &CLIENT_SOURCES), 0);
-            let via = if rng.u8(..4) == 0 {
-                "nonblocking"
-            } else {
-                "connect"
+            let via = match rng.u8(..8) {
+                0 | 1 => "nonblocking",
+                2 => "io-uring",
+                _ => "connect",
             };
             RandomProbe {
-                place: Place::Remote,
-                kind: format!("in/{kind}"),
+                place,
+                kind: format!("{}in/{kind}", prefix(place)),
                 line: format!("{target} --via {via} --bind {source}"),
                 task_ids_differ: false,
             }
