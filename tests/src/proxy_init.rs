@@ -667,10 +667,28 @@ pub fn configure(netns: &Path, flags: &[String]) -> Result<Vec<String>, String> 
     Ok(ran)
 }
 
+/// `nsenter --net=NS -- BINARY ARGS`, as linkerd-cni runs proxy-init. For a pod with a user
+/// namespace of its own, which linkerd-cni cannot mesh (`xt_owner` refuses an owner match
+/// written from outside it), as the pod's `linkerd-init` container runs it instead: inside that
+/// user namespace too, as the pod's root (`nsenter --user` sets uid and gid 0), with an xtables
+/// lock of its own, as a container has its own `/run`.
 fn nsenter(netns: &Path, binary: &str, args: &[String]) -> Result<String, String> {
     let shown = format!("{binary} {}", args.join(" "));
-    let out = Command::new("nsenter")
-        .arg(format!("--net={}", netns.display()))
+    let mut command = Command::new("nsenter");
+    command.arg(format!("--net={}", netns.display()));
+    let pod_users = pod_user_namespace(netns)?;
+    let lock = pod_users.as_ref().map(|_| LockOfItsOwn::new());
+    if let (Some(userns), Some(lock)) = (&pod_users, &lock) {
+        use std::os::fd::AsRawFd as _;
+        command
+            .arg(format!(
+                "--user=/proc/{}/fd/{}",
+                std::process::id(),
+                userns.as_raw_fd()
+            ))
+            .env("XTABLES_LOCKFILE", &lock.0);
+    }
+    let out = command
         .arg("--")
         .arg(binary)
         .args(args)
@@ -685,6 +703,37 @@ fn nsenter(netns: &Path, binary: &str, args: &[String]) -> Result<String, String
         ));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The user namespace that owns the network namespace at `netns`, unless it is ours.
+fn pod_user_namespace(netns: &Path) -> Result<Option<std::os::fd::OwnedFd>, String> {
+    use std::os::fd::AsFd as _;
+    let file = std::fs::File::open(netns).map_err(|e| format!("{}: {e}", netns.display()))?;
+    let userns = interceptor_sys::userns::owning_user_namespace(file.as_fd())
+        .map_err(|e| format!("NS_GET_USERNS on {}: {e}", netns.display()))?;
+    let ours = interceptor_sys::userns::is_own_user_namespace(userns.as_fd())
+        .map_err(|e| format!("{}'s user namespace: {e}", netns.display()))?;
+    Ok((!ours).then_some(userns))
+}
+
+/// A lock file the pod's root may open (the host's `/run/xtables.lock` is not its own); removed
+/// when dropped.
+struct LockOfItsOwn(std::path::PathBuf);
+
+impl LockOfItsOwn {
+    fn new() -> Self {
+        let path = std::env::temp_dir().join(crate::unique_name("xtables-lock"));
+        std::fs::write(&path, "").expect("an xtables lock file");
+        let root = crate::fixture::POD_USERS_ON_HOST;
+        std::os::unix::fs::chown(&path, Some(root), Some(root)).expect("chown the lock file");
+        Self(path)
+    }
+}
+
+impl Drop for LockOfItsOwn {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// `<save> -t nat` as the tables compare it: without the `#` lines (the save's time) and the

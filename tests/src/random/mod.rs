@@ -42,6 +42,10 @@ pub struct Drawn {
     /// may apply to the other's connections.
     pub second: Option<(Vec<String>, InterceptionConfig)>,
     pub probes: Vec<RandomProbe>,
+    /// Now and then the (first) pod has a user namespace of its own (`hostUsers: false`): its
+    /// processes, the probes' ids and the configuration's are the pod's, and proxy-init's rules
+    /// are written as its `linkerd-init` would write them, from inside it.
+    pub own_users: bool,
 }
 
 impl Drawn {
@@ -75,6 +79,8 @@ impl Drawn {
                 SECOND_INBOUND_PROBES,
             ));
         }
+        // Drawn last, so the draws above are those a seed gave before it existed.
+        let own_users = rng.u8(..4) == 0;
         Self {
             seed,
             args,
@@ -82,6 +88,7 @@ impl Drawn {
             inbound_listening,
             second,
             probes,
+            own_users,
         }
     }
 
@@ -90,6 +97,9 @@ impl Drawn {
         let mut flags = self.args.join(" ");
         if !self.inbound_listening {
             flags.push_str(" (the proxy's inbound port not listening)");
+        }
+        if self.own_users {
+            flags.push_str(" (the pod in a user namespace of its own)");
         }
         if let Some((args, _)) = &self.second {
             flags.push_str(&format!("; a second pod: {}", args.join(" ")));
@@ -155,7 +165,7 @@ pub struct Run {
 
 /// Every probe of `drawn` on one backend, in fresh pods.
 pub fn run_on(name: &str, drawn: &Drawn) -> Run {
-    let first = RandomPod::new(&drawn.config, drawn.inbound_listening);
+    let first = RandomPod::new(&drawn.config, drawn.inbound_listening, drawn.own_users);
     let second = drawn
         .second
         .as_ref()

@@ -79,9 +79,15 @@ pub struct RandomPod {
 
 impl RandomPod {
     /// The pod for `config`, its proxy's inbound listener only if `inbound_listening` (without
-    /// it, what is steered inbound must fail, on every backend).
-    pub fn new(config: &InterceptionConfig, inbound_listening: bool) -> Self {
-        Self::with_fixture(PodFixture::new("rnd"), config, inbound_listening)
+    /// it, what is steered inbound must fail, on every backend), with a user namespace of its
+    /// own if `own_users` ([`PodFixture::with_own_users`]).
+    pub fn new(config: &InterceptionConfig, inbound_listening: bool, own_users: bool) -> Self {
+        let fixture = if own_users {
+            PodFixture::with_own_users("rnd")
+        } else {
+            PodFixture::new("rnd")
+        };
+        Self::with_fixture(fixture, config, inbound_listening)
     }
 
     /// Another pod of the node, with the same addresses in a namespace of its own, whose
