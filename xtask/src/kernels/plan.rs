@@ -129,6 +129,20 @@ const EBPF_TAKEOVER: &str = "an_ebpf_agent_takes_over_the_pods_an_iptables_agent
 /// kernel), then, with `--full`, the rest: the other families of the behaviour table and
 /// iptables-nft, the agent's and the CNI plugin's main paths with eBPF, and the fallback variants
 /// through the whole table.
+/// `user_namespaces`' tests in the core run, for each kind of kernel.
+const USER_NAMESPACES_CORE_IPTABLES: [&str; 4] = [
+    "iptables_legacy::ipv4::proxy_uid_connects_to_the_real_address",
+    "iptables_legacy::ipv4::proxy_gid_is_exempt",
+    "iptables_legacy::a_socket_keeps_the_ids_it_was_created_with",
+    "an_iptables_agent_meshes_a_user_namespaced_pod",
+];
+const USER_NAMESPACES_CORE_EBPF: [&str; 4] = [
+    "ebpf::ipv4::proxy_uid_connects_to_the_real_address",
+    "ebpf::ipv4::proxy_gid_is_exempt",
+    "ebpf::a_socket_keeps_the_ids_it_was_created_with",
+    "an_ebpf_agent_meshes_a_user_namespaced_pod",
+];
+
 pub const RUNS: &[TestRun] = &[
     // Every variant loads exactly where the feature probes say it can, and `--mode auto` picks
     // eBPF exactly where every hook has one: on every kernel, whatever it supports.
@@ -167,19 +181,34 @@ pub const RUNS: &[TestRun] = &[
     },
     // Pods with a user namespace of their own (`hostUsers: false`): proxy-init's chains written
     // from inside it on every kernel, the programs comparing the ids translated out of it
-    // wherever they run; the agent meshing such a pod through the CNI plugin with each.
+    // wherever they run; the agent meshing such a pod through the CNI plugin with each. A pod
+    // of its own per test is slow under emulation (a minute each on a busy host): the rows of
+    // the proxy's UID and GID and the socket's creator, not all of them (`--full` runs all).
     run(
         "user_namespaces",
-        &["iptables_legacy::", "iptables_agent"],
+        &USER_NAMESPACES_CORE_IPTABLES,
         Features::Native,
         Needs::Any,
     ),
     run(
         "user_namespaces",
-        &["ebpf::", "ebpf_agent"],
+        &USER_NAMESPACES_CORE_EBPF,
         Features::Native,
         Needs::Ebpf,
     ),
+    full(TestRun {
+        skip: &USER_NAMESPACES_CORE_IPTABLES,
+        ..run(
+            "user_namespaces",
+            &["iptables_legacy::", "iptables_nft::"],
+            Features::Native,
+            Needs::Any,
+        )
+    }),
+    full(TestRun {
+        skip: &USER_NAMESPACES_CORE_EBPF,
+        ..run("user_namespaces", &["ebpf::"], Features::Native, Needs::Ebpf)
+    }),
     full(run("socket_paths", &[], Features::Native, Needs::Ebpf)),
     full(run(
         "outbound_ebpf",
