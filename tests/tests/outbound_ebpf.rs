@@ -512,7 +512,7 @@ impl PendingSlots {
 /// An entry for a connection from 127.0.0.2 (no test app uses it), held in `phase` since `secs`.
 fn other_connection(cookie: NetnsCookie, index: u32, phase: u64, secs: u64) -> PendingSlot {
     PendingSlot {
-        state: (secs << 8) | phase,
+        state: pending_phase::state(phase, secs, 0),
         key: PendingKey {
             netns_cookie: cookie.0,
             client: Ip6Addr::from(std::net::IpAddr::from([127, 0, 0, 2])),
@@ -555,6 +555,9 @@ fn twenty_connects_land_right(app: &interceptor_tests::Probe) {
     }
 }
 
+/// A pending slot held by a live connection sends the next connection with its index to the
+/// LRU map; one held long ago by a connection that is not both established and open, or by
+/// the same 4-tuple, is taken over.
 #[test]
 fn a_held_pending_slot_sends_the_connection_to_the_lru_map_and_a_stale_or_same_key_one_is_taken() {
     if !privileged() {
@@ -602,19 +605,26 @@ fn a_held_pending_slot_sends_the_connection_to_the_lru_map_and_a_stale_or_same_k
         });
     }
 
-    // Recorded long ago and never watched (the proxy side never got established): taken over,
-    // then freed when the proxy's socket closes.
-    pending_slots.fill(cookie, pending_phase::RECORDED, stale);
-    twenty_connects_land_right(&app);
-    eventually_eq(
-        "slots freed: each connection took a stale slot over and freed it at close",
-        20,
-        || pending_slots.read().iter().filter(|s| s.state == 0).count(),
-    );
-    assert_eq!(
-        untouched(pending_phase::RECORDED, stale),
-        PENDING_SLOTS as usize - 20
-    );
+    // Recorded long ago and never watched (the proxy side never got established), or half
+    // closed long ago (the other side's close never reported): taken over, then freed when
+    // the connection's sockets close.
+    for phase in [
+        pending_phase::RECORDED,
+        pending_phase::APP_CLOSED_EARLY,
+        pending_phase::PROXY_CLOSED,
+        pending_phase::APP_CLOSED,
+    ] {
+        pending_slots.fill(cookie, phase, stale);
+        twenty_connects_land_right(&app);
+        eventually_eq(
+            &format!(
+                "slots freed: each connection took a stale slot over (phase {phase}), freed it"
+            ),
+            20,
+            || pending_slots.read().iter().filter(|s| s.state == 0).count(),
+        );
+        assert_eq!(untouched(phase, stale), PENDING_SLOTS as usize - 20);
+    }
 
     // Held, watched, by an earlier connection with the very same 4-tuple (its proxy side is
     // over): the new connection takes it, and frees it at close.
@@ -648,6 +658,60 @@ fn a_held_pending_slot_sends_the_connection_to_the_lru_map_and_a_stale_or_same_k
         untouched(pending_phase::WATCHED, now),
         PENDING_SLOTS as usize - 1
     );
+}
+
+/// A slot whose connection's closes were never reported (its programs detached meanwhile,
+/// say) holds that connection's 4-tuple: another socket of the same 4-tuple, one that was not
+/// redirected, must not get that connection's destination from `getpeername()`.
+#[test]
+fn a_slot_left_behind_answers_no_other_sockets_getpeername() {
+    if !privileged() {
+        return;
+    }
+    let fixture = PodFixture::new("leftslot");
+    let options = options();
+    let pending_slots = PendingSlots::open(&options);
+    let mut node = load(options);
+    let cookie = register(&mut node, &fixture.pod, &linkerd_config());
+    attach(&mut node, &fixture.cgroup.path);
+    let proxy_addr = format!("127.0.0.1:{OUTBOUND_PORT}");
+    let _proxy = fixture
+        .in_pod()
+        .uid(PROXY_UID)
+        .listen(&["proxy", &proxy_addr]);
+    let key = PendingKey {
+        netns_cookie: cookie.0,
+        client: Ip6Addr::from(std::net::IpAddr::from([127, 0, 0, 1])),
+        client_port: 41002,
+        _pad: 0,
+    };
+    // Left half closed by an app socket (tag 7) that is gone, in every phase an app may ask in.
+    for phase in [pending_phase::WATCHED, pending_phase::PROXY_CLOSED] {
+        let index = key.slot_index();
+        pending_slots
+            .array()
+            .set(
+                index,
+                PendingSlot {
+                    state: pending_phase::state(phase, coarse_secs_now(), 7),
+                    key,
+                    ..other_connection(cookie, index, phase, 0)
+                },
+                0,
+            )
+            .unwrap();
+        // A direct connection from that very 4-tuple: its peer is the proxy's address.
+        let (landing, app_peer) = fixture
+            .in_pod()
+            .uid(APP_UID)
+            .connect_seen(&proxy_addr, &["--bind", "127.0.0.1:41002", "--linger0"]);
+        assert!(matches!(landing, Landing::Proxy { .. }), "{landing:?}");
+        assert_eq!(
+            app_peer.as_deref(),
+            Some(proxy_addr.as_str()),
+            "phase {phase}: the app saw another socket's destination"
+        );
+    }
 }
 
 #[test]
