@@ -714,6 +714,108 @@ fn a_slot_left_behind_answers_no_other_sockets_getpeername() {
     }
 }
 
+/// Rounds of churned connections (`churn`, a binary of the test kit) with every close order:
+/// app first, proxy first, both at once, app reset, never accepted, proxy killed. Four live
+/// connections fold to each slot a round uses (one in it, three in the LRU map); before the
+/// churn, a third of those slots are held by a live connection of another client (all four go
+/// to the LRU map) and two thirds are left half closed long ago (taken over). Every answer must
+/// be right, and once every socket is closed every slot and LRU entry must be free.
+#[test]
+fn churned_connections_in_every_close_order_leave_every_slot_free() {
+    if !privileged() {
+        return;
+    }
+    // As `churn` uses them: 20 slot indices a round, from 0.
+    const ROUNDS: u32 = 10;
+    const INDICES: u32 = ROUNDS * 20;
+    let fixture = PodFixture::new("churn");
+    let options = options();
+    let pending_slots = PendingSlots::open(&options);
+    let connect_slots = options.pin_dir.join(names::MAP_CONNECT_SLOTS);
+    let mut node = load(options);
+    let cookie = register(&mut node, &fixture.pod, &linkerd_config());
+    attach(&mut node, &fixture.cgroup.path);
+
+    let now = coarse_secs_now();
+    let stale = now.wrapping_sub(PENDING_SLOT_STALE_SECS + 10);
+    let prepared = |index: u32| match index % 3 {
+        0 => other_connection(cookie, index, pending_phase::WATCHED, now),
+        1 => other_connection(cookie, index, pending_phase::PROXY_CLOSED, stale),
+        _ => other_connection(cookie, index, pending_phase::APP_CLOSED, stale),
+    };
+    let mut slots = pending_slots.array();
+    for index in 0..INDICES {
+        slots
+            .set(index, prepared(index), 0)
+            .expect("writing a slot");
+    }
+
+    let churn = std::process::Command::new(interceptor_tests::probe::sibling_binary("churn"))
+        .args([
+            "--netns",
+            &fixture.pod.path().display().to_string(),
+            "--cgroup",
+            &fixture.cgroup.path.display().to_string(),
+            "--uid",
+            &APP_UID.to_string(),
+            "--netns-cookie",
+            &cookie.0.to_string(),
+            "--rounds",
+            &ROUNDS.to_string(),
+        ])
+        .output()
+        .expect("run churn");
+    let out = String::from_utf8_lossy(&churn.stdout);
+    assert!(
+        churn.status.success(),
+        "churn: {}{out}",
+        String::from_utf8_lossy(&churn.stderr)
+    );
+    let summary = out.lines().next().unwrap_or_default();
+    assert!(summary.ends_with(" wrong=0"), "{out}");
+    let connections: usize = summary
+        .split_once("connections=")
+        .and_then(|(_, rest)| rest.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    // Four a slot, 20 slots a round, less the few ports that are privileged.
+    assert!(connections > 700, "{out}");
+
+    // The live connection of another client kept its slots; every stale one was taken over.
+    let read = pending_slots.read();
+    for index in 0..INDICES {
+        let slot = read[index as usize];
+        if index % 3 == 0 {
+            assert_eq!(slot, prepared(index), "slot {index}: a live one was taken");
+            let free = other_connection(cookie, index, pending_phase::FREE, 0);
+            slots.set(index, free, 0).unwrap();
+        } else {
+            assert_ne!(
+                slot,
+                prepared(index),
+                "slot {index}: a stale one was not taken over"
+            );
+        }
+    }
+    eventually_eq("pending slots held", Vec::<usize>::new(), || {
+        pending_slots
+            .read()
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.state != pending_phase::FREE)
+            .map(|(i, _)| i)
+            .collect()
+    });
+    eventually_eq("LRU entries of connections and connects", (0, 0), || {
+        let levels = node.backend().maps().fill_levels();
+        (levels.pending_in_lru, levels.connecting)
+    });
+    let taken = pinned_array::<ConnectSlot>(&connect_slots)
+        .iter()
+        .filter(|s| s.as_ref().unwrap().socket_cookie != 0)
+        .count();
+    assert_eq!(taken, 0, "connect slots still taken");
+}
+
 #[test]
 fn a_load_that_fails_leaves_no_pins_behind() {
     if !privileged() {
