@@ -816,6 +816,73 @@ fn churned_connections_in_every_close_order_leave_every_slot_free() {
     assert_eq!(taken, 0, "connect slots still taken");
 }
 
+/// Map layout 8 keeps a `PendingSlot` in `ICPT_PENDING`, where layout 7 kept a bare
+/// `PendingOrigDst`, and dates and tags states: an upgrade copies layout 7's LRU entries as
+/// recorded entries, and its slots' entries with their phase alone, into the new LRU map.
+#[test]
+fn layout_7s_entries_in_flight_are_copied_as_pending_slots() {
+    if !privileged() {
+        return;
+    }
+    let options = options();
+    let new_lru = options.pin_dir.join(names::MAP_PENDING);
+    // The older layout's directory, in this test's own (which the node creates).
+    let old = options.pin_dir.join("layout7");
+    let mut node = load(options);
+    std::fs::create_dir(&old).unwrap();
+    let pin = |map_type, key_size, value_size, name: &str| {
+        let map = interceptor_sys::map_create(map_type, key_size, value_size, 4, name).unwrap();
+        interceptor_sys::obj_pin(std::os::fd::AsFd::as_fd(&map), &old.join(name)).unwrap();
+        let data = MapData::from_pin(old.join(name)).unwrap();
+        Map::from_map_data(data).unwrap()
+    };
+    let cookie = NetnsCookie(7);
+    let in_lru = other_connection(cookie, 1, pending_phase::FREE, 0);
+    let mut lru: aya::maps::HashMap<MapData, PendingKey, PendingOrigDst> = pin(
+        interceptor_sys::bpf_map_type::BPF_MAP_TYPE_LRU_HASH,
+        32,
+        24,
+        names::MAP_PENDING,
+    )
+    .try_into()
+    .unwrap();
+    lru.insert(in_lru.key, in_lru.orig, 0).unwrap();
+    // Layout 7 dated a slot with every bit above the phase.
+    let mut in_slot = other_connection(cookie, 2, pending_phase::WATCHED, 0);
+    in_slot.state = (u64::MAX << 8) | pending_phase::WATCHED;
+    let mut slots: Array<MapData, PendingSlot> = pin(
+        interceptor_sys::bpf_map_type::BPF_MAP_TYPE_ARRAY,
+        4,
+        64,
+        names::MAP_PENDING_SLOTS,
+    )
+    .try_into()
+    .unwrap();
+    slots.set(2, in_slot, 0).unwrap();
+
+    assert_eq!(node.backend_mut().maps_mut().import_in_flight(&old), 2);
+    std::fs::remove_dir_all(&old).unwrap();
+    let copied: aya::maps::HashMap<MapData, PendingKey, PendingSlot> =
+        Map::from_map_data(MapData::from_pin(&new_lru).unwrap())
+            .unwrap()
+            .try_into()
+            .unwrap();
+    assert_eq!(
+        copied.get(&in_lru.key, 0).unwrap(),
+        PendingSlot {
+            state: pending_phase::state(pending_phase::RECORDED, 0, 0),
+            ..in_lru
+        }
+    );
+    assert_eq!(
+        copied.get(&in_slot.key, 0).unwrap(),
+        PendingSlot {
+            state: pending_phase::state(pending_phase::WATCHED, 0, 0),
+            ..in_slot
+        }
+    );
+}
+
 #[test]
 fn a_load_that_fails_leaves_no_pins_behind() {
     if !privileged() {
