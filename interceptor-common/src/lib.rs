@@ -32,10 +32,12 @@ pub use socket::{
 /// any change to a map's name (list the old name in `names::RETIRED_MAPS`) or to a type stored
 /// in a map (6: `ICPT_OUT_PORTS` added, which an agent of layout 5 would not fill; 7: pending
 /// slots freed at the second close of a connection's two sockets, with half-closed phases an
-/// agent of layout 6 would never free): the
+/// agent of layout 6 would never free; 8: `ICPT_PENDING` holds `PendingSlot`s, freed like the
+/// slots, and a state carries the app socket's tag, which programs of layout 7 would take for
+/// part of its date): the
 /// node agent keeps its maps in a directory per layout, and an agent that finds only an older one
 /// builds new maps from its pod records and switches over.
-pub const MAP_LAYOUT_VERSION: u32 = 7;
+pub const MAP_LAYOUT_VERSION: u32 = 8;
 
 /// The most pods one node attachment serves. Bounds the per-CPU counter array (one slot per pod)
 /// and the pod configuration map.
@@ -50,8 +52,9 @@ pub const MAX_LOCAL_ADDRS_PER_POD: u32 = 32;
 pub const MAX_SUBNET_RULES: u32 = 16 * 1024;
 
 /// Default capacity of the maps of original destinations (connecting, and waiting for the
-/// proxy). Entries are removed when the proxy's socket closes; entries of connections whose
-/// proxy side never gets established are evicted least-recently-used once a map is full.
+/// proxy). Entries are removed when the connection is over (its connect established; its
+/// app's and proxy's sockets both closed); entries nobody removes are evicted
+/// least-recently-used once a map is full.
 pub const DEFAULT_PENDING_ORIG_DST_CAPACITY: u32 = 64 * 1024;
 
 /// Slots of `ICPT_CONN_SLOTS` (a power of two: the index is the socket cookie's low bits).
@@ -68,8 +71,9 @@ pub const CONNECT_SLOT_STALE_NS: u64 = 150 * 1_000_000_000;
 pub const PENDING_SLOTS: u32 = 64 * 1024;
 
 /// A slot recorded by the app side whose proxy side never got established (the handshake's last
-/// ACK lost with the proxy's accept queue full, say) is taken over after this long, in the
-/// coarse seconds of [`PendingSlot::state`].
+/// ACK lost with the proxy's accept queue full, say), or half closed this long ago (the other
+/// side's close never reported, or an app holding a socket its proxy closed), is taken over
+/// after this long, in the coarse seconds of [`PendingSlot::state`].
 pub const PENDING_SLOT_STALE_SECS: u64 = 150;
 
 /// `getsockopt(SOL_IP, SO_ORIGINAL_DST)` from `<linux/netfilter_ipv4.h>`.

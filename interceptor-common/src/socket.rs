@@ -5,19 +5,20 @@
 //!    is taken by another connect in flight.
 //! 2. sock_ops, when that socket is established (its source port is now known), records it
 //!    under the connection's 4-tuple as the proxy will see it ([`PendingKey`]), with the proxy
-//!    side's initial sequence number: in its [`PendingSlot`] of `ICPT_PEND_SLOTS`, or in
-//!    `ICPT_PENDING` (LRU) when that slot holds another live connection.
-//! 3. sock_ops, when the proxy side is established, recognises the connection, marks its slot
-//!    watched and asks for that socket's state changes, as it asked for the app socket's when
-//!    it recorded it; the slot is freed when the second of the two sockets closes (the app's
-//!    `getpeername()` is answered from it until its own socket closes). An entry in
-//!    `ICPT_PENDING` is removed when the proxy's socket closes.
+//!    side's initial sequence number and the app socket's tag: in its [`PendingSlot`] of
+//!    `ICPT_PEND_SLOTS`, or in `ICPT_PENDING` (LRU, the same value) when that slot holds
+//!    another live connection.
+//! 3. sock_ops, when the proxy side is established, recognises the connection, asks for that
+//!    socket's state changes (as it asked for the app socket's when it recorded it) and marks
+//!    its entry watched; the entry, slot or LRU, is freed when the second of the two sockets
+//!    closes (the app's `getpeername()` is answered from it until its own socket closes).
 //! 4. getsockopt on the proxy's accepted socket finds the entry by (netns, peer address, peer
 //!    port), checks it belongs to this very connection (initial sequence number), and answers,
-//!    as often as it is asked.
+//!    as often as it is asked; getpeername on the app's socket checks the socket's tag.
 //!
-//! Entries whose proxy side never gets established are evicted least-recently-used, or their
-//! slot taken over after [`crate::PENDING_SLOT_STALE_SECS`].
+//! Entries whose proxy side never gets established, or whose other side never reports its close
+//! (a half-closed phase), are evicted least-recently-used, or their slot taken over after
+//! [`crate::PENDING_SLOT_STALE_SECS`].
 use crate::Ip6Addr;
 use bytemuck::{Pod, Zeroable};
 
@@ -110,22 +111,26 @@ pub struct PendingOrigDst {
 
 /// A connection waiting for (or read by) the proxy, in the slot of `ICPT_PEND_SLOTS` its key
 /// folds to ([`PendingKey::slot_index`]); when that slot is held by another connection it goes
-/// to the `ICPT_PENDING` LRU map instead. One cache line.
+/// to the `ICPT_PENDING` LRU map instead, as the same value. One cache line.
 #[repr(C)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Pod, Zeroable)]
 pub struct PendingSlot {
-    /// `pending_phase::*` in the low byte; above it, for [`pending_phase::RECORDED`], the coarse
-    /// second it was recorded in (`bpf_ktime_get_coarse_ns() >> 30`). Changed only by
-    /// compare-and-exchange or exchange.
+    /// [`pending_phase::state`]: the phase; the coarse second (`bpf_ktime_get_coarse_ns() >>
+    /// 30`) the connection was recorded in, or for a half-closed one closed in; the app
+    /// socket's tag. Changed only by compare-and-exchange or exchange.
     pub state: u64,
     pub key: PendingKey,
     pub orig: PendingOrigDst,
 }
 
-/// The phases of a [`PendingSlot`]. A redirected connection has two sockets: the app's (which
-/// `getpeername()` asks about while it is open) and the proxy's (which `SO_ORIGINAL_DST` asks
-/// about). Its slot is freed when the second of them closes, as conntrack keeps a connection's
-/// NAT until both ends are done with it.
+/// The phases of a [`PendingSlot`] (and of an entry of `ICPT_PENDING`, which is one too). A
+/// redirected connection has two sockets: the app's (which `getpeername()` asks about while it
+/// is open) and the proxy's (which `SO_ORIGINAL_DST` asks about). Its entry is freed when the
+/// second of them closes, as conntrack keeps a connection's NAT until both ends are done with it.
+///
+/// A state is three fields in one word, changed only as a whole: the phase (low byte), a coarse
+/// second (24 bits, wrapping: see [`age`]) and the app socket's tag (the high 32 bits, see
+/// [`app_tag`]).
 pub mod pending_phase {
     /// Nobody's: the next connection that folds to it takes it.
     pub const FREE: u64 = 0;
@@ -134,17 +139,52 @@ pub mod pending_phase {
     /// Written by the app side; the proxy side is not established yet. Taken over once
     /// [`crate::PENDING_SLOT_STALE_SECS`] old.
     pub const RECORDED: u64 = 2;
-    /// Both sides are established and open.
+    /// Both sides are established and open: never taken over, however old.
     pub const WATCHED: u64 = 3;
-    /// The proxy side closed; the app's socket is open and may still ask for its peer.
+    /// The proxy side closed; the app's socket is open and may still ask for its peer. Taken
+    /// over once closed for [`crate::PENDING_SLOT_STALE_SECS`], as conntrack forgets a
+    /// half-closed connection.
     pub const PROXY_CLOSED: u64 = 4;
-    /// The app's socket closed; the proxy side is established and open.
+    /// The app's socket closed; the proxy side is established and open (the proxy may not have
+    /// accepted it yet). Taken over like [`PROXY_CLOSED`].
     pub const APP_CLOSED: u64 = 5;
     /// The app's socket closed before the proxy side was established (a client that writes and
     /// closes at once): still read by the proxy's accept, taken over like [`RECORDED`].
     pub const APP_CLOSED_EARLY: u64 = 6;
-    /// The bits of `state` that hold the phase.
+    /// The bits of a state that hold the phase.
     pub const MASK: u64 = 0xff;
+    /// The coarse seconds of a state, once shifted down by 8: enough for ages of minutes
+    /// compared with wrapping arithmetic (they wrap every 194 days).
+    pub const SECS_MASK: u64 = 0xff_ffff;
+
+    /// The state of `phase`, dated `secs` (coarse seconds, see [`crate::PendingSlot::state`]),
+    /// of the app socket tagged `tag`.
+    #[inline(always)]
+    pub const fn state(phase: u64, secs: u64, tag: u32) -> u64 {
+        ((tag as u64) << 32) | ((secs & SECS_MASK) << 8) | (phase & MASK)
+    }
+
+    /// The tag of an app socket: the low half of its cookie. `getpeername()` answers only the
+    /// socket whose tag its connection's entry holds, so an entry left behind (its sockets'
+    /// closes never reported) does not answer for another socket of the same 4-tuple: two
+    /// sockets of one pod and 4-tuple whose cookies share their low 32 bits are 4 billion
+    /// sockets apart.
+    #[inline(always)]
+    pub const fn app_tag(socket_cookie: u64) -> u32 {
+        socket_cookie as u32
+    }
+
+    /// The app socket's tag a state holds.
+    #[inline(always)]
+    pub const fn tag(state: u64) -> u32 {
+        (state >> 32) as u32
+    }
+
+    /// How many coarse seconds `state` is old at `now_secs`.
+    #[inline(always)]
+    pub const fn age(state: u64, now_secs: u64) -> u64 {
+        now_secs.wrapping_sub(state >> 8) & SECS_MASK
+    }
 
     /// Whether a slot in `state` holds a connection (any phase from recorded to half closed).
     #[inline(always)]
@@ -153,41 +193,55 @@ pub mod pending_phase {
         (RECORDED..=APP_CLOSED_EARLY).contains(&phase)
     }
 
-    /// Whether a slot in `state` may be taken over once old: its proxy side was never
-    /// established.
+    /// Whether a slot in `state` may be taken over once old: every phase that holds a
+    /// connection but [`WATCHED`], whose two sockets are open and will report their closes.
     #[inline(always)]
-    pub fn unwatched(state: u64) -> bool {
-        let phase = state & MASK;
-        phase == RECORDED || phase == APP_CLOSED_EARLY
+    pub fn ages(state: u64) -> bool {
+        holds_a_connection(state) && state & MASK != WATCHED
     }
 
-    /// The state after the proxy side of the connection in `state` closed.
+    /// The state after the proxy side of the connection in `state` closed, at `now_secs()`
+    /// (asked only when the connection stays half closed).
     #[inline(always)]
-    pub fn after_proxy_close(state: u64) -> u64 {
-        match state & MASK {
-            WATCHED => PROXY_CLOSED,
+    pub fn after_proxy_close(held: u64, now_secs: impl FnOnce() -> u64) -> u64 {
+        match held & MASK {
+            WATCHED => state(PROXY_CLOSED, now_secs(), tag(held)),
             _ => FREE,
         }
     }
 
-    /// The state after the app side of the connection in `state` closed (its age kept while
-    /// the proxy side is not established).
+    /// The state after the app side of the connection in `held` closed, at `now_secs()` (asked
+    /// only when the proxy side stays open); the age of a connection whose proxy side is not
+    /// established yet is kept.
     #[inline(always)]
-    pub fn after_app_close(state: u64) -> u64 {
-        match state & MASK {
-            RECORDED => (state & !MASK) | APP_CLOSED_EARLY,
-            WATCHED => APP_CLOSED,
+    pub fn after_app_close(held: u64, now_secs: impl FnOnce() -> u64) -> u64 {
+        match held & MASK {
+            RECORDED => (held & !MASK) | APP_CLOSED_EARLY,
+            WATCHED => state(APP_CLOSED, now_secs(), tag(held)),
             _ => FREE,
         }
     }
 
-    /// The state after the proxy side of the connection in `state` was established.
+    /// The state after the proxy side of the connection in `held` was established. An early
+    /// app close keeps its date: the app closed no later than that.
     #[inline(always)]
-    pub fn after_proxy_established(state: u64) -> u64 {
-        match state & MASK {
-            APP_CLOSED_EARLY => APP_CLOSED,
-            RECORDED => WATCHED,
-            _ => state,
+    pub fn after_proxy_established(held: u64) -> u64 {
+        match held & MASK {
+            APP_CLOSED_EARLY => (held & !MASK) | APP_CLOSED,
+            RECORDED => (held & !MASK) | WATCHED,
+            _ => held,
+        }
+    }
+
+    /// The state after the proxy side was established (`held`) but its closes cannot be reported
+    /// (setting its callback flags failed): back to the phase of a proxy side never
+    /// established, which ages, instead of one held until a close that never comes.
+    #[inline(always)]
+    pub fn after_proxy_unwatched(held: u64) -> u64 {
+        match held & MASK {
+            WATCHED => (held & !MASK) | RECORDED,
+            APP_CLOSED => (held & !MASK) | APP_CLOSED_EARLY,
+            _ => held,
         }
     }
 }
@@ -245,6 +299,76 @@ mod tests {
         }
         assert_eq!(CounterSlotTag::UNKNOWN.slot(), None);
         assert_eq!(CounterSlotTag::zeroed(), CounterSlotTag::UNKNOWN);
+    }
+
+    #[test]
+    fn a_state_keeps_its_phase_date_and_tag() {
+        use pending_phase::*;
+        let state = state(PROXY_CLOSED, 0x1234_5678_9abc, 0xdead_beef);
+        assert_eq!(state & MASK, PROXY_CLOSED);
+        assert_eq!(tag(state), 0xdead_beef);
+        // Dates wrap at 24 bits, and ages with them.
+        assert_eq!(age(state, 0x1234_5678_9abc + 3), 3);
+        assert_eq!(age(state, 0x1234_5679_0000 + 3), 0x1_0000 - 0x9abc + 3);
+        assert_eq!(age(pending_phase::state(RECORDED, SECS_MASK, 0), 2), 3);
+    }
+
+    #[test]
+    fn every_phase_but_watched_ages() {
+        use pending_phase::*;
+        let aging: [u64; 7] = [
+            FREE,
+            BUSY,
+            RECORDED,
+            WATCHED,
+            PROXY_CLOSED,
+            APP_CLOSED,
+            APP_CLOSED_EARLY,
+        ]
+        .map(|phase| u64::from(ages(state(phase, 0, 0))));
+        assert_eq!(aging, [0, 0, 1, 0, 1, 1, 1]);
+    }
+
+    /// The moves of one connection's entry in every order the kernel can report them (the
+    /// proxy side's close only after its establishment): the entry is freed at the second
+    /// close, keeps its tag, and is dated when it becomes half closed.
+    #[test]
+    fn an_entry_is_freed_at_the_second_close_in_every_order() {
+        use pending_phase::*;
+        #[derive(Clone, Copy, Debug)]
+        enum Move {
+            Watch,
+            AppClose,
+            ProxyClose,
+        }
+        let orders = [
+            [Move::Watch, Move::AppClose, Move::ProxyClose],
+            [Move::Watch, Move::ProxyClose, Move::AppClose],
+            [Move::AppClose, Move::Watch, Move::ProxyClose],
+        ];
+        for order in orders {
+            let mut held = state(RECORDED, 10, 77);
+            for (i, step) in order.into_iter().enumerate() {
+                held = match step {
+                    Move::Watch => after_proxy_established(held),
+                    Move::AppClose => after_app_close(held, || 20),
+                    Move::ProxyClose => after_proxy_close(held, || 20),
+                };
+                if i < 2 {
+                    assert!(holds_a_connection(held), "{order:?}: {step:?} freed it");
+                    assert_eq!(tag(held), 77, "{order:?}: {step:?}");
+                }
+                if matches!(held & MASK, PROXY_CLOSED) {
+                    assert_eq!(age(held, 20), 0, "{order:?}: dated at its close");
+                }
+            }
+            assert_eq!(held, FREE, "{order:?}");
+        }
+        // A proxy side whose closes cannot be reported goes back to a phase that ages.
+        for phase in [WATCHED, APP_CLOSED] {
+            let unwatched = after_proxy_unwatched(state(phase, 10, 77));
+            assert!(ages(unwatched) && holds_a_connection(unwatched), "{phase}");
+        }
     }
 
     #[test]

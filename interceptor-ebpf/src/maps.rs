@@ -8,9 +8,8 @@ use aya_ebpf::{
 };
 use interceptor_common::{
     CONNECT_SLOTS, ConnectSlot, DEFAULT_PENDING_ORIG_DST_CAPACITY, Ip6Addr, ListenerKey, MAX_PODS,
-    MAX_SUBNET_RULES, OrigDst, PENDING_SLOTS, PendingKey, PendingOrigDst, PendingSlot, PodConfig,
-    PodCounters, SUBNET_KEY_FIXED_BITS, SubnetKey, addr::family, counters::Decision,
-    outbound_ports,
+    MAX_SUBNET_RULES, OrigDst, PENDING_SLOTS, PendingKey, PendingSlot, PodConfig, PodCounters,
+    SUBNET_KEY_FIXED_BITS, SubnetKey, addr::family, counters::Decision, outbound_ports,
 };
 
 /// Not preallocated: a `PodConfig` is 24 KiB and most nodes run far fewer than `MAX_PODS` pods.
@@ -47,10 +46,11 @@ pub static CONNECTING: LruHashMap<u64, OrigDst> =
 pub static PENDING_SLOT_ARRAY: Array<PendingSlot> =
     Array::with_max_entries(PENDING_SLOTS, aya_ebpf::bindings::BPF_F_MMAPABLE);
 
-/// Key -> original destination of a redirected connection whose slot in `PENDING_SLOT_ARRAY`
-/// was held by another. Userspace may resize it at load time (`--orig-dst-capacity`).
+/// Key -> entry of a redirected connection whose slot in `PENDING_SLOT_ARRAY` was held by
+/// another: a `PendingSlot`, whose phases it goes through as a slot does, and removed when
+/// free. Userspace may resize it at load time (`--orig-dst-capacity`).
 #[map(name = "ICPT_PENDING")]
-pub static PENDING: LruHashMap<PendingKey, PendingOrigDst> =
+pub static PENDING: LruHashMap<PendingKey, PendingSlot> =
     LruHashMap::with_max_entries(DEFAULT_PENDING_ORIG_DST_CAPACITY, 0);
 
 /// The proxy's inbound listener per pod and family. The kernel removes a socket when it closes;

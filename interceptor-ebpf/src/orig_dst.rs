@@ -1,7 +1,8 @@
 //! Answering `getsockopt(SOL_IP, SO_ORIGINAL_DST)` and `getsockopt(SOL_IPV6, IP6T_SO_ORIGINAL_DST)`
 //! without conntrack: `sock_ops` indexes each redirected connection by the 4-tuple the proxy will
-//! see, `cgroup/getsockopt` answers from that index, and the entry is removed when the proxy's
-//! socket closes. See `interceptor_common::socket` for the whole life of an entry.
+//! see, `cgroup/getsockopt` answers from that index, and the entry is removed when the second of
+//! the connection's two sockets closes. See `interceptor_common::socket` for the whole life of an
+//! entry.
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{
@@ -14,7 +15,7 @@ use aya_ebpf::{
 };
 use interceptor_common::{
     IP6T_SO_ORIGINAL_DST, Ip6Addr, ListenerKey, PendingKey, PendingOrigDst, SO_ORIGINAL_DST,
-    SOL_IP, SOL_IPV6, addr::family, counters::Decision, names, pod::flags,
+    SOL_IP, SOL_IPV6, addr::family, counters::Decision, names, pending_phase, pod::flags,
 };
 
 use crate::{
@@ -153,7 +154,8 @@ fn index_redirected_connection(ctx: &SockOpsContext) -> Result<(), Error> {
             errno,
         })?;
     // On failure the proxy's SO_ORIGINAL_DST fails and it refuses the connection (fails closed).
-    pending::record(&key, &pending, connected_ns).map_err(|errno| Error::OrigDstNotIndexed {
+    let tag = pending_phase::app_tag(socket_cookie);
+    pending::record(&key, &pending, connected_ns, tag).map_err(|errno| Error::OrigDstNotIndexed {
         netns_cookie: orig.netns_cookie,
         errno,
     })
@@ -186,13 +188,20 @@ fn watch_proxy_side(ctx: &SockOpsContext) -> Result<(), Error> {
         return Ok(());
     }
     let key = proxy_side_key(ctx);
-    if !pending::watch(&key, proxy_side_isn_next(ctx)) {
+    let isn_next = proxy_side_isn_next(ctx);
+    // Watched first (it tells a redirected connection from any other loopback one, which is
+    // left without state callbacks), and back to an entry that ages if this socket's closes
+    // cannot be reported: a watched entry is held until its proxy side's close.
+    if !pending::watch(&key, isn_next) {
         return Ok(());
     }
     ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
-        .map_err(|errno| Error::CloseNotWatched {
-            netns_cookie: key.netns_cookie,
-            errno,
+        .map_err(|errno| {
+            pending::unwatch(&key, isn_next);
+            Error::CloseNotWatched {
+                netns_cookie: key.netns_cookie,
+                errno,
+            }
         })
 }
 
@@ -364,7 +373,7 @@ fn redirected_connection(
     sk: *mut bpf_sock,
     netns_cookie: u64,
     peer: Ip6Addr,
-    find: impl FnOnce(&PendingKey, Option<u32>) -> Option<PendingOrigDst>,
+    find: impl FnOnce(&PendingKey, pending::Owner) -> Option<PendingOrigDst>,
 ) -> Result<Option<PendingOrigDst>, Error> {
     let key = PendingKey {
         netns_cookie,
@@ -383,7 +392,7 @@ fn redirected_connection(
     // entry that does not match is from an earlier connection that reused the 4-tuple.
     // SAFETY: `tcp` is not null; the verifier checks each `bpf_tcp_sock` field read.
     let isn_next = unsafe { (*tcp).snd_una.wrapping_sub((*tcp).bytes_acked as u32) };
-    Ok(find(&key, Some(isn_next)))
+    Ok(find(&key, pending::Owner::Proxy { isn_next }))
 }
 
 /// Answers with the connection's original destination, counted in the pod's `counter_slot`

@@ -3,24 +3,25 @@
 //! `RemoteAddr()`, access logs and client libraries read `getpeername()`.
 //!
 //! The original destination is already indexed for the proxy (`pending`, from the app side's
-//! establishment until both sides closed) under the app socket's own address and port, so
-//! answering costs one lookup, and only for a socket whose peer is the pod's proxy outbound
-//! port on loopback: every other socket pays a few compares and, on loopback, one read of the
-//! node's set of outbound ports. `getpeername()` before the
+//! establishment until both sides closed, in a slot or in the LRU map) under the app socket's
+//! own address and port, so answering costs one lookup, and only for a socket whose peer is the
+//! pod's proxy outbound port on loopback: every other socket pays a few compares and, on
+//! loopback, one read of the node's set of outbound ports. `getpeername()` before the
 //! connection is established fails with ENOTCONN before these programs run, so the entry is
-//! always there when it is asked, unless the LRU fallback dropped it under pressure; the app then
-//! sees the proxy's address, as before.
+//! always there when it is asked, unless the LRU map evicted it under pressure or its slot was
+//! taken over after the proxy side closed `PENDING_SLOT_STALE_SECS` ago; the app then sees the
+//! proxy's address, as before.
 //!
 //! `getsockname()` is left alone: with NAT the app's local address is the pod's address the
 //! route picks, which the kernel never chose here (the socket is bound to loopback).
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{bpf_sock, bpf_sock_addr},
-    helpers::generated::bpf_get_netns_cookie,
+    helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie},
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
 };
-use interceptor_common::{Ip6Addr, PendingKey, PendingOrigDst};
+use interceptor_common::{Ip6Addr, PendingKey, PendingOrigDst, pending_phase};
 
 use crate::{
     maps::{is_outbound_port, pod_config, read_ip6},
@@ -113,7 +114,11 @@ fn original_destination(ctx: &SockAddrContext, peer: Ip6Addr) -> Option<PendingO
         client_port: unsafe { (*sk).src_port },
         _pad: 0,
     };
-    // The app's side cannot read the proxy side's sequence number here; a slot never holds an
-    // older connection with the same key while a newer one is recorded (see `pending`).
-    pending::find(&key, None)
+    // The app's side cannot read the proxy side's sequence number here, but knows its own
+    // socket: an entry left behind by an earlier socket of the same 4-tuple (one whose closes
+    // were never reported) has another tag, and answers nothing here.
+    // SAFETY: the helper only reads this run's socket, from its context; the verifier checks
+    // that sock_addr programs may call it and that the argument is the context.
+    let tag = pending_phase::app_tag(unsafe { bpf_get_socket_cookie(ctx.as_ptr()) });
+    pending::find(&key, pending::Owner::App { tag })
 }

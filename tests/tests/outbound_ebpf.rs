@@ -512,7 +512,7 @@ impl PendingSlots {
 /// An entry for a connection from 127.0.0.2 (no test app uses it), held in `phase` since `secs`.
 fn other_connection(cookie: NetnsCookie, index: u32, phase: u64, secs: u64) -> PendingSlot {
     PendingSlot {
-        state: (secs << 8) | phase,
+        state: pending_phase::state(phase, secs, 0),
         key: PendingKey {
             netns_cookie: cookie.0,
             client: Ip6Addr::from(std::net::IpAddr::from([127, 0, 0, 2])),
@@ -555,6 +555,9 @@ fn twenty_connects_land_right(app: &interceptor_tests::Probe) {
     }
 }
 
+/// A pending slot held by a live connection sends the next connection with its index to the
+/// LRU map; one held long ago by a connection that is not both established and open, or by
+/// the same 4-tuple, is taken over.
 #[test]
 fn a_held_pending_slot_sends_the_connection_to_the_lru_map_and_a_stale_or_same_key_one_is_taken() {
     if !privileged() {
@@ -602,19 +605,26 @@ fn a_held_pending_slot_sends_the_connection_to_the_lru_map_and_a_stale_or_same_k
         });
     }
 
-    // Recorded long ago and never watched (the proxy side never got established): taken over,
-    // then freed when the proxy's socket closes.
-    pending_slots.fill(cookie, pending_phase::RECORDED, stale);
-    twenty_connects_land_right(&app);
-    eventually_eq(
-        "slots freed: each connection took a stale slot over and freed it at close",
-        20,
-        || pending_slots.read().iter().filter(|s| s.state == 0).count(),
-    );
-    assert_eq!(
-        untouched(pending_phase::RECORDED, stale),
-        PENDING_SLOTS as usize - 20
-    );
+    // Recorded long ago and never watched (the proxy side never got established), or half
+    // closed long ago (the other side's close never reported): taken over, then freed when
+    // the connection's sockets close.
+    for phase in [
+        pending_phase::RECORDED,
+        pending_phase::APP_CLOSED_EARLY,
+        pending_phase::PROXY_CLOSED,
+        pending_phase::APP_CLOSED,
+    ] {
+        pending_slots.fill(cookie, phase, stale);
+        twenty_connects_land_right(&app);
+        eventually_eq(
+            &format!(
+                "slots freed: each connection took a stale slot over (phase {phase}), freed it"
+            ),
+            20,
+            || pending_slots.read().iter().filter(|s| s.state == 0).count(),
+        );
+        assert_eq!(untouched(phase, stale), PENDING_SLOTS as usize - 20);
+    }
 
     // Held, watched, by an earlier connection with the very same 4-tuple (its proxy side is
     // over): the new connection takes it, and frees it at close.
@@ -647,6 +657,229 @@ fn a_held_pending_slot_sends_the_connection_to_the_lru_map_and_a_stale_or_same_k
     assert_eq!(
         untouched(pending_phase::WATCHED, now),
         PENDING_SLOTS as usize - 1
+    );
+}
+
+/// A slot whose connection's closes were never reported (its programs detached meanwhile,
+/// say) holds that connection's 4-tuple: another socket of the same 4-tuple, one that was not
+/// redirected, must not get that connection's destination from `getpeername()`.
+#[test]
+fn a_slot_left_behind_answers_no_other_sockets_getpeername() {
+    if !privileged() {
+        return;
+    }
+    let fixture = PodFixture::new("leftslot");
+    let options = options();
+    let pending_slots = PendingSlots::open(&options);
+    let mut node = load(options);
+    let cookie = register(&mut node, &fixture.pod, &linkerd_config());
+    attach(&mut node, &fixture.cgroup.path);
+    let proxy_addr = format!("127.0.0.1:{OUTBOUND_PORT}");
+    let _proxy = fixture
+        .in_pod()
+        .uid(PROXY_UID)
+        .listen(&["proxy", &proxy_addr]);
+    let key = PendingKey {
+        netns_cookie: cookie.0,
+        client: Ip6Addr::from(std::net::IpAddr::from([127, 0, 0, 1])),
+        client_port: 41002,
+        _pad: 0,
+    };
+    // Left half closed by an app socket (tag 7) that is gone, in every phase an app may ask in.
+    for phase in [pending_phase::WATCHED, pending_phase::PROXY_CLOSED] {
+        let index = key.slot_index();
+        pending_slots
+            .array()
+            .set(
+                index,
+                PendingSlot {
+                    state: pending_phase::state(phase, coarse_secs_now(), 7),
+                    key,
+                    ..other_connection(cookie, index, phase, 0)
+                },
+                0,
+            )
+            .unwrap();
+        // A direct connection from that very 4-tuple: its peer is the proxy's address.
+        let (landing, app_peer) = fixture
+            .in_pod()
+            .uid(APP_UID)
+            .connect_seen(&proxy_addr, &["--bind", "127.0.0.1:41002", "--linger0"]);
+        assert!(matches!(landing, Landing::Proxy { .. }), "{landing:?}");
+        assert_eq!(
+            app_peer.as_deref(),
+            Some(proxy_addr.as_str()),
+            "phase {phase}: the app saw another socket's destination"
+        );
+    }
+}
+
+/// Rounds of churned connections (`churn`, a binary of the test kit) with every close order:
+/// app first, proxy first, both at once, app reset, never accepted, proxy killed. Four live
+/// connections fold to each slot a round uses (one in it, three in the LRU map); before the
+/// churn, a third of those slots are held by a live connection of another client (all four go
+/// to the LRU map) and two thirds are left half closed long ago (taken over). Every answer must
+/// be right, and once every socket is closed every slot and LRU entry must be free.
+#[test]
+fn churned_connections_in_every_close_order_leave_every_slot_free() {
+    if !privileged() {
+        return;
+    }
+    // As `churn` uses them: 20 slot indices a round, from 0.
+    const ROUNDS: u32 = 10;
+    const INDICES: u32 = ROUNDS * 20;
+    let fixture = PodFixture::new("churn");
+    let options = options();
+    let pending_slots = PendingSlots::open(&options);
+    let connect_slots = options.pin_dir.join(names::MAP_CONNECT_SLOTS);
+    let mut node = load(options);
+    let cookie = register(&mut node, &fixture.pod, &linkerd_config());
+    attach(&mut node, &fixture.cgroup.path);
+
+    let now = coarse_secs_now();
+    let stale = now.wrapping_sub(PENDING_SLOT_STALE_SECS + 10);
+    let prepared = |index: u32| match index % 3 {
+        0 => other_connection(cookie, index, pending_phase::WATCHED, now),
+        1 => other_connection(cookie, index, pending_phase::PROXY_CLOSED, stale),
+        _ => other_connection(cookie, index, pending_phase::APP_CLOSED, stale),
+    };
+    let mut slots = pending_slots.array();
+    for index in 0..INDICES {
+        slots
+            .set(index, prepared(index), 0)
+            .expect("writing a slot");
+    }
+
+    let churn = std::process::Command::new(interceptor_tests::probe::sibling_binary("churn"))
+        .args([
+            "--netns",
+            &fixture.pod.path().display().to_string(),
+            "--cgroup",
+            &fixture.cgroup.path.display().to_string(),
+            "--uid",
+            &APP_UID.to_string(),
+            "--netns-cookie",
+            &cookie.0.to_string(),
+            "--rounds",
+            &ROUNDS.to_string(),
+        ])
+        .output()
+        .expect("run churn");
+    let out = String::from_utf8_lossy(&churn.stdout);
+    assert!(
+        churn.status.success(),
+        "churn: {}{out}",
+        String::from_utf8_lossy(&churn.stderr)
+    );
+    let summary = out.lines().next().unwrap_or_default();
+    assert!(summary.ends_with(" wrong=0"), "{out}");
+    let connections: usize = summary
+        .split_once("connections=")
+        .and_then(|(_, rest)| rest.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    // Four a slot, 20 slots a round, less the few ports that are privileged.
+    assert!(connections > 700, "{out}");
+
+    // The live connection of another client kept its slots; every stale one was taken over.
+    let read = pending_slots.read();
+    for index in 0..INDICES {
+        let slot = read[index as usize];
+        if index % 3 == 0 {
+            assert_eq!(slot, prepared(index), "slot {index}: a live one was taken");
+            let free = other_connection(cookie, index, pending_phase::FREE, 0);
+            slots.set(index, free, 0).unwrap();
+        } else {
+            assert_ne!(
+                slot,
+                prepared(index),
+                "slot {index}: a stale one was not taken over"
+            );
+        }
+    }
+    eventually_eq("pending slots held", Vec::<usize>::new(), || {
+        pending_slots
+            .read()
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.state != pending_phase::FREE)
+            .map(|(i, _)| i)
+            .collect()
+    });
+    eventually_eq("LRU entries of connections and connects", (0, 0), || {
+        let levels = node.backend().maps().fill_levels();
+        (levels.pending_in_lru, levels.connecting)
+    });
+    let taken = pinned_array::<ConnectSlot>(&connect_slots)
+        .iter()
+        .filter(|s| s.as_ref().unwrap().socket_cookie != 0)
+        .count();
+    assert_eq!(taken, 0, "connect slots still taken");
+}
+
+/// Map layout 8 keeps a `PendingSlot` in `ICPT_PENDING`, where layout 7 kept a bare
+/// `PendingOrigDst`, and dates and tags states: an upgrade copies layout 7's LRU entries as
+/// recorded entries, and its slots' entries with their phase alone, into the new LRU map.
+#[test]
+fn layout_7s_entries_in_flight_are_copied_as_pending_slots() {
+    if !privileged() {
+        return;
+    }
+    let options = options();
+    let new_lru = options.pin_dir.join(names::MAP_PENDING);
+    // The older layout's directory, in this test's own (which the node creates).
+    let old = options.pin_dir.join("layout7");
+    let mut node = load(options);
+    std::fs::create_dir(&old).unwrap();
+    let pin = |map_type, key_size, value_size, name: &str| {
+        let map = interceptor_sys::map_create(map_type, key_size, value_size, 4, name).unwrap();
+        interceptor_sys::obj_pin(std::os::fd::AsFd::as_fd(&map), &old.join(name)).unwrap();
+        let data = MapData::from_pin(old.join(name)).unwrap();
+        Map::from_map_data(data).unwrap()
+    };
+    let cookie = NetnsCookie(7);
+    let in_lru = other_connection(cookie, 1, pending_phase::FREE, 0);
+    let mut lru: aya::maps::HashMap<MapData, PendingKey, PendingOrigDst> = pin(
+        interceptor_sys::bpf_map_type::BPF_MAP_TYPE_LRU_HASH,
+        32,
+        24,
+        names::MAP_PENDING,
+    )
+    .try_into()
+    .unwrap();
+    lru.insert(in_lru.key, in_lru.orig, 0).unwrap();
+    // Layout 7 dated a slot with every bit above the phase.
+    let mut in_slot = other_connection(cookie, 2, pending_phase::WATCHED, 0);
+    in_slot.state = (u64::MAX << 8) | pending_phase::WATCHED;
+    let mut slots: Array<MapData, PendingSlot> = pin(
+        interceptor_sys::bpf_map_type::BPF_MAP_TYPE_ARRAY,
+        4,
+        64,
+        names::MAP_PENDING_SLOTS,
+    )
+    .try_into()
+    .unwrap();
+    slots.set(2, in_slot, 0).unwrap();
+
+    assert_eq!(node.backend_mut().maps_mut().import_in_flight(&old), 2);
+    std::fs::remove_dir_all(&old).unwrap();
+    let copied: aya::maps::HashMap<MapData, PendingKey, PendingSlot> =
+        Map::from_map_data(MapData::from_pin(&new_lru).unwrap())
+            .unwrap()
+            .try_into()
+            .unwrap();
+    assert_eq!(
+        copied.get(&in_lru.key, 0).unwrap(),
+        PendingSlot {
+            state: pending_phase::state(pending_phase::RECORDED, 0, 0),
+            ..in_lru
+        }
+    );
+    assert_eq!(
+        copied.get(&in_slot.key, 0).unwrap(),
+        PendingSlot {
+            state: pending_phase::state(pending_phase::WATCHED, 0, 0),
+            ..in_slot
+        }
     );
 }
 

@@ -3,7 +3,7 @@
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, SockHash};
 use interceptor_common::NetnsCookie;
 use interceptor_common::{
-    ListenerKey, PendingKey, PendingOrigDst, PodCounters, addr::family, counters::Decision, names,
+    ListenerKey, PendingKey, PendingSlot, PodCounters, addr::family, counters::Decision, names,
 };
 use serde::Serialize;
 
@@ -144,7 +144,7 @@ fn report(paths: &InstancePaths) -> InstanceReport {
         }
     }
     let pending_orig_dst = open(names::MAP_PENDING)
-        .and_then(|m| HashMap::<MapData, PendingKey, PendingOrigDst>::try_from(m).ok())
+        .and_then(|m| HashMap::<MapData, PendingKey, PendingSlot>::try_from(m).ok())
         .map(|m| m.keys().filter(Result::is_ok).count());
     InstanceReport {
         instance: paths.name.clone(),

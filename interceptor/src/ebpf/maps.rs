@@ -4,7 +4,7 @@ use aya::{
     maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, SockHash, lpm_trie::LpmTrie},
 };
 use interceptor_common::{
-    ListenerKey, OrigDst, PendingKey, PendingOrigDst, PodConfig, PodCounters, SubnetKey, names,
+    ListenerKey, OrigDst, PendingKey, PendingSlot, PodConfig, PodCounters, SubnetKey, names,
 };
 use interceptor_common::{NetnsCookie, SocketCookie};
 
@@ -17,7 +17,7 @@ pub(super) struct PodMaps {
     pub(super) counters: PerCpuArray<MapData, PodCounters>,
     /// `ICPT_PEND_SLOTS`, read through a mapping of its memory (see `pending_slots_in_use`).
     pub(super) pending_slots: MapData,
-    pub(super) pending: HashMap<MapData, PendingKey, PendingOrigDst>,
+    pub(super) pending: HashMap<MapData, PendingKey, PendingSlot>,
     pub(super) connecting: HashMap<MapData, SocketCookie, OrigDst>,
     pub(super) listeners: SockHash<MapData, ListenerKey>,
     /// `ICPT_OUT_PORTS`: see `interceptor_common::outbound_ports`.

@@ -134,8 +134,8 @@ impl PodWriter {
         read_counters(&self.maps.counters, slot)
     }
 
-    /// Number of original destinations recorded for connections whose proxy side has not closed
-    /// yet: in their slots and in the LRU fallback.
+    /// Number of original destinations recorded for connections not over yet (one of their
+    /// sockets open): in their slots and in the LRU fallback.
     pub fn pending_orig_dst_entries(&self) -> usize {
         self.pending_slots_in_use() + self.pending_in_lru()
     }

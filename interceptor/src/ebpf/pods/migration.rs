@@ -40,25 +40,59 @@ impl PodWriter {
                 }
             }
         }
-        // Likewise a connection in an old pending slot: the new programs look in the LRU map
-        // when their slot does not hold it, and remove it from there when the proxy's socket
-        // closes.
+        // Likewise a connection in an old pending slot, in the LRU map, where the new programs
+        // look when their slot does not hold it and which they free as a slot. Its phase is
+        // kept; its date and tag are not of this layout before 8: it ages at once, and the
+        // app's `getpeername()` no longer finds it (the proxy's address, as before an upgrade).
         if let Some(old) = open(names::MAP_PENDING_SLOTS)
             .and_then(|m| Array::<MapData, PendingSlot>::try_from(m).ok())
         {
             for slot in old.iter().filter_map(Result::ok) {
                 if pending_phase::holds_a_connection(slot.state) {
-                    copied += usize::from(self.maps.pending.insert(slot.key, slot.orig, 0).is_ok());
+                    let entry = PendingSlot {
+                        state: phase_only(slot.state),
+                        ..slot
+                    };
+                    copied += usize::from(self.maps.pending.insert(slot.key, entry, 0).is_ok());
                 }
             }
         }
-        if let Some(old) = open(names::MAP_PENDING)
-            .and_then(|m| HashMap::<MapData, PendingKey, PendingOrigDst>::try_from(m).ok())
-        {
-            for (key, value) in old.iter().filter_map(Result::ok) {
-                copied += usize::from(self.maps.pending.insert(key, value, 0).is_ok());
+        let pending = open(names::MAP_PENDING);
+        match pending.map(HashMap::<MapData, PendingKey, PendingSlot>::try_from) {
+            Some(Ok(old)) => {
+                for (key, entry) in old.iter().filter_map(Result::ok) {
+                    let entry = PendingSlot {
+                        state: phase_only(entry.state),
+                        ..entry
+                    };
+                    copied += usize::from(self.maps.pending.insert(key, entry, 0).is_ok());
+                }
             }
+            // Layouts before 8 kept a bare original destination there, removed at the proxy's
+            // close: recorded, it is freed by the proxy's close as it was, and by the app's
+            // after it.
+            Some(Err(_)) => {
+                if let Some(old) = open(names::MAP_PENDING)
+                    .and_then(|m| HashMap::<MapData, PendingKey, PendingOrigDst>::try_from(m).ok())
+                {
+                    for (key, orig) in old.iter().filter_map(Result::ok) {
+                        let entry = PendingSlot {
+                            state: pending_phase::state(pending_phase::RECORDED, 0, 0),
+                            key,
+                            orig,
+                        };
+                        copied += usize::from(self.maps.pending.insert(key, entry, 0).is_ok());
+                    }
+                }
+            }
+            None => {}
         }
         copied
     }
+}
+
+/// The state of an entry copied from an older layout, whose dates and tags may have had
+/// another form: its phase alone, undated and untagged.
+fn phase_only(state: u64) -> u64 {
+    pending_phase::state(state & pending_phase::MASK, 0, 0)
 }

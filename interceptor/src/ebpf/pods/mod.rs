@@ -58,8 +58,8 @@ impl InMaps {
 /// Entries in each map.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FillLevels {
-    /// Original destinations of connections whose proxy side has not closed: in their slots and
-    /// in the LRU map behind them ...
+    /// Original destinations of connections not over (one of their sockets open): in their
+    /// slots and in the LRU map behind them ...
     pub pending: usize,
     /// ... of which in the LRU map (`--orig-dst-capacity` bounds it).
     pub pending_in_lru: usize,
