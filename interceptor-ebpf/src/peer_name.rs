@@ -120,5 +120,10 @@ fn original_destination(ctx: &SockAddrContext, peer: Ip6Addr) -> Option<PendingO
     // SAFETY: the helper only reads this run's socket, from its context; the verifier checks
     // that sock_addr programs may call it and that the argument is the context.
     let tag = pending_phase::app_tag(unsafe { bpf_get_socket_cookie(ctx.as_ptr()) });
-    pending::find(&key, pending::Owner::App { tag })
+    let owner = if protocol == IPPROTO_MPTCP {
+        pending::Owner::MultipathApp
+    } else {
+        pending::Owner::App { tag }
+    };
+    pending::find(&key, owner)
 }

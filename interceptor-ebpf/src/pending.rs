@@ -39,6 +39,9 @@ use crate::{
 pub enum Owner {
     Proxy { isn_next: u32 },
     App { tag: u32 },
+    /// An MPTCP app socket: its first subflow, whose cookie tagged the entry, is a socket of
+    /// its own that `getpeername` on the MPTCP socket cannot name, so its 4-tuple alone says.
+    MultipathApp,
 }
 
 /// Records the connection with `key`, whose connect was recorded at `connected_ns` (coarse
@@ -138,6 +141,7 @@ fn owns(entry: &PendingSlot, key: &PendingKey, owner: Owner) -> bool {
         && match owner {
             Owner::Proxy { isn_next } => entry.orig.server_isn_next == isn_next,
             Owner::App { tag } => phase::tag(entry.state) == tag,
+            Owner::MultipathApp => true,
         }
 }
 

@@ -332,7 +332,7 @@ fn finish_connect(
     let addr = SockAddr::from(target);
     // The fast-open paths send a first line with (or right after) the SYN.
     match via {
-        Via::Connect | Via::Mptcp => socket.connect(&addr).map_err(|e| errno("connect", e))?,
+        Via::Connect | Via::Mptcp => connect_blocking(&socket, &addr).map_err(|e| errno("connect", e))?,
         Via::Nonblocking => connect_nonblocking(&socket, &addr).map_err(|e| errno("connect", e))?,
         Via::IoUring => connect_io_uring(&socket, &addr).map_err(|e| errno("connect", e))?,
         Via::FastopenSendto => {
@@ -408,24 +408,37 @@ fn set_fastopen_connect(socket: &Socket) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A blocking connect. One interrupted (EINTR: an earlier probe's io_uring ring leaves task work
+/// that makes a wait with a send timeout end early) goes on in the kernel: it is waited for as a
+/// non-blocking one is, as an app that retries on EINTR does.
+fn connect_blocking(socket: &Socket, addr: &SockAddr) -> std::io::Result<()> {
+    match socket.connect(addr) {
+        Err(e) if e.raw_os_error() == Some(libc::EINTR) => wait_connected(socket),
+        other => other,
+    }
+}
+
+fn wait_connected(socket: &Socket) -> std::io::Result<()> {
+    let mut pollfd = libc::pollfd {
+        fd: socket.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    if unsafe { libc::poll(&mut pollfd, 1, 5000) } != 1 {
+        return Err(std::io::Error::from_raw_os_error(libc::ETIMEDOUT));
+    }
+    match socket.take_error()? {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 fn connect_nonblocking(socket: &Socket, addr: &SockAddr) -> std::io::Result<()> {
     socket.set_nonblocking(true)?;
     match socket.connect(addr) {
         Ok(()) => {}
-        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
-            let mut pollfd = libc::pollfd {
-                fd: socket.as_raw_fd(),
-                events: libc::POLLOUT,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            if unsafe { libc::poll(&mut pollfd, 1, 5000) } != 1 {
-                return Err(std::io::Error::from_raw_os_error(libc::ETIMEDOUT));
-            }
-            if let Some(e) = socket.take_error()? {
-                return Err(e);
-            }
-        }
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => wait_connected(socket)?,
         Err(e) => return Err(e),
     }
     socket.set_nonblocking(false)
