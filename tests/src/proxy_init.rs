@@ -658,9 +658,9 @@ pub fn configure(netns: &Path, flags: &[String]) -> Result<Vec<String>, String> 
     let mut ran = Vec::new();
     for pass in passes(&options, &extension)? {
         let (binary, save) = pass.pass.legacy_binaries();
-        let existing = nsenter(netns, save, &args(&["-t", "nat"]))?;
+        let existing = nsenter(netns, save, &args(&["-t", "nat"]), false)?;
         for command in pass.commands(&existing) {
-            nsenter(netns, binary, &command)?;
+            nsenter(netns, binary, &command, true)?;
             ran.push(format!("{binary} {}", command.join(" ")));
         }
     }
@@ -671,12 +671,18 @@ pub fn configure(netns: &Path, flags: &[String]) -> Result<Vec<String>, String> 
 /// namespace of its own, which linkerd-cni cannot mesh (`xt_owner` refuses an owner match
 /// written from outside it), as the pod's `linkerd-init` container runs it instead: inside that
 /// user namespace too, as the pod's root (`nsenter --user` sets uid and gid 0), with an xtables
-/// lock of its own, as a container has its own `/run`.
-fn nsenter(netns: &Path, binary: &str, args: &[String]) -> Result<String, String> {
+/// lock of its own, as a container has its own `/run`. Reads (`writes` false) stay in our user
+/// namespace: the first on a node loads `ip_tables` (iptables-legacy runs modprobe), which the
+/// pod's root may not (on a node, the runtime's or the agent's iptables have loaded it).
+fn nsenter(netns: &Path, binary: &str, args: &[String], writes: bool) -> Result<String, String> {
     let shown = format!("{binary} {}", args.join(" "));
     let mut command = Command::new("nsenter");
     command.arg(format!("--net={}", netns.display()));
-    let pod_users = pod_user_namespace(netns)?;
+    let pod_users = if writes {
+        pod_user_namespace(netns)?
+    } else {
+        None
+    };
     let lock = pod_users.as_ref().map(|_| LockOfItsOwn::new());
     if let (Some(userns), Some(lock)) = (&pod_users, &lock) {
         use std::os::fd::AsRawFd as _;
@@ -753,5 +759,5 @@ pub fn normalized_save(save: &str) -> String {
 
 /// `<save> -t nat` inside the namespace at `netns`.
 pub fn save_nat(netns: &Path, save: &str) -> String {
-    nsenter(netns, save, &args(&["-t", "nat"])).unwrap_or_else(|e| panic!("{e}"))
+    nsenter(netns, save, &args(&["-t", "nat"]), false).unwrap_or_else(|e| panic!("{e}"))
 }

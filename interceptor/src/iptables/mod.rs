@@ -238,11 +238,15 @@ impl<'a> Runner<'a> {
         }
     }
 
-    fn command(&self, binary: &str, args: &[String]) -> Command {
+    /// `binary` with `args` in the namespace; a write (`inside_users`) also inside its user
+    /// namespace. Reads stay in ours: the first read on a node loads `ip_tables` (iptables-legacy
+    /// runs modprobe), which no process inside a pod's user namespace may do.
+    fn command(&self, binary: &str, args: &[String], inside_users: bool) -> Command {
         let mut cmd = Command::new(binary);
         cmd.args(args);
+        let userns = self.userns.as_ref().filter(|_| inside_users);
         // The namespaces' fds stay open until after the spawn (self holds them).
-        match (&self.netns, &self.userns) {
+        match (&self.netns, userns) {
             (Some(netns), Some(userns)) => interceptor_sys::userns::enter_pod_before_exec(
                 &mut cmd,
                 netns.as_raw_fd(),
@@ -263,18 +267,24 @@ impl<'a> Runner<'a> {
         }
         args.extend(rule.0.iter().cloned());
         let shown = self.show(binary, rule);
-        self.capture(binary, &args, &shown)?;
+        self.capture(binary, &args, &shown, true)?;
         Ok(shown)
     }
 
     fn output(&self, binary: &str, args: &[&str]) -> Result<String, IptablesError> {
         let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
-        self.capture(binary, &args, &format!("{binary} {}", args.join(" ")))
+        self.capture(binary, &args, &format!("{binary} {}", args.join(" ")), false)
     }
 
-    fn capture(&self, binary: &str, args: &[String], shown: &str) -> Result<String, IptablesError> {
+    fn capture(
+        &self,
+        binary: &str,
+        args: &[String],
+        shown: &str,
+        inside_users: bool,
+    ) -> Result<String, IptablesError> {
         let out = self
-            .command(binary, args)
+            .command(binary, args, inside_users)
             .output()
             .map_err(|source| IptablesError::Spawn {
                 command: shown.into(),
