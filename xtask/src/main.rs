@@ -47,6 +47,10 @@ enum Task {
         /// Only this series (5.10, 6.1, 6.12, newest); may be repeated.
         #[arg(long = "kernel")]
         series: Vec<String>,
+        /// Only the runs of this test binary (e.g. behaviour_random); may be repeated. Set
+        /// INTERCEPTOR_RANDOM_SEED (or _BASE_SEED, _CONFIGS) to replay a random table's seed.
+        #[arg(long = "only")]
+        binaries: Vec<String>,
         /// libtest's --test-threads in each guest.
         #[arg(long, default_value_t = test::DEFAULT_GUEST_TEST_THREADS)]
         test_threads: u32,
@@ -102,6 +106,7 @@ fn run(task: Task) -> anyhow::Result<()> {
         Task::Kernels {
             full,
             series,
+            binaries,
             test_threads,
         } => test::kernels(&kernels::Options {
             scope: if full {
@@ -110,6 +115,7 @@ fn run(task: Task) -> anyhow::Result<()> {
                 kernels::Scope::Core
             },
             series,
+            binaries,
             test_threads,
         }),
         Task::Demo => kit::run("demo", &[]),

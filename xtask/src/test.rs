@@ -51,6 +51,7 @@ pub fn run(
         &kernels::Options {
             scope: kernels::Scope::Core,
             series: Vec::new(),
+            binaries: Vec::new(),
             test_threads: DEFAULT_GUEST_TEST_THREADS,
         },
     )

@@ -35,10 +35,19 @@ const HOST_PACKAGES: &[(&str, &str)] = &[
     ("dpkg-deb", "dpkg"),
 ];
 
+/// Variables passed from the host into every guest run, to replay a random table's seed.
+const REPLAYED_FROM_THE_HOST: [&str; 3] = [
+    "INTERCEPTOR_RANDOM_SEED",
+    "INTERCEPTOR_RANDOM_BASE_SEED",
+    "INTERCEPTOR_RANDOM_CONFIGS",
+];
+
 pub struct Options {
     pub scope: Scope,
     /// Only these series (`5.10`, `6.1`, `6.12`, `newest`); empty: all.
     pub series: Vec<String>,
+    /// Only the runs of these test binaries; empty: all.
+    pub binaries: Vec<String>,
     /// libtest's `--test-threads` in the guests.
     pub test_threads: u32,
 }
@@ -128,6 +137,9 @@ fn run_kernel(
         if run.scope == Scope::Full && options.scope == Scope::Core {
             continue;
         }
+        if !options.binaries.is_empty() && !options.binaries.iter().any(|b| b == run.binary) {
+            continue;
+        }
         let expectation = plan::expectation(run, version);
         let report =
             report::RunReport::not_run(run.id(), run.binary, run.features.label(), &expectation);
@@ -160,6 +172,13 @@ fn run_kernel(
             env.push(("INTERCEPTOR_KERNEL_FEATURES", value.to_owned()));
         }
         env.extend(run.env.iter().map(|(k, v)| (*k, (*v).to_owned())));
+        // A seed replayed from the host's environment wins over the plan's count.
+        for name in REPLAYED_FROM_THE_HOST {
+            if let Ok(value) = std::env::var(name) {
+                env.retain(|(k, _)| *k != name);
+                env.push((name, value));
+            }
+        }
         let slug = format!("{index:02}-{}", run.binary);
         planned.push(guest::GuestCommand {
             slug: slug.clone(),
