@@ -35,8 +35,6 @@ pub const INJECTED_LABEL: &str = "linkerd.io/control-plane-ns";
 pub const DAEMONSET: &str = "linkerd-cni";
 /// Where the chart installs it unless told otherwise (Linkerd's `defaultCNINamespace`).
 pub const DEFAULT_NAMESPACE: &str = "linkerd-cni";
-/// Each check's hint is this and its anchor: a section of our docs.
-pub const HINT_BASE: &str = "docs/kubernetes.md#";
 
 /// The metadata `interceptor namespace-metadata` gives the namespace, and the check expects,
 /// each with why.
