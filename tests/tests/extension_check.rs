@@ -346,7 +346,13 @@ fn the_namespace_labelled_for_the_extension_is_found() {
     assert_eq!(output.status.code(), Some(0));
     let labelled = check(&json, "interceptor's namespace is labelled for Linkerd");
     assert_eq!(labelled["result"], "warning");
-    assert!(error(labelled).contains("label linkerd.io/extension=interceptor is missing"));
+    assert!(error(labelled).contains("label linkerd.io/cni-resource=true is missing"));
+    // The extension label is asked for (linkerdExtension), never expected.
+    assert!(
+        !error(labelled).contains("linkerd.io/extension"),
+        "{}",
+        error(labelled)
+    );
 }
 
 #[test]

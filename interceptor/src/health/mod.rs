@@ -37,13 +37,10 @@ pub const DAEMONSET: &str = "linkerd-cni";
 pub const DEFAULT_NAMESPACE: &str = "linkerd-cni";
 
 /// The metadata `interceptor namespace-metadata` gives the namespace, and the check expects,
-/// each with why.
+/// each with why. The [`EXTENSION_LABEL`] is not among them: it is given only when asked
+/// (`--linkerd-extension`, the chart's `linkerdExtension`), since `linkerd check` warns for a
+/// labelled namespace whose `linkerd-interceptor` is not on its PATH.
 pub const NAMESPACE_LABELS: &[(&str, &str, &str)] = &[
-    (
-        EXTENSION_LABEL,
-        EXTENSION,
-        "`linkerd check` runs `linkerd-interceptor check` only for a namespace labelled so",
-    ),
     (
         "linkerd.io/cni-resource",
         "true",
