@@ -1178,14 +1178,14 @@ fn linkerd_interceptor_copies_out_of_the_image_with_podman_create_and_cp() {
     let name = unique_name("copy-out");
     let dir = std::env::temp_dir().join(&name);
     std::fs::create_dir_all(&dir).unwrap();
-    run(podman.command(&["create", "--name", &name, &image]), None);
+    run(&mut podman.command(&["create", "--name", &name, &image]), None);
     run(
         podman
             .command(&["cp", &format!("{name}:/usr/local/bin/linkerd-interceptor")])
             .arg(&dir),
         None,
     );
-    run(podman.command(&["rm", &name]), None);
+    run(&mut podman.command(&["rm", &name]), None);
     let copied = dir.join("linkerd-interceptor");
     let help = run(Command::new(&copied).arg("--help"), None);
     assert!(help.contains("check"), "{help}");

@@ -415,20 +415,33 @@ fn namespace_metadata_labels_the_namespace_keeping_what_is_there() {
     });
     assert_eq!(output.status.code(), Some(0));
     let stored = api.state().objects[0].clone();
-    assert_eq!(
-        stored["metadata"]["labels"],
-        json!({
-            "kubernetes.io/metadata.name": "icpt-meta",
-            "linkerd.io/extension": "interceptor",
-            "linkerd.io/cni-resource": "true",
-            "config.linkerd.io/admission-webhooks": "disabled",
-            "pod-security.kubernetes.io/enforce": "privileged",
-        })
-    );
+    let labels = json!({
+        "kubernetes.io/metadata.name": "icpt-meta",
+        "linkerd.io/cni-resource": "true",
+        "config.linkerd.io/admission-webhooks": "disabled",
+        "pod-security.kubernetes.io/enforce": "privileged",
+    });
+    assert_eq!(stored["metadata"]["labels"], labels);
     assert_eq!(
         stored["metadata"]["annotations"],
         json!({ "team": "net", "linkerd.io/inject": "disabled" })
     );
+    // The extension label only when asked, and removed when no longer asked.
+    let mut extension = labels.clone();
+    extension["linkerd.io/extension"] = json!("interceptor");
+    for (flag, expected) in [
+        (Some("--linkerd-extension"), &extension),
+        (None, &labels),
+    ] {
+        let mut args = vec!["namespace-metadata", "--namespace", "icpt-meta"];
+        args.extend(flag);
+        assert_eq!(cluster.run(&interceptor_bin(), &args).status.code(), Some(0));
+        assert_eq!(
+            api.state().objects[0]["metadata"]["labels"],
+            *expected,
+            "{flag:?}"
+        );
+    }
 
     // A namespace that does not exist is an error at once.
     let start = Instant::now();
