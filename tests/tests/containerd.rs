@@ -637,7 +637,11 @@ fn the_charts_default_image_imported_with_ctr_runs_through_cri_without_a_registr
         .arg(&mount)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let copied = node.dir.join("linkerd-interceptor");
     let copy = std::fs::copy(mount.join("usr/local/bin/linkerd-interceptor"), &copied);
     let out = node
@@ -645,7 +649,11 @@ fn the_charts_default_image_imported_with_ctr_runs_through_cri_without_a_registr
         .arg(&mount)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     copy.expect("linkerd-interceptor in the image");
     let cluster = Cluster::start(healthy());
     let args: Vec<&str> = ["check"].iter().chain(LINKERD_FLAGS).copied().collect();

@@ -880,7 +880,10 @@ fn a_linkerd2_cni_image_version_and_pull_policy_are_ignored_without_image_name()
             .into_iter()
             .flat_map(|o| {
                 let pod = &o["spec"]["template"]["spec"];
-                let init = pod["initContainers"].as_array().cloned().unwrap_or_default();
+                let init = pod["initContainers"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
                 init.into_iter()
                     .chain(pod["containers"].as_array().unwrap().iter().cloned())
             })
@@ -902,7 +905,11 @@ fn a_linkerd2_cni_image_version_and_pull_policy_are_ignored_without_image_name()
 
     let carried = render(&[r#"{"image": {"version": "v1.6.3", "pullPolicy": "Always"}}"#]);
     assert_eq!(images(&carried), local);
-    let notes = carried.notes.split_whitespace().collect::<Vec<_>>().join(" ");
+    let notes = carried
+        .notes
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
     for value in ["image.version=v1.6.3", "image.pullPolicy=Always"] {
         assert!(
             notes.contains(&format!(
@@ -1178,7 +1185,10 @@ fn linkerd_interceptor_copies_out_of_the_image_with_podman_create_and_cp() {
     let name = unique_name("copy-out");
     let dir = std::env::temp_dir().join(&name);
     std::fs::create_dir_all(&dir).unwrap();
-    run(&mut podman.command(&["create", "--name", &name, &image]), None);
+    run(
+        &mut podman.command(&["create", "--name", &name, &image]),
+        None,
+    );
     run(
         podman
             .command(&["cp", &format!("{name}:/usr/local/bin/linkerd-interceptor")])
@@ -1192,11 +1202,16 @@ fn linkerd_interceptor_copies_out_of_the_image_with_podman_create_and_cp() {
     // What the docs say it is.
     let file = run(Command::new("file").arg("-L").arg(&copied), None);
     assert!(
-        file.contains("ELF 64-bit") && file.contains("x86-64") && file.contains("dynamically linked"),
+        file.contains("ELF 64-bit")
+            && file.contains("x86-64")
+            && file.contains("dynamically linked"),
         "{file}"
     );
     let ldd = run(Command::new("ldd").arg(&copied), None);
-    assert!(ldd.contains("libc.so.6") && !ldd.contains("not found"), "{ldd}");
+    assert!(
+        ldd.contains("libc.so.6") && !ldd.contains("not found"),
+        "{ldd}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

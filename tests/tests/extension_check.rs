@@ -429,13 +429,13 @@ fn namespace_metadata_labels_the_namespace_keeping_what_is_there() {
     // The extension label only when asked, and removed when no longer asked.
     let mut extension = labels.clone();
     extension["linkerd.io/extension"] = json!("interceptor");
-    for (flag, expected) in [
-        (Some("--linkerd-extension"), &extension),
-        (None, &labels),
-    ] {
+    for (flag, expected) in [(Some("--linkerd-extension"), &extension), (None, &labels)] {
         let mut args = vec!["namespace-metadata", "--namespace", "icpt-meta"];
         args.extend(flag);
-        assert_eq!(cluster.run(&interceptor_bin(), &args).status.code(), Some(0));
+        assert_eq!(
+            cluster.run(&interceptor_bin(), &args).status.code(),
+            Some(0)
+        );
         assert_eq!(
             api.state().objects[0]["metadata"]["labels"],
             *expected,
