@@ -61,8 +61,9 @@ pub enum Command {
     /// injected that are not meshed or whose interception drifted.
     Check(CheckArgs),
     /// Label and annotate interceptor's namespace for Linkerd (the chart's post-install and
-    /// post-upgrade hook runs it): `linkerd.io/extension: interceptor`, so that `linkerd check`
-    /// runs `linkerd-interceptor check`, and what keeps Linkerd's injector and webhooks away.
+    /// post-upgrade hook runs it): what keeps Linkerd's injector and webhooks away, and with
+    /// `--linkerd-extension` `linkerd.io/extension: interceptor`, so that `linkerd check` runs
+    /// `linkerd-interceptor check`.
     NamespaceMetadata(NamespaceMetadataArgs),
 }
 
@@ -731,6 +732,11 @@ pub struct NamespaceMetadataArgs {
     /// How long to keep trying while the API does not answer or refuses, in milliseconds.
     #[arg(long, default_value_t = 120_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout_ms: u64,
+    /// Label the namespace `linkerd.io/extension: interceptor` (`linkerd check` then runs
+    /// `linkerd-interceptor check`, and warns where it is not on the PATH); without it, the
+    /// label is removed.
+    #[arg(long)]
+    pub linkerd_extension: bool,
 }
 
 /// A duration as Go writes and parses them (`time.ParseDuration`): `300s`, `5m0s`, `1h2m3.5s`,

@@ -18,10 +18,12 @@ use std::{
 
 use interceptor_tests::{
     agent_home::{free_loopback_addr, http_get, metric},
+    chart,
     cni_network::PRIMARY,
     containerd::{GATEWAY, NODE_NAME, Node, POD_NAMESPACE, Pod, pod_uid, to_node},
     fake_api::{self, FakeApi},
-    privileged,
+    linkerd_check::{Cluster, LINKERD_FLAGS, objects::healthy},
+    node_image, privileged,
     scenario::APP_UID,
 };
 use serde_json::{Value, json};
@@ -589,4 +591,74 @@ fn wait_stopped(pid: nix::unistd::Pid) {
         assert!(Instant::now() < deadline, "{pid} never stopped: {stat:?}");
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// The chart's default image is the one `ctr -n k8s.io images import` of `cargo xtask image`'s
+/// archive names: the CRI finds it under the rendered reference, so the kubelet, with the
+/// rendered pull policy, pulls nothing, and the default chart needs no registry. A container of
+/// it then starts through the CRI as the kubelet starts the DaemonSet's. `linkerd-interceptor`
+/// comes out of it with `ctr images mount`, as the docs say, and runs here as `linkerd check`
+/// runs it.
+#[test]
+fn the_charts_default_image_imported_with_ctr_runs_through_cri_without_a_registry() {
+    if !privileged() {
+        return;
+    }
+    let Some(archive) = node_image::archive() else {
+        return;
+    };
+    let rendered = chart::render(&[]);
+    let agent = chart::container(rendered.daemonset(), "agent");
+    let image = agent["image"].as_str().expect("an image").to_owned();
+    let policy = &agent["imagePullPolicy"];
+    assert!(
+        policy == "IfNotPresent" || policy == "Never",
+        "{policy}: the kubelet would pull"
+    );
+    let mut node = Node::new("ctrdimage");
+    assert!(!node.image_present(&image), "{image} before the import");
+    node.import_image(&archive);
+    assert!(
+        node.image_present(&image),
+        "the CRI does not find {image} after `ctr -n k8s.io images import`"
+    );
+
+    let pod = node.run_pod("linkerd-cni", &[]).expect("RunPodSandbox");
+    let exited = node.run_to_exit(&pod, "agent", &image, &["--version"]);
+    let tag = image.rsplit(':').next().unwrap();
+    assert_eq!(exited.exit_code, 0, "{}", exited.output);
+    assert_eq!(exited.output.trim(), format!("interceptor {tag}"));
+
+    // linkerd-interceptor, copied out of the image (it has no shell for `kubectl cp`).
+    let mount = node.dir.join("image-mount");
+    std::fs::create_dir_all(&mount).unwrap();
+    let out = node
+        .ctr(&["images", "mount", &image])
+        .arg(&mount)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let copied = node.dir.join("linkerd-interceptor");
+    let copy = std::fs::copy(mount.join("usr/local/bin/linkerd-interceptor"), &copied);
+    let out = node
+        .ctr(&["images", "unmount", "--rm"])
+        .arg(&mount)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    copy.expect("linkerd-interceptor in the image");
+    let cluster = Cluster::start(healthy());
+    let args: Vec<&str> = ["check"].iter().chain(LINKERD_FLAGS).copied().collect();
+    let output = cluster.run(&copied, &args);
+    assert_eq!(output.status.code(), Some(0));
+    let json: Value = serde_json::from_slice(&output.stdout).expect("Linkerd's JSON");
+    assert_eq!(json["success"], true, "{json:#}");
 }

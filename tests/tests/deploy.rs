@@ -772,7 +772,7 @@ fn the_namespace_gets_linkerd_cnis_labels_whoever_installs() {
     assert_eq!(labels["linkerd.io/cni-resource"], "true");
     assert_eq!(labels["config.linkerd.io/admission-webhooks"], "disabled");
     assert_eq!(labels["pod-security.kubernetes.io/enforce"], "privileged");
-    assert_eq!(labels["linkerd.io/extension"], "interceptor");
+    assert_eq!(labels.get("linkerd.io/extension"), None, "only when asked");
     assert_eq!(labels.get("linkerd.io/inject"), None);
     assert_eq!(
         namespace["metadata"]["annotations"],
@@ -866,6 +866,118 @@ fn linkerds_cni_plugin_image_is_refused() {
         container(rendered.daemonset(), "agent")["image"],
         "registry.example.com/linkerd/interceptor:0.1.0"
     );
+}
+
+/// Without image.name the image is interceptor's own as `cargo xtask image` names it: a
+/// linkerd2-cni values file's image.version (a tag of linkerd-cni's image) and pullPolicy
+/// Always, which would name or pull an image that exists nowhere, are ignored, and NOTES.txt
+/// names each. With image.name, both apply.
+#[test]
+fn a_linkerd2_cni_image_version_and_pull_policy_are_ignored_without_image_name() {
+    let images = |rendered: &Rendered| -> BTreeSet<(String, String)> {
+        let job = rendered.find("Job", "namespace-metadata");
+        [rendered.daemonset(), job]
+            .into_iter()
+            .flat_map(|o| {
+                let pod = &o["spec"]["template"]["spec"];
+                let init = pod["initContainers"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                init.into_iter()
+                    .chain(pod["containers"].as_array().unwrap().iter().cloned())
+            })
+            .map(|c| {
+                (
+                    c["image"].as_str().unwrap().to_owned(),
+                    c["imagePullPolicy"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let local = BTreeSet::from([(
+        "localhost/interceptor:0.1.0".to_owned(),
+        "IfNotPresent".to_owned(),
+    )]);
+    let default = render(&[]);
+    assert_eq!(images(&default), local);
+    assert!(!default.notes.contains("is ignored"), "{}", default.notes);
+
+    let carried = render(&[r#"{"image": {"version": "v1.6.3", "pullPolicy": "Always"}}"#]);
+    assert_eq!(images(&carried), local);
+    let notes = carried
+        .notes
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    for value in ["image.version=v1.6.3", "image.pullPolicy=Always"] {
+        assert!(
+            notes.contains(&format!(
+                "{value} is ignored: a linkerd2-cni values file sets it for linkerd-cni's image; \
+                 without image.name the image is localhost/interceptor:0.1.0, imagePullPolicy \
+                 IfNotPresent."
+            )),
+            "{value}: {notes}"
+        );
+    }
+    // What fits a local image is kept, and not mentioned.
+    let kept = render(&[r#"{"image": {"version": "0.1.0", "pullPolicy": "Never"}}"#]);
+    assert_eq!(
+        images(&kept),
+        BTreeSet::from([("localhost/interceptor:0.1.0".to_owned(), "Never".to_owned())])
+    );
+    assert!(!kept.notes.contains("is ignored"), "{}", kept.notes);
+    // With image.name, as given.
+    let pushed = render(&[
+        r#"{"image": {"name": "registry.example.com/interceptor", "version": "v1.6.3", "pullPolicy": "Always"}}"#,
+    ]);
+    assert_eq!(
+        images(&pushed),
+        BTreeSet::from([(
+            "registry.example.com/interceptor:v1.6.3".to_owned(),
+            "Always".to_owned()
+        )])
+    );
+    assert!(!pushed.notes.contains("is ignored"), "{}", pushed.notes);
+}
+
+/// `linkerd check` warns on every run for a namespace labelled `linkerd.io/extension` whose
+/// `linkerd-<name>` is not on its PATH: the label is given only when asked (linkerdExtension),
+/// by the Namespace a CLI renders and by the hook Job alike.
+#[test]
+fn the_extension_label_is_set_only_when_asked() {
+    for (values, label) in [
+        (&[][..], None),
+        (&[r#"{"linkerdExtension": false}"#][..], None),
+        (&[r#"{"linkerdExtension": true}"#][..], Some("interceptor")),
+    ] {
+        let cli = try_render(values, Some("CLI")).unwrap();
+        let labels = &cli.find("Namespace", NAMESPACE)["metadata"]["labels"];
+        assert_eq!(
+            labels.get("linkerd.io/extension").and_then(Value::as_str),
+            label,
+            "{values:?}"
+        );
+        let rendered = render(values);
+        let job = rendered.find("Job", "namespace-metadata");
+        let args = args_of(
+            &job["spec"]["template"]["spec"]["containers"][0],
+            &BTreeMap::new(),
+            NAMESPACE,
+        );
+        let interceptor::cli::Command::NamespaceMetadata(metadata) =
+            parse(&args, "namespace-metadata Job").command
+        else {
+            panic!("the Job runs {args:?}, not `namespace-metadata`");
+        };
+        assert_eq!(metadata.linkerd_extension, label.is_some(), "{values:?}");
+        assert_eq!(
+            rendered.notes.contains("put linkerd-interceptor on the"),
+            label.is_some(),
+            "{}",
+            rendered.notes
+        );
+    }
 }
 
 /// A mode the agent does not have, or a value of the wrong type, is refused by the values'
@@ -1054,6 +1166,53 @@ fn the_image_runs_the_agent_the_plugin_and_both_iptables_modes() {
             podman.run(&caps, &path, &args, None);
         }
     }
+}
+
+/// `linkerd-interceptor` (for `linkerd check`) comes out of the image as the docs say, with
+/// podman (the image has no shell, so no `kubectl cp`), and runs on this host.
+#[test]
+fn linkerd_interceptor_copies_out_of_the_image_with_podman_create_and_cp() {
+    if !privileged() {
+        return;
+    }
+    let Some(podman) = NodeImage::load() else {
+        return;
+    };
+    let image = container(render(&[]).daemonset(), "agent")["image"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let name = unique_name("copy-out");
+    let dir = std::env::temp_dir().join(&name);
+    std::fs::create_dir_all(&dir).unwrap();
+    run(
+        &mut podman.command(&["create", "--name", &name, &image]),
+        None,
+    );
+    run(
+        podman
+            .command(&["cp", &format!("{name}:/usr/local/bin/linkerd-interceptor")])
+            .arg(&dir),
+        None,
+    );
+    run(&mut podman.command(&["rm", &name]), None);
+    let copied = dir.join("linkerd-interceptor");
+    let help = run(Command::new(&copied).arg("--help"), None);
+    assert!(help.contains("check"), "{help}");
+    // What the docs say it is.
+    let file = run(Command::new("file").arg("-L").arg(&copied), None);
+    assert!(
+        file.contains("ELF 64-bit")
+            && file.contains("x86-64")
+            && file.contains("dynamically linked"),
+        "{file}"
+    );
+    let ldd = run(Command::new("ldd").arg(&copied), None);
+    assert!(
+        ldd.contains("libc.so.6") && !ldd.contains("not found"),
+        "{ldd}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The DaemonSet's own pod, from the image, by podman: it chains the plugin into the primary

@@ -101,9 +101,14 @@ fn a_node_whose_agent_is_down_is_named_and_fails_the_check() {
         "1 of 2 nodes without a ready agent: pods Linkerd injects there wait until one is\n\t* \
          node-b: pod linkerd-cni-node-b is not ready (container agent: CrashLoopBackOff)"
     );
-    assert_eq!(
-        ready["hint"],
-        "docs/kubernetes.md#linkerd-check-agents-ready"
+    // The hint is the fix in words, with our namespace, not a path into docs.
+    assert!(
+        ready["hint"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("kubectl -n {NAMESPACE} logs <pod> -c agent")),
+        "{}",
+        ready["hint"]
     );
     // Its status still says it can mesh: not trusted.
     let can_mesh = check(&json, CAN_MESH);
@@ -203,9 +208,13 @@ fn injected_pods_not_meshed_are_named_from_the_status_and_the_validator() {
          namespace\n\t* shop/cart-1 on node-b: linkerd-network-validator exited 95 (its traffic \
          is not redirected to the proxy)\n\t* and 2 more"
     );
-    assert_eq!(
-        meshed["hint"],
-        "docs/kubernetes.md#linkerd-check-pods-meshed"
+    assert!(
+        meshed["hint"]
+            .as_str()
+            .unwrap()
+            .contains("deleting the pod starts it again through the plugin"),
+        "{}",
+        meshed["hint"]
     );
     // The rest of the cluster is fine.
     assert_eq!(check(&json, CAN_MESH)["result"], "success");
@@ -337,7 +346,13 @@ fn the_namespace_labelled_for_the_extension_is_found() {
     assert_eq!(output.status.code(), Some(0));
     let labelled = check(&json, "interceptor's namespace is labelled for Linkerd");
     assert_eq!(labelled["result"], "warning");
-    assert!(error(labelled).contains("label linkerd.io/extension=interceptor is missing"));
+    assert!(error(labelled).contains("label linkerd.io/cni-resource=true is missing"));
+    // The extension label is asked for (linkerdExtension), never expected.
+    assert!(
+        !error(labelled).contains("linkerd.io/extension"),
+        "{}",
+        error(labelled)
+    );
 }
 
 #[test]
@@ -400,20 +415,33 @@ fn namespace_metadata_labels_the_namespace_keeping_what_is_there() {
     });
     assert_eq!(output.status.code(), Some(0));
     let stored = api.state().objects[0].clone();
-    assert_eq!(
-        stored["metadata"]["labels"],
-        json!({
-            "kubernetes.io/metadata.name": "icpt-meta",
-            "linkerd.io/extension": "interceptor",
-            "linkerd.io/cni-resource": "true",
-            "config.linkerd.io/admission-webhooks": "disabled",
-            "pod-security.kubernetes.io/enforce": "privileged",
-        })
-    );
+    let labels = json!({
+        "kubernetes.io/metadata.name": "icpt-meta",
+        "linkerd.io/cni-resource": "true",
+        "config.linkerd.io/admission-webhooks": "disabled",
+        "pod-security.kubernetes.io/enforce": "privileged",
+    });
+    assert_eq!(stored["metadata"]["labels"], labels);
     assert_eq!(
         stored["metadata"]["annotations"],
         json!({ "team": "net", "linkerd.io/inject": "disabled" })
     );
+    // The extension label only when asked, and removed when no longer asked.
+    let mut extension = labels.clone();
+    extension["linkerd.io/extension"] = json!("interceptor");
+    for (flag, expected) in [(Some("--linkerd-extension"), &extension), (None, &labels)] {
+        let mut args = vec!["namespace-metadata", "--namespace", "icpt-meta"];
+        args.extend(flag);
+        assert_eq!(
+            cluster.run(&interceptor_bin(), &args).status.code(),
+            Some(0)
+        );
+        assert_eq!(
+            api.state().objects[0]["metadata"]["labels"],
+            *expected,
+            "{flag:?}"
+        );
+    }
 
     // A namespace that does not exist is an error at once.
     let start = Instant::now();

@@ -1,8 +1,8 @@
 //! `cargo xtask image`: the node agent's OCI image, `target/image/interceptor.oci.tar`, built
 //! without pulling anything (no registry is reachable from where this is built and tested).
 //!
-//! The image is `FROM scratch` with a root filesystem assembled here: the release `interceptor`
-//! and `interceptor-cni` binaries, the iptables binaries `--takeover-iptables` runs (legacy and
+//! The image is `FROM scratch` with a root filesystem assembled here: the release `interceptor`,
+//! `interceptor-cni` and `linkerd-interceptor` binaries, the iptables binaries `--takeover-iptables` runs (legacy and
 //! nft, with their extension modules), and exactly the shared libraries all of these load, as
 //! `ldd` resolves them on this Debian system. Nothing else: no shell, no package manager. A
 //! Debian base image would need a registry or a bootstrap tool and would carry far more than the
@@ -26,7 +26,8 @@ use crate::{cmd, crash_points, setup, workspace_root};
 /// Where the image and its build context go, under the workspace.
 pub const IMAGE_DIR: &str = "target/image";
 pub const IMAGE_FILE: &str = "interceptor.oci.tar";
-/// The name the image is tagged with (and loaded under by `podman load`).
+/// The name the image is tagged with: the archive's `org.opencontainers.image.ref.name`, which
+/// `ctr images import` and `podman load` name it by, and the chart's default reference.
 pub const IMAGE_NAME: &str = "localhost/interceptor";
 
 /// The iptables front ends proxy-init's modes run, each a name of one of the two multi-call
@@ -99,9 +100,12 @@ pub fn build() -> anyhow::Result<PathBuf> {
     if rootfs.exists() {
         fs::remove_dir_all(&rootfs).with_context(|| format!("removing {}", rootfs.display()))?;
     }
+    // linkerd-interceptor is never run in the image: it is there to be copied out, for
+    // `linkerd check` on the users' machines (docs/kubernetes.md says how).
     let binaries = [
         build_dir.join("release/interceptor"),
         build_dir.join(HOST_TARGET).join("release/interceptor-cni"),
+        build_dir.join("release/linkerd-interceptor"),
     ];
     crash_points::check_binaries(&binaries)?;
     let bin = Path::new("/usr/local/bin");
@@ -171,7 +175,8 @@ pub fn build() -> anyhow::Result<PathBuf> {
     cmd::run(&mut podman(&["rmi", "--force", &tag]))?;
     let size = fs::metadata(&archive)?.len();
     println!(
-        "image {tag}: {} ({:.1} MiB); load it with `podman load -i {}`",
+        "image {tag}: {} ({:.1} MiB); on a containerd node, load it with \
+         `ctr -n k8s.io images import {}` (docs/kubernetes.md for other runtimes)",
         archive.display(),
         size as f64 / (1024.0 * 1024.0),
         archive.display()

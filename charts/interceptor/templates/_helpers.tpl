@@ -19,14 +19,46 @@ podLabels and commonLabels, which cannot replace the others.
 {{- end -}}
 
 {{/*
-The image every container runs. Linkerd's cni-plugin image is linkerd-cni's installer: a
-linkerd2-cni values file carried over names it, and it would run here as something it is not.
+The image every container runs. Without image.name, interceptor's own image as `cargo xtask
+image` names it, loaded on each node: no registry has it, so a linkerd2-cni values file's
+image.version (a tag of linkerd-cni's image) and pullPolicy Always would name or pull an image
+that exists nowhere; they are ignored, and NOTES.txt says so ("interceptor.imageIgnored").
+Linkerd's cni-plugin image is linkerd-cni's installer: a linkerd2-cni values file carried over
+names it, and it would run here as something it is not.
 */}}
+{{- define "interceptor.localImage" -}}
+{{- printf "localhost/interceptor:%s" .Chart.AppVersion -}}
+{{- end -}}
+
 {{- define "interceptor.image" -}}
 {{- if regexMatch "linkerd/cni-plugin([:@].*)?$" .Values.image.name -}}
 {{- fail (printf "image.name=%s is Linkerd's cni-plugin image (linkerd-cni's installer), not interceptor's: unset image.name (a linkerd2-cni values file sets it), or set it to where you pushed interceptor's image (cargo xtask image)" .Values.image.name) -}}
 {{- end -}}
+{{- if .Values.image.name -}}
 {{- printf "%s:%s" .Values.image.name (.Values.image.version | default .Chart.AppVersion) -}}
+{{- else -}}
+{{- include "interceptor.localImage" . -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "interceptor.imagePullPolicy" -}}
+{{- if and (not .Values.image.name) (eq .Values.image.pullPolicy "Always") -}}
+IfNotPresent
+{{- else -}}
+{{- .Values.image.pullPolicy -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The image values ignored without image.name, one "value=x" a line. */}}
+{{- define "interceptor.imageIgnored" -}}
+{{- if not .Values.image.name -}}
+{{- if and .Values.image.version (ne .Values.image.version .Chart.AppVersion) }}
+image.version={{ .Values.image.version }}
+{{- end -}}
+{{- if eq .Values.image.pullPolicy "Always" }}
+image.pullPolicy=Always
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/*

@@ -3,8 +3,9 @@
 //! linkerd-extension-init: Helm does not own a namespace it did not create
 //! (`--create-namespace`), so its metadata cannot come from a template.
 //!
-//! One merge patch sets [`NAMESPACE_LABELS`] and [`NAMESPACE_ANNOTATIONS`], leaving the rest of
-//! the namespace's metadata as it is; it needs only `patch` on that namespace. While the API does
+//! One merge patch sets [`NAMESPACE_LABELS`] and [`NAMESPACE_ANNOTATIONS`], and sets or removes
+//! the [`EXTENSION_LABEL`] (`--linkerd-extension`), leaving the rest of the namespace's metadata
+//! as it is; it needs only `patch` on that namespace. While the API does
 //! not answer, or refuses (a new role may take a moment to apply), it is tried again, for at most
 //! `--timeout-ms`.
 use std::time::{Duration, Instant};
@@ -19,21 +20,34 @@ use tracing::{info, warn};
 
 use crate::{
     cli::NamespaceMetadataArgs,
-    health::{NAMESPACE_ANNOTATIONS, NAMESPACE_LABELS, cluster::REQUEST_TIMEOUT},
+    health::{
+        EXTENSION, EXTENSION_LABEL, NAMESPACE_ANNOTATIONS, NAMESPACE_LABELS,
+        cluster::REQUEST_TIMEOUT,
+    },
     kubernetes,
 };
 
-/// The merge patch (RFC 7386) of the namespace's metadata.
-pub fn patch() -> Value {
+/// The merge patch (RFC 7386) of the namespace's metadata; without `linkerd_extension`, its
+/// null removes the extension label (an upgrade that turns the chart's `linkerdExtension` off).
+pub fn patch(linkerd_extension: bool) -> Value {
     let map = |entries: &[(&str, &str, &str)]| -> Map<String, Value> {
         entries
             .iter()
             .map(|(key, value, _)| ((*key).to_owned(), Value::from(*value)))
             .collect()
     };
+    let mut labels = map(NAMESPACE_LABELS);
+    labels.insert(
+        EXTENSION_LABEL.to_owned(),
+        if linkerd_extension {
+            Value::from(EXTENSION)
+        } else {
+            Value::Null
+        },
+    );
     json!({
         "metadata": {
-            "labels": map(NAMESPACE_LABELS),
+            "labels": labels,
             "annotations": map(NAMESPACE_ANNOTATIONS),
         }
     })
@@ -54,7 +68,7 @@ pub fn namespace_metadata(args: NamespaceMetadataArgs) -> anyhow::Result<()> {
             .await
             .map_err(anyhow::Error::msg)?;
         let namespaces: Api<Namespace> = Api::all(client);
-        let body = patch();
+        let body = patch(args.linkerd_extension);
         let patch = Patch::Merge(&body);
         let params = PatchParams {
             field_manager: Some("interceptor-namespace-metadata".to_owned()),
@@ -110,8 +124,9 @@ mod tests {
 
     #[test]
     fn the_patch_labels_and_annotates_as_linkerd_extensions_are() {
+        let extension = patch(true);
         assert_eq!(
-            patch(),
+            extension,
             json!({
                 "metadata": {
                     "labels": {
@@ -124,5 +139,9 @@ mod tests {
                 }
             })
         );
+        // Unasked, the label is removed (a merge patch's null), the rest the same.
+        let mut plain = extension;
+        plain["metadata"]["labels"]["linkerd.io/extension"] = Value::Null;
+        assert_eq!(patch(false), plain);
     }
 }

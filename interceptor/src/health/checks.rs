@@ -10,7 +10,7 @@ use interceptor_api::node_status::{NODE_STATUS_ANNOTATION, NodeStatus, PodProble
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec};
 
 use super::{
-    CATEGORY, CheckResult, DAEMONSET, EXTENSION, EXTENSION_LABEL, HINT_BASE, NAMESPACE_ANNOTATIONS,
+    CATEGORY, CheckResult, DAEMONSET, EXTENSION, EXTENSION_LABEL, NAMESPACE_ANNOTATIONS,
     NAMESPACE_LABELS, Outcome, Severity, cluster::Cluster, scheduling,
 };
 use crate::kubernetes::OWN_LABEL;
@@ -25,8 +25,10 @@ pub const VALIDATOR: &str = "linkerd-network-validator";
 /// One check.
 pub struct Check {
     pub description: &'static str,
-    /// Appended to [`HINT_BASE`].
-    pub anchor: &'static str,
+    /// What to do when it fails, in words that stand on their own: Linkerd prints it as "see
+    /// <hint> for hints" to someone who may hold only the binary. `{namespace}` is replaced by
+    /// the namespace checked.
+    pub hint: &'static str,
     /// A failure ends the run: the checks after it would have nothing to read.
     pub fatal: bool,
     /// An error is tried again until `--wait` runs out: it clears as pods become ready.
@@ -58,7 +60,7 @@ impl Check {
         CheckResult {
             category: CATEGORY,
             description,
-            hint: format!("{HINT_BASE}{}", self.anchor),
+            hint: self.hint.replace("{namespace}", &cluster.namespace),
             outcome,
         }
     }
@@ -67,49 +69,60 @@ impl Check {
 pub const CHECKS: &[Check] = &[
     Check {
         description: "interceptor's DaemonSet (linkerd-cni) exists",
-        anchor: "linkerd-check-daemonset",
+        hint: "the DaemonSet: `kubectl -n {namespace} get daemonset linkerd-cni --show-labels`; \
+               missing, install interceptor's chart in {namespace} (or pass --cni-namespace where it \
+               is); linkerd-cni's, remove the namespace's linkerd.io/extension label",
         fatal: true,
         retry: false,
         run: daemonset_exists,
     },
     Check {
         description: "interceptor's namespace is labelled for Linkerd",
-        anchor: "linkerd-check-namespace",
+        hint: "the namespace's labels: `kubectl get namespace {namespace} --show-labels`; \
+               `interceptor namespace-metadata --namespace {namespace}` (the chart's hook Job) \
+               gives it what is missing",
         fatal: false,
         retry: false,
         run: namespace_labelled,
     },
     Check {
         description: "agent pod is ready on every node",
-        anchor: "linkerd-check-agents-ready",
+        hint: "the agent's log: `kubectl -n {namespace} logs <pod> -c agent` (and -c \
+               install-cni); a node whose agent is not ready cannot mesh new pods",
         fatal: false,
         retry: true,
         run: agents_ready,
     },
     Check {
         description: "every node's agent can mesh pods",
-        anchor: "linkerd-check-agents-can-mesh",
+        hint: "the agent's log on that node: `kubectl -n {namespace} logs <pod> -c \
+               agent`, and `interceptor status` on the node",
         fatal: false,
         retry: false,
         run: agents_can_mesh,
     },
     Check {
         description: "CNI plugin is chained on every node",
-        anchor: "linkerd-check-cni-chained",
+        hint: "the install-cni container's log: `kubectl -n {namespace} logs <pod> -c \
+               install-cni`; usually destCNIBinDir or destCNINetDir is not where the node's CNI \
+               configuration is",
         fatal: false,
         retry: false,
         run: cni_chained,
     },
     Check {
         description: "every injected pod is meshed",
-        anchor: "linkerd-check-pods-meshed",
+        hint: "the pod's Events (`kubectl describe pod`, reason NotMeshed); deleting \
+               the pod starts it again through the plugin, meshed",
         fatal: false,
         retry: false,
         run: pods_meshed,
     },
     Check {
         description: "no meshed pod's interception has drifted",
-        anchor: "linkerd-check-pods-drifted",
+        hint: "the pod's Events (`kubectl describe pod`, reason \
+               InterceptionDrifted) and `interceptor status` on its node; deleting the pod starts \
+               it again with its interception as configured",
         fatal: false,
         retry: false,
         run: pods_not_drifted,

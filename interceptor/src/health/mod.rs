@@ -35,17 +35,12 @@ pub const INJECTED_LABEL: &str = "linkerd.io/control-plane-ns";
 pub const DAEMONSET: &str = "linkerd-cni";
 /// Where the chart installs it unless told otherwise (Linkerd's `defaultCNINamespace`).
 pub const DEFAULT_NAMESPACE: &str = "linkerd-cni";
-/// Each check's hint is this and its anchor: a section of our docs.
-pub const HINT_BASE: &str = "docs/kubernetes.md#";
 
 /// The metadata `interceptor namespace-metadata` gives the namespace, and the check expects,
-/// each with why.
+/// each with why. The [`EXTENSION_LABEL`] is not among them: it is given only when asked
+/// (`--linkerd-extension`, the chart's `linkerdExtension`), since `linkerd check` warns for a
+/// labelled namespace whose `linkerd-interceptor` is not on its PATH.
 pub const NAMESPACE_LABELS: &[(&str, &str, &str)] = &[
-    (
-        EXTENSION_LABEL,
-        EXTENSION,
-        "`linkerd check` runs `linkerd-interceptor check` only for a namespace labelled so",
-    ),
     (
         "linkerd.io/cni-resource",
         "true",

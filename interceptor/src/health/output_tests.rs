@@ -7,7 +7,7 @@ fn result(description: &str, outcome: Outcome) -> CheckResult {
     CheckResult {
         category: CATEGORY,
         description: description.to_owned(),
-        hint: "docs/kubernetes.md#linkerd-check-x".to_owned(),
+        hint: "the agent's log".to_owned(),
         outcome,
     }
 }
@@ -42,13 +42,13 @@ fn the_json_has_linkerds_field_names() {
                     { "description": "passes", "result": "success" },
                     {
                         "description": "warns",
-                        "hint": "docs/kubernetes.md#linkerd-check-x",
+                        "hint": "the agent's log",
                         "error": "maybe",
                         "result": "warning",
                     },
                     {
                         "description": "fails",
-                        "hint": "docs/kubernetes.md#linkerd-check-x",
+                        "hint": "the agent's log",
                         "error": "broken",
                         "result": "error",
                     },
@@ -85,7 +85,7 @@ fn the_table_is_linkerds() {
     assert_eq!(
         printed(Format::Table, &results),
         "linkerd-interceptor\n-------------------\n\u{221A} passes\n\u{00D7} fails\n    broken\n\t* \
-         node-a\n    see docs/kubernetes.md#linkerd-check-x for hints\n\nStatus check results \
+         node-a\n    see the agent's log for hints\n\nStatus check results \
          are \u{00D7}\n"
     );
     // Short: only what did not pass; nothing at all, not even the blank line, when all did.

@@ -10,8 +10,9 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 use super::Node;
 
-/// A CRI client on containerd's socket, once it answers.
-pub(super) async fn connect(socket: &Path) -> RuntimeServiceClient<Channel> {
+/// A channel to containerd's CRI socket, once it answers (the runtime and image services share
+/// it).
+pub(super) async fn connect(socket: &Path) -> Channel {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let path = socket.to_owned();
@@ -27,13 +28,13 @@ pub(super) async fn connect(socket: &Path) -> RuntimeServiceClient<Channel> {
             }))
             .await;
         if let Ok(channel) = channel {
-            let mut client = RuntimeServiceClient::new(channel);
+            let mut client = RuntimeServiceClient::new(channel.clone());
             if client
                 .version(k8s_cri::v1::VersionRequest::default())
                 .await
                 .is_ok()
             {
-                return client;
+                return channel;
             }
         }
         assert!(

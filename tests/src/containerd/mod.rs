@@ -15,6 +15,7 @@
 mod cleanup;
 mod config;
 mod cri;
+mod images;
 mod pause_image;
 mod pod;
 mod registrations;
@@ -26,7 +27,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use k8s_cri::v1::{
+    image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
+};
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
@@ -81,6 +84,8 @@ pub struct Node {
     containerd: Child,
     runtime: tokio::runtime::Runtime,
     client: RuntimeServiceClient<Channel>,
+    images: ImageServiceClient<Channel>,
+    socket: PathBuf,
     cgroup_parent: String,
     sandboxes: Vec<String>,
     // Dropped last: the pods' processes are killed with it.
@@ -177,7 +182,9 @@ impl Node {
             .enable_all()
             .build()
             .unwrap();
-        let client = runtime.block_on(cri::connect(&socket));
+        let channel = runtime.block_on(cri::connect(&socket));
+        let client = RuntimeServiceClient::new(channel.clone());
+        let images = ImageServiceClient::new(channel);
         let cgroup_parent = cgroup
             .path
             .strip_prefix(interceptor::cgroup::cgroup2_root().unwrap())
@@ -195,6 +202,8 @@ impl Node {
             containerd,
             runtime,
             client,
+            images,
+            socket: socket.clone(),
             cgroup_parent,
             sandboxes: Vec::new(),
             cgroup,

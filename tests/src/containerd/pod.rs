@@ -22,6 +22,8 @@ pub struct Pod {
     pub pid: u32,
     /// Where the test's processes of the pod run.
     pub cgroup: PathBuf,
+    /// What `RunPodSandbox` was sent, which `CreateContainer` sends again.
+    pub(super) config: PodSandboxConfig,
 }
 
 /// The UID of the node's pod `name`.
@@ -90,7 +92,7 @@ impl Node {
         let id = self
             .runtime
             .block_on(self.client.run_pod_sandbox(RunPodSandboxRequest {
-                config: Some(config),
+                config: Some(config.clone()),
                 runtime_handler: String::new(),
             }))?
             .into_inner()
@@ -147,6 +149,7 @@ impl Node {
             uid,
             pid,
             cgroup,
+            config,
         })
     }
 

@@ -11,6 +11,20 @@ pub use agent_pod::AgentPod;
 /// The image's name and tag once loaded.
 const IMAGE: &str = "localhost/interceptor:0.1.0";
 
+/// The image's OCI archive, `INTERCEPTOR_IMAGE`; `None`, after saying why the test skips, when
+/// it is not set, unless `INTERCEPTOR_REQUIRE_PRIVILEGED=1` forbids skipping.
+pub fn archive() -> Option<PathBuf> {
+    let Some(image) = std::env::var_os("INTERCEPTOR_IMAGE") else {
+        assert!(
+            std::env::var("INTERCEPTOR_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
+            "INTERCEPTOR_IMAGE is not set: `cargo xtask test` builds the image and sets it"
+        );
+        eprintln!("SKIPPED: INTERCEPTOR_IMAGE is not set (build it with `cargo xtask image`)");
+        return None;
+    };
+    Some(PathBuf::from(image))
+}
+
 /// A podman with an image store of the test's own, running containers with the tests' runc
 /// wrapper (these machines withhold the rlimits podman asks for).
 pub struct NodeImage {
@@ -21,14 +35,7 @@ impl NodeImage {
     /// The image loaded from `INTERCEPTOR_IMAGE`; `None`, after saying why the test skips, when
     /// it is not set, unless `INTERCEPTOR_REQUIRE_PRIVILEGED=1` forbids skipping.
     pub fn load() -> Option<Self> {
-        let Some(image) = std::env::var_os("INTERCEPTOR_IMAGE") else {
-            assert!(
-                std::env::var("INTERCEPTOR_REQUIRE_PRIVILEGED").as_deref() != Ok("1"),
-                "INTERCEPTOR_IMAGE is not set: `cargo xtask test` builds the image and sets it"
-            );
-            eprintln!("SKIPPED: INTERCEPTOR_IMAGE is not set (build it with `cargo xtask image`)");
-            return None;
-        };
+        let image = archive()?;
         let podman = Self {
             root: std::env::temp_dir().join(unique_name("image")),
         };
