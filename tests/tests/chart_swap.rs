@@ -30,7 +30,11 @@ fn repair_controller(values_file: &str) -> bool {
 fn keys_in_order(object: &str) -> Vec<String> {
     let mut keys = Vec::new();
     for line in object.lines() {
-        if let Some((key, _)) = line.trim().strip_prefix('"').and_then(|l| l.split_once("\":")) {
+        if let Some((key, _)) = line
+            .trim()
+            .strip_prefix('"')
+            .and_then(|l| l.split_once("\":"))
+        {
             keys.push(key.to_owned());
         }
     }
@@ -75,14 +79,20 @@ fn linkerd_cnis_pods_run_against_our_objects() {
         let binding = ours.find("ClusterRoleBinding", "linkerd-cni");
         assert_eq!(binding["roleRef"]["name"], "linkerd-cni");
         assert!(
-            binding["subjects"].as_array().unwrap().iter().any(|s| s["kind"]
-                == "ServiceAccount"
-                && s["name"] == linkerd2_cni::SERVICE_ACCOUNT
-                && s["namespace"] == NAMESPACE),
+            binding["subjects"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["kind"] == "ServiceAccount"
+                    && s["name"] == linkerd2_cni::SERVICE_ACCOUNT
+                    && s["namespace"] == NAMESPACE),
             "{file}: {binding}"
         );
         for use_ in linkerd2_cni::api_uses(repair_controller(file)) {
-            assert!(grants(&role["rules"], &use_), "{file}: {use_:?} not granted");
+            assert!(
+                grants(&role["rules"], &use_),
+                "{file}: {use_:?} not granted"
+            );
         }
     }
 }
@@ -96,12 +106,30 @@ const OUR_API_USES: [(ApiUse, bool); 10] = [
     (use_of("agent", "", "pods", "watch", None), true),
     (use_of("agent", "", "pods", "get", None), true),
     (use_of("agent", "", "namespaces", "get", None), true),
-    (use_of("agent", "", "services", "get", Some("kubernetes")), true),
+    (
+        use_of("agent", "", "services", "get", Some("kubernetes")),
+        true,
+    ),
     (use_of("agent", "", "nodes", "get", None), true),
     (use_of("agent", "", "nodes", "patch", None), false),
-    (use_of("agent", "events.k8s.io", "events", "create", None), false),
-    (use_of("agent", "events.k8s.io", "events", "patch", None), false),
-    (use_of("installer", "apps", "daemonsets", "get", Some("linkerd-cni")), false),
+    (
+        use_of("agent", "events.k8s.io", "events", "create", None),
+        false,
+    ),
+    (
+        use_of("agent", "events.k8s.io", "events", "patch", None),
+        false,
+    ),
+    (
+        use_of(
+            "installer",
+            "apps",
+            "daemonsets",
+            "get",
+            Some("linkerd-cni"),
+        ),
+        false,
+    ),
 ];
 
 const fn use_of(
@@ -231,10 +259,7 @@ fn linkerd2_cni_values_keep_their_meaning() {
     };
     assert_eq!(host_path("cni-net-dir"), "/etc/custom/net.d");
     assert_eq!(host_path("cni-bin-dir"), "/opt/custom/bin");
-    for note in [
-        "privileged=true runs install-cni privileged",
-        "mount-bpffs",
-    ] {
+    for note in ["privileged=true runs install-cni privileged", "mount-bpffs"] {
         assert!(every.notes.contains(note), "{note}: {}", every.notes);
     }
 }
@@ -243,7 +268,10 @@ fn linkerd2_cni_values_keep_their_meaning() {
 /// volume any container mounts is one of the pod's.
 #[test]
 fn linkerd2_cnis_extra_init_containers_mount_what_they_name() {
-    for file in [linkerd2_cni::EXTRA_INIT_CONTAINERS, linkerd2_cni::EVERY_VALUE] {
+    for file in [
+        linkerd2_cni::EXTRA_INIT_CONTAINERS,
+        linkerd2_cni::EVERY_VALUE,
+    ] {
         let rendered = render(&[file, OUR_IMAGE]);
         let pod = &rendered.daemonset()["spec"]["template"]["spec"];
         let volumes: BTreeSet<&str> = pod["volumes"]

@@ -692,12 +692,7 @@ fn every_value_lands_where_linkerd_cni_puts_it() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|v| {
-            (
-                v["name"].as_str().unwrap(),
-                v["hostPath"]["path"].as_str().unwrap(),
-            )
-        })
+        .filter_map(|v| Some((v["name"].as_str()?, v["hostPath"]["path"].as_str()?)))
         .collect();
     assert_eq!(host_paths["cni-bin-dir"], "/opt/custom/bin");
     assert_eq!(host_paths["cni-net-dir"], "/etc/custom/net.d");
@@ -917,8 +912,9 @@ fn a_bogus_mode_or_a_value_of_the_wrong_type_is_refused() {
     }
 }
 
-/// Each platform's values file moves the host's CNI directories, and changes nothing else: the
-/// same objects, the same containers, mounted at the same paths in them.
+/// Each platform's values file moves the host's CNI directories (and linkerd-cni's ConfigMap
+/// keys that name them), and changes nothing else: the same objects, the same containers,
+/// mounted at the same paths in them.
 #[test]
 fn each_platform_file_moves_only_the_cni_directories() {
     let base = render(&[]);
@@ -941,6 +937,12 @@ fn each_platform_file_moves_only_the_cni_directories() {
             .iter()
             .cloned()
             .map(|mut o| {
+                // linkerd-cni's ConfigMap keys name the same directories.
+                if o["kind"] == "ConfigMap" {
+                    let data = o["data"].as_object_mut().unwrap();
+                    data.remove("dest_cni_bin_dir");
+                    data.remove("dest_cni_net_dir");
+                }
                 if o["kind"] == "DaemonSet" {
                     o["spec"]["template"]["spec"]
                         .as_object_mut()
@@ -957,6 +959,8 @@ fn each_platform_file_moves_only_the_cni_directories() {
         expected.insert("cni-bin-dir".into(), json!(bin));
         expected.insert("cni-net-dir".into(), json!(conf));
         assert_eq!(volumes(&platform), expected, "{file}");
+        assert_eq!(platform.config()["dest_cni_bin_dir"], bin, "{file}");
+        assert_eq!(platform.config()["dest_cni_net_dir"], conf, "{file}");
         assert_eq!(without_volumes(&platform), without_volumes(&base), "{file}");
     }
 }

@@ -80,7 +80,13 @@ pub fn api_uses(repair_controller: bool) -> Vec<ApiUse> {
             api("repair-controller", "", "pods", "list", None),
             api("repair-controller", "", "pods", "watch", None),
             api("repair-controller", "", "pods", "delete", None),
-            api("repair-controller", "events.k8s.io", "events", "create", None),
+            api(
+                "repair-controller",
+                "events.k8s.io",
+                "events",
+                "create",
+                None,
+            ),
         ]);
     }
     uses

@@ -63,7 +63,12 @@ impl Rendered {
             .split_once("\"linkerd\":")
             .unwrap_or_else(|| panic!("no linkerd block in {entry}"))
             .1;
-        block.trim_end().strip_suffix('}').unwrap().trim().to_owned()
+        block
+            .trim_end()
+            .strip_suffix('}')
+            .unwrap()
+            .trim()
+            .to_owned()
     }
 
     /// The ConfigMap's data: linkerd-cni's keys (our containers read none of them).
