@@ -270,7 +270,12 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
     let (log_level, daemon) = agent_args(&rendered);
     assert!(daemon.kubernetes, "--kubernetes");
     // Repair registers a pod with what its ADD would have given: the plugin's linkerd block.
-    assert_eq!(daemon.linkerd, config["linkerd"], "--linkerd");
+    let block: Value = serde_json::from_str(&rendered.linkerd_block()).unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&daemon.linkerd).unwrap(),
+        block,
+        "--linkerd"
+    );
     assert_eq!(daemon.repair_interval, 10, "repair is on");
     assert_eq!(daemon.max_pods, interceptor_common::MAX_PODS);
     assert_eq!(
@@ -399,7 +404,11 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
     assert!(watch, "--watch");
     assert_eq!(owner, own_daemonset);
     assert_eq!(kubeconfig, None, "the pod's service account");
-    assert_eq!(linkerd, config["linkerd"], "--linkerd");
+    assert_eq!(
+        serde_json::from_str::<Value>(&linkerd).unwrap(),
+        block,
+        "--linkerd"
+    );
     // The host's CNI directories (destCNIBinDir, destCNINetDir), where it is told to write.
     let host_path = |mount_path: &Path| -> String {
         let mount = installer["volumeMounts"]
@@ -458,7 +467,7 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
 
     // The block as linkerd2-cni renders it with its defaults
     // (charts/linkerd2-cni/templates/cni-plugin.yaml:164-183), which the plugin accepts.
-    let linkerd = &config["linkerd"];
+    let linkerd = &rendered.linkerd_block();
     assert_eq!(
         keys_in_order(linkerd),
         [
@@ -493,8 +502,11 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
     assert!(settings.config.ports_to_redirect.is_empty(), "every port");
     // Linkerd's default proxy listens on IPv4 only (linkerd-cni writes "ipv6": false).
     assert!(!settings.config.ipv6, "the ConfigMap meshes IPv4 only");
-    assert_eq!(config["mode"], "auto");
-    assert_eq!(config["iptables-mode"], "nft");
+    assert_eq!(daemon.mode, interceptor::cli::Mode::Auto);
+    assert_eq!(
+        daemon.iptables.iptables_mode,
+        interceptor::iptables::IptablesMode::Nft
+    );
 
     // Nothing in NOTES.txt about values this chart ignores: none was set.
     assert!(!rendered.notes.contains("ignored"), "{}", rendered.notes);
@@ -539,7 +551,7 @@ fn every_value_lands_where_linkerd_cni_puts_it() {
     // proxy-gid only when >= 0, ports-to-redirect as written (numbers), inbound-ports-to-ignore
     // the admin port, the control port, then ignoreInboundPorts, outbound-ports-to-ignore only
     // when set, "ipv6" the opposite of disableIPv6.
-    let linkerd = &config["linkerd"];
+    let linkerd = &rendered.linkerd_block();
     assert_eq!(
         keys_in_order(linkerd),
         [
@@ -655,7 +667,19 @@ fn every_value_lands_where_linkerd_cni_puts_it() {
         rendered.find("ServiceAccount", "linkerd-cni")["imagePullSecrets"],
         json!([{"name": "registry-login"}])
     );
-    // resources.*: the agent's.
+    // agent.resources.*: the agent's; resources.*: install-cni's, as in linkerd-cni.
+    assert_eq!(
+        container(daemonset, "install-cni")["resources"],
+        json!({
+            "limits": {"cpu": "100m", "memory": "96Mi", "ephemeral-storage": "200Mi"},
+            "requests": {"cpu": "10m", "memory": "16Mi", "ephemeral-storage": "20Mi"},
+        })
+    );
+    assert_eq!(
+        container(daemonset, "install-cni")["securityContext"]["privileged"],
+        true,
+        "privileged: install-cni, as linkerd-cni's"
+    );
     assert_eq!(
         container(daemonset, "agent")["resources"],
         json!({
@@ -668,19 +692,12 @@ fn every_value_lands_where_linkerd_cni_puts_it() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|v| {
-            (
-                v["name"].as_str().unwrap(),
-                v["hostPath"]["path"].as_str().unwrap(),
-            )
-        })
+        .filter_map(|v| Some((v["name"].as_str()?, v["hostPath"]["path"].as_str()?)))
         .collect();
-    assert_eq!(host_paths["cni-bin"], "/opt/custom/bin");
-    assert_eq!(host_paths["cni-conf"], "/etc/custom/net.d");
+    assert_eq!(host_paths["cni-bin-dir"], "/opt/custom/bin");
+    assert_eq!(host_paths["cni-net-dir"], "/etc/custom/net.d");
 
     // Our own values: the agent's flags.
-    assert_eq!(config["mode"], "iptables");
-    assert_eq!(config["iptables-mode"], "legacy");
     let (log_level, daemon) = agent_args(&rendered);
     assert_eq!(
         daemon.startup_taint.as_deref(),
@@ -744,7 +761,7 @@ fn every_value_lands_where_linkerd_cni_puts_it() {
     // The values with no meaning here are accepted, and NOTES.txt says why they do nothing.
     for value in [
         "enablePSP=true is ignored",
-        "privileged=true is ignored",
+        "privileged=true runs install-cni privileged",
         "repairController.enabled=true is ignored",
     ] {
         assert!(
@@ -986,10 +1003,9 @@ fn the_extension_label_is_set_only_when_asked() {
 fn a_bogus_mode_or_a_value_of_the_wrong_type_is_refused() {
     for (values, path) in [
         (r#"{"mode": "bogus"}"#, "/mode"),
-        (r#"{"inboundProxyPort": "4143"}"#, "/inboundProxyPort"),
+        (r#"{"inboundProxyPort": "http"}"#, "/inboundProxyPort"),
         (r#"{"disableIPv6": "false"}"#, "/disableIPv6"),
         (r#"{"iptablesMode": "nftables"}"#, "/iptablesMode"),
-        (r#"{"ignoreInboundPorts": "25, 26"}"#, "/ignoreInboundPorts"),
         (r#"{"metrics": {"prot": 9990}}"#, "/metrics"),
     ] {
         let refused = try_render(&[values], None)
@@ -1003,12 +1019,14 @@ fn a_bogus_mode_or_a_value_of_the_wrong_type_is_refused() {
     }
     for mode in ["auto", "ebpf", "iptables"] {
         let values = json!({"mode": mode}).to_string();
-        assert_eq!(render(&[&values]).config()["mode"], mode);
+        let (_, daemon) = agent_args(&render(&[&values]));
+        assert_eq!(format!("{:?}", daemon.mode).to_lowercase(), mode);
     }
 }
 
-/// Each platform's values file moves the host's CNI directories, and changes nothing else: the
-/// same objects, the same containers, mounted at the same paths in them.
+/// Each platform's values file moves the host's CNI directories (and linkerd-cni's ConfigMap
+/// keys that name them), and changes nothing else: the same objects, the same containers,
+/// mounted at the same paths in them.
 #[test]
 fn each_platform_file_moves_only_the_cni_directories() {
     let base = render(&[]);
@@ -1031,6 +1049,12 @@ fn each_platform_file_moves_only_the_cni_directories() {
             .iter()
             .cloned()
             .map(|mut o| {
+                // linkerd-cni's ConfigMap keys name the same directories.
+                if o["kind"] == "ConfigMap" {
+                    let data = o["data"].as_object_mut().unwrap();
+                    data.remove("dest_cni_bin_dir");
+                    data.remove("dest_cni_net_dir");
+                }
                 if o["kind"] == "DaemonSet" {
                     o["spec"]["template"]["spec"]
                         .as_object_mut()
@@ -1044,9 +1068,11 @@ fn each_platform_file_moves_only_the_cni_directories() {
     for (file, bin, conf) in PLATFORMS {
         let platform = render(&[file]);
         let mut expected = volumes(&base);
-        expected.insert("cni-bin".into(), json!(bin));
-        expected.insert("cni-conf".into(), json!(conf));
+        expected.insert("cni-bin-dir".into(), json!(bin));
+        expected.insert("cni-net-dir".into(), json!(conf));
         assert_eq!(volumes(&platform), expected, "{file}");
+        assert_eq!(platform.config()["dest_cni_bin_dir"], bin, "{file}");
+        assert_eq!(platform.config()["dest_cni_net_dir"], conf, "{file}");
         assert_eq!(without_volumes(&platform), without_volumes(&base), "{file}");
     }
 }

@@ -91,3 +91,96 @@ warn
 {{- .Values.logLevel -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The CNI plugin's `linkerd` block, for the installer and the agent (whose repair meshes a pod as
+its ADD would have): keys, order and values as linkerd2-cni's chart renders its block for the
+same values (templates/cni-plugin.yaml, cni_network_config). Every key not written takes
+Linkerd's default; "ipv6" false unless disableIPv6 is false, as Linkerd's default proxy listens
+on IPv4 only. A port list linkerd-cni would read only in part is refused
+(interceptor.checkPortList).
+*/}}
+{{- define "interceptor.linkerdBlock" -}}
+{{- include "interceptor.checkPortList" (list "ignoreInboundPorts" .Values.ignoreInboundPorts) -}}
+{{- include "interceptor.checkPortList" (list "ignoreOutboundPorts" .Values.ignoreOutboundPorts) -}}
+{
+  "incoming-proxy-port": {{ int64 .Values.inboundProxyPort }},
+  "outgoing-proxy-port": {{ int64 .Values.outboundProxyPort }},
+  "proxy-uid": {{ int64 .Values.proxyUID }},
+  {{- if ge (int64 .Values.proxyGID) 0 }}
+  "proxy-gid": {{ int64 .Values.proxyGID }},
+  {{- end }}
+  "ports-to-redirect": [{{ .Values.portsToRedirect }}],
+  "inbound-ports-to-ignore": [{{ include "interceptor.portList" (list .Values.proxyAdminPort .Values.proxyControlPort .Values.ignoreInboundPorts) }}],
+  {{- with .Values.ignoreOutboundPorts }}
+  "outbound-ports-to-ignore": [{{ include "interceptor.portList" (list .) }}],
+  {{- end }}
+  "simulate": false,
+  "use-wait-flag": {{ .Values.useWaitFlag }},
+  "iptables-mode": {{ .Values.iptablesMode | quote }},
+  "ipv6": {{ ternary "false" "true" .Values.disableIPv6 }}
+}
+{{- end -}}
+
+{{/*
+A list of ports and ranges as linkerd2-cni takes it: split at commas, each part quoted as
+written. linkerd-cni skips at run time a part that is not a port or a range (" 26" of
+"25, 26"), so that port would not be ignored as the value says: refused, naming the part.
+*/}}
+{{- define "interceptor.checkPortList" -}}
+{{- $name := index . 0 -}}
+{{- $text := toString (index . 1) -}}
+{{- if $text -}}
+{{- range splitList "," $text -}}
+{{- if not (regexMatch "^[0-9]+(-[0-9]+)?$" .) -}}
+{{- fail (printf "%s=%q: linkerd-cni would skip the part %q (not a port or a range of ports) and redirect that port; write the ports and ranges with commas only, e.g. \"25,26,8000-8080\"" $name $text .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A container's resources from a linkerd2-cni-shaped map (cpu, memory, ephemeral-storage, each
+with limit and request; "" for none), as linkerd2-cni's partials.resources renders them.
+*/}}
+{{- define "interceptor.resources" -}}
+{{- $storage := index . "ephemeral-storage" | default dict -}}
+{{- $cpu := .cpu | default dict -}}
+{{- $memory := .memory | default dict -}}
+{{- if or $cpu.limit $memory.limit $storage.limit }}
+limits:
+  {{- with $cpu.limit }}
+  cpu: {{ . | quote }}
+  {{- end }}
+  {{- with $memory.limit }}
+  memory: {{ . | quote }}
+  {{- end }}
+  {{- with $storage.limit }}
+  ephemeral-storage: {{ . | quote }}
+  {{- end }}
+{{- end }}
+{{- if or $cpu.request $memory.request $storage.request }}
+requests:
+  {{- with $cpu.request }}
+  cpu: {{ . | quote }}
+  {{- end }}
+  {{- with $memory.request }}
+  memory: {{ . | quote }}
+  {{- end }}
+  {{- with $storage.request }}
+  ephemeral-storage: {{ . | quote }}
+  {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+updateStrategy with a maxSurge above 0 refused: two agents on one node would both bind the
+metrics port on the node's address (the second never starts, so the update stalls), and the
+pinned programs are taken over by one agent from the one before, never shared.
+*/}}
+{{- define "interceptor.checkUpdateStrategy" -}}
+{{- $surge := toString (dig "rollingUpdate" "maxSurge" "0" .Values.updateStrategy) -}}
+{{- if not (has $surge (list "0" "0%" "")) -}}
+{{- fail (printf "updateStrategy.rollingUpdate.maxSurge=%s: two agents cannot run on one node (the second cannot bind the metrics port %d on the node's address, so the update would stall): unset maxSurge or set it to 0, and use maxUnavailable" $surge (int64 .Values.metrics.port)) -}}
+{{- end -}}
+{{- end -}}

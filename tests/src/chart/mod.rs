@@ -5,6 +5,7 @@ use std::{collections::BTreeMap, path::Path, process::Command};
 use serde_json::Value;
 
 pub mod args;
+pub mod linkerd2_cni;
 pub mod schemas;
 
 /// The workspace's root, where the chart's paths start.
@@ -54,7 +55,23 @@ impl Rendered {
         self.find("DaemonSet", "linkerd-cni")
     }
 
-    /// The ConfigMap's data, which the containers' `$(VAR)`s name.
+    /// The plugin's `linkerd` block as the ConfigMap's `cni_network_config` (linkerd-cni's
+    /// conflist entry) carries it, as written.
+    pub fn linkerd_block(&self) -> String {
+        let entry = &self.config()["cni_network_config"];
+        let block = entry
+            .split_once("\"linkerd\":")
+            .unwrap_or_else(|| panic!("no linkerd block in {entry}"))
+            .1;
+        block
+            .trim_end()
+            .strip_suffix('}')
+            .unwrap()
+            .trim()
+            .to_owned()
+    }
+
+    /// The ConfigMap's data: linkerd-cni's keys (our containers read none of them).
     pub fn config(&self) -> BTreeMap<String, String> {
         serde_json::from_value(self.find("ConfigMap", "linkerd-cni-config")["data"].clone())
             .unwrap()

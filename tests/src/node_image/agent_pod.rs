@@ -38,13 +38,10 @@ impl AgentPod {
         let bpffs = Path::new("/sys/fs/bpf/interceptor-tests").join(unique_name("kubeplay"));
         std::fs::create_dir_all(&bpffs).unwrap();
 
-        let rendered = render(&[]);
-        let mut config = rendered.find("ConfigMap", "linkerd-cni-config").clone();
-        // The pods here connect over both families (the proxies listen on both): the one line
-        // a cluster whose Linkerd runs with disableIPv6=false changes.
-        let linkerd = config["data"]["linkerd"].as_str().unwrap();
-        assert!(linkerd.contains(r#""ipv6": false"#), "{linkerd}");
-        config["data"]["linkerd"] = json!(linkerd.replace(r#""ipv6": false"#, r#""ipv6": true"#));
+        // The pods here connect over both families (the proxies listen on both), as in a
+        // cluster whose Linkerd runs with disableIPv6=false.
+        let rendered = render(&[r#"{"disableIPv6": false}"#]);
+        let config = rendered.find("ConfigMap", "linkerd-cni-config").clone();
         let daemonset = rendered.daemonset();
         let namespace = daemonset["metadata"]["namespace"].as_str().unwrap();
         let mut spec = daemonset["spec"]["template"]["spec"].clone();
