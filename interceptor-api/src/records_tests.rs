@@ -60,7 +60,12 @@ fn a_records_host_ids_are_kept_and_an_older_record_has_none() {
     let json = to_json(&with_ids).unwrap();
     let value: serde_json::Value = serde_json::from_slice(&json).unwrap();
     assert_eq!(value["host_ids"], serde_json::json!({"proxy_uid": 202102}));
-    assert_eq!(read("9.json", std::str::from_utf8(&json).unwrap()).unwrap().record, with_ids);
+    assert_eq!(
+        read("9.json", std::str::from_utf8(&json).unwrap())
+            .unwrap()
+            .record,
+        with_ids
+    );
     let older = r#"{"netns":"/p","netns_cookie":9,"meta":{},
         "config":{"incoming_proxy_port":4143,"outgoing_proxy_port":4140,"proxy_uid":2102}}"#;
     assert_eq!(read("9.json", older).unwrap().record.host_ids, None);

@@ -37,8 +37,12 @@ use crate::{
 /// side's, by its socket's tag (`pending_phase::app_tag`).
 #[derive(Clone, Copy)]
 pub enum Owner {
-    Proxy { isn_next: u32 },
-    App { tag: u32 },
+    Proxy {
+        isn_next: u32,
+    },
+    App {
+        tag: u32,
+    },
     /// An MPTCP app socket: its first subflow, whose cookie tagged the entry, is a socket of
     /// its own that `getpeername` on the MPTCP socket cannot name, so its 4-tuple alone says.
     MultipathApp,

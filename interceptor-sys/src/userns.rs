@@ -203,7 +203,10 @@ mod tests {
             if std::fs::metadata(&path).unwrap().ino() != ours {
                 break File::open(&path).unwrap();
             }
-            assert!(std::time::Instant::now() < deadline, "unshare never ran sleep");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "unshare never ran sleep"
+            );
             std::thread::sleep(std::time::Duration::from_millis(10));
         };
         // A map is written once, by a process with CAP_SETUID over the namespace: ours.
@@ -215,7 +218,11 @@ mod tests {
         let _ = child.kill();
         let _ = child.wait();
         let (uid_map, gid_map) = maps.unwrap();
-        let fields = |map: &str| map.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        let fields = |map: &str| {
+            map.split_whitespace()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
         assert_eq!(fields(&uid_map), ["0", "300000", "65536"]);
         assert_eq!(fields(&gid_map), ["0", "300000", "65536"]);
     }

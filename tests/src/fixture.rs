@@ -46,7 +46,9 @@ impl Netns {
             .args(["--user", "--net", "sleep", "60"])
             .spawn()
             .expect("unshare");
-        let ours = std::fs::metadata("/proc/self/ns/net").expect("our netns").ino();
+        let ours = std::fs::metadata("/proc/self/ns/net")
+            .expect("our netns")
+            .ino();
         let deadline = Instant::now() + Duration::from_secs(10);
         // unshare makes the namespaces, then runs sleep: wait for the first.
         loop {
@@ -54,7 +56,10 @@ impl Netns {
             if theirs.is_ok_and(|m| m.ino() != ours) {
                 break;
             }
-            assert!(Instant::now() < deadline, "unshare never made its namespaces");
+            assert!(
+                Instant::now() < deadline,
+                "unshare never made its namespaces"
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
         let map = format!("0 {POD_USERS_ON_HOST} 65536\n");
@@ -63,7 +68,9 @@ impl Netns {
                 .unwrap_or_else(|e| panic!("writing the pod's {file}: {e}"));
         }
         let pid = child.id().to_string();
-        let attached = Command::new("ip").args(["netns", "attach", &name, &pid]).output();
+        let attached = Command::new("ip")
+            .args(["netns", "attach", &name, &pid])
+            .output();
         let _ = child.kill();
         let _ = child.wait();
         let out = attached.expect("ip netns attach");

@@ -171,7 +171,8 @@ fn an_id_the_pod_does_not_map_is_refused() {
         .expect("the pod's user namespace");
     let e = users.host_ids(&config).unwrap_err();
     assert!(
-        e.to_string().contains("does not map its proxy-uid 70000 (it maps 0-65535)"),
+        e.to_string()
+            .contains("does not map its proxy-uid 70000 (it maps 0-65535)"),
         "{e}"
     );
     let out = std::process::Command::new(BIN)
@@ -182,7 +183,10 @@ fn an_id_the_pod_does_not_map_is_refused() {
         .expect("interceptor run");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("does not map its proxy-uid 70000"), "{stderr}");
+    assert!(
+        stderr.contains("does not map its proxy-uid 70000"),
+        "{stderr}"
+    );
     let nat = interceptor::iptables::save_nat(
         &Iptables(IptablesMode::Legacy).options(&fixture, false),
         interceptor::iptables::Family::V4,
@@ -217,7 +221,10 @@ fn assert_meshed(fixture: &PodFixture) {
             name,
             orig: Ok(orig),
             ..
-        } => assert_eq!((name.as_str(), orig.to_string().as_str()), ("inbound", "10.77.0.1:80")),
+        } => assert_eq!(
+            (name.as_str(), orig.to_string().as_str()),
+            ("inbound", "10.77.0.1:80")
+        ),
         other => panic!("expected the inbound proxy, got {other:?}"),
     }
 }

@@ -214,8 +214,13 @@ mod tests {
             .into();
         let config = crate::config::InterceptionConfig::linkerd();
         let host_ids = crate::config::user_ids::HostIds::of_host_pod(&config);
-        let mut pod =
-            super::pod_config(interceptor_common::PodSlot(3), &config, host_ids, &addresses, false);
+        let mut pod = super::pod_config(
+            interceptor_common::PodSlot(3),
+            &config,
+            host_ids,
+            &addresses,
+            false,
+        );
         assert_eq!(super::own_addresses(&pod), addresses);
         for addr in &addresses {
             assert!(pod.is_own_address((*addr).into()), "{addr}");

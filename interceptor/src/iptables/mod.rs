@@ -193,12 +193,12 @@ impl<'a> Runner<'a> {
         // iptables itself does not: skip it.
         let netns = netns.filter(|ns| !same_file(ns, Path::new("/proc/self/ns/net")));
         let userns = match (&netns, &options.netns) {
-            (Some(netns), Some(path)) => foreign_owner(netns).map_err(|source| {
-                IptablesError::Netns {
+            (Some(netns), Some(path)) => {
+                foreign_owner(netns).map_err(|source| IptablesError::Netns {
                     path: path.clone(),
                     source,
-                }
-            })?,
+                })?
+            }
             _ => None,
         };
         Ok(Self {
@@ -273,7 +273,12 @@ impl<'a> Runner<'a> {
 
     fn output(&self, binary: &str, args: &[&str]) -> Result<String, IptablesError> {
         let args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
-        self.capture(binary, &args, &format!("{binary} {}", args.join(" ")), false)
+        self.capture(
+            binary,
+            &args,
+            &format!("{binary} {}", args.join(" ")),
+            false,
+        )
     }
 
     fn capture(

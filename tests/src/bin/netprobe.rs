@@ -332,18 +332,20 @@ fn finish_connect(
     let addr = SockAddr::from(target);
     // The fast-open paths send a first line with (or right after) the SYN.
     match via {
-        Via::Connect | Via::Mptcp => connect_blocking(&socket, &addr).map_err(|e| errno("connect", e))?,
+        Via::Connect | Via::Mptcp => {
+            connect_blocking(&socket, &addr).map_err(|e| errno("connect", e))?
+        }
         Via::Nonblocking => connect_nonblocking(&socket, &addr).map_err(|e| errno("connect", e))?,
         Via::IoUring => connect_io_uring(&socket, &addr).map_err(|e| errno("connect", e))?,
         Via::FastopenSendto => {
-            socket
-                .send_to_with_flags(b"hi\n", &addr, libc::MSG_FASTOPEN)
-                .map_err(|e| errno("connect", e))?;
+            let sent = socket.send_to_with_flags(FIRST_LINE, &addr, libc::MSG_FASTOPEN);
+            first_line_sent(&socket, sent).map_err(|e| errno("connect", e))?;
         }
         Via::FastopenConnect => {
             set_fastopen_connect(&socket).map_err(|e| errno("setsockopt", e))?;
             socket.connect(&addr).map_err(|e| errno("connect", e))?;
-            socket.send(b"hi\n").map_err(|e| errno("connect", e))?;
+            let sent = socket.send(FIRST_LINE);
+            first_line_sent(&socket, sent).map_err(|e| errno("connect", e))?;
         }
     }
     if linger0 {
@@ -406,6 +408,23 @@ fn set_fastopen_connect(socket: &Socket) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// The line the fast-open paths send with (or right after) the SYN.
+const FIRST_LINE: &[u8] = b"hi\n";
+
+/// The outcome of a fast-open path's first send, which waits for the handshake as a blocking
+/// connect does. Interrupted (EINTR, as in [`connect_blocking`]), the handshake goes on in the
+/// kernel and nothing was sent (no peer here answers with a fast-open cookie, so the SYN carries
+/// no data): the connection is waited for and the line sent, as an app retrying on EINTR does.
+fn first_line_sent(socket: &Socket, sent: std::io::Result<usize>) -> std::io::Result<()> {
+    match sent {
+        Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
+            wait_connected(socket)?;
+            socket.send(FIRST_LINE).map(drop)
+        }
+        other => other.map(drop),
+    }
 }
 
 /// A blocking connect. One interrupted (EINTR: an earlier probe's io_uring ring leaves task work

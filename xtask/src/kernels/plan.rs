@@ -207,7 +207,12 @@ pub const RUNS: &[TestRun] = &[
     }),
     full(TestRun {
         skip: &USER_NAMESPACES_CORE_EBPF,
-        ..run("user_namespaces", &["ebpf::"], Features::Native, Needs::Ebpf)
+        ..run(
+            "user_namespaces",
+            &["ebpf::"],
+            Features::Native,
+            Needs::Ebpf,
+        )
     }),
     full(run("socket_paths", &[], Features::Native, Needs::Ebpf)),
     full(run(

@@ -47,7 +47,11 @@ impl PodWriter {
         match self.maps.pods.get(&cookie, 0) {
             Ok(in_maps)
                 if bytemuck::bytes_of(&in_maps)
-                    == bytemuck::bytes_of(&written.in_force(&pod.config, pod.host_ids, &pod.local)) => {}
+                    == bytemuck::bytes_of(&written.in_force(
+                        &pod.config,
+                        pod.host_ids,
+                        &pod.local,
+                    )) => {}
             Ok(_) => return Some("its configuration entry differs from the one written".into()),
             Err(_) => return Some("its configuration entry is missing from the pod map".into()),
         }
