@@ -55,7 +55,10 @@ impl AgentPod {
             ("/etc/cni/net.d", network.conf_dir.clone()),
         ];
         for volume in spec["volumes"].as_array_mut().unwrap() {
-            let path = volume["hostPath"]["path"].as_str().unwrap().to_owned();
+            // linkerd-cni's `linkerd-tmp-dir` is an emptyDir: podman makes it as the kubelet does.
+            let Some(path) = volume["hostPath"]["path"].as_str().map(str::to_owned) else {
+                continue;
+            };
             if let Some((_, ours)) = host_paths.iter().find(|(p, _)| *p == path) {
                 volume["hostPath"]["path"] = json!(ours.display().to_string());
             }
