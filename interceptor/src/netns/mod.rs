@@ -8,6 +8,8 @@ pub mod nsid;
 mod routes;
 mod users;
 
+pub use dump::{Dump, failures as dump_failures, skipped as dump_messages_skipped};
+
 use std::{
     fs::File,
     net::IpAddr,
