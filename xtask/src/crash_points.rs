@@ -21,8 +21,7 @@ fn markers() -> anyhow::Result<Vec<String>> {
     let source =
         fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let list = |name| {
-        points(&source, name)
-            .with_context(|| format!("no {name} list in {}", path.display()))
+        points(&source, name).with_context(|| format!("no {name} list in {}", path.display()))
     };
     Ok(["FAILPOINTS".to_owned(), "killing the agent".to_owned()]
         .into_iter()

@@ -151,7 +151,10 @@ impl PodNetns {
                 Err(NetnsError::NoCookie { .. }) => self.inode_key()?,
                 other => other?,
             };
-            Ok((key, LocalDestinations::new(self.addresses_here()?, Vec::new())))
+            Ok((
+                key,
+                LocalDestinations::new(self.addresses_here()?, Vec::new()),
+            ))
         })
     }
 
