@@ -499,22 +499,22 @@ fn register(
     } else {
         let request = registration(inv, netns, settings.config);
         let started = Instant::now();
-        let mut attempt = 1;
+        let left_after_a_pause =
+            || deadline::REGISTER.saturating_sub(started.elapsed() + REGISTER_PAUSE);
+        // The first attempt has the whole deadline, as any other request's.
+        let (mut within, mut attempt) = (deadline::REGISTER, 1);
         loop {
-            let left = deadline::REGISTER.saturating_sub(started.elapsed());
-            match interceptor_api::call_within(&socket(inv), &request, left) {
+            match interceptor_api::call_within(&socket(inv), &request, within) {
                 Err(ClientError::Refused {
                     kind: ErrorKind::Unavailable,
                     message,
-                }) if attempt < REGISTER_ATTEMPTS
-                    && deadline::REGISTER.saturating_sub(started.elapsed())
-                        > REGISTER_PAUSE * 2 =>
-                {
+                }) if attempt < REGISTER_ATTEMPTS && left_after_a_pause() > REGISTER_PAUSE => {
                     log.write(&format!(
                         "ADD: {} not registered yet, trying again: {message}",
                         netns.display()
                     ));
                     std::thread::sleep(REGISTER_PAUSE);
+                    within = deadline::REGISTER.saturating_sub(started.elapsed());
                     attempt += 1;
                 }
                 answer => {
