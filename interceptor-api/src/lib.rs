@@ -282,8 +282,8 @@ pub enum ErrorKind {
     PermissionDenied,
     /// The kernel refused an operation; the message says which.
     Internal,
-    /// Something the answer depends on cannot answer now (the Kubernetes API); the message says
-    /// what. Worth trying again later.
+    /// Something the answer depends on cannot answer now (the Kubernetes API, a netlink dump of
+    /// the pod's namespace); the message says what. Worth trying again later.
     Unavailable,
     /// The agent cannot read the Kubernetes API at all: started without `--kubernetes` or
     /// `--kubeconfig`, or without usable credentials.

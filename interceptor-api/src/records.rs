@@ -184,6 +184,10 @@ pub fn to_json<C: Serialize>(record: &PodRecord<C>) -> serde_json::Result<Vec<u8
 pub enum Found {
     /// Its network namespace opened, with this key (its netns cookie).
     Key(NetnsCookie),
+    /// Its network namespace opened, with this key, but what it delivers over lo could not be
+    /// read (a netlink dump failed, and why): the namespace is there, so the pod is taken back
+    /// as with [`Found::Key`], with the local destinations in force before the restart.
+    Unread { key: NetnsCookie, why: String },
     /// Its network namespace is not there (or not one), and why.
     Gone(String),
 }
@@ -224,6 +228,19 @@ pub enum Then {
 }
 
 impl NotRestored {
+    /// Why a pod whose namespace is there but could not be read ([`Found::Unread`]) was not
+    /// restored: a refusal of the backend keeps it and its record (it is tried again at the next
+    /// start) rather than forgetting it, as nothing says its namespace is gone; `migrating`, it
+    /// still stops the start-up, as the new maps would not have it.
+    pub fn unread(self, why_unread: &str, migrating: bool) -> Self {
+        match self {
+            Self::Refused(why) if !migrating => Self::Kept(format!(
+                "{why}; its network namespace is there but could not be read: {why_unread}"
+            )),
+            other => other,
+        }
+    }
+
     /// What becomes of the pod; `migrating`: the maps being filled are new ones the links do
     /// not use yet.
     pub fn then(self, migrating: bool) -> Then {
@@ -236,7 +253,8 @@ impl NotRestored {
 }
 
 /// How an agent whose backend is `agent` takes back a record's pod, given what it `found` of its
-/// namespace; or why it does not (its namespace is gone or was replaced by another).
+/// namespace; or why it does not (its namespace is gone or was replaced by another). A
+/// namespace that is there is never taken for gone, whatever could not be read in it.
 pub fn restore_step<C>(
     record: &PodRecord<C>,
     agent: Backend,
@@ -244,12 +262,12 @@ pub fn restore_step<C>(
 ) -> Result<Restore<'_, C>, NotRestored> {
     match found {
         Found::Gone(why) => return Err(NotRestored::Gone(why)),
-        Found::Key(key) if key != record.netns_cookie => {
+        Found::Key(key) | Found::Unread { key, .. } if key != record.netns_cookie => {
             return Err(NotRestored::Gone(
                 "its network namespace was replaced".into(),
             ));
         }
-        Found::Key(_) => {}
+        Found::Key(_) | Found::Unread { .. } => {}
     }
     Ok(match agent {
         Backend::Ebpf => Restore::Ebpf {

@@ -152,6 +152,49 @@ fn a_pod_is_restored_by_either_backend_while_its_namespace_is_the_same() {
     );
 }
 
+/// Issue 47: a netlink dump that failed in a namespace that is there made the pod pass for gone,
+/// and a restart purged a live pod's entries and deleted its record. Such a pod is restored by
+/// either backend, and a refusal keeps it; only a replaced namespace is forgotten.
+#[test]
+fn a_pod_whose_namespace_is_there_but_unread_is_restored_never_forgotten() {
+    let ebpf = record(1, PodBackend::Ebpf);
+    let chains = serde_json::json!({"mode": "legacy", "rules": []});
+    let iptables = record(2, PodBackend::Iptables(chains.clone()));
+    let unread = |key| Found::Unread {
+        key: NetnsCookie(key),
+        why: "RTM_GETROUTE: No buffer space available".into(),
+    };
+    assert_eq!(
+        restore_step(&ebpf, Backend::Ebpf, unread(1)),
+        Ok(Restore::Ebpf { take_over: false })
+    );
+    assert_eq!(
+        restore_step(&iptables, Backend::Iptables, unread(2)),
+        Ok(Restore::Iptables {
+            recorded: Some(&chains)
+        })
+    );
+    assert_eq!(
+        restore_step(&ebpf, Backend::Ebpf, unread(9)),
+        Err(NotRestored::Gone(
+            "its network namespace was replaced".into()
+        ))
+    );
+    let refused = || NotRestored::Refused("the maps are full".into());
+    let kept = refused().unread("ENOBUFS", false);
+    assert!(
+        matches!(kept.clone().then(false), Then::Keep(why) if why.contains("ENOBUFS")),
+        "{kept:?}"
+    );
+    // New maps without the pod would unmesh it at the switch.
+    assert!(matches!(
+        refused().unread("ENOBUFS", true).then(true),
+        Then::Abort(_)
+    ));
+    let gone = NotRestored::Gone("its network namespace was replaced".into());
+    assert_eq!(gone.clone().unread("ENOBUFS", false), gone);
+}
+
 #[test]
 fn a_pod_not_restored_is_forgotten_kept_or_stops_a_migration() {
     let why = || "x".to_owned();

@@ -30,7 +30,7 @@ use std::{
     io::{Read as _, Write as _},
     path::{Path, PathBuf},
     process::ExitCode,
-    time::{SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 pub use config::{
@@ -388,6 +388,14 @@ fn agent_error(e: ClientError) -> CniError {
             "invalid linkerd configuration",
             message,
         ),
+        ClientError::Refused {
+            kind: ErrorKind::Unavailable,
+            message,
+        } => error(
+            code::TRY_AGAIN_LATER,
+            "the interceptor agent cannot do it now; try again later",
+            message,
+        ),
         ClientError::Refused { kind, message } => error(
             code::AGENT_REFUSED,
             format!("the interceptor agent refused the pod ({kind:?})"),
@@ -469,6 +477,13 @@ fn pod_meta(inv: &Invocation) -> PodMeta {
     }
 }
 
+/// A registration the agent cannot make now (it could not read the pod's namespace: nothing was
+/// written) is tried this many times, [`REGISTER_PAUSE`] apart, all within
+/// [`deadline::REGISTER`]; then ADD fails with error 11 and the agent's reason, and the runtime
+/// retries the sandbox.
+const REGISTER_ATTEMPTS: u32 = 3;
+const REGISTER_PAUSE: Duration = Duration::from_millis(200);
+
 fn register(
     inv: &Invocation,
     log: &Log,
@@ -483,8 +498,31 @@ fn register(
         ));
     } else {
         let request = registration(inv, netns, settings.config);
-        interceptor_api::call_within(&socket(inv), &request, deadline::REGISTER)
-            .map_err(agent_error)?;
+        let started = Instant::now();
+        let left_after_a_pause =
+            || deadline::REGISTER.saturating_sub(started.elapsed() + REGISTER_PAUSE);
+        // The first attempt has the whole deadline, as any other request's.
+        let (mut within, mut attempt) = (deadline::REGISTER, 1);
+        loop {
+            match interceptor_api::call_within(&socket(inv), &request, within) {
+                Err(ClientError::Refused {
+                    kind: ErrorKind::Unavailable,
+                    message,
+                }) if attempt < REGISTER_ATTEMPTS && left_after_a_pause() > REGISTER_PAUSE => {
+                    log.write(&format!(
+                        "ADD: {} not registered yet, trying again: {message}",
+                        netns.display()
+                    ));
+                    std::thread::sleep(REGISTER_PAUSE);
+                    within = deadline::REGISTER.saturating_sub(started.elapsed());
+                    attempt += 1;
+                }
+                answer => {
+                    answer.map_err(agent_error)?;
+                    break;
+                }
+            }
+        }
         log.write(&format!("ADD: {} registered", netns.display()));
     }
     Ok(())

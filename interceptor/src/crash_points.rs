@@ -1,5 +1,7 @@
 //! Named points on the agent's write paths where the kill tests crash it with SIGKILL, to check
-//! that every state a crash can leave behind restarts into a consistent one.
+//! that every state a crash can leave behind restarts into a consistent one; and named faults
+//! the fault tests make happen at a boundary with the kernel (a netlink dump that fails), to
+//! check the agent fails closed.
 //!
 //! Built only with the `failpoints` feature (the tests crate turns it on) and armed with the
 //! `fail` crate's `FAILPOINTS` variable: `FAILPOINTS='pod-switched=2*off->return'` lets the point
@@ -16,6 +18,19 @@ macro_rules! crash_point {
 }
 pub(crate) use crash_point;
 
+/// Whether the fault tests armed the fault `$name` here (`FAILPOINTS='netns-route-dump-fails=return'`):
+/// the caller then fails as the kernel would have. Always false without the feature.
+macro_rules! fault {
+    ($name:literal) => {{
+        #[cfg(feature = "failpoints")]
+        let armed = fail::eval($name, |_| ()).is_some();
+        #[cfg(not(feature = "failpoints"))]
+        let armed = false;
+        armed
+    }};
+}
+pub(crate) use fault;
+
 /// Every point, for the tests.
 pub const POINTS: &[&str] = &[
     "pod-inbound-attached",
@@ -29,6 +44,13 @@ pub const POINTS: &[&str] = &[
     "restore-pod",
     "migration-built",
     "migration-switched",
+];
+
+/// Every fault, for the tests.
+pub const FAULTS: &[&str] = &[
+    "netns-address-dump-fails",
+    "netns-route-dump-fails",
+    "netns-dump-unknown-message",
 ];
 
 /// Reads `FAILPOINTS` once, at start-up. The configuration lives as long as the process.

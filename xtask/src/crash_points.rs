@@ -15,22 +15,26 @@ use crate::{cmd, workspace_root};
 const POINTS_SOURCE: &str = "interceptor/src/crash_points.rs";
 
 /// Strings only a binary built with crash points holds: the `fail` crate's variable that arms
-/// them, the message of a crash, and the name of every point.
+/// them, the message of a crash, and the name of every point and fault.
 fn markers() -> anyhow::Result<Vec<String>> {
     let path = workspace_root().join(POINTS_SOURCE);
     let source =
         fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let points =
-        points(&source).with_context(|| format!("no POINTS list in {}", path.display()))?;
+    let list = |name| {
+        points(&source, name).with_context(|| format!("no {name} list in {}", path.display()))
+    };
     Ok(["FAILPOINTS".to_owned(), "killing the agent".to_owned()]
         .into_iter()
-        .chain(points)
+        .chain(list("POINTS")?)
+        .chain(list("FAULTS")?)
         .collect())
 }
 
-/// The string literals of `pub const POINTS: &[&str] = &[...];` in `source`.
-fn points(source: &str) -> Option<Vec<String>> {
-    let list = source.split_once("pub const POINTS: &[&str] = &[")?.1;
+/// The string literals of `pub const {name}: &[&str] = &[...];` in `source`.
+fn points(source: &str, name: &str) -> Option<Vec<String>> {
+    let list = source
+        .split_once(&format!("pub const {name}: &[&str] = &["))?
+        .1;
     let list = list.split_once("];")?.0;
     let points: Vec<String> = list
         .split('"')
@@ -112,12 +116,19 @@ mod tests {
     fn the_points_are_read_from_their_source() {
         let markers = markers().unwrap();
         assert!(markers.iter().any(|m| m == "pod-switched"), "{markers:?}");
+        assert!(
+            markers.iter().any(|m| m == "netns-route-dump-fails"),
+            "{markers:?}"
+        );
         assert!(markers.len() > 5, "{markers:?}");
         assert_eq!(
-            points("pub const POINTS: &[&str] = &[\n    \"a-b\",\n    \"c\",\n];"),
+            points(
+                "pub const POINTS: &[&str] = &[\n    \"a-b\",\n    \"c\",\n];",
+                "POINTS"
+            ),
             Some(vec!["a-b".to_owned(), "c".to_owned()])
         );
-        assert_eq!(points("pub const POINTS: &[&str] = &[];"), None);
+        assert_eq!(points("pub const POINTS: &[&str] = &[];", "POINTS"), None);
     }
 
     #[test]

@@ -19,7 +19,10 @@ use prometheus_client::{
 };
 
 use super::Agent;
-use crate::config::annotations::SkipReason;
+use crate::{
+    config::annotations::SkipReason,
+    netns::{Dump, dump_failures as dump_failures_of, dump_messages_skipped},
+};
 
 type Labels = Vec<(String, String)>;
 
@@ -235,6 +238,24 @@ fn render(agent: &Agent) -> String {
         "pod_checks",
         "Pods checked against their network namespace (gone, replaced, addresses changed), by trigger: event (a namespace removed, an address notification), lost (notifications were lost: every pod) or sweep (the safety sweep, one pod at a time over --reconcile-ms)",
         agent.pod_checks.0.clone(),
+    );
+    let dump_failures = Family::<Labels, Counter>::default();
+    for what in Dump::ALL {
+        dump_failures
+            .get_or_create(&vec![("what".to_owned(), what.label().to_owned())])
+            .inc_by(dump_failures_of(what));
+    }
+    registry.register(
+        "netlink_dump_failures",
+        "Netlink dumps of a pod's network namespace that failed, by what they read (addresses, routes): a registration refused as unavailable, a restore or check that kept what was in force",
+        dump_failures,
+    );
+    let skipped = Counter::<u64>::default();
+    skipped.inc_by(dump_messages_skipped());
+    registry.register(
+        "netlink_messages_skipped",
+        "Messages of netlink dumps that did not parse (a kind or attribute this agent does not know) and were skipped",
+        skipped,
     );
     registry.register(
         "cni_chain_restored",

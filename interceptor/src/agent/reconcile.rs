@@ -108,13 +108,15 @@ fn check(agent: &Mutex<Agent>, cookie: NetnsCookie, trigger: &'static str) {
         return;
     }
     match current {
-        Ok((c, local)) if c == cookie => {
-            if let Some(local) = local
-                && agent.pods.local_destinations(cookie) != Some(&local)
+        Ok((c, Ok(local))) if c == cookie => {
+            if agent.pods.local_destinations(cookie) != Some(&local)
                 && let Err(e) = agent.pods.set_local(cookie, &local)
             {
                 warn!(netns = %path.display(), error = %e, "updating pod addresses and local routes: the previous ones stay in force");
             }
+        }
+        Ok((c, Err(e))) if c == cookie => {
+            warn!(netns = %path.display(), error = %e, "reading the pod's addresses and local routes failed: the ones in force stay");
         }
         Ok(_) => return agent.forget(cookie, "its network namespace was replaced"),
         Err(_) => return agent.forget(cookie, "its network namespace is gone"),

@@ -43,9 +43,23 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
     let (backend, identify, ebpf) = {
         let agent = lock(agent);
         let pods = &agent.pods;
-        (pods.kind(), pods.identifier(), pods.ebpf().is_some())
+        (
+            pods.kind(),
+            pods.lenient_identifier(),
+            pods.ebpf().is_some(),
+        )
     };
     let (cookie, local) = identify(&netns).map_err(unknown)?;
+    // The namespace is there but its addresses or routes cannot be read now: nothing is
+    // written, and the plugin tries again within its deadline, then has the runtime retry.
+    let local = local.map_err(|e| {
+        (
+            ErrorKind::Unavailable,
+            format!(
+                "reading what the pod delivers over lo failed: {e}; nothing of the pod was written: try again"
+            ),
+        )
+    })?;
     let host_ids = proxy_ids_on_host(&netns, &config)?;
     let pod = PodAsked {
         netns: &netns,

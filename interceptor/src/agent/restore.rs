@@ -3,7 +3,8 @@
 //! The state after any crash is one the API could have produced: a pod whose record exists and
 //! whose namespace is still there is restored in full (its record's configuration, or, if that
 //! cannot be applied, the one in force); everything the maps and pins hold for a pod without a
-//! record (a registration or removal cut short) is removed.
+//! record (a registration or removal cut short) is removed. A namespace that is there but whose
+//! addresses or routes cannot be read keeps its pod, with the local destinations in force.
 
 use std::collections::BTreeSet;
 
@@ -82,10 +83,27 @@ impl Agent {
     ) -> Result<Option<i32>, NotRestored> {
         let gone = |e: crate::netns::NetnsError| NotRestored::Gone(e.to_string());
         let netns = PodNetns::open(&record.netns).map_err(gone)?;
-        let (cookie, local) = (self.pods.identifier())(&netns).map_err(gone)?;
+        // Leniently, as the sweep: a dump that fails in a namespace that is there must not pass
+        // for a gone pod (whose entries and record would go).
+        let (cookie, local) = (self.pods.lenient_identifier())(&netns).map_err(gone)?;
+        let (found, local, unread) = match local {
+            Ok(local) => (Found::Key(cookie), Some(local), None),
+            Err(e) => {
+                let why = e.to_string();
+                let found = Found::Unread {
+                    key: cookie,
+                    why: why.clone(),
+                };
+                (found, None, Some(why))
+            }
+        };
         // How the pod is taken back, if its namespace is still the recorded one:
         // `interceptor_api::records` decides.
-        let how = restore_step(record, self.pods.kind(), Found::Key(cookie))?;
+        let how = restore_step(record, self.pods.kind(), found)?;
+        let keep_if_unread = |not: NotRestored| match &unread {
+            Some(why) => not.unread(why, migrating),
+            None => not,
+        };
         // As recorded: a namespace's id maps never change once written. An older agent's
         // record has none; a pod whose maps cannot be read now is left as it was.
         let host_ids = match record.host_ids {
@@ -94,7 +112,13 @@ impl Agent {
                 .map_err(|(_, why)| NotRestored::Kept(why))?,
         };
         let path = record.netns.display().to_string();
-        let repaired = self.pods.restore(record, how, &netns, host_ids, &local)?;
+        if let Some(why) = &unread {
+            warn!(netns = %path, netns_cookie = %cookie, error = %why, "restoring the pod with the addresses and local routes in force before the restart: its network namespace is there but could not be read");
+        }
+        let repaired = self
+            .pods
+            .restore(record, how, &netns, host_ids, local.as_ref())
+            .map_err(keep_if_unread)?;
         if let Some(what) = repaired.filter(|_| !migrating) {
             warn!(netns = %path, netns_cookie = %cookie, "pod restored, repaired: {what}");
         }

@@ -24,7 +24,7 @@ use super::{
 };
 use crate::{
     config::user_ids::HostIds,
-    ebpf::{EbpfError, EbpfNode, EbpfPods, EbpfWritten},
+    ebpf::{EbpfError, EbpfNode, EbpfPods, EbpfWritten, InMaps},
     iptables::{ChainsInForce, IptablesBackend, IptablesError, IptablesSettings},
     netns::{LocalDestinations, NetnsError, PodNetns},
     node::{Interception, PodTable, Wanted},
@@ -42,11 +42,9 @@ pub fn pods_over<B: AgentBackend>(backend: B) -> Box<dyn AgentPods> {
     Box::new(AgentTable::new(backend))
 }
 
-/// A backend's [`Interception::identify`].
-pub type Identify = fn(&PodNetns) -> Result<(NetnsCookie, LocalDestinations), NetnsError>;
 /// A backend's [`Interception::identify_lenient`].
 pub type IdentifyLenient =
-    fn(&PodNetns) -> Result<(NetnsCookie, Option<LocalDestinations>), NetnsError>;
+    fn(&PodNetns) -> Result<(NetnsCookie, Result<LocalDestinations, NetnsError>), NetnsError>;
 
 /// What the backend knows of a pod beyond its record; `None` where the backend has no such
 /// thing (the iptables backend has no counter slot, counters or listener map).
@@ -77,11 +75,9 @@ pub trait AgentPods: Send {
     /// Replaces the agent's facts about a registered pod, writing nothing else; returns the
     /// previous ones (`None`: the pod is not registered).
     fn set_facts(&mut self, key: NetnsCookie, facts: PodFacts) -> Option<PodFacts>;
-    /// How the backend tells a pod's key and local destinations: called without the agent's
-    /// lock, as it switches into the namespace.
-    fn identifier(&self) -> Identify;
-    /// [`Self::identifier`], with the local destinations only when they can be read: a failed
-    /// dump alone must not pass for a gone namespace.
+    /// How the backend tells a pod's key and local destinations, or why the latter could not
+    /// be read (a failed dump alone must not pass for a gone namespace): called without the
+    /// agent's lock, as it switches into the namespace.
     fn lenient_identifier(&self) -> IdentifyLenient;
     /// Puts `wanted` in force for the pod `key` registered at `path`, new or changed; the pod
     /// is registered with `facts` from then on (their `meshed_by` says what this backend
@@ -129,7 +125,7 @@ pub trait AgentPods: Send {
         how: Restore<'_, ChainsInForce>,
         netns: &PodNetns,
         host_ids: HostIds,
-        local: &LocalDestinations,
+        local: Option<&LocalDestinations>,
     ) -> Result<Option<String>, NotRestored>;
     /// Drops what [`Self::restore`] read once for all pods.
     fn end_restore(&mut self);
@@ -153,6 +149,13 @@ pub trait AgentBackend: Interception<Written: Send, Census: Send> + Sized + Send
     fn meshed_by(written: &Self::Written, before: Option<&PodBackend>) -> PodBackend;
     /// What to say of a restored pod the other backend meshed (as `how` says), if anything.
     fn taken_from_the_other(how: &Restore<'_, ChainsInForce>) -> Option<&'static str>;
+    /// What the pod `key` delivers over lo as the backend has it in force, before a restore
+    /// takes it back (`census`: as the restore reads it): kept when its namespace cannot be read.
+    fn local_in_force(
+        table: &PodTable<Self, PodFacts>,
+        key: NetnsCookie,
+        census: &Self::Census,
+    ) -> LocalDestinations;
     fn as_ebpf(table: &PodTable<Self, PodFacts>) -> Option<&EbpfPods<PodFacts>>;
     fn as_ebpf_mut(table: &mut PodTable<Self, PodFacts>) -> Option<&mut EbpfPods<PodFacts>>;
 }
@@ -182,6 +185,15 @@ impl AgentBackend for EbpfNode {
     /// Its chains are removed once the programs are attached (`take_over_iptables_pods`).
     fn taken_from_the_other(_how: &Restore<'_, ChainsInForce>) -> Option<&'static str> {
         None
+    }
+
+    /// Its configuration entry's addresses and its `local` route entries.
+    fn local_in_force(
+        table: &PodTable<Self, PodFacts>,
+        key: NetnsCookie,
+        census: &InMaps,
+    ) -> LocalDestinations {
+        table.backend().maps().local_in_force(key, census)
     }
 
     fn as_ebpf(table: &PodTable<Self, PodFacts>) -> Option<&EbpfPods<PodFacts>> {
@@ -224,6 +236,15 @@ impl AgentBackend for IptablesBackend {
         matches!(how, Restore::Iptables { recorded: None }).then_some(
             "pod meshed by eBPF: its iptables chains are written; its pinned eBPF state is left alone",
         )
+    }
+
+    /// The chains need none: `-o lo` covers whatever the pod delivers over lo.
+    fn local_in_force(
+        _table: &PodTable<Self, PodFacts>,
+        _key: NetnsCookie,
+        _census: &(),
+    ) -> LocalDestinations {
+        LocalDestinations::default()
     }
 
     fn as_ebpf(_table: &PodTable<Self, PodFacts>) -> Option<&EbpfPods<PodFacts>> {
@@ -320,10 +341,6 @@ impl<B: AgentBackend> AgentPods for AgentTable<B> {
         self.table.set_facts(key, facts)
     }
 
-    fn identifier(&self) -> Identify {
-        B::identify
-    }
-
     fn lenient_identifier(&self) -> IdentifyLenient {
         B::identify_lenient
     }
@@ -418,9 +435,17 @@ impl<B: AgentBackend> AgentPods for AgentTable<B> {
         how: Restore<'_, ChainsInForce>,
         netns: &PodNetns,
         host_ids: HostIds,
-        local: &LocalDestinations,
+        local: Option<&LocalDestinations>,
     ) -> Result<Option<String>, NotRestored> {
         let census = self.census.get_or_insert_with(|| self.table.census());
+        let in_force;
+        let local = match local {
+            Some(local) => local,
+            None => {
+                in_force = B::local_in_force(&self.table, record.netns_cookie, census);
+                &in_force
+            }
+        };
         let wanted = Wanted {
             netns,
             config: &record.config,

@@ -117,8 +117,9 @@ impl Interception for IptablesBackend {
         }
     }
 
+    /// No `local` route: the chains' `-o lo` covers them.
     fn identify(netns: &PodNetns) -> Result<(NetnsCookie, LocalDestinations), NetnsError> {
-        netns.key_and_local()
+        netns.key_and_addresses()
     }
 
     fn room(&self, meshed: usize) -> Result<(), IptablesError> {

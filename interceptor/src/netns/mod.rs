@@ -8,6 +8,8 @@ pub mod nsid;
 mod routes;
 mod users;
 
+pub use dump::{Dump, failures as dump_failures, skipped as dump_messages_skipped};
+
 use std::{
     fs::File,
     net::IpAddr,
@@ -139,15 +141,20 @@ impl PodNetns {
     }
 
     /// The namespace's key for a backend that needs no cookie in the kernel (iptables): its
-    /// cookie, or, where the kernel cannot tell it (5.10 to 5.13), [`Self::inode_key`]. The
-    /// local destinations come with it, as with [`Self::cookie_and_local`].
-    pub fn key_and_local(&self) -> Result<(NetnsCookie, LocalDestinations), NetnsError> {
+    /// cookie, or, where the kernel cannot tell it (5.10 to 5.13), [`Self::inode_key`]. Its
+    /// addresses come with it as its local destinations, but no `local` route: proxy-init's
+    /// `-o lo -j RETURN` exempts whatever the pod delivers over lo, so the route dump (every
+    /// table of both families) would be work, and a way to fail, for nothing.
+    pub fn key_and_addresses(&self) -> Result<(NetnsCookie, LocalDestinations), NetnsError> {
         self.run_inside(|| {
             let key = match self.cookie_here() {
                 Err(NetnsError::NoCookie { .. }) => self.inode_key()?,
                 other => other?,
             };
-            Ok((key, self.local_here()?))
+            Ok((
+                key,
+                LocalDestinations::new(self.addresses_here()?, Vec::new()),
+            ))
         })
     }
 

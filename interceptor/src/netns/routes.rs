@@ -16,7 +16,11 @@ use super::dump;
 /// The prefixes of every `local` route, of every table and both families.
 pub(super) fn dump_local() -> io::Result<Vec<IpNet>> {
     // The default message's family is AF_UNSPEC and its table 0: both families, every table.
-    dump::dump(RouteNetlinkMessage::GetRoute(RouteMessage::default()), pick)
+    dump::dump(
+        dump::Dump::Routes,
+        RouteNetlinkMessage::GetRoute(RouteMessage::default()),
+        pick,
+    )
 }
 
 fn pick(message: RouteNetlinkMessage) -> Option<IpNet> {

@@ -43,14 +43,14 @@ pub trait Interception {
     /// [`Self::key`] and what the pod delivers over lo, with one switch into its namespace.
     fn identify(netns: &PodNetns) -> Result<(NetnsCookie, LocalDestinations), NetnsError>;
 
-    /// [`Self::identify`], with the local destinations only when they can be read: a failed
-    /// dump alone must not pass for a gone namespace.
+    /// [`Self::identify`], with why the local destinations could not be read rather than
+    /// failing: a failed dump alone must not pass for a gone namespace.
     fn identify_lenient(
         netns: &PodNetns,
-    ) -> Result<(NetnsCookie, Option<LocalDestinations>), NetnsError> {
+    ) -> Result<(NetnsCookie, Result<LocalDestinations, NetnsError>), NetnsError> {
         match Self::identify(netns) {
-            Ok((key, local)) => Ok((key, Some(local))),
-            Err(_) => Self::key(netns).map(|key| (key, None)),
+            Ok((key, local)) => Ok((key, Ok(local))),
+            Err(e) => Self::key(netns).map(|key| (key, Err(e))),
         }
     }
 

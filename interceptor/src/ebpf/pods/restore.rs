@@ -1,17 +1,28 @@
 //! Taking a pod back under management after the agent restarted.
-use interceptor_common::{NetnsCookie, PodSlot};
+use std::collections::BTreeSet;
+
+use interceptor_common::{NetnsCookie, PodConfig, PodSlot};
 
 use super::{EbpfWritten, InForce, InMaps, PodWriter, without_addresses};
 use crate::{
     ebpf::{
         EbpfError,
-        encode::{configured_subnets, local_routes_of, own_addresses},
+        encode::{SubnetEntry, configured_subnets, local_routes_of, own_addresses},
     },
     netns::{LocalDestinations, listener::find_listeners},
     node::{Adopted, Wanted},
 };
 
 impl PodWriter {
+    /// What the maps say a pod delivers over lo (its configuration entry's addresses, its
+    /// `local` route entries): what a restore keeps when the pod's namespace cannot be read.
+    /// `in_maps`: as [`Self::restore`] takes it, before it takes this pod's out.
+    pub fn local_in_force(&self, cookie: NetnsCookie, in_maps: &InMaps) -> LocalDestinations {
+        let config = self.maps.pods.get(&cookie, 0).ok();
+        let subnets = in_maps.subnets.get(&cookie).cloned().unwrap_or_default();
+        local_of(config.as_ref(), &subnets)
+    }
+
     /// Takes a pod back under management after a restart: its map entries and pinned sk_lookup
     /// link are still in force (they outlive the agent process), so it keeps its counter slot
     /// and counters, `wanted` is applied (make before break, as an update), stale entries are
@@ -88,14 +99,7 @@ impl PodWriter {
                 let problem = format!(
                     "the configuration in force before the agent restarted is kept: its record's cannot be applied: {e}"
                 );
-                let local = LocalDestinations {
-                    addresses: before
-                        .config
-                        .as_ref()
-                        .map(|c| own_addresses(c).into_iter().collect())
-                        .unwrap_or_default(),
-                    routes: local_routes_of(&before.subnets).into_iter().collect(),
-                };
+                let local = local_of(before.config.as_ref(), &before.subnets);
                 Ok(Adopted {
                     written: EbpfWritten {
                         slot,
@@ -111,5 +115,15 @@ impl PodWriter {
                 })
             }
         }
+    }
+}
+
+/// The local destinations a configuration entry and subnet entries put in force.
+fn local_of(config: Option<&PodConfig>, subnets: &BTreeSet<SubnetEntry>) -> LocalDestinations {
+    LocalDestinations {
+        addresses: config
+            .map(|c| own_addresses(c).into_iter().collect())
+            .unwrap_or_default(),
+        routes: local_routes_of(subnets).into_iter().collect(),
     }
 }
