@@ -51,6 +51,7 @@ pub const FAULTS: &[&str] = &[
     "netns-address-dump-fails",
     "netns-route-dump-fails",
     "netns-dump-unknown-message",
+    "userns-id-maps-unreadable",
 ];
 
 /// Reads `FAILPOINTS` once, at start-up. The configuration lives as long as the process.

@@ -248,3 +248,68 @@ fn an_iptables_pod_needs_no_route_dump() {
     );
     agent.stop();
 }
+
+/// A pod the restore leaves as it was (here an older agent's record, without the proxy's ids as
+/// the host knows them, of a pod with a user namespace of its own whose id maps cannot be read
+/// at the restart) keeps its record and is not registered. What the maps and the pins hold of it
+/// is what keeps it intercepted: they were once removed as the leftovers of a pod without a
+/// record, unmeshing it. Now they stay, and the health names the pod.
+#[test]
+fn a_pod_left_as_it_was_at_a_restart_stays_intercepted() {
+    if !privileged() {
+        return;
+    }
+    let fixture = PodFixture::with_own_users("faultkept");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home
+        .agent()
+        .meshing(&fixture.pod.path(), &["--name", "web"])
+        .start();
+    let app = fixture.in_pod().uid(APP_UID);
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+    agent.kill();
+    // As an agent before issue 45 wrote it: no `host_ids`.
+    for entry in std::fs::read_dir(home.state_dir.join("agent-pods")).expect("the records") {
+        let path = entry.unwrap().path();
+        let mut record: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert!(
+            record.as_object_mut().unwrap().remove("host_ids").is_some(),
+            "{record:#}"
+        );
+        std::fs::write(&path, serde_json::to_vec(&record).unwrap()).unwrap();
+    }
+
+    let log = home.log_path();
+    let agent = home
+        .agent()
+        .failpoints("userns-id-maps-unreadable=return")
+        .log_to(&log)
+        .start();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("pod left as it was"),
+        "the restore leaves the pod as it was:\n{logged}"
+    );
+    assert!(
+        !logged.contains("removing what the maps and pins hold"),
+        "nothing of it removed:\n{logged}"
+    );
+    assert!(home.pods().is_empty(), "not registered: {:#?}", home.pods());
+    assert_eq!(home.records(), 1, "its record is kept");
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE,
+        "still intercepted"
+    );
+    let problems = home.problems();
+    assert!(
+        problems.iter().any(|p| p.contains("has a pod record but is not registered")),
+        "{problems:?}"
+    );
+    agent.stop();
+}

@@ -172,11 +172,22 @@ impl Agent {
 
     /// Removes what the maps and pins hold for pods without a record: a configuration, address
     /// or subnet entries, or an sk_lookup link written by a registration that never answered.
+    /// A pod left as it was ([`Then::Keep`]) has a record but is not registered: what the maps
+    /// and pins hold of it is what keeps it intercepted, and stays.
     fn remove_leftovers(&mut self) {
-        for cookie in self.unregistered() {
-            let Some(ebpf) = self.pods.ebpf_mut() else {
-                return;
-            };
+        let recorded: BTreeSet<NetnsCookie> = self
+            .records
+            .load_all()
+            .iter()
+            .map(|record| record.netns_cookie)
+            .collect();
+        let Some(ebpf) = self.pods.ebpf_mut() else {
+            return;
+        };
+        let without_record = leftovers(ebpf.held(&ebpf.census()), |cookie| {
+            ebpf.contains(cookie) || recorded.contains(&cookie)
+        });
+        for cookie in without_record {
             warn!(
                 netns_cookie = %cookie,
                 "removing what the maps and pins hold for a pod without a record"

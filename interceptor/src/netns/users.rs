@@ -22,8 +22,12 @@ impl PodNetns {
         {
             return Ok(PodUsers::Host);
         }
-        let (uid_map, gid_map) = interceptor_sys::userns::id_maps(userns.as_fd())
-            .map_err(|e| error("joining its user namespace to read its id maps", e))?;
+        let (uid_map, gid_map) = if crate::crash_points::fault!("userns-id-maps-unreadable") {
+            Err(std::io::Error::from_raw_os_error(libc::EIO))
+        } else {
+            interceptor_sys::userns::id_maps(userns.as_fd())
+        }
+        .map_err(|e| error("joining its user namespace to read its id maps", e))?;
         let parse = |text: &str| {
             IdMap::parse(text).map_err(|e| NetnsError::IdMap {
                 path: self.path().to_owned(),
