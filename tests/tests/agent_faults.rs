@@ -308,7 +308,9 @@ fn a_pod_left_as_it_was_at_a_restart_stays_intercepted() {
     );
     let problems = home.problems();
     assert!(
-        problems.iter().any(|p| p.contains("has a pod record but is not registered")),
+        problems
+            .iter()
+            .any(|p| p.contains("has a pod record but is not registered")),
         "{problems:?}"
     );
     agent.stop();

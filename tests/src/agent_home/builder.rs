@@ -1,6 +1,6 @@
 //! How a test starts its home's agent.
 use std::{
-    path::Path,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -29,6 +29,8 @@ pub struct AgentBuilder<'a> {
     home: &'a AgentHome,
     args: Vec<String>,
     log: Stdio,
+    /// The file [`Self::log_to`] names, shown when the agent never answers.
+    log_path: Option<PathBuf>,
     /// The level [`Self::level`] set, which wins over the log's own default.
     level: Option<&'a str>,
     log_level: &'static str,
@@ -45,6 +47,7 @@ impl AgentHome {
             home: self,
             args: Vec::new(),
             log: Stdio::null(),
+            log_path: None,
             level: None,
             log_level: "warn",
             failpoints: "",
@@ -73,6 +76,7 @@ impl<'a> AgentBuilder<'a> {
         let file = std::fs::File::create(path)
             .unwrap_or_else(|e| panic!("create the agent's log {}: {e}", path.display()));
         self.log = file.into();
+        self.log_path = Some(path.to_owned());
         self.log_level = "info";
         self
     }
@@ -109,7 +113,8 @@ impl<'a> AgentBuilder<'a> {
     pub fn start(mut self) -> Agent {
         let meshing = self.meshing.take();
         let home = self.home;
-        let agent = wait_ready(home, self.spawn());
+        let log_path = self.log_path.clone();
+        let agent = wait_ready(home, self.spawn(), log_path.as_deref());
         if let Some((netns, extra)) = meshing {
             home.mesh(netns, extra);
         }
@@ -165,14 +170,24 @@ impl<'a> AgentBuilder<'a> {
 
 /// Waits until the agent's API answers: a restarted iptables agent first checks every pod's
 /// chains, which takes a while in the kernel matrix's emulated guests.
-fn wait_ready(home: &AgentHome, mut agent: Agent) -> Agent {
+/// A failure says what the agent logged, when its log is a file.
+fn wait_ready(home: &AgentHome, mut agent: Agent, log: Option<&Path>) -> Agent {
     let deadline = Instant::now() + Duration::from_secs(60);
+    let logged = || {
+        log.map(|path| std::fs::read_to_string(path).unwrap_or_default())
+            .unwrap_or_else(|| "(not kept: log_to() keeps it)".into())
+    };
     while !home.cli(&["pod", "list"]).status.success() {
         assert!(
             agent.child.try_wait().unwrap().is_none(),
-            "the agent exited early"
+            "the agent exited early; its log:\n{}",
+            logged()
         );
-        assert!(Instant::now() < deadline, "the agent did not become ready");
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not become ready; its log:\n{}",
+            logged()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     agent
