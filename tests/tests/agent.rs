@@ -728,7 +728,12 @@ fn metrics_count_decisions_per_pod_and_ready_answers() {
         r#"interceptor_backend_info{backend="ebpf"} 1"#,
         r#"interceptor_map_entries{map="pending_orig_dst"} 0"#,
         r#"interceptor_map_entries{map="listeners"} 2"#,
-        "interceptor_build_info{version=",
+        format!(
+            r#"interceptor_build_info{{version="{}",map_layout="{}"}} 1"#,
+            env!("CARGO_PKG_VERSION"),
+            interceptor_common::MAP_LAYOUT_VERSION
+        )
+        .as_str(),
     ] {
         assert!(body.contains(line), "{line} not in:\n{body}");
     }

@@ -6,6 +6,7 @@ mod fuzz;
 mod image;
 mod kernels;
 mod kit;
+mod release;
 mod setup;
 mod test;
 
@@ -81,6 +82,26 @@ enum Task {
         #[arg(long = "target")]
         targets: Vec<String>,
     },
+    /// Check that the crates, the chart, the image and the changelog name one version and that
+    /// the changelog's recorded commits are in this clone (the default), or cut a release
+    /// (docs/releasing.md).
+    Release {
+        #[command(subcommand)]
+        action: Option<ReleaseAction>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ReleaseAction {
+    /// The check `cargo xtask test` starts with; no network.
+    Check,
+    /// Move CHANGELOG.md's Unreleased section under VERSION with today's date, set VERSION in
+    /// Cargo.toml, the lock files and the chart, commit that as the release, then commit its
+    /// hash into the changelog; prints the `git tag` to run.
+    Cut {
+        /// The new version, semver (e.g. 0.2.0 or 1.0.0-rc.1), later than the newest entry's.
+        version: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -126,6 +147,10 @@ fn run(task: Task) -> anyhow::Result<()> {
                 .map_err(|_| anyhow::anyhow!("--minutes {minutes} is not a duration"))?,
             &targets,
         ),
+        Task::Release { action } => match action.unwrap_or(ReleaseAction::Check) {
+            ReleaseAction::Check => release::check(),
+            ReleaseAction::Cut { version } => release::cut(&version),
+        },
     }
 }
 

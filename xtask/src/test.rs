@@ -11,6 +11,8 @@ pub fn run(
     cargo_args: &[OsString],
     test_args: &[OsString],
 ) -> anyhow::Result<()> {
+    // Cheap and offline: a version out of step fails before anything builds.
+    crate::release::check()?;
     ensure_root()?;
     let path = setup::run()?;
     clippy(&path)?;

@@ -287,20 +287,46 @@ fn render(agent: &Agent) -> String {
         );
     }
     let build = Family::<Labels, Gauge<i64>>::default();
-    build
-        .get_or_create(&vec![(
-            "version".to_owned(),
-            env!("CARGO_PKG_VERSION").to_owned(),
-        )])
-        .set(1);
-    registry.register("build_info", "The agent's version", build);
+    build.get_or_create(&build_labels()).set(1);
+    registry.register(
+        "build_info",
+        "The agent's version (the release, docs/releasing.md) and the map layout it pins",
+        build,
+    );
     let mut out = String::new();
     let _ = encode(&mut out, &registry);
     out
 }
 
+/// `interceptor_build_info`'s labels: what an upgrade changes.
+fn build_labels() -> Labels {
+    vec![
+        ("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
+        (
+            "map_layout".to_owned(),
+            interceptor_common::MAP_LAYOUT_VERSION.to_string(),
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn build_info_names_the_release_and_map_layout() {
+        let labels = super::build_labels();
+        let label = |name: &str| {
+            labels
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(label("version"), Some(env!("CARGO_PKG_VERSION")));
+        assert_eq!(
+            label("map_layout"),
+            Some(interceptor_common::MAP_LAYOUT_VERSION.to_string().as_str())
+        );
+    }
+
     #[test]
     fn counter_names_split_into_direction_and_reason() {
         use super::direction_and_reason as split;
