@@ -227,6 +227,48 @@ fn a_local_route_added_later_is_delivered_over_lo() {
     agent.stop();
 }
 
+/// A `local` route added while a registration runs, after it read the pod's routes and before
+/// the pod is watched, is applied within moments of the answer, not at the sweep (ten minutes
+/// away here): the namespace is given its id and noted with the listener before the read. The
+/// registration is held between its read and its write (`registration-after-read`) so the
+/// route lands in that window every time.
+#[test]
+fn a_local_route_added_while_registering_is_applied_without_the_sweep() {
+    if !privileged() {
+        return;
+    }
+    const ANYIP_ROUTE: &str = "198.51.100.64/26";
+    const ANYIP: &str = "198.51.100.70:8091";
+    let fixture = PodFixture::new("agentwindow");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home
+        .agent()
+        .args(&["--reconcile-ms", "600000"])
+        .failpoints("registration-after-read=sleep(1500)")
+        .start();
+    // On every address: one in the route cannot be bound before the route is there.
+    let _anyip = fixture
+        .in_pod()
+        .listen(&["server", "0.0.0.0:8091", "--name", "anyip"]);
+    std::thread::scope(|s| {
+        let registering = s.spawn(|| home.mesh(&fixture.pod.path(), &[]));
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(!registering.is_finished(), "the registration is held");
+        fixture
+            .pod
+            .ip(&["route", "add", "local", ANYIP_ROUTE, "dev", "lo"]);
+        registering.join().expect("registering");
+    });
+    let app = fixture.in_pod().uid(APP_UID);
+    eventually(
+        "the route added during the registration is applied",
+        Duration::from_secs(2),
+        || matches!(app.connect(ANYIP), Landing::Server { ref name, .. } if name == "anyip"),
+    );
+    agent.stop();
+}
+
 /// At rest the agent checks no pod: an address change checks the one pod it happened in, a
 /// removed namespace the pod it was, and the safety sweep (a pod every `--reconcile-ms / pods`)
 /// the rest. Counted by the agent (`interceptor_pod_checks_total`), not timed.
