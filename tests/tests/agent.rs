@@ -269,6 +269,50 @@ fn a_local_route_added_while_registering_is_applied_without_the_sweep() {
     agent.stop();
 }
 
+/// Without `CAP_NET_BROADCAST` the kernel sends the agent nothing of the pods' namespaces: the
+/// agent says so (its log and its health's notes, not as a problem) and checks those pods every
+/// 2 s, so a `local` route added later is applied within seconds, not at the sweep (ten minutes
+/// away here).
+#[test]
+fn without_net_broadcast_the_agent_says_so_and_checks_the_pods_often() {
+    if !privileged() {
+        return;
+    }
+    const ANYIP_ROUTE: &str = "198.51.100.64/26";
+    const ANYIP: &str = "198.51.100.70:8091";
+    let fixture = PodFixture::new("agentnobcast");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path).without_net_broadcast();
+    let agent = home
+        .agent()
+        .args(&["--reconcile-ms", "600000"])
+        .meshing(&fixture.pod.path(), &[])
+        .log_to(&home.log_path())
+        .start();
+    let health = interceptor::agent::api::health(&home.socket()).expect("health");
+    assert!(
+        health.notes.iter().any(|n| n.contains("CAP_NET_BROADCAST")),
+        "{health:?}"
+    );
+    assert!(health.problems.is_empty(), "a note, not a problem: {health:?}");
+    let log = std::fs::read_to_string(home.log_path()).unwrap_or_default();
+    assert!(log.contains("CAP_NET_BROADCAST"), "said at start: {log}");
+    let _anyip = fixture
+        .in_pod()
+        .listen(&["server", "0.0.0.0:8091", "--name", "anyip"]);
+    let app = fixture.in_pod().uid(APP_UID);
+    assert_eq!(app.connect(ANYIP).proxy_orig().to_string(), ANYIP);
+    fixture
+        .pod
+        .ip(&["route", "add", "local", ANYIP_ROUTE, "dev", "lo"]);
+    eventually(
+        "the local route is applied by the frequent check",
+        Duration::from_secs(5),
+        || matches!(app.connect(ANYIP), Landing::Server { ref name, .. } if name == "anyip"),
+    );
+    agent.stop();
+}
+
 /// At rest the agent checks no pod: an address change checks the one pod it happened in, a
 /// removed namespace the pod it was, and the safety sweep (a pod every `--reconcile-ms / pods`)
 /// the rest. Counted by the agent (`interceptor_pod_checks_total`), not timed.

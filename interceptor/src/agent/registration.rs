@@ -468,6 +468,12 @@ impl Agent {
             problems,
             backend,
             node_problems: Some(node_problems),
+            notes: self
+                .netns_watch
+                .deafness()
+                .map(String::from)
+                .into_iter()
+                .collect(),
         }
     }
 }

@@ -86,6 +86,9 @@ pub struct Watch {
     pods: BTreeMap<NetnsCookie, (Option<i32>, Option<u64>)>,
     processes: Processes,
     events: mpsc::UnboundedSender<Event>,
+    /// Whether the kernel delivers the pods' address and route notifications to the listener
+    /// (it is open, and the agent has `CAP_NET_BROADCAST`).
+    hears_pods: bool,
 }
 
 /// The processes whose namespaces are pods' (`/proc/PID/ns/net` paths): their pidfds in one
@@ -107,7 +110,7 @@ impl Watch {
         let nsids = Arc::new(Mutex::new(Listened::default()));
         let (events, receiver) = mpsc::unbounded_channel();
         spawn_inotify_reader(inotify.clone(), watched.clone(), events.clone());
-        spawn_address_listener(nsids.clone(), events.clone());
+        let hears_pods = spawn_address_listener(nsids.clone(), events.clone());
         let processes = Processes {
             epoll: Arc::new(Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?),
             watched: Arc::default(),
@@ -122,6 +125,7 @@ impl Watch {
             pods: BTreeMap::new(),
             processes,
             events,
+            hears_pods,
         };
         if let Some(pins) = pins {
             watch.add(pins, Watched::Pins);
@@ -190,6 +194,22 @@ impl Watch {
             }
         }
         self.pods.insert(cookie, (nsid, process));
+    }
+
+    /// Why the pods' address and route changes are not heard, if they are not (no
+    /// `CAP_NET_BROADCAST`, or no listener): the node's note.
+    pub fn deafness(&self) -> Option<&'static str> {
+        (!self.hears_pods).then_some(NOT_HEARD)
+    }
+
+    /// The pods whose address and route changes are not heard: every pod when the listener
+    /// hears none, else those whose namespace has no id.
+    pub fn unheard(&self) -> Vec<NetnsCookie> {
+        self.pods
+            .iter()
+            .filter(|(_, (nsid, _))| !self.hears_pods || nsid.is_none())
+            .map(|(cookie, _)| *cookie)
+            .collect()
     }
 
     /// Stops watching a pod that is no longer registered.
@@ -304,18 +324,24 @@ fn spawn_process_waiter(processes: Processes, events: mpsc::UnboundedSender<Even
     });
 }
 
-fn spawn_address_listener(nsids: Arc<Mutex<Listened>>, events: mpsc::UnboundedSender<Event>) {
+/// What the node's note and the start-up log say when the pods' changes are not heard.
+const NOT_HEARD: &str = "the kernel does not deliver the pods' address and route changes to the agent (it needs CAP_NET_BROADCAST): they are applied by a check of each pod every 2 s instead of at once; give the agent CAP_NET_BROADCAST to close that window";
+
+/// Starts the address listener; whether it hears the pods.
+fn spawn_address_listener(
+    nsids: Arc<Mutex<Listened>>,
+    events: mpsc::UnboundedSender<Event>,
+) -> bool {
     let mut changes = match AddressChanges::open() {
         Ok(changes) => changes,
         Err(e) => {
-            warn!(error = %e, "cannot listen for address changes in the pods; the safety sweep still applies them");
-            return;
+            warn!(error = %e, "cannot listen for address changes in the pods; {NOT_HEARD}");
+            return false;
         }
     };
-    if !has_net_broadcast() {
-        warn!(
-            "without CAP_NET_BROADCAST the kernel does not deliver the pods' address changes to the agent; the safety sweep still applies them (--reconcile-ms)"
-        );
+    let hears = has_net_broadcast();
+    if !hears {
+        warn!("{NOT_HEARD}");
     }
     std::thread::spawn(move || {
         loop {
@@ -349,6 +375,7 @@ fn spawn_address_listener(nsids: Arc<Mutex<Listened>>, events: mpsc::UnboundedSe
         }
     });
     info!("listening for address changes in the pods' namespaces");
+    hears
 }
 
 /// `CAP_NET_BROADCAST` (`<linux/capability.h>`; neither libc nor nix exports it).
