@@ -178,7 +178,9 @@ impl AgentHome {
             self.binary.display()
         );
         std::fs::write(&wrapper, script)
-            .and_then(|()| std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)))
+            .and_then(|()| {
+                std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
+            })
             .unwrap_or_else(|e| panic!("write {}: {e}", wrapper.display()));
         self.binary = wrapper;
         self

@@ -294,7 +294,10 @@ fn without_net_broadcast_the_agent_says_so_and_checks_the_pods_often() {
         health.notes.iter().any(|n| n.contains("CAP_NET_BROADCAST")),
         "{health:?}"
     );
-    assert!(health.problems.is_empty(), "a note, not a problem: {health:?}");
+    assert!(
+        health.problems.is_empty(),
+        "a note, not a problem: {health:?}"
+    );
     let log = std::fs::read_to_string(home.log_path()).unwrap_or_default();
     assert!(log.contains("CAP_NET_BROADCAST"), "said at start: {log}");
     let _anyip = fixture
@@ -310,6 +313,93 @@ fn without_net_broadcast_the_agent_says_so_and_checks_the_pods_often() {
         Duration::from_secs(5),
         || matches!(app.connect(ANYIP), Landing::Server { ref name, .. } if name == "anyip"),
     );
+    agent.stop();
+}
+
+/// The window a `local` route leaves open: from the route added in the pod (`ip route add`
+/// returned) to its entry in the agent's subnet map, polled from its pin without pause, over
+/// 50 routes. The figures are in docs/how-it-works.md (run with `--nocapture` to see them).
+#[test]
+fn a_local_route_is_in_the_map_within_milliseconds_of_its_addition() {
+    use aya::maps::{
+        Map, MapData,
+        lpm_trie::{Key, LpmTrie},
+    };
+    use interceptor_common::{
+        IP4_MAPPED_PREFIX_BITS, Ip6Addr, MAP_LAYOUT_VERSION, SUBNET_KEY_FIXED_BITS, SubnetKey,
+        addr::family, names, pod::direction,
+    };
+    if !privileged() {
+        return;
+    }
+    const TRIALS: u8 = 50;
+    let fixture = PodFixture::new("agentwindowtime");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home
+        .agent()
+        .args(&["--reconcile-ms", "600000"])
+        .meshing(&fixture.pod.path(), &[])
+        .start();
+    let cookie = home.pods()[0]["netns_cookie"].as_u64().unwrap();
+    let pin = home
+        .bpffs
+        .join(format!("maps-v{MAP_LAYOUT_VERSION}"))
+        .join(names::MAP_SUBNETS);
+    let data = MapData::from_pin(&pin).unwrap_or_else(|e| panic!("{}: {e}", pin.display()));
+    let subnets: LpmTrie<MapData, SubnetKey, u8> =
+        LpmTrie::try_from(Map::from_map_data(data).expect("a map")).expect("an LPM trie");
+    let windows: Vec<(Duration, Duration)> = (0..TRIALS)
+        .map(|i| {
+            let route = format!("10.201.{i}.0/24");
+            let key = Key::new(
+                SUBNET_KEY_FIXED_BITS + IP4_MAPPED_PREFIX_BITS + 24,
+                SubnetKey {
+                    netns_cookie: cookie,
+                    direction: direction::LOCAL_ROUTE,
+                    family: family::IPV4,
+                    addr: Ip6Addr::from(std::net::IpAddr::from([10, 201, i, 0])),
+                },
+            );
+            let asked = Instant::now();
+            fixture
+                .pod
+                .ip(&["route", "add", "local", &route, "dev", "lo"]);
+            let added = Instant::now();
+            while subnets.get(&key, 0).is_err() {
+                assert!(
+                    added.elapsed() < Duration::from_secs(5),
+                    "{route} never reached the map"
+                );
+            }
+            // The route was added somewhere within `ip`'s run: the window lies between.
+            let window = (added.elapsed(), asked.elapsed());
+            fixture
+                .pod
+                .ip(&["route", "del", "local", &route, "dev", "lo"]);
+            eventually(
+                "the route's removal is applied",
+                Duration::from_secs(5),
+                || subnets.get(&key, 0).is_err(),
+            );
+            window
+        })
+        .collect();
+    for (bound, pick) in [
+        (
+            "`ip` returned",
+            (|w| w.0) as fn(&(Duration, Duration)) -> Duration,
+        ),
+        ("`ip` started", |w| w.1),
+    ] {
+        let mut sorted: Vec<Duration> = windows.iter().map(pick).collect();
+        sorted.sort();
+        eprintln!(
+            "from {bound} to the map written, over {TRIALS} routes: median {:?}, 90th percentile {:?}, max {:?}",
+            sorted[sorted.len() / 2],
+            sorted[sorted.len() * 9 / 10],
+            sorted[sorted.len() - 1]
+        );
+    }
     agent.stop();
 }
 
