@@ -55,9 +55,6 @@ pub const FAULTS: &[&str] = &[
     // Armed as `sleep(MS)`: a registration waits between reading the pod's namespace and
     // writing it, the window a change made then must not fall into.
     "registration-after-read",
-    // Armed as `1*sleep(MS)`: `run`'s reader of route and address changes starts late, so a
-    // burst overflows its socket's buffer.
-    "run-changes-paused",
 ];
 
 /// Reads `FAILPOINTS` once, at start-up. The configuration lives as long as the process.

@@ -367,8 +367,8 @@ fn addresses_added_to_the_pod_later_are_its_own() {
 
 /// A burst of route changes that overflows `run`'s notification socket (ENOBUFS) does not end
 /// its following the pod: it reads the namespace again and applies the state the burst left.
-/// Its reader starts late (`run-changes-paused`), so the burst (3000 notifications of about
-/// 1 KiB each against a buffer of about 200 KiB) overflows the socket every time.
+/// The process is stopped (SIGSTOP) during the burst (1,200 notifications of about 1 KiB each
+/// against a buffer of about 200 KiB), so the socket overflows every time.
 #[test]
 fn run_applies_the_last_state_after_a_burst_overflows_its_notifications() {
     if !privileged() {
@@ -376,19 +376,12 @@ fn run_applies_the_last_state_after_a_burst_overflows_its_notifications() {
     }
     let fixture = PodFixture::new("cli-burst");
     let _servers = Servers::start(&fixture);
-    let instance = unique_name("cli");
-    let running = Meshed::start_with_env(
-        Path::new(BIN),
-        &instance,
-        &run_args(&fixture, &instance),
-        &[("FAILPOINTS", "run-changes-paused=1*sleep(2000)")],
-        Stdio::piped(),
-    );
+    let running = run(&fixture, &[]);
     // On every address: one in a route cannot be bound before the route is there.
     let _anyip = fixture
         .in_pod()
         .listen(&["server", "0.0.0.0:8091", "--name", "anyip"]);
-    let routes: Vec<String> = (0..1500)
+    let routes: Vec<String> = (0..600)
         .map(|i| format!("local 10.200.{}.{}/32 dev lo", i / 250, i % 250))
         .collect();
     let mut burst: String = routes.iter().map(|r| format!("route add {r}\n")).collect();
@@ -396,7 +389,10 @@ fn run_applies_the_last_state_after_a_burst_overflows_its_notifications() {
     burst.push_str("route add local 198.51.100.64/26 dev lo\n");
     burst.push_str("route add local 198.51.100.128/26 dev lo\n");
     burst.push_str("route del local 198.51.100.128/26 dev lo\n");
+    let pid = nix::unistd::Pid::from_raw(running.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP the run");
     fixture.pod.ip_batch(&burst);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT the run");
     let app = fixture.in_pod().uid(APP_UID);
     eventually(
         "the route the burst left is applied",

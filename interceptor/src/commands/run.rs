@@ -16,7 +16,6 @@ use crate::{
     cgroup,
     cli::{Mode, RunArgs},
     config::InterceptionConfig,
-    crash_points::fault,
     ebpf::{EbpfPods, LoadOptions},
     iptables,
     netns::{Change, LocalChanges, PodNetns},
@@ -25,7 +24,6 @@ use crate::{
 };
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    crate::crash_points::arm();
     let config = args.interception.config.clone();
     let backend = super::choose_backend(args.mode);
     match backend {
@@ -211,7 +209,6 @@ fn watch(mut changes: LocalChanges, netns: PathBuf) -> mpsc::Receiver<()> {
     let (tx, rx) = mpsc::channel(1);
     std::thread::spawn(move || {
         loop {
-            let _ = fault!("run-changes-paused");
             match changes.wait() {
                 Ok(Change::Local) => {}
                 Ok(Change::Other) => continue,
