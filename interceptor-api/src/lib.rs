@@ -221,6 +221,10 @@ pub struct Health {
     /// which the agent's `/ready` answers. `None` from an agent that predates it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_problems: Option<Vec<String>>,
+    /// What the node should know but is no failure: how the agent works around a missing
+    /// capability, say. Empty from an agent that predates it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

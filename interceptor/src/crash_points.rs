@@ -52,6 +52,9 @@ pub const FAULTS: &[&str] = &[
     "netns-route-dump-fails",
     "netns-dump-unknown-message",
     "userns-id-maps-unreadable",
+    // Armed as `sleep(MS)`: a registration waits between reading the pod's namespace and
+    // writing it, the window a change made then must not fall into.
+    "registration-after-read",
 ];
 
 /// Reads `FAILPOINTS` once, at start-up. The configuration lives as long as the process.

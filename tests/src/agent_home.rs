@@ -165,6 +165,27 @@ impl AgentHome {
         self
     }
 
+    /// Runs the agent (and the CLI) without `CAP_NET_BROADCAST`, as a container that drops it
+    /// would: through a script in its state directory that takes it out of the bounding set
+    /// (`setpriv`), so root's exec does not get it back.
+    pub fn without_net_broadcast(mut self) -> Self {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::create_dir_all(&self.state_dir)
+            .unwrap_or_else(|e| panic!("create {}: {e}", self.state_dir.display()));
+        let wrapper = self.state_dir.join("interceptor-without-net-broadcast");
+        let script = format!(
+            "#!/bin/sh\nexec setpriv --bounding-set=-net_broadcast --inh-caps=-net_broadcast {} \"$@\"\n",
+            self.binary.display()
+        );
+        std::fs::write(&wrapper, script)
+            .and_then(|()| {
+                std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
+            })
+            .unwrap_or_else(|e| panic!("write {}: {e}", wrapper.display()));
+        self.binary = wrapper;
+        self
+    }
+
     /// Runs `binary` (e.g. the release `interceptor` the bench measures) instead.
     pub fn with_binary(mut self, binary: PathBuf) -> Self {
         self.binary = binary;

@@ -90,7 +90,7 @@ pub fn foreign_program() -> std::os::fd::OwnedFd {
 }
 
 /// The eBPF backend as `interceptor run` (or the node agent) keeps pods: it follows each pod's
-/// addresses and local routes by netlink events (`PodNetns::address_changes`) and puts what
+/// addresses and local routes by netlink events (`PodNetns::local_changes`) and puts what
 /// changed in force (`set_local`), so a route added after a pod is meshed is learnt. Stops
 /// following and detaches when dropped.
 pub struct Following {
@@ -112,19 +112,18 @@ impl Following {
         attach(&mut node, &pods[0].0.cgroup.path);
         let node = Arc::new(Mutex::new(node));
         let stop = Arc::new(AtomicBool::new(false));
-        let watchers =
-            pods.iter()
-                .zip(&cookies)
-                .map(|((fixture, _), cookie)| {
-                    let netns = PodNetns::open(&fixture.pod.path()).expect("open pod netns");
-                    let changes =
-                        std::fs::File::from(netns.address_changes().unwrap_or_else(|e| {
-                            panic!("follow the pod's addresses and routes: {e}")
-                        }));
-                    let (node, stop, cookie) = (Arc::clone(&node), Arc::clone(&stop), *cookie);
-                    std::thread::spawn(move || follow(&netns, changes, &node, cookie, &stop))
-                })
-                .collect();
+        let watchers = pods
+            .iter()
+            .zip(&cookies)
+            .map(|((fixture, _), cookie)| {
+                let netns = PodNetns::open(&fixture.pod.path()).expect("open pod netns");
+                let changes = netns
+                    .local_changes()
+                    .unwrap_or_else(|e| panic!("follow the pod's addresses and routes: {e}"));
+                let (node, stop, cookie) = (Arc::clone(&node), Arc::clone(&stop), *cookie);
+                std::thread::spawn(move || follow(&netns, changes, &node, cookie, &stop))
+            })
+            .collect();
         Self {
             node,
             cookies,
@@ -145,16 +144,16 @@ impl Following {
 /// `interceptor run`'s loop: on every event, the namespace's addresses and local routes again.
 fn follow(
     netns: &PodNetns,
-    mut changes: std::fs::File,
+    mut changes: interceptor::netns::LocalChanges,
     node: &Mutex<EbpfPods>,
     cookie: interceptor_common::NetnsCookie,
     stop: &AtomicBool,
 ) {
-    use std::{io::Read as _, os::fd::AsRawFd as _};
-    let mut buf = [0u8; 16 * 1024];
+    use interceptor::netns::Change;
+    use std::os::fd::{AsFd as _, AsRawFd as _};
     while !stop.load(Ordering::Relaxed) {
         let mut pollfd = libc::pollfd {
-            fd: changes.as_raw_fd(),
+            fd: changes.as_fd().as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         };
@@ -162,8 +161,10 @@ fn follow(
         if unsafe { libc::poll(&mut pollfd, 1, 100) } != 1 {
             continue;
         }
-        if changes.read(&mut buf).is_err() {
-            return;
+        match changes.wait() {
+            Ok(Change::Local | Change::Lost) => {}
+            Ok(Change::Other) => continue,
+            Err(_) => return,
         }
         let local = netns
             .local_destinations()

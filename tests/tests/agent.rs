@@ -227,6 +227,182 @@ fn a_local_route_added_later_is_delivered_over_lo() {
     agent.stop();
 }
 
+/// A `local` route added while a registration runs, after it read the pod's routes and before
+/// the pod is watched, is applied within moments of the answer, not at the sweep (ten minutes
+/// away here): the namespace is given its id and noted with the listener before the read. The
+/// registration is held between its read and its write (`registration-after-read`) so the
+/// route lands in that window every time.
+#[test]
+fn a_local_route_added_while_registering_is_applied_without_the_sweep() {
+    if !privileged() {
+        return;
+    }
+    const ANYIP_ROUTE: &str = "198.51.100.64/26";
+    const ANYIP: &str = "198.51.100.70:8091";
+    let fixture = PodFixture::new("agentwindow");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home
+        .agent()
+        .args(&["--reconcile-ms", "600000"])
+        .failpoints("registration-after-read=sleep(1500)")
+        .start();
+    // On every address: one in the route cannot be bound before the route is there.
+    let _anyip = fixture
+        .in_pod()
+        .listen(&["server", "0.0.0.0:8091", "--name", "anyip"]);
+    std::thread::scope(|s| {
+        let registering = s.spawn(|| home.mesh(&fixture.pod.path(), &[]));
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(!registering.is_finished(), "the registration is held");
+        fixture
+            .pod
+            .ip(&["route", "add", "local", ANYIP_ROUTE, "dev", "lo"]);
+        registering.join().expect("registering");
+    });
+    let app = fixture.in_pod().uid(APP_UID);
+    eventually(
+        "the route added during the registration is applied",
+        Duration::from_secs(2),
+        || matches!(app.connect(ANYIP), Landing::Server { ref name, .. } if name == "anyip"),
+    );
+    agent.stop();
+}
+
+/// Without `CAP_NET_BROADCAST` the kernel sends the agent nothing of the pods' namespaces: the
+/// agent says so (its log and its health's notes, not as a problem) and checks those pods every
+/// 2 s, so a `local` route added later is applied within seconds, not at the sweep (ten minutes
+/// away here).
+#[test]
+fn without_net_broadcast_the_agent_says_so_and_checks_the_pods_often() {
+    if !privileged() {
+        return;
+    }
+    const ANYIP_ROUTE: &str = "198.51.100.64/26";
+    const ANYIP: &str = "198.51.100.70:8091";
+    let fixture = PodFixture::new("agentnobcast");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path).without_net_broadcast();
+    let agent = home
+        .agent()
+        .args(&["--reconcile-ms", "600000"])
+        .meshing(&fixture.pod.path(), &[])
+        .log_to(&home.log_path())
+        .start();
+    let health = interceptor::agent::api::health(&home.socket()).expect("health");
+    assert!(
+        health.notes.iter().any(|n| n.contains("CAP_NET_BROADCAST")),
+        "{health:?}"
+    );
+    assert!(
+        health.problems.is_empty(),
+        "a note, not a problem: {health:?}"
+    );
+    let log = std::fs::read_to_string(home.log_path()).unwrap_or_default();
+    assert!(log.contains("CAP_NET_BROADCAST"), "said at start: {log}");
+    let _anyip = fixture
+        .in_pod()
+        .listen(&["server", "0.0.0.0:8091", "--name", "anyip"]);
+    let app = fixture.in_pod().uid(APP_UID);
+    assert_eq!(app.connect(ANYIP).proxy_orig().to_string(), ANYIP);
+    fixture
+        .pod
+        .ip(&["route", "add", "local", ANYIP_ROUTE, "dev", "lo"]);
+    eventually(
+        "the local route is applied by the frequent check",
+        Duration::from_secs(5),
+        || matches!(app.connect(ANYIP), Landing::Server { ref name, .. } if name == "anyip"),
+    );
+    agent.stop();
+}
+
+/// The window a `local` route leaves open: from the route added in the pod (`ip route add`
+/// returned) to its entry in the agent's subnet map, polled from its pin without pause, over
+/// 50 routes. The figures are in docs/how-it-works.md (run with `--nocapture` to see them).
+#[test]
+fn a_local_route_is_in_the_map_within_milliseconds_of_its_addition() {
+    use aya::maps::{
+        Map, MapData,
+        lpm_trie::{Key, LpmTrie},
+    };
+    use interceptor_common::{
+        IP4_MAPPED_PREFIX_BITS, Ip6Addr, MAP_LAYOUT_VERSION, SUBNET_KEY_FIXED_BITS, SubnetKey,
+        addr::family, names, pod::direction,
+    };
+    if !privileged() {
+        return;
+    }
+    const TRIALS: u8 = 50;
+    let fixture = PodFixture::new("agentwindowtime");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home
+        .agent()
+        .args(&["--reconcile-ms", "600000"])
+        .meshing(&fixture.pod.path(), &[])
+        .start();
+    let cookie = home.pods()[0]["netns_cookie"].as_u64().unwrap();
+    let pin = home
+        .bpffs
+        .join(format!("maps-v{MAP_LAYOUT_VERSION}"))
+        .join(names::MAP_SUBNETS);
+    let data = MapData::from_pin(&pin).unwrap_or_else(|e| panic!("{}: {e}", pin.display()));
+    let subnets: LpmTrie<MapData, SubnetKey, u8> =
+        LpmTrie::try_from(Map::from_map_data(data).expect("a map")).expect("an LPM trie");
+    let windows: Vec<(Duration, Duration)> = (0..TRIALS)
+        .map(|i| {
+            let route = format!("10.201.{i}.0/24");
+            let key = Key::new(
+                SUBNET_KEY_FIXED_BITS + IP4_MAPPED_PREFIX_BITS + 24,
+                SubnetKey {
+                    netns_cookie: cookie,
+                    direction: direction::LOCAL_ROUTE,
+                    family: family::IPV4,
+                    addr: Ip6Addr::from(std::net::IpAddr::from([10, 201, i, 0])),
+                },
+            );
+            let asked = Instant::now();
+            fixture
+                .pod
+                .ip(&["route", "add", "local", &route, "dev", "lo"]);
+            let added = Instant::now();
+            while subnets.get(&key, 0).is_err() {
+                assert!(
+                    added.elapsed() < Duration::from_secs(5),
+                    "{route} never reached the map"
+                );
+            }
+            // The route was added somewhere within `ip`'s run: the window lies between.
+            let window = (added.elapsed(), asked.elapsed());
+            fixture
+                .pod
+                .ip(&["route", "del", "local", &route, "dev", "lo"]);
+            eventually(
+                "the route's removal is applied",
+                Duration::from_secs(5),
+                || subnets.get(&key, 0).is_err(),
+            );
+            window
+        })
+        .collect();
+    for (bound, pick) in [
+        (
+            "`ip` returned",
+            (|w| w.0) as fn(&(Duration, Duration)) -> Duration,
+        ),
+        ("`ip` started", |w| w.1),
+    ] {
+        let mut sorted: Vec<Duration> = windows.iter().map(pick).collect();
+        sorted.sort();
+        eprintln!(
+            "from {bound} to the map written, over {TRIALS} routes: median {:?}, 90th percentile {:?}, max {:?}",
+            sorted[sorted.len() / 2],
+            sorted[sorted.len() * 9 / 10],
+            sorted[sorted.len() - 1]
+        );
+    }
+    agent.stop();
+}
+
 /// At rest the agent checks no pod: an address change checks the one pod it happened in, a
 /// removed namespace the pod it was, and the safety sweep (a pod every `--reconcile-ms / pods`)
 /// the rest. Counted by the agent (`interceptor_pod_checks_total`), not timed.

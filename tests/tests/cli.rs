@@ -9,6 +9,7 @@ use std::{
 use interceptor_tests::{
     Landing, PodFixture,
     agent_home::PROXY_FLAGS,
+    eventually,
     meshed::{self, Meshed},
     privileged,
     scenario::{APP_UID, Servers},
@@ -362,6 +363,51 @@ fn addresses_added_to_the_pod_later_are_its_own() {
             }
         }
     }
+}
+
+/// A burst of route changes that overflows `run`'s notification socket (ENOBUFS) does not end
+/// its following the pod: it reads the namespace again and applies the state the burst left.
+/// The process is stopped (SIGSTOP) during the burst (1,200 notifications of about 1 KiB each
+/// against a buffer of about 200 KiB), so the socket overflows every time.
+#[test]
+fn run_applies_the_last_state_after_a_burst_overflows_its_notifications() {
+    if !privileged() {
+        return;
+    }
+    let fixture = PodFixture::new("cli-burst");
+    let _servers = Servers::start(&fixture);
+    let running = run(&fixture, &[]);
+    // On every address: one in a route cannot be bound before the route is there.
+    let _anyip = fixture
+        .in_pod()
+        .listen(&["server", "0.0.0.0:8091", "--name", "anyip"]);
+    let routes: Vec<String> = (0..600)
+        .map(|i| format!("local 10.200.{}.{}/32 dev lo", i / 250, i % 250))
+        .collect();
+    let mut burst: String = routes.iter().map(|r| format!("route add {r}\n")).collect();
+    burst.extend(routes.iter().map(|r| format!("route del {r}\n")));
+    burst.push_str("route add local 198.51.100.64/26 dev lo\n");
+    burst.push_str("route add local 198.51.100.128/26 dev lo\n");
+    burst.push_str("route del local 198.51.100.128/26 dev lo\n");
+    let pid = nix::unistd::Pid::from_raw(running.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP the run");
+    fixture.pod.ip_batch(&burst);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT the run");
+    let app = fixture.in_pod().uid(APP_UID);
+    eventually(
+        "the route the burst left is applied",
+        Duration::from_secs(10),
+        || matches!(app.connect("198.51.100.70:8091"), Landing::Server { ref name, .. } if name == "anyip"),
+    );
+    assert!(
+        matches!(app.connect("198.51.100.130:8091"), Landing::Proxy { .. }),
+        "the route the burst removed is not applied"
+    );
+    let (_, logs) = running.stop();
+    assert!(
+        logs.iter().any(|l| l.contains("notifications were lost")),
+        "the burst overflowed the socket: {logs:#?}"
+    );
 }
 
 #[test]

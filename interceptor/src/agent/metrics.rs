@@ -236,7 +236,7 @@ fn render(agent: &Agent) -> String {
     );
     registry.register(
         "pod_checks",
-        "Pods checked against their network namespace (gone, replaced, addresses changed), by trigger: event (a namespace removed, an address notification), lost (notifications were lost: every pod) or sweep (the safety sweep, one pod at a time over --reconcile-ms)",
+        "Pods checked against their network namespace (gone, replaced, addresses changed), by trigger: event (a namespace removed, an address notification), lost (notifications were lost: every pod) sweep (the safety sweep, one pod at a time over --reconcile-ms) or unheard (every 2 s, the pods whose changes the agent cannot hear: no CAP_NET_BROADCAST, or a namespace without an id)",
         agent.pod_checks.0.clone(),
     );
     let dump_failures = Family::<Labels, Counter>::default();

@@ -305,11 +305,14 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
     let mut sigterm = signal(SignalKind::terminate())?;
     let reconciler = reconcile::Reconciler::start(agent.clone());
     let mut sweep = reconcile::Sweep::new(options.reconcile_every);
+    let mut unheard = tokio::time::interval(reconcile::UNHEARD_EVERY);
+    unheard.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             _ = tokio::time::sleep_until(sweep.next_at()) => sweep.step(&agent, &reconciler),
+            _ = unheard.tick() => reconciler.check_unheard(lock(&agent).netns_watch.unheard()),
             Some(event) = events.recv() => reconciler.on(event),
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => drop(tokio::spawn(server::serve(agent.clone(), stream))),

@@ -20,7 +20,7 @@ use super::{
 };
 use crate::{
     config::{InterceptionConfig, user_ids::HostIds},
-    crash_points::crash_point,
+    crash_points::{crash_point, fault},
     netns::{LocalDestinations, PodNetns, listener::find_listeners},
     node::Wanted,
 };
@@ -40,16 +40,21 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
     let config = add.config.clone();
     let unknown = |e: crate::netns::NetnsError| (ErrorKind::UnknownNetns, e.to_string());
     let netns = PodNetns::open(&add.netns).map_err(unknown)?;
-    let (backend, identify, ebpf) = {
+    // The id first, and the registration noted with the listener, then the read: a change made
+    // after the read began is heard, one made before is in it.
+    let nsid = namespace_id(&netns);
+    let (backend, identify, ebpf, registering) = {
         let agent = lock(agent);
         let pods = &agent.pods;
         (
             pods.kind(),
             pods.lenient_identifier(),
             pods.ebpf().is_some(),
+            nsid.map(|id| agent.netns_watch.registering(id)),
         )
     };
     let (cookie, local) = identify(&netns).map_err(unknown)?;
+    let _ = fault!("registration-after-read");
     // The namespace is there but its addresses or routes cannot be read now: nothing is
     // written, and the plugin tries again within its deadline, then has the runtime retry.
     let local = local.map_err(|e| {
@@ -72,8 +77,7 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
         meta: add.meta.clone(),
         meshed_by: PodBackend::default(),
     };
-    let nsid = namespace_id(&netns);
-    let applied = lock(agent).apply(cookie, &pod, facts, nsid, add.update)?;
+    let applied = lock(agent).apply(cookie, &pod, facts, registering, add.update)?;
     if applied != Applied::Nothing {
         let agent = if ebpf {
             // Its configuration is in force, so a listen() from here on is caught by sock_ops;
@@ -161,13 +165,14 @@ enum Checked {
 impl Agent {
     /// Applies a pod's configuration to the maps (and the pod table), then saves its record;
     /// on failure nothing changed.
-    /// `nsid`: the namespace's id in the agent's, for its address notifications (`watch`).
+    /// `registering`: begun with the namespace's id in the agent's, before its addresses and
+    /// routes were read, for its notifications (`watch`).
     fn apply(
         &mut self,
         cookie: NetnsCookie,
         pod: &PodAsked<'_>,
         facts: PodFacts,
-        nsid: Option<i32>,
+        registering: Option<super::watch::Registering>,
         update: bool,
     ) -> Result<Applied, Refusal> {
         let existing = self.pods.record(cookie);
@@ -254,7 +259,7 @@ impl Agent {
                 format!("saving the pod record: {e}; the pod's interception is as it was"),
             ));
         }
-        self.netns_watch.watch(cookie, &record.netns, nsid);
+        self.netns_watch.watch(cookie, &record.netns, registering);
         // Written as configured: whatever an earlier check found is mended.
         self.pod_problems.remove(&cookie);
         self.status_changed.notify();
@@ -463,6 +468,12 @@ impl Agent {
             problems,
             backend,
             node_problems: Some(node_problems),
+            notes: self
+                .netns_watch
+                .deafness()
+                .map(String::from)
+                .into_iter()
+                .collect(),
         }
     }
 }

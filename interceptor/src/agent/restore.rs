@@ -17,6 +17,7 @@ use super::{
     api::records::{Found, NotRestored, Then, leftovers, restore_step},
     records::{PodBackend, PodRecord},
     registration::{namespace_id, proxy_ids_on_host, take_over_from_iptables},
+    watch::Registering,
 };
 use crate::{
     crash_points::crash_point,
@@ -51,8 +52,8 @@ impl Agent {
                 .restore_one(&record, migrating)
                 .map_err(|not| not.then(migrating))
             {
-                Ok(nsid) => {
-                    self.netns_watch.watch(cookie, &netns, nsid);
+                Ok(registering) => {
+                    self.netns_watch.watch(cookie, &netns, registering);
                     crash_point!("restore-pod");
                 }
                 Err(Then::Abort(why)) => bail!(
@@ -75,14 +76,16 @@ impl Agent {
     }
 
     /// Restores one pod into the pod table; `migrating`: into new maps, where no pod is yet
-    /// (nothing to repair). Returns its namespace's id, for its address notifications.
+    /// (nothing to repair). Returns its registration with the address listener, to watch it.
     fn restore_one(
         &mut self,
         record: &PodRecord,
         migrating: bool,
-    ) -> Result<Option<i32>, NotRestored> {
+    ) -> Result<Option<Registering>, NotRestored> {
         let gone = |e: crate::netns::NetnsError| NotRestored::Gone(e.to_string());
         let netns = PodNetns::open(&record.netns).map_err(gone)?;
+        // Before the read, as a registration does (`registration::add`).
+        let registering = namespace_id(&netns).map(|id| self.netns_watch.registering(id));
         // Leniently, as the sweep: a dump that fails in a namespace that is there must not pass
         // for a gone pod (whose entries and record would go).
         let (cookie, local) = (self.pods.lenient_identifier())(&netns).map_err(gone)?;
@@ -129,7 +132,7 @@ impl Agent {
         {
             warn!(netns = %path, error = %e, "saving the pod record");
         }
-        Ok(namespace_id(&netns))
+        Ok(registering)
     }
 
     /// Moves the pods the iptables backend meshed, registered in the maps by

@@ -41,6 +41,35 @@ pub enum Event {
     Lost,
 }
 
+/// What the address listener knows of namespace ids.
+#[derive(Default)]
+struct Listened {
+    /// The pod each namespace id stands for.
+    pods: HashMap<i32, NetnsCookie>,
+    /// The ids of namespaces being registered (given their id, not yet in `pods`): how many
+    /// registrations of each are under way, and whether a change was heard since the first began.
+    registering: HashMap<i32, (u32, bool)>,
+}
+
+/// A namespace's registration under way, from before its addresses and routes are read until
+/// it is watched ([`Watch::registering`]): a change the read may have missed is not lost.
+pub struct Registering {
+    nsid: i32,
+    nsids: Arc<Mutex<Listened>>,
+}
+
+impl Drop for Registering {
+    fn drop(&mut self) {
+        let mut listened = lock(&self.nsids);
+        if let Some((count, _)) = listened.registering.get_mut(&self.nsid) {
+            *count -= 1;
+            if *count == 0 {
+                listened.registering.remove(&self.nsid);
+            }
+        }
+    }
+}
+
 /// What an inotify watch descriptor stands for.
 enum Watched {
     NetnsDir(PathBuf),
@@ -51,12 +80,15 @@ pub struct Watch {
     inotify: Arc<Inotify>,
     watched: Arc<Mutex<HashMap<WatchDescriptor, Watched>>>,
     netns_dirs: BTreeSet<PathBuf>,
-    /// The pod each namespace id stands for, read by the address listener.
-    nsids: Arc<Mutex<HashMap<i32, NetnsCookie>>>,
+    /// What the address listener knows of each namespace id.
+    nsids: Arc<Mutex<Listened>>,
     /// Each pod's namespace id and its process watch, to be dropped with the pod.
     pods: BTreeMap<NetnsCookie, (Option<i32>, Option<u64>)>,
     processes: Processes,
     events: mpsc::UnboundedSender<Event>,
+    /// Whether the kernel delivers the pods' address and route notifications to the listener
+    /// (it is open, and the agent has `CAP_NET_BROADCAST`).
+    hears_pods: bool,
 }
 
 /// The processes whose namespaces are pods' (`/proc/PID/ns/net` paths): their pidfds in one
@@ -75,10 +107,10 @@ impl Watch {
     pub fn start(pins: Option<&Path>) -> nix::Result<(Self, mpsc::UnboundedReceiver<Event>)> {
         let inotify = Arc::new(Inotify::init(InitFlags::IN_CLOEXEC)?);
         let watched = Arc::new(Mutex::new(HashMap::new()));
-        let nsids = Arc::new(Mutex::new(HashMap::new()));
+        let nsids = Arc::new(Mutex::new(Listened::default()));
         let (events, receiver) = mpsc::unbounded_channel();
         spawn_inotify_reader(inotify.clone(), watched.clone(), events.clone());
-        spawn_address_listener(nsids.clone(), events.clone());
+        let hears_pods = spawn_address_listener(nsids.clone(), events.clone());
         let processes = Processes {
             epoll: Arc::new(Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?),
             watched: Arc::default(),
@@ -93,6 +125,7 @@ impl Watch {
             pods: BTreeMap::new(),
             processes,
             events,
+            hears_pods,
         };
         if let Some(pins) = pins {
             watch.add(pins, Watched::Pins);
@@ -116,10 +149,27 @@ impl Watch {
         }
     }
 
+    /// Starts a registration of the namespace with id `nsid`, before its addresses and routes
+    /// are read: a change heard from then on is applied once the pod is watched
+    /// ([`Self::watch`]), so one made between the read and the watch does not wait for the
+    /// sweep. The id must be given before: the kernel sends nothing of a namespace without one.
+    pub fn registering(&self, nsid: i32) -> Registering {
+        lock(&self.nsids)
+            .registering
+            .entry(nsid)
+            .or_insert((0, false))
+            .0 += 1;
+        Registering {
+            nsid,
+            nsids: self.nsids.clone(),
+        }
+    }
+
     /// Watches a registered pod: its namespace's removal (its directory, or its process for a
-    /// `/proc` path) and, with its namespace id `nsid` (see `netns::nsid`), its addresses.
-    /// Watching a pod again replaces its watches.
-    pub fn watch(&mut self, cookie: NetnsCookie, netns: &Path, nsid: Option<i32>) {
+    /// `/proc` path) and, with its registration's namespace id (see `netns::nsid` and
+    /// [`Self::registering`]), its addresses and local routes; a change heard since the
+    /// registration began is checked now. Watching a pod again replaces its watches.
+    pub fn watch(&mut self, cookie: NetnsCookie, netns: &Path, registering: Option<Registering>) {
         self.unwatch(cookie);
         let process = match proc_pid(netns) {
             Some(pid) => self.watch_process(pid, netns),
@@ -133,10 +183,33 @@ impl Watch {
                 None
             }
         };
+        let nsid = registering.as_ref().map(|r| r.nsid);
         if let Some(nsid) = nsid {
-            lock(&self.nsids).insert(nsid, cookie);
+            let mut listened = lock(&self.nsids);
+            listened.pods.insert(nsid, cookie);
+            if let Some((_, heard)) = listened.registering.get_mut(&nsid)
+                && std::mem::take(heard)
+            {
+                let _ = self.events.send(Event::Addresses(cookie));
+            }
         }
         self.pods.insert(cookie, (nsid, process));
+    }
+
+    /// Why the pods' address and route changes are not heard, if they are not (no
+    /// `CAP_NET_BROADCAST`, or no listener): the node's note.
+    pub fn deafness(&self) -> Option<&'static str> {
+        (!self.hears_pods).then_some(NOT_HEARD)
+    }
+
+    /// The pods whose address and route changes are not heard: every pod when the listener
+    /// hears none, else those whose namespace has no id.
+    pub fn unheard(&self) -> Vec<NetnsCookie> {
+        self.pods
+            .iter()
+            .filter(|(_, (nsid, _))| !self.hears_pods || nsid.is_none())
+            .map(|(cookie, _)| *cookie)
+            .collect()
     }
 
     /// Stops watching a pod that is no longer registered.
@@ -145,10 +218,10 @@ impl Watch {
             return;
         };
         if let Some(nsid) = nsid {
-            let mut nsids = lock(&self.nsids);
+            let mut listened = lock(&self.nsids);
             // An id is reused once its namespace is gone: only ours is removed.
-            if nsids.get(&nsid) == Some(&cookie) {
-                nsids.remove(&nsid);
+            if listened.pods.get(&nsid) == Some(&cookie) {
+                listened.pods.remove(&nsid);
             }
         }
         if let Some(key) = process
@@ -251,31 +324,46 @@ fn spawn_process_waiter(processes: Processes, events: mpsc::UnboundedSender<Even
     });
 }
 
+/// What the node's note and the start-up log say when the pods' changes are not heard.
+const NOT_HEARD: &str = "the kernel does not deliver the pods' address and route changes to the agent (it needs CAP_NET_BROADCAST): they are applied by a check of each pod every 2 s instead of at once; give the agent CAP_NET_BROADCAST to close that window";
+
+/// Starts the address listener; whether it hears the pods.
 fn spawn_address_listener(
-    nsids: Arc<Mutex<HashMap<i32, NetnsCookie>>>,
+    nsids: Arc<Mutex<Listened>>,
     events: mpsc::UnboundedSender<Event>,
-) {
+) -> bool {
     let mut changes = match AddressChanges::open() {
         Ok(changes) => changes,
         Err(e) => {
-            warn!(error = %e, "cannot listen for address changes in the pods; the safety sweep still applies them");
-            return;
+            warn!(error = %e, "cannot listen for address changes in the pods; {NOT_HEARD}");
+            return false;
         }
     };
-    if !has_net_broadcast() {
-        warn!(
-            "without CAP_NET_BROADCAST the kernel does not deliver the pods' address changes to the agent; the safety sweep still applies them (--reconcile-ms)"
-        );
+    let hears = has_net_broadcast();
+    if !hears {
+        warn!("{NOT_HEARD}");
     }
     std::thread::spawn(move || {
         loop {
             let event = match changes.wait() {
-                Ok(Heard::In(nsid)) => match lock(&nsids).get(&nsid) {
-                    Some(cookie) => Event::Addresses(*cookie),
-                    None => continue,
-                },
+                Ok(Heard::In(nsid)) => {
+                    let mut listened = lock(&nsids);
+                    if let Some((_, heard)) = listened.registering.get_mut(&nsid) {
+                        *heard = true;
+                    }
+                    match listened.pods.get(&nsid) {
+                        Some(cookie) => Event::Addresses(*cookie),
+                        None => continue,
+                    }
+                }
                 Ok(Heard::Elsewhere) => continue,
-                Ok(Heard::Lost) => Event::Lost,
+                Ok(Heard::Lost) => {
+                    // The pods being registered are not in the table the check walks.
+                    for (_, heard) in lock(&nsids).registering.values_mut() {
+                        *heard = true;
+                    }
+                    Event::Lost
+                }
                 Err(e) => {
                     warn!(error = %e, "the pods' address notifications stopped; the safety sweep still applies changes");
                     return;
@@ -287,6 +375,7 @@ fn spawn_address_listener(
         }
     });
     info!("listening for address changes in the pods' namespaces");
+    hears
 }
 
 /// `CAP_NET_BROADCAST` (`<linux/capability.h>`; neither libc nor nix exports it).

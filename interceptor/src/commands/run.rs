@@ -1,8 +1,7 @@
 //! `interceptor run`: mesh one pod until SIGINT/SIGTERM.
 use std::{
-    io::Read as _,
     net::IpAddr,
-    path::Path,
+    path::{Path, PathBuf},
     time::{SystemTime, UNIX_EPOCH},
 };
 
@@ -19,7 +18,7 @@ use crate::{
     config::InterceptionConfig,
     ebpf::{EbpfPods, LoadOptions},
     iptables,
-    netns::PodNetns,
+    netns::{Change, LocalChanges, PodNetns},
     node::Wanted,
     state::{InstanceLock, InstancePaths, InstanceState, PodState},
 };
@@ -77,12 +76,12 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let netns = PodNetns::open(&args.netns)?;
+    // Listening before the first read: a change made after it is heard.
+    let local_changes = netns.local_changes()?;
     let (cookie, local) = netns.cookie_and_local()?;
     // The proxy's ids as the programs compare them: the host's, for a pod with a user
     // namespace of its own.
     let host_ids = netns.users()?.host_ids(&config)?;
-    // Open before attaching: a namespace we cannot watch is an error, not a silent gap.
-    let address_changes = netns.address_changes()?;
     cgroup::open_cgroup2(&cgroup)?;
 
     let lock = InstanceLock::acquire(paths)?;
@@ -131,7 +130,7 @@ async fn run_ebpf(config: InterceptionConfig, args: RunArgs) -> anyhow::Result<(
         "interception active"
     );
 
-    let mut changes = watch(address_changes);
+    let mut changes = watch(local_changes, args.netns.clone());
     loop {
         tokio::select! {
             _ = sigint.recv() => break,
@@ -203,13 +202,28 @@ async fn run_with_agent(config: InterceptionConfig, args: RunArgs) -> anyhow::Re
     Ok(())
 }
 
-/// Forwards "something changed" from a blocking netlink socket to the async loop.
-fn watch(fd: std::os::fd::OwnedFd) -> mpsc::UnboundedReceiver<()> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let mut socket = std::fs::File::from(fd);
+/// Wakes the async loop, which reads the namespace again, on a change of what the pod delivers
+/// over lo, or after changes were lost. A wake-up already pending stands for any number of
+/// changes: a burst is read once, not once a change.
+fn watch(mut changes: LocalChanges, netns: PathBuf) -> mpsc::Receiver<()> {
+    let (tx, rx) = mpsc::channel(1);
     std::thread::spawn(move || {
-        let mut buf = [0u8; 16 * 1024];
-        while socket.read(&mut buf).is_ok_and(|n| n > 0) && tx.send(()).is_ok() {}
+        loop {
+            match changes.wait() {
+                Ok(Change::Local) => {}
+                Ok(Change::Other) => continue,
+                Ok(Change::Lost) => {
+                    warn!(netns = %netns.display(), "route or address notifications were lost (a burst overflowed the socket's buffer): reading the namespace again");
+                }
+                Err(e) => {
+                    warn!(netns = %netns.display(), error = %e, "reading the pod's route and address notifications failed: later changes of its addresses and local routes are not applied until this run is restarted");
+                    return;
+                }
+            }
+            if let Err(mpsc::error::TrySendError::Closed(())) = tx.try_send(()) {
+                return;
+            }
+        }
     });
     rx
 }

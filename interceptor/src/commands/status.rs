@@ -60,6 +60,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
                     None => Vec::new(),
                 },
                 "backend": health.as_ref().and_then(|h| h.as_ref().ok()).map(|h| h.backend),
+                "notes": health.as_ref().and_then(|h| h.as_ref().ok()).map(|h| h.notes.clone()).unwrap_or_default(),
             })
         });
         println!(
@@ -92,6 +93,11 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
             }
             Some(Err(e)) => println!("  health unknown: {e}"),
             None => {}
+        }
+        if let Some(Ok(health)) = &health {
+            for note in &health.notes {
+                println!("  note: {note}");
+            }
         }
         for p in &agent_programs {
             print_program(p);

@@ -319,31 +319,68 @@ pub fn named_path(id: NsId, dirs: &[&Path]) -> Option<PathBuf> {
 pub const INODE_KEY_BIT: u64 = 1 << 63;
 
 impl PodNetns {
-    /// A netlink socket, bound inside the namespace, that becomes readable whenever an address
-    /// or a route of either family is added or removed there. The socket stays in the namespace it was created in.
-    pub fn address_changes(&self) -> Result<std::os::fd::OwnedFd, NetnsError> {
+    /// The address and route notifications of this namespace, on a netlink socket bound inside
+    /// it (the socket stays in the namespace it was created in).
+    pub fn local_changes(&self) -> Result<LocalChanges, NetnsError> {
         let path = self.path.clone();
         self.run_inside(move || {
-            let error = |call, source| NetnsError::Syscall {
-                call,
-                path: path.clone(),
-                source,
-            };
             // Routes too: an AnyIP `local` route changes what is delivered over lo.
-            let fd = interceptor_sys::netns::route_socket(
+            let socket = interceptor_sys::netns::route_socket(
                 (libc::RTMGRP_IPV4_IFADDR
                     | libc::RTMGRP_IPV6_IFADDR
                     | libc::RTMGRP_IPV4_ROUTE
                     | libc::RTMGRP_IPV6_ROUTE) as u32,
             )
-            .map_err(|e| {
-                error(
-                    "socket(NETLINK_ROUTE) bound to the address and route groups",
-                    nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
-                )
+            .map_err(|e| NetnsError::Syscall {
+                call: "socket(NETLINK_ROUTE) bound to the address and route groups",
+                path: path.clone(),
+                source: nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
             })?;
-            Ok(fd)
+            Ok(LocalChanges {
+                socket,
+                buf: vec![0u8; 64 * 1024],
+            })
         })
+    }
+}
+
+/// One namespace's address and route notifications ([`PodNetns::local_changes`]).
+pub struct LocalChanges {
+    socket: std::os::fd::OwnedFd,
+    buf: Vec<u8>,
+}
+
+/// What one [`LocalChanges::wait`] heard.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Change {
+    /// An address or a `local` route was added or removed.
+    Local,
+    /// Another route changed: nothing the namespace delivers over lo.
+    Other,
+    /// The socket's buffer overflowed (ENOBUFS, a burst of changes): some were lost, and only
+    /// a dump tells what is in force now. The socket goes on hearing the next ones.
+    Lost,
+}
+
+impl std::os::fd::AsFd for LocalChanges {
+    /// Readable when a notification (or the news of lost ones) waits.
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.socket.as_fd()
+    }
+}
+
+impl LocalChanges {
+    /// Blocks until the next notification.
+    pub fn wait(&mut self) -> std::io::Result<Change> {
+        loop {
+            return match interceptor_sys::netns::recv(self.socket.as_fd(), &mut self.buf) {
+                Ok(n) if nsid::changes_local_delivery(&self.buf[..n]) => Ok(Change::Local),
+                Ok(_) => Ok(Change::Other),
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => Ok(Change::Lost),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => Err(e),
+            };
+        }
     }
 }
 

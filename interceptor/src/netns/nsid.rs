@@ -109,7 +109,7 @@ pub enum Heard {
 /// Whether a notification can change what a namespace delivers over lo: an address, or a
 /// `local` route (an AnyIP one, or an address's own). Other route changes (a pod's default
 /// route, say) cannot, and check no pod.
-fn changes_local_delivery(datagram: &[u8]) -> bool {
+pub(super) fn changes_local_delivery(datagram: &[u8]) -> bool {
     // The `rtmsg` after the message header: family, dst_len, src_len, tos, table, protocol,
     // scope, type.
     const RTM_TYPE: usize = size_of::<libc::nlmsghdr>() + 7;
