@@ -31,6 +31,20 @@ macro_rules! fault {
 }
 pub(crate) use fault;
 
+/// The error the fault tests armed the fault `$name` to fail with here, as the kernel would
+/// have failed (`FAILPOINTS='pod-map-update-fails=return(ENOMEM)'`: see [`errno`]). Always
+/// `None` without the feature.
+macro_rules! fault_error {
+    ($name:literal) => {{
+        #[cfg(feature = "failpoints")]
+        let error = fail::eval($name, $crate::crash_points::errno);
+        #[cfg(not(feature = "failpoints"))]
+        let error: Option<std::io::Error> = None;
+        error
+    }};
+}
+pub(crate) use fault_error;
+
 /// Every point, for the tests.
 pub const POINTS: &[&str] = &[
     "pod-inbound-attached",
@@ -55,12 +69,31 @@ pub const FAULTS: &[&str] = &[
     // Armed as `sleep(MS)`: a registration waits between reading the pod's namespace and
     // writing it, the window a change made then must not fall into.
     "registration-after-read",
+    // Armed as `return(ERRNO)`: the pod map's update fails as the kernel fails it (`E2BIG` or
+    // `ENOSPC`: the map is full; `ENOMEM`).
+    "pod-map-update-fails",
+    // Armed as `return(ERRNO)`: writing a pod's record fails (`ENOSPC`, `EROFS`).
+    "pod-record-write-fails",
 ];
 
 /// Reads `FAILPOINTS` once, at start-up. The configuration lives as long as the process.
 pub fn arm() {
     #[cfg(feature = "failpoints")]
     std::mem::forget(fail::FailScenario::setup());
+}
+
+/// The error a fault armed as `return(ERRNO)` fails with: `E2BIG`, `ENOSPC`, `ENOMEM` or
+/// `EROFS`; `EIO` for anything else.
+#[cfg(feature = "failpoints")]
+pub fn errno(name: Option<String>) -> std::io::Error {
+    let errno = match name.as_deref() {
+        Some("E2BIG") => libc::E2BIG,
+        Some("ENOSPC") => libc::ENOSPC,
+        Some("ENOMEM") => libc::ENOMEM,
+        Some("EROFS") => libc::EROFS,
+        _ => libc::EIO,
+    };
+    std::io::Error::from_raw_os_error(errno)
 }
 
 /// SIGKILL to ourselves: no destructor, no flush, as when the node kills the agent.

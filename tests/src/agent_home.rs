@@ -93,6 +93,25 @@ pub fn all_reached_the_proxy(lines: &[String]) -> u64 {
     ok
 }
 
+/// Connections of a `netprobe connect` load that did not land on the proxy's outbound listener:
+/// each one reached its destination around the proxy (or failed).
+pub fn around_the_proxy(lines: &[String]) -> Vec<&String> {
+    lines
+        .iter()
+        .filter(|l| !l.starts_with("who=proxy:outbound "))
+        .collect()
+}
+
+/// Sets the flag when dropped, unwinding included: a load that runs until the flag is set ends
+/// when a check fails, instead of keeping its scope waiting for ever.
+pub struct StopOnDrop<'a>(pub &'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// The `interceptor` command line built for the tests (`interceptor-under-test`), next to the
 /// test binaries.
 pub fn interceptor_bin() -> PathBuf {
@@ -287,6 +306,17 @@ impl AgentHome {
         api::health(&self.socket())
             .expect("the agent answers a health request")
             .problems
+    }
+
+    /// The agent's state is one the API could have produced: nothing wrong in its thorough
+    /// check (nothing in the maps, pins or records without its pod), a record and an sk_lookup
+    /// link per pod.
+    pub fn assert_consistent(&self) {
+        let problems = self.problems();
+        assert!(problems.is_empty(), "{problems:#?}");
+        let pods = self.pods().len();
+        assert_eq!(self.records(), pods, "a record per pod");
+        assert_eq!(self.pinned_pod_links(), pods, "an sk_lookup link per pod");
     }
 
     /// How many pod records the agent keeps.

@@ -12,7 +12,7 @@ use std::{
 use interceptor_tests::{
     Landing, Netns, PodFixture,
     agent_home::{
-        AgentHome, LINKERD_FLAGS, UNREACHABLE, all_reached_the_proxy, check_load,
+        AgentHome, LINKERD_FLAGS, UNREACHABLE, all_reached_the_proxy, around_the_proxy, check_load,
         free_loopback_addr, http_get, metric, stderr,
     },
     eventually,
@@ -1202,10 +1202,7 @@ fn a_new_map_layout_is_migrated_to_without_a_gap() {
     // by the replaced programs in the moment the links switch over can miss its original
     // destination, which the proxy refuses (fails closed); there must be next to none.
     assert!(lines.len() > 100, "{} connections", lines.len());
-    let bypassed: Vec<&String> = lines
-        .iter()
-        .filter(|l| !l.starts_with("who=proxy:outbound "))
-        .collect();
+    let bypassed = around_the_proxy(&lines);
     assert!(bypassed.is_empty(), "{bypassed:#?}");
     let unanswered = lines
         .iter()

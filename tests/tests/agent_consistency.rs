@@ -14,20 +14,13 @@ use std::{
 
 use interceptor_tests::{
     Netns, PodFixture,
-    agent_home::{Agent, AgentHome, LINKERD_FLAGS, UNREACHABLE, stderr},
+    agent_home::{
+        Agent, AgentHome, LINKERD_FLAGS, StopOnDrop, UNREACHABLE, around_the_proxy, stderr,
+    },
     privileged,
     probe::Landing,
     scenario::{APP_UID, PROXY_UID, Servers},
 };
-
-/// Connections of a `netprobe connect` load that did not land on the proxy's outbound listener:
-/// each one reached its destination around the proxy (or failed).
-fn around_the_proxy(lines: &[String]) -> Vec<&String> {
-    lines
-        .iter()
-        .filter(|l| !l.starts_with("who=proxy:outbound "))
-        .collect()
-}
 
 /// `--outbound-subnets-to-ignore` flags for `count` /32 networks in 100.64.0.0/10, in chunks (a
 /// single argument is limited to 128 KiB).
@@ -38,14 +31,6 @@ fn many_subnets(count: u32) -> Vec<String> {
     nets.chunks(1000)
         .flat_map(|chunk| ["--outbound-subnets-to-ignore".to_owned(), chunk.join(",")])
         .collect()
-}
-
-fn assert_consistent(home: &AgentHome) {
-    let problems = home.problems();
-    assert!(problems.is_empty(), "{problems:#?}");
-    let pods = home.pods().len();
-    assert_eq!(home.records(), pods, "a record per pod");
-    assert_eq!(home.pinned_pod_links(), pods, "an sk_lookup link per pod");
 }
 
 #[test]
@@ -96,7 +81,7 @@ fn an_update_the_maps_cannot_hold_is_refused_and_the_pod_stays_intercepted() {
         .map(|e| std::fs::read(e.unwrap().path()).unwrap())
         .collect::<Vec<_>>();
     assert_eq!(record_after, record, "the record is unchanged");
-    assert_consistent(&home);
+    home.assert_consistent();
 
     // An update that fits is applied, make before break, under load.
     let (lines, updated) = std::thread::scope(|s| {
@@ -110,7 +95,7 @@ fn an_update_the_maps_cannot_hold_is_refused_and_the_pod_stays_intercepted() {
     });
     assert!(updated.status.success(), "{}", stderr(&updated));
     assert_eq!(around_the_proxy(&lines), Vec::<&String>::new());
-    assert_consistent(&home);
+    home.assert_consistent();
     // The old and new rules cannot both fit for a moment: refused, the 8,000 stay.
     let mut flags: Vec<String> = LINKERD_FLAGS.iter().map(|f| (*f).to_owned()).collect();
     flags.extend(many_subnets(17_000).into_iter().skip(16));
@@ -125,7 +110,7 @@ fn an_update_the_maps_cannot_hold_is_refused_and_the_pod_stays_intercepted() {
         app.connect(UNREACHABLE).proxy_orig().to_string(),
         UNREACHABLE
     );
-    assert_consistent(&home);
+    home.assert_consistent();
 
     // A restart restores what was in force.
     agent.kill();
@@ -134,7 +119,7 @@ fn an_update_the_maps_cannot_hold_is_refused_and_the_pod_stays_intercepted() {
         app.connect(UNREACHABLE).proxy_orig().to_string(),
         UNREACHABLE
     );
-    assert_consistent(&home);
+    home.assert_consistent();
     agent.stop();
 }
 
@@ -178,7 +163,7 @@ fn an_address_change_that_cannot_be_applied_keeps_the_pod_intercepted() {
         app.connect(UNREACHABLE).proxy_orig().to_string(),
         UNREACHABLE
     );
-    assert_consistent(&home);
+    home.assert_consistent();
 
     // Back within the limit: applied.
     let batch: String = (1..=40)
@@ -198,7 +183,7 @@ fn an_address_change_that_cannot_be_applied_keeps_the_pod_intercepted() {
         assert!(Instant::now() < deadline, "the new address is applied");
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_consistent(&home);
+    home.assert_consistent();
     agent.stop();
 }
 
@@ -245,7 +230,7 @@ fn an_update_of_the_inbound_port_steers_to_the_proxys_listener_on_the_new_port()
         ("inbound-4145".to_owned(), "10.77.0.1:80".to_owned())
     );
     assert_eq!(home.pods()[0]["inbound_listener"], true);
-    assert_consistent(&home);
+    home.assert_consistent();
     agent.stop();
 }
 
@@ -566,7 +551,7 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
                 }
             ));
             assert!(consistent, "{report:#?}");
-            assert_consistent(&home);
+            home.assert_consistent();
         }
         stop.store(true, Ordering::Release);
         (load.join().expect("load"), agent)
@@ -595,15 +580,6 @@ fn an_agent_killed_at_any_point_restarts_into_a_consistent_state() {
         lines.unanswered,
         lines.connections
     );
-}
-
-/// Sets the flag when dropped, unwinding included.
-struct StopOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Release);
-    }
 }
 
 /// What an app's load saw.

@@ -1,19 +1,21 @@
 //! The node agent fails closed when the kernel's answers fail (issue 47): faults armed with the
 //! `fail` crate's `FAILPOINTS` (`interceptor::crash_points::FAULTS`, compiled into the test
 //! builds only) make the netlink dumps of a pod's namespace fail, or carry a message of an
-//! unknown kind. For each: no connection bypasses the proxy, no pod whose namespace is there is
-//! forgotten, no record is lost, and a metric or an error names what failed. Each test runs its
-//! own agent on its own state directory, bpffs directory, namespaces and cgroup.
+//! unknown kind, make the kernel refuse a write of the pod map, or the records directory refuse
+//! a pod's record. For each: no connection bypasses the proxy, no pod whose namespace is there
+//! is forgotten, no record is lost, and a metric or an error names what failed. Each test runs
+//! its own agent on its own state directory, bpffs directory, namespaces and cgroup.
 use std::{
     path::Path,
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
 use interceptor_tests::{
-    Landing, PodFixture,
+    Landing, Netns, PodFixture,
     agent_home::{
-        AgentHome, UNREACHABLE, all_reached_the_proxy, check_load, free_loopback_addr, metric,
-        stderr,
+        AgentHome, LINKERD_FLAGS, StopOnDrop, UNREACHABLE, all_reached_the_proxy, around_the_proxy,
+        check_load, free_loopback_addr, metric, stderr,
     },
     cni_network::{CniNetwork, injected},
     privileged,
@@ -35,6 +37,62 @@ fn dump_failures(addr: &str, what: &str) -> f64 {
         &format!("interceptor_netlink_dump_failures_total{{what=\"{what}\"}}"),
     )
     .unwrap_or_else(|| panic!("no dump failure series for {what} at {addr}"))
+}
+
+/// `interceptor_pod_registrations_refused_total` of `kind`.
+fn refused(addr: &str, kind: &str) -> f64 {
+    metric(
+        addr,
+        &format!("interceptor_pod_registrations_refused_total{{kind=\"{kind}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+/// Every file of the records directory (temp files too), with its bytes.
+fn record_files(home: &AgentHome) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(home.state_dir.join("agent-pods"))
+        .expect("the records")
+        .map(|e| {
+            let path = e.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read(&path).unwrap())
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// The CNI network of a node whose plugin talks to `home`'s agent.
+fn plugin_network(home: &AgentHome, tag: &str) -> CniNetwork {
+    let network = CniNetwork::new(tag);
+    let installed = network
+        .install(Path::new(BIN), Path::new(PLUGIN), &home.socket())
+        .output()
+        .unwrap();
+    assert!(installed.status.success(), "{}", stderr(&installed));
+    network
+}
+
+/// While the app of `fixture` connects without pause, an update of its pod (one more port to
+/// ignore) and the registration of `other`: both refused, no connection around the proxy.
+fn refused_under_load(home: &AgentHome, fixture: &PodFixture, other: &Netns) -> [String; 2] {
+    let app = fixture.in_pod().uid(APP_UID);
+    let (lines, answers) = std::thread::scope(|s| {
+        let load = s.spawn(|| check_load(&app, "2"));
+        std::thread::sleep(Duration::from_millis(200));
+        let mut flags = LINKERD_FLAGS.to_vec();
+        flags.extend(["--outbound-ports-to-ignore", "25"]);
+        let answers = [
+            home.add(&fixture.pod.path(), &["--update"], &flags),
+            home.add(&other.path(), &[], &*LINKERD_FLAGS),
+        ];
+        (load.join().expect("load"), answers)
+    });
+    all_reached_the_proxy(&lines);
+    answers.map(|out| {
+        assert!(!out.status.success(), "refused");
+        stderr(&out)
+    })
 }
 
 /// Issue 47: a restart whose dumps of a live pod's namespace failed took the pod for gone,
@@ -184,13 +242,9 @@ fn a_registration_whose_dump_fails_writes_nothing_and_the_plugin_says_try_again(
     assert_eq!(home.pinned_pod_links(), 0);
     assert!(home.problems().is_empty(), "{:?}", home.problems());
     assert!(dump_failures(&addr, "routes") >= 1.0);
+    assert_eq!(refused(&addr, "unavailable"), 1.0);
 
-    let network = CniNetwork::new("faultregister-node");
-    let installed = network
-        .install(Path::new(BIN), Path::new(PLUGIN), &home.socket())
-        .output()
-        .unwrap();
-    assert!(installed.status.success(), "{}", stderr(&installed));
+    let network = plugin_network(&home, "faultregister-node");
     let started = Instant::now();
     let added = network.add("web", &fixture.pod.path(), &injected());
     let took = started.elapsed();
@@ -314,4 +368,409 @@ fn a_pod_left_as_it_was_at_a_restart_stays_intercepted() {
         "{problems:?}"
     );
     agent.stop();
+}
+
+/// The pod map refusing a write as the kernel refuses it: full (`E2BIG`, a hash map's answer to
+/// a new key when full) while a pod is meshed, then short of memory (`ENOMEM`) at a restart.
+/// Full: an update of the meshed pod and a new pod's registration are refused as `table_full`,
+/// naming the map and the kernel's error; nothing is written (the meshed pod keeps its
+/// configuration, record and interception, under load; the new one has no entry, link or
+/// record), and each refusal is logged with its pod and counted. Short of memory at a restart:
+/// the pod keeps what was in force, its record and its interception, with a problem naming the
+/// map; the plugin's ADD of a new pod is tried again within its deadline, then fails with "try
+/// again later" (11). The next agent, with room, takes the pod back as recorded.
+#[test]
+fn a_pod_map_write_the_kernel_refuses_changes_nothing() {
+    if !privileged() {
+        return;
+    }
+    let fixture = PodFixture::new("faultmapfull");
+    let _servers = Servers::start(&fixture);
+    let other = Netns::new("faultmapnew");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let addr = free_loopback_addr();
+    let log = home.log_path();
+    let agent = home
+        .agent()
+        .args(&["--metrics-addr", &addr])
+        .failpoints("pod-map-update-fails=1*off->return(E2BIG)")
+        .log_to(&log)
+        .meshing(&fixture.pod.path(), &["--name", "web"])
+        .start();
+    let before = home.pods();
+    let records = record_files(&home);
+
+    for said in refused_under_load(&home, &fixture, &other) {
+        assert!(
+            said.contains("TableFull")
+                && said.contains("map ICPT_PODS: `bpf_map_update_elem` failed")
+                && said.contains("Argument list too long")
+                && said.contains("nothing of the change was written"),
+            "{said}"
+        );
+    }
+    let after = home.pods();
+    assert_eq!(after.len(), 1, "{after:#?}");
+    assert_eq!(
+        after[0]["args"], before[0]["args"],
+        "the configuration in force"
+    );
+    assert_eq!(record_files(&home), records, "the records as they were");
+    assert_eq!(home.pinned_pod_links(), 1, "no link for the refused pod");
+    assert!(home.problems().is_empty(), "{:?}", home.problems());
+    assert_eq!(refused(&addr, "table_full"), 2.0);
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("pod registration refused")
+            && logged.contains(&*other.path().to_string_lossy()),
+        "a warning names the pod:\n{logged}"
+    );
+    agent.kill();
+
+    let agent = home
+        .agent()
+        .args(&["--metrics-addr", &addr])
+        .failpoints("pod-map-update-fails=return(ENOMEM)")
+        .start();
+    let pods = home.pods();
+    assert_eq!(pods.len(), 1, "the pod is kept: {pods:#?}");
+    assert_eq!(pods[0]["args"], before[0]["args"]);
+    assert_eq!(record_files(&home), records, "its record is kept");
+    let app = fixture.in_pod().uid(APP_UID);
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+    let problems = home.problems();
+    assert!(
+        problems.iter().any(
+            |p| p.contains("in force before the agent restarted is kept")
+                && p.contains("Cannot allocate memory")
+        ),
+        "{problems:?}"
+    );
+    let network = plugin_network(&home, "faultmapfull-node");
+    let error = network
+        .add("web2", &other.path(), &injected())
+        .expect_err("ADD fails while the map cannot be written");
+    assert!(
+        error.contains(r#""code":11"#)
+            && error.contains("ICPT_PODS")
+            && error.contains("Cannot allocate memory"),
+        "{error}"
+    );
+    assert!(refused(&addr, "unavailable") >= 2.0, "tried again");
+    assert_eq!(home.pods().len(), 1);
+    assert_eq!(home.pinned_pod_links(), 1);
+    agent.kill();
+
+    let agent = home.agent().start();
+    assert!(home.problems().is_empty(), "{:?}", home.problems());
+    assert_eq!(home.pods()[0]["args"], before[0]["args"]);
+    assert_eq!(home.records(), 1);
+    agent.stop();
+}
+
+/// A pod's record that cannot be written (the records directory full, `ENOSPC`, or read-only,
+/// `EROFS`): the change is undone, so the maps and the records agree. A new pod is not left
+/// meshed without a record, which a restart would take for the leftovers of a registration cut
+/// short and remove, unmeshing a running pod: it is refused, and the CNI plugin's ADD fails, so
+/// the runtime retries the sandbox and the pod never runs unmeshed. An update leaves the
+/// configuration in force as it was. The error names the record's file; no temp file is left.
+#[test]
+fn a_record_that_cannot_be_written_undoes_the_registration() {
+    if !privileged() {
+        return;
+    }
+    let fixture = PodFixture::new("faultrecord");
+    let _servers = Servers::start(&fixture);
+    let other = Netns::new("faultrecnew");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let addr = free_loopback_addr();
+    let agent = home
+        .agent()
+        .args(&["--metrics-addr", &addr])
+        .failpoints("pod-record-write-fails=1*off->return(ENOSPC)")
+        .meshing(&fixture.pod.path(), &["--name", "web"])
+        .start();
+    let before = home.pods();
+    let records = record_files(&home);
+    let dir = home.state_dir.join("agent-pods");
+
+    for said in refused_under_load(&home, &fixture, &other) {
+        assert!(
+            said.contains("saving the pod record: writing")
+                && said.contains(&*dir.to_string_lossy())
+                && said.contains("No space left on device"),
+            "{said}"
+        );
+    }
+    let after = home.pods();
+    assert_eq!(after.len(), 1, "{after:#?}");
+    assert_eq!(
+        after[0]["args"], before[0]["args"],
+        "the configuration in force"
+    );
+    assert_eq!(record_files(&home), records, "the records as they were");
+    assert_eq!(home.pinned_pod_links(), 1, "no link for the refused pod");
+    assert!(home.problems().is_empty(), "{:?}", home.problems());
+    assert_eq!(refused(&addr, "internal"), 2.0);
+    agent.kill();
+
+    // Read-only at a restart: the restore writes no record, and takes the pod back.
+    let agent = home
+        .agent()
+        .failpoints("pod-record-write-fails=return(EROFS)")
+        .start();
+    assert_eq!(home.pods()[0]["args"], before[0]["args"]);
+    let network = plugin_network(&home, "faultrecord-node");
+    let error = network
+        .add("web2", &other.path(), &injected())
+        .expect_err("ADD fails while no record can be written");
+    assert!(
+        error.contains(r#""code":100"#)
+            && error.contains(&*dir.to_string_lossy())
+            && error.contains("Read-only file system"),
+        "{error}"
+    );
+    assert_eq!(home.pods().len(), 1);
+    assert_eq!(record_files(&home), records);
+    assert_eq!(home.pinned_pod_links(), 1);
+    assert!(home.problems().is_empty(), "{:?}", home.problems());
+    let app = fixture.in_pod().uid(APP_UID);
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+    agent.stop();
+}
+
+/// A restart that cannot write a pod into the maps for want of memory never forgets it: an
+/// eBPF agent taking over a pod an iptables agent meshed leaves it under its chains with its
+/// record (it was forgotten, its record deleted) and takes it over at the next start; a
+/// map-layout migration that cannot write it into the new maps stops before switching anything
+/// (it went on without the pod, which lost its interception at the switch), the old maps keep
+/// it intercepted, and the next start migrates.
+#[test]
+fn a_restore_the_maps_refuse_keeps_the_pod_and_its_record() {
+    if !privileged() {
+        return;
+    }
+    let fixture = PodFixture::new("faultrestmap");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let app = fixture.in_pod().uid(APP_UID);
+    let intercepted = || {
+        assert_eq!(
+            app.connect(UNREACHABLE).proxy_orig().to_string(),
+            UNREACHABLE
+        )
+    };
+    home.agent()
+        .args(&["--mode", "iptables", "-w"])
+        .meshing(&fixture.pod.path(), &["--name", "web"])
+        .start()
+        .stop();
+    let log = home.log_path();
+    let agent = home
+        .agent()
+        .failpoints("pod-map-update-fails=return(ENOMEM)")
+        .log_to(&log)
+        .start();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("pod left as it was") && logged.contains("Cannot allocate memory"),
+        "{logged}"
+    );
+    assert_eq!(home.records(), 1, "its record is kept");
+    intercepted();
+    agent.stop();
+    let agent = home.agent().start();
+    assert_eq!(
+        home.pods()[0]["backend"],
+        "ebpf",
+        "taken over at the next start"
+    );
+    intercepted();
+    agent.kill();
+
+    let layout = (interceptor_common::MAP_LAYOUT_VERSION + 1).to_string();
+    let mut migrating = home
+        .agent()
+        .args(&["--map-layout-version", &layout])
+        .failpoints("pod-map-update-fails=return(ENOMEM)")
+        .log_to(&log)
+        .spawn();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = migrating.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the migration stops");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("building the new maps") && logged.contains("Nothing was switched"),
+        "{logged}"
+    );
+    intercepted();
+    assert_eq!(home.records(), 1);
+    let agent = home
+        .agent()
+        .args(&["--map-layout-version", &layout])
+        .start();
+    assert_eq!(home.pods().len(), 1);
+    assert!(home.problems().is_empty(), "{:?}", home.problems());
+    intercepted();
+    agent.stop();
+}
+
+/// What makes the agent pass a crash point, in [`the_agent_killed_at_each_crash_point_restarts_consistent`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Passed {
+    /// The registration of the second pod.
+    Registration,
+    /// The removal of the second pod.
+    Removal,
+    /// An address added in the second pod, which the agent hears and writes.
+    AddressChange,
+    /// The start-up's restore of both pods.
+    Restore,
+    /// The start-up's migration of both pods to another map layout.
+    Migration,
+}
+
+/// Where each crash point is passed, and how many times before the one that crashes. A restore
+/// writes each pod as a registration does: the registration's points are passed once for the
+/// meshed pod before the second pod's registration reaches them.
+fn passed_at(point: &str) -> (Passed, u32) {
+    match point {
+        "pod-inbound-attached" | "pod-entries-written" | "pod-switched" => {
+            (Passed::Registration, 1)
+        }
+        "agent-before-record" => (Passed::Registration, 0),
+        "pod-config-removed" | "pod-inbound-detached" | "agent-before-record-removal" => {
+            (Passed::Removal, 0)
+        }
+        "addresses-written" => (Passed::AddressChange, 0),
+        // After the first of the two pods.
+        "restore-pod" => (Passed::Restore, 0),
+        "migration-built" | "migration-switched" => (Passed::Migration, 0),
+        other => panic!("crash point {other} is not placed: say what passes it"),
+    }
+}
+
+/// The agent killed at every crash point of a registration, a removal, an address change, a
+/// restore and a map-layout migration, one after another (the kill test picks them at random):
+/// each time the next agent starts into a state the API could have produced (the second pod
+/// fully registered or fully absent, nothing in the maps, pins or records without its pod, a
+/// record and a link per pod), the meshed pod is registered with its record, and its app, which
+/// connects all along, never reaches its destination around the proxy.
+#[test]
+fn the_agent_killed_at_each_crash_point_restarts_consistent() {
+    if !privileged() {
+        return;
+    }
+    let fixture = PodFixture::new("faultcrash");
+    let _servers = Servers::start(&fixture);
+    let second = Netns::new("faultcrash2");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let log_path = home.log_path();
+    let log = || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .expect("the agent's log file")
+    };
+    let mut layout = interceptor_common::MAP_LAYOUT_VERSION;
+    let mut agent = home
+        .agent()
+        .log(log())
+        .meshing(&fixture.pod.path(), &["--name", "web"])
+        .start();
+    let app = fixture.in_pod().uid(APP_UID);
+    let stop = AtomicBool::new(false);
+    let (lines, agent) = std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        let load = s.spawn(|| {
+            let mut lines = Vec::new();
+            while !stop.load(Ordering::Acquire) {
+                lines.extend(app.run(&["connect", UNREACHABLE, "--seconds", "1", "--linger0"]));
+            }
+            lines
+        });
+        for (round, point) in interceptor::crash_points::POINTS.iter().enumerate() {
+            let (passed, passes) = passed_at(point);
+            let second_path = second.path();
+            let second_arg = second_path.display().to_string();
+            if passed == Passed::Registration {
+                let out = home.cli(&["pod", "remove", "--netns", &second_arg]);
+                assert!(out.status.success(), "{}", stderr(&out));
+            } else {
+                home.mesh(&second_path, &[]);
+            }
+            agent.kill();
+            if passed == Passed::Migration {
+                layout += 1;
+            }
+            let layout_arg = layout.to_string();
+            let armed = format!("{point}={passes}*off->return");
+            let armed = home
+                .agent()
+                .args(&["--map-layout-version", &layout_arg])
+                .failpoints(&armed)
+                .log(log());
+            let mut crashing = match passed {
+                Passed::Restore | Passed::Migration => armed.spawn(),
+                _ => armed.start(),
+            };
+            match passed {
+                Passed::Registration => drop(home.add(&second_path, &[], &*LINKERD_FLAGS)),
+                Passed::Removal => drop(home.cli(&["pod", "remove", "--netns", &second_arg])),
+                Passed::AddressChange => second.ip(&[
+                    "addr",
+                    "add",
+                    &format!("10.79.0.{}/32", round + 1),
+                    "dev",
+                    "lo",
+                ]),
+                Passed::Restore | Passed::Migration => {}
+            }
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while crashing.child.try_wait().unwrap().is_none() {
+                assert!(Instant::now() < deadline, "{point} was not reached");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let logged = std::fs::read_to_string(&log_path).unwrap();
+            assert!(
+                logged.contains(&format!("crash point {point}: killing the agent")),
+                "the agent crashed at {point}:\n{logged}"
+            );
+            agent = home
+                .agent()
+                .args(&["--map-layout-version", &layout_arg])
+                .log(log())
+                .start();
+            home.assert_consistent();
+            let pods = home.pods();
+            assert!(
+                pods.iter()
+                    .any(|p| p["netns"] == fixture.pod.path().display().to_string()),
+                "after {point}, the meshed pod is registered: {pods:#?}"
+            );
+            assert_eq!(
+                app.connect(UNREACHABLE).proxy_orig().to_string(),
+                UNREACHABLE,
+                "after {point}"
+            );
+        }
+        stop.store(true, Ordering::Release);
+        (load.join().expect("load"), agent)
+    });
+    agent.stop();
+    assert!(lines.len() > 20, "{} connections", lines.len());
+    assert_eq!(around_the_proxy(&lines), Vec::<&String>::new());
 }

@@ -51,6 +51,21 @@ impl PodsSkipped {
     }
 }
 
+/// Registrations (`pod add`, the CNI plugin's ADD) refused, by the API's error kind: a label
+/// set as bounded as the kinds.
+#[derive(Default)]
+pub struct RegistrationsRefused(Family<Labels, Counter>);
+
+impl RegistrationsRefused {
+    pub fn count(&self, kind: super::api::ErrorKind) {
+        let kind = serde_json::to_value(kind)
+            .ok()
+            .and_then(|kind| kind.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        self.0.get_or_create(&vec![("kind".to_owned(), kind)]).inc();
+    }
+}
+
 /// Pods checked against their namespace (gone, replaced, new addresses), by what asked for the
 /// check: an event (`event`; `lost` when notifications were lost and every pod is checked) or
 /// the safety sweep (`sweep`). At rest only the sweep checks pods, one at a time.
@@ -185,6 +200,11 @@ fn render(agent: &Agent) -> String {
         "pod_registration_seconds",
         "Time from a pod add request to its interception being in force",
         agent.registration_seconds.clone(),
+    );
+    registry.register(
+        "pod_registrations_refused",
+        "Pod registrations refused, by the API's error kind (table_full: a map the kernel found full too; unavailable: a namespace that could not be read, a map update short of memory; internal: a pod record that could not be written, among others); each is logged with the pod and the reason",
+        agent.registrations_refused.0.clone(),
     );
     registry.register(
         "cni_pods_skipped",

@@ -131,6 +131,8 @@ struct Agent {
     registration_seconds: prometheus_client::metrics::histogram::Histogram,
     /// Pods the CNI plugin let through unmeshed, by reason.
     pods_skipped: metrics::PodsSkipped,
+    /// Registrations refused, by the API's error kind.
+    registrations_refused: metrics::RegistrationsRefused,
     /// Times the CNI installer chained the plugin again after the primary CNI dropped it.
     cni_chain_restored: prometheus_client::metrics::counter::Counter,
     /// This node's pods in the Kubernetes API, when the agent was given access.
@@ -226,6 +228,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         records,
         registration_seconds: metrics::registration_histogram(),
         pods_skipped: metrics::PodsSkipped::default(),
+        registrations_refused: metrics::RegistrationsRefused::default(),
         cni_chain_restored: Default::default(),
         kube: None,
         repairs: None,

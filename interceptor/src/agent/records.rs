@@ -37,14 +37,22 @@ impl Records {
         self.dir.join(super::api::records::file_name(cookie))
     }
 
+    /// Writes a pod's record; the error names the file (the records directory read-only or
+    /// full is the node's problem, which the message must point at). A record that could not be
+    /// written leaves nothing behind, not even its temp file.
     pub fn save(&self, record: &PodRecord) -> io::Result<()> {
         let path = self.path(record.netns_cookie);
         let tmp = path.with_extension("json.tmp");
-        fs::write(
-            &tmp,
-            super::api::records::to_json(record).map_err(io::Error::other)?,
-        )?;
-        fs::rename(&tmp, &path)
+        let json = super::api::records::to_json(record).map_err(io::Error::other)?;
+        let written = match crate::crash_points::fault_error!("pod-record-write-fails") {
+            Some(e) => Err(e),
+            None => fs::write(&tmp, json),
+        }
+        .and_then(|()| fs::rename(&tmp, &path));
+        written.map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            io::Error::new(e.kind(), format!("writing {}: {e}", path.display()))
+        })
     }
 
     /// Whether the pod has a record.

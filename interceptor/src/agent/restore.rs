@@ -103,9 +103,12 @@ impl Agent {
         // How the pod is taken back, if its namespace is still the recorded one:
         // `interceptor_api::records` decides.
         let how = restore_step(record, self.pods.kind(), found)?;
-        let keep_if_unread = |not: NotRestored| match &unread {
-            Some(why) => not.unread(why, migrating),
-            None => not,
+        let not_restored = |not: NotRestored| match (not, &unread) {
+            // The new maps would not have the pod the backend left as it was: at the switch it
+            // would lose its interception, so the migration stops.
+            (NotRestored::Kept(why), _) if migrating => NotRestored::Refused(why),
+            (not, Some(why)) => not.unread(why, migrating),
+            (not, None) => not,
         };
         // As recorded: a namespace's id maps never change once written. An older agent's
         // record has none; a pod whose maps cannot be read now is left as it was.
@@ -121,7 +124,7 @@ impl Agent {
         let repaired = self
             .pods
             .restore(record, how, &netns, host_ids, local.as_ref())
-            .map_err(keep_if_unread)?;
+            .map_err(not_restored)?;
         if let Some(what) = repaired.filter(|_| !migrating) {
             warn!(netns = %path, netns_cookie = %cookie, "pod restored, repaired: {what}");
         }

@@ -147,7 +147,15 @@ fn handle_or_refuse(agent: &Mutex<Agent>, request: Request) -> Response {
 
 fn handle(agent: &Mutex<Agent>, request: Request) -> Response {
     let result = match request {
-        Request::Add(add) => registration::add(agent, add),
+        Request::Add(add) => {
+            let netns = add.netns.clone();
+            let added = registration::add(agent, add);
+            if let Err((kind, message)) = &added {
+                warn!(netns = %netns.display(), ?kind, error = %message, "pod registration refused");
+                lock(agent).registrations_refused.count(*kind);
+            }
+            added
+        }
         Request::Remove { netns } => lock(agent).remove_by_path(&netns),
         Request::List => Ok(lock(agent).all_info()),
         Request::Get { netns } => {

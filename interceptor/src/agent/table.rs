@@ -167,8 +167,13 @@ impl AgentBackend for EbpfNode {
         ebpf_refusal(e)
     }
 
+    /// A write the kernel refused for want of room or memory says nothing of the pod: it stays
+    /// as the previous agent left it, with its record, and is tried again at the next start.
     fn not_restored(e: EbpfError) -> NotRestored {
-        NotRestored::Refused(e.to_string())
+        match e.map_out_of_room() {
+            Some(_) => NotRestored::Kept(e.to_string()),
+            None => NotRestored::Refused(e.to_string()),
+        }
     }
 
     /// Nothing of what eBPF writes is recorded: the maps and pins are read back.
@@ -257,14 +262,24 @@ impl AgentBackend for IptablesBackend {
 }
 
 /// The API's error kind for a registration the maps refused (nothing was changed).
+/// A map the kernel found full is a full table; one short of memory may take the write later,
+/// so the plugin tries again.
 pub fn ebpf_refusal(e: EbpfError) -> Refusal {
     let kind = match &e {
         EbpfError::NoFreeSlot(_) => ErrorKind::PodTableFull,
         EbpfError::Netns(_) => ErrorKind::UnknownNetns,
         e if e.is_capacity() => ErrorKind::TableFull,
-        _ => ErrorKind::Internal,
+        e => match e.map_out_of_room() {
+            Some(libc::ENOMEM) => ErrorKind::Unavailable,
+            Some(_) => ErrorKind::TableFull,
+            None => ErrorKind::Internal,
+        },
     };
-    (kind, e.to_string())
+    let message = match e.map_out_of_room() {
+        Some(_) => format!("{e}; nothing of the change was written: try again later"),
+        None => e.to_string(),
+    };
+    (kind, message)
 }
 
 /// The node's pod table with the agent's facts, and what a restore reads once for all pods.

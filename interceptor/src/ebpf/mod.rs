@@ -51,7 +51,7 @@ pub enum EbpfError {
         kind: &'static str,
         name: &'static str,
     },
-    #[error("map {map}: {source}")]
+    #[error("map {map}: {source}{}", kernel_error(source))]
     Map { map: &'static str, source: MapError },
     #[error("all {0} pod slots are in use: remove a pod first (or raise --max-pods, up to 1024)")]
     NoFreeSlot(u32),
@@ -103,6 +103,31 @@ impl EbpfError {
     /// Whether the request asked for more than the maps can hold (nothing was changed).
     pub fn is_capacity(&self) -> bool {
         matches!(self, Self::TableFull { .. } | Self::TooManyAddresses { .. })
+    }
+
+    /// The kernel's error when it refused a map update for want of room (`E2BIG`, `ENOSPC`: the
+    /// map is full) or of memory (`ENOMEM`): nothing of the pod was wrong, and the same write
+    /// may pass later.
+    pub fn map_out_of_room(&self) -> Option<i32> {
+        let Self::Map {
+            source: MapError::SyscallError(e),
+            ..
+        } = self
+        else {
+            return None;
+        };
+        e.io_error
+            .raw_os_error()
+            .filter(|errno| [libc::E2BIG, libc::ENOSPC, libc::ENOMEM].contains(errno))
+    }
+}
+
+/// `: ` and the kernel's error, when a map's error is a failed system call: aya's message names
+/// the call alone.
+fn kernel_error(source: &MapError) -> String {
+    match source {
+        MapError::SyscallError(e) => format!(": {}", e.io_error),
+        _ => String::new(),
     }
 }
 

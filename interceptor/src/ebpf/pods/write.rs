@@ -11,7 +11,7 @@ use interceptor_common::{
 
 use super::{EbpfWritten, InForce, PodWriter, Written};
 use crate::{
-    crash_points::crash_point,
+    crash_points::{crash_point, fault_error},
     ebpf::{
         EbpfError,
         encode::{SubnetEntry, pod_config, subnet_keys},
@@ -112,6 +112,15 @@ impl PodWriter {
             .write_new_entries(before, subnets, &mut written)
             .and_then(|()| {
                 crash_point!("pod-entries-written");
+                if let Some(io_error) = fault_error!("pod-map-update-fails") {
+                    return Err(EbpfError::Map {
+                        map: names::MAP_PODS,
+                        source: aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                            call: "bpf_map_update_elem",
+                            io_error,
+                        }),
+                    });
+                }
                 self.maps
                     .pods
                     .insert(cookie, config, 0)
