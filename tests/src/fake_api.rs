@@ -13,9 +13,9 @@
 //! namespace-metadata` need (`tests/extension_check.rs`). Its pods ([`pod`]) have the
 //! status the kubelet reports ([`reported`]: phase, init and app container statuses with the
 //! runtime's container IDs) and may be `hostNetwork`. It can end the watch streams (a client watches
-//! again), refuse every request (401 or 403, as when the caller's account or role is deleted) or
-//! those of some paths (403, as a role without a rule for them), close connections without an
-//! answer, or keep them open without one (the API is down).
+//! again), refuse every request (401 or 403, as when the caller's account or role is deleted; 500,
+//! as an API server failing) or those of some paths (403, as a role without a rule for them),
+//! close connections without an answer, or keep them open without one (the API is down).
 //!
 //! It also takes what the agent writes (see [`write`]): Events, kept for the tests to read
 //! ([`ApiState::events`]), and merge patches of Nodes ([`node`]), with the resourceVersion
@@ -47,7 +47,8 @@ pub enum Mode {
     /// As the API server does.
     #[default]
     Answer,
-    /// Every request gets this status (401 Unauthorized or 403 Forbidden) as a Status.
+    /// Every request gets this status (401 Unauthorized, 403 Forbidden or 500, an API server
+    /// failing) as a Status.
     Refuse(u16),
     /// Connections are closed without an answer.
     Down,
@@ -391,10 +392,10 @@ fn serve(mut stream: TcpStream, state: &Mutex<ApiState>) {
         }
         Mode::Refuse(code) => {
             drop(guard);
-            let reason = if code == 401 {
-                "Unauthorized"
-            } else {
-                "Forbidden"
+            let reason = match code {
+                401 => "Unauthorized",
+                500 => "InternalError",
+                _ => "Forbidden",
             };
             let status = format!("{code} {reason}");
             return respond(

@@ -601,7 +601,7 @@ fn a_restore_the_maps_refuse_keeps_the_pod_and_its_record() {
         .failpoints("pod-map-update-fails=return(ENOMEM)")
         .log_to(&log)
         .spawn();
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {
         if let Some(status) = migrating.child.try_wait().unwrap() {
             break status;
@@ -773,4 +773,62 @@ fn the_agent_killed_at_each_crash_point_restarts_consistent() {
     agent.stop();
     assert!(lines.len() > 20, "{} connections", lines.len());
     assert_eq!(around_the_proxy(&lines), Vec::<&String>::new());
+}
+
+/// A burst of route changes in one pod that overflows the agent's notification socket (ENOBUFS:
+/// the agent stopped with SIGSTOP through 1,200 notifications), after which another pod's
+/// routes change: the agent hears that notifications were lost, checks every pod
+/// (`interceptor_pod_checks_total{trigger="lost"}`), and the other pod ends with the state it
+/// was left in, a `local` route added and one added then removed.
+#[test]
+fn notifications_lost_to_a_full_socket_check_every_pod() {
+    if !privileged() {
+        return;
+    }
+    let fixture = PodFixture::new("faultburst");
+    let _servers = Servers::start(&fixture);
+    let _anyip = fixture
+        .in_pod()
+        .listen(&["server", "0.0.0.0:8091", "--name", "anyip"]);
+    let noisy = Netns::new("faultburst2");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let addr = free_loopback_addr();
+    // No sweep in the test's time: only the lost notifications can make the agent look.
+    let agent = home
+        .agent()
+        .args(&["--metrics-addr", &addr, "--reconcile-ms", "600000"])
+        .meshing(&fixture.pod.path(), &[])
+        .start();
+    home.mesh(&noisy.path(), &[]);
+    let routes: Vec<String> = (0..600)
+        .map(|i| format!("local 10.200.{}.{}/32 dev lo", i / 250, i % 250))
+        .collect();
+    let mut burst: String = routes.iter().map(|r| format!("route add {r}\n")).collect();
+    burst.extend(routes.iter().map(|r| format!("route del {r}\n")));
+    let pid = nix::unistd::Pid::from_raw(agent.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP the agent");
+    noisy.ip_batch(&burst);
+    fixture.pod.ip_batch(
+        "route add local 198.51.100.64/26 dev lo\n\
+         route add local 198.51.100.128/26 dev lo\n\
+         route del local 198.51.100.128/26 dev lo\n",
+    );
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT the agent");
+    let app = fixture.in_pod().uid(APP_UID);
+    interceptor_tests::eventually(
+        "the route added while the socket was full is applied",
+        Duration::from_secs(10),
+        || matches!(app.connect("198.51.100.70:8091"), Landing::Server { ref name, .. } if name == "anyip"),
+    );
+    assert!(
+        matches!(app.connect("198.51.100.130:8091"), Landing::Proxy { .. }),
+        "the route removed while the socket was full is not applied"
+    );
+    let lost = metric(&addr, "interceptor_pod_checks_total{trigger=\"lost\"}").unwrap_or(0.0);
+    assert!(
+        lost >= 2.0,
+        "the burst overflowed the socket, both pods checked: {lost}"
+    );
+    assert!(home.problems().is_empty(), "{:?}", home.problems());
+    agent.stop();
 }

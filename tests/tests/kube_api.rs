@@ -5,23 +5,23 @@
 //!
 //! The API server is the kit's stand-in (`interceptor_tests::fake_api`): a `PodList` for the
 //! list, a chunked stream of watch events, the pod, the `kubernetes` Service or a `NotFound`
-//! Status for a GET. It can end the watch stream (the agent watches again) and stop answering
-//! (the API is down).
+//! Status for a GET. It can end the watch stream (the agent watches again), stop answering
+//! (the API is down) and fail every request with a 500.
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use interceptor::agent::api::node_status::NODE_STATUS_ANNOTATION;
 use interceptor_tests::{
     Landing, Netns, PodFixture, Probe,
-    agent_home::{Agent, AgentHome, free_loopback_addr, http_get, metric},
+    agent_home::{Agent, AgentHome, UNREACHABLE, free_loopback_addr, http_get, metric},
     cni_network::CniNetwork,
     fake_api::{self, FakeApi, Mode, WatchEvent},
     privileged,
     probe::Listener,
-    scenario::{APP_UID, PROXY_UID},
+    scenario::{APP_UID, PROXY_UID, Servers},
 };
 use serde_json::{Value, json};
 
@@ -1030,4 +1030,64 @@ fn a_pods_drift_leaves_the_node_ready_and_is_told_elsewhere() {
     });
     status_when(&api, "it names no drifted pod", |s| s["drifted_total"] == 0);
     assert_eq!(events_on(&api, "InterceptionDrifted", "web").len(), 1);
+}
+
+/// The API server failing (500 to every request) then hanging (requests read and never
+/// answered): the agent never waits for it to mesh a pod. Each registration answers at once and
+/// the pod is intercepted; the node status it could not write is logged and counted
+/// (`interceptor_node_status_writes_total{result="failed"}`) and tried again, and once the API
+/// answers the status counts both pods.
+#[test]
+fn an_api_server_failing_or_hanging_never_holds_up_a_registration() {
+    if !privileged() {
+        return;
+    }
+    let api = api_with(Vec::new());
+    let fixture = PodFixture::new("kubeapi500");
+    let _servers = Servers::start(&fixture);
+    let second = Netns::new("kubeapi500b");
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let (_agent, metrics) = agent_watching(&api, &home, &[]);
+    status_when(&api, "written at start", |s| s["meshed"] == 0);
+    let failed = || {
+        metric(
+            &metrics,
+            "interceptor_node_status_writes_total{result=\"failed\"}",
+        )
+        .unwrap_or(0.0)
+    };
+    let registered_at_once = |netns: &Path, name: &str| {
+        let started = Instant::now();
+        home.mesh(netns, &["--name", name, "--namespace", "shop"]);
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(2), "{name}: {took:?}");
+    };
+
+    api.state().mode = Mode::Refuse(500);
+    registered_at_once(&fixture.pod.path(), "web");
+    let app = fixture.in_pod().uid(APP_UID);
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+    eventually("a failed status write is counted", || failed() >= 1.0);
+    let log = std::fs::read_to_string(home.log_path()).unwrap();
+    assert!(
+        log.contains("writing this node's status annotation") && log.contains("500"),
+        "{log}"
+    );
+
+    api.state().mode = Mode::Silent;
+    registered_at_once(&second.path(), "web2");
+    eventually("a status write that timed out is counted", || {
+        failed() >= 2.0
+    });
+    assert_eq!(registered(&home), ["web", "web2"]);
+
+    api.state().mode = Mode::Answer;
+    status_when(&api, "written again, with both pods", |s| s["meshed"] == 2);
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
 }
