@@ -832,3 +832,67 @@ fn notifications_lost_to_a_full_socket_check_every_pod() {
     assert!(home.problems().is_empty(), "{:?}", home.problems());
     agent.stop();
 }
+
+/// The map pins removed from the agent's bpffs directory while it runs (by hand, by a cleanup
+/// script): the programs hold the maps, so the pod stays intercepted. The next agent finds the
+/// links pinned without their maps: it builds new maps from the records before it switches the
+/// links, as a migration does (it switched first, then registered the pods: connections went
+/// around the proxy in between), and the pod stays intercepted all along.
+#[test]
+fn map_pins_removed_under_a_running_agent_lose_no_pod() {
+    if !privileged() {
+        return;
+    }
+    let fixture = PodFixture::new("faultmappins");
+    let _servers = Servers::start(&fixture);
+    let home = AgentHome::new(&fixture.cgroup.path);
+    let agent = home
+        .agent()
+        .meshing(&fixture.pod.path(), &["--name", "web"])
+        .start();
+    let maps = home
+        .bpffs
+        .join(format!("maps-v{}", interceptor_common::MAP_LAYOUT_VERSION));
+    for entry in std::fs::read_dir(&maps).expect("the pinned maps") {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    std::fs::remove_dir(&maps).unwrap();
+    let app = fixture.in_pod().uid(APP_UID);
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+
+    let log = home.log_path();
+    let (lines, agent) = std::thread::scope(|s| {
+        let load = s.spawn(|| app.run(&["connect", UNREACHABLE, "--seconds", "3", "--linger0"]));
+        std::thread::sleep(Duration::from_millis(300));
+        agent.kill();
+        let agent = home.agent().log_to(&log).start();
+        assert!(!load.is_finished(), "the load outlasts the restart");
+        (load.join().expect("load"), agent)
+    });
+    assert!(lines.len() > 50, "{} connections", lines.len());
+    assert_eq!(around_the_proxy(&lines), Vec::<&String>::new());
+    // As at a migration's switch: a connect the replaced programs recorded in that instant
+    // misses its original destination, and its proxy refuses it (fails closed). A few at most.
+    let unanswered = lines.iter().filter(|l| l.contains(" orig=errno:")).count();
+    assert!(
+        unanswered * 100 <= lines.len(),
+        "{unanswered} of {}",
+        lines.len()
+    );
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("the node's links are pinned but not their maps"),
+        "{logged}"
+    );
+    home.assert_consistent();
+    assert_eq!(home.pods().len(), 1);
+    assert!(maps.exists(), "pinned again");
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+    agent.stop();
+}

@@ -206,10 +206,10 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
     let records = Records::open(&paths.records())
         .with_context(|| format!("opening {}", paths.records().display()))?;
     // The one place that picks a backend.
-    let (pods, older) = match options.backend {
+    let (pods, before) = match options.backend {
         BackendChoice::Ebpf => {
-            let (node, older) = load_ebpf(&paths, &options)?;
-            (table::pods_over(node), older)
+            let (node, before) = load_ebpf(&paths, &options)?;
+            (table::pods_over(node), before)
         }
         BackendChoice::Iptables(settings) => {
             if paths.bpffs.join("link_icpt_connect4").exists() || !paths.all_maps_dirs().is_empty()
@@ -217,7 +217,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
                 warn!(bpffs = %paths.bpffs.display(), "an eBPF agent's pinned programs and maps are here: left alone (their programs keep intercepting the pods whose entries they hold); `interceptor uninstall` removes them");
             }
             let backend = crate::iptables::IptablesBackend::new(settings, options.max_pods);
-            (table::pods_over(backend), Vec::new())
+            (table::pods_over(backend), MapsBefore::default())
         }
     };
     // The pins are the eBPF backend's: their directory exists once the programs are loaded.
@@ -244,7 +244,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         cgroup: cgroup.to_owned(),
     };
     if agent.pods.ebpf().is_some() {
-        start_ebpf(&mut agent, cgroup, &older)?;
+        start_ebpf(&mut agent, cgroup, &before)?;
     } else {
         agent.restore(false)?;
         agent.recheck_all();
@@ -338,12 +338,26 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
     Ok(())
 }
 
-/// Loads the programs on the pinned maps. Returns the node and the directories of older map
-/// layouts found pinned (to migrate from).
-fn load_ebpf(
-    paths: &AgentPaths,
-    options: &AgentOptions,
-) -> anyhow::Result<(EbpfNode, Vec<PathBuf>)> {
+/// What an earlier agent left pinned that the programs do not load on.
+#[derive(Default)]
+struct MapsBefore {
+    /// The directories of older map layouts (to migrate from).
+    older: Vec<PathBuf>,
+    /// The node's links are pinned but this layout's maps are not (their pins were removed
+    /// while the links' programs held them): the maps are new and empty.
+    lost: bool,
+}
+
+impl MapsBefore {
+    /// Whether the maps the programs load on are new while earlier programs still run in the
+    /// links: the pods must be in them before the links are switched over.
+    fn new_maps(&self) -> bool {
+        !self.older.is_empty() || self.lost
+    }
+}
+
+/// Loads the programs on the pinned maps. Returns the node and what else was pinned.
+fn load_ebpf(paths: &AgentPaths, options: &AgentOptions) -> anyhow::Result<(EbpfNode, MapsBefore)> {
     let bpffs_root = paths.bpffs.parent().unwrap_or(Path::new("/"));
     crate::bpffs::ensure_bpffs(bpffs_root)?;
     let maps_dir = paths.maps_dir(options.map_layout);
@@ -358,6 +372,15 @@ fn load_ebpf(
     if !older.is_empty() {
         info!(from = ?older, to = %maps_dir.display(), "the map layout changed: building new maps from the pod records, then switching the links over");
     }
+    let lost = older.is_empty()
+        && !maps_dir.exists()
+        && paths
+            .bpffs
+            .join(format!("link_{}", names::PROG_CONNECT4))
+            .exists();
+    if lost {
+        warn!(maps = %maps_dir.display(), "the node's links are pinned but not their maps (removed while an agent ran?): building new maps from the pod records, then switching the links over; connections in flight at the switch lose their original destination and are refused by their proxy");
+    }
     let node = EbpfNode::load(LoadOptions {
         orig_dst_capacity: options.orig_dst_capacity,
         pin_dir: maps_dir,
@@ -366,13 +389,15 @@ fn load_ebpf(
         max_pods: options.max_pods,
     })
     .context("loading the eBPF programs")?;
-    Ok((node, older))
+    Ok((node, MapsBefore { older, lost }))
 }
 
 /// Takes the pods back into the loaded node's maps and swaps its programs into the pinned
-/// links; with `older` map layouts, builds the new maps first and copies what is in flight.
-fn start_ebpf(agent: &mut Agent, cgroup: &Path, older: &[PathBuf]) -> anyhow::Result<()> {
-    let migrating = !older.is_empty();
+/// links; with new maps (older map layouts, or this layout's pins lost), builds them first and
+/// copies what is in flight from the older ones.
+fn start_ebpf(agent: &mut Agent, cgroup: &Path, before: &MapsBefore) -> anyhow::Result<()> {
+    let migrating = before.new_maps();
+    let older = &before.older;
     // Original destinations the replaced programs record until the switch: copied before it,
     // and again after it for those recorded meanwhile.
     let import_in_flight = |agent: &mut Agent| match agent.pods.ebpf_mut() {
