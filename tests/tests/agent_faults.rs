@@ -12,7 +12,7 @@ use std::{
 };
 
 use interceptor_tests::{
-    Landing, Netns, PodFixture,
+    Landing, Netns, PodFixture, Probe,
     agent_home::{
         AgentHome, LINKERD_FLAGS, StopOnDrop, UNREACHABLE, all_reached_the_proxy, around_the_proxy,
         check_load, free_loopback_addr, metric, stderr,
@@ -37,6 +37,14 @@ fn dump_failures(addr: &str, what: &str) -> f64 {
         &format!("interceptor_netlink_dump_failures_total{{what=\"{what}\"}}"),
     )
     .unwrap_or_else(|| panic!("no dump failure series for {what} at {addr}"))
+}
+
+/// The app's connection to [`UNREACHABLE`] reaches the proxy, with its original destination.
+fn assert_intercepted(app: &Probe) {
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
 }
 
 /// `interceptor_pod_registrations_refused_total` of `kind`.
@@ -144,10 +152,7 @@ fn a_restart_whose_dumps_fail_keeps_the_live_pod_meshed_with_its_record() {
         assert_eq!(after[0][field], before[0][field], "{field}");
     }
     assert_eq!(home.records(), 1, "its record is kept");
-    assert_eq!(
-        app.connect(UNREACHABLE).proxy_orig().to_string(),
-        UNREACHABLE
-    );
+    assert_intercepted(&app);
     assert!(
         matches!(app.connect(ANYIP), Landing::Server { ref name, .. } if name == "anyip"),
         "the AnyIP range in force before the restart is still delivered over lo"
@@ -184,10 +189,7 @@ fn an_unknown_netlink_message_is_skipped_and_counted() {
         .meshing(&fixture.pod.path(), &[])
         .start();
     let app = fixture.in_pod().uid(APP_UID);
-    assert_eq!(
-        app.connect(UNREACHABLE).proxy_orig().to_string(),
-        UNREACHABLE
-    );
+    assert_intercepted(&app);
     let pod = home.pod(&fixture.pod.path());
     let addresses = pod["addresses"].as_array().expect("addresses").clone();
     assert!(
@@ -282,10 +284,7 @@ fn an_iptables_pod_needs_no_route_dump() {
         .meshing(&fixture.pod.path(), &[])
         .start();
     let app = fixture.in_pod().uid(APP_UID);
-    assert_eq!(
-        app.connect(UNREACHABLE).proxy_orig().to_string(),
-        UNREACHABLE
-    );
+    assert_intercepted(&app);
     agent.stop();
     let agent = home
         .agent()
@@ -296,10 +295,7 @@ fn an_iptables_pod_needs_no_route_dump() {
     assert_eq!(pods.len(), 1, "{pods:#?}");
     assert_eq!(pods[0]["backend"], "iptables");
     assert_eq!(dump_failures(&addr, "routes"), 0.0, "no route dump tried");
-    assert_eq!(
-        app.connect(UNREACHABLE).proxy_orig().to_string(),
-        UNREACHABLE
-    );
+    assert_intercepted(&app);
     agent.stop();
 }
 
@@ -321,10 +317,7 @@ fn a_pod_left_as_it_was_at_a_restart_stays_intercepted() {
         .meshing(&fixture.pod.path(), &["--name", "web"])
         .start();
     let app = fixture.in_pod().uid(APP_UID);
-    assert_eq!(
-        app.connect(UNREACHABLE).proxy_orig().to_string(),
-        UNREACHABLE
-    );
+    assert_intercepted(&app);
     agent.kill();
     // As an agent before issue 45 wrote it: no `host_ids`.
     for entry in std::fs::read_dir(home.state_dir.join("agent-pods")).expect("the records") {
@@ -437,10 +430,7 @@ fn a_pod_map_write_the_kernel_refuses_changes_nothing() {
     assert_eq!(pods[0]["args"], before[0]["args"]);
     assert_eq!(record_files(&home), records, "its record is kept");
     let app = fixture.in_pod().uid(APP_UID);
-    assert_eq!(
-        app.connect(UNREACHABLE).proxy_orig().to_string(),
-        UNREACHABLE
-    );
+    assert_intercepted(&app);
     let problems = home.problems();
     assert!(
         problems.iter().any(
@@ -538,10 +528,7 @@ fn a_record_that_cannot_be_written_undoes_the_registration() {
     assert_eq!(home.pinned_pod_links(), 1);
     assert!(home.problems().is_empty(), "{:?}", home.problems());
     let app = fixture.in_pod().uid(APP_UID);
-    assert_eq!(
-        app.connect(UNREACHABLE).proxy_orig().to_string(),
-        UNREACHABLE
-    );
+    assert_intercepted(&app);
     agent.stop();
 }
 
@@ -560,12 +547,6 @@ fn a_restore_the_maps_refuse_keeps_the_pod_and_its_record() {
     let _servers = Servers::start(&fixture);
     let home = AgentHome::new(&fixture.cgroup.path);
     let app = fixture.in_pod().uid(APP_UID);
-    let intercepted = || {
-        assert_eq!(
-            app.connect(UNREACHABLE).proxy_orig().to_string(),
-            UNREACHABLE
-        )
-    };
     home.agent()
         .args(&["--mode", "iptables", "-w"])
         .meshing(&fixture.pod.path(), &["--name", "web"])
@@ -583,7 +564,7 @@ fn a_restore_the_maps_refuse_keeps_the_pod_and_its_record() {
         "{logged}"
     );
     assert_eq!(home.records(), 1, "its record is kept");
-    intercepted();
+    assert_intercepted(&app);
     agent.stop();
     let agent = home.agent().start();
     assert_eq!(
@@ -591,7 +572,7 @@ fn a_restore_the_maps_refuse_keeps_the_pod_and_its_record() {
         "ebpf",
         "taken over at the next start"
     );
-    intercepted();
+    assert_intercepted(&app);
     agent.kill();
 
     let layout = (interceptor_common::MAP_LAYOUT_VERSION + 1).to_string();
@@ -615,7 +596,7 @@ fn a_restore_the_maps_refuse_keeps_the_pod_and_its_record() {
         logged.contains("building the new maps") && logged.contains("Nothing was switched"),
         "{logged}"
     );
-    intercepted();
+    assert_intercepted(&app);
     assert_eq!(home.records(), 1);
     let agent = home
         .agent()
@@ -623,7 +604,7 @@ fn a_restore_the_maps_refuse_keeps_the_pod_and_its_record() {
         .start();
     assert_eq!(home.pods().len(), 1);
     assert!(home.problems().is_empty(), "{:?}", home.problems());
-    intercepted();
+    assert_intercepted(&app);
     agent.stop();
 }
 
@@ -858,14 +839,19 @@ fn map_pins_removed_under_a_running_agent_lose_no_pod() {
     }
     std::fs::remove_dir(&maps).unwrap();
     let app = fixture.in_pod().uid(APP_UID);
-    assert_eq!(
-        app.connect(UNREACHABLE).proxy_orig().to_string(),
-        UNREACHABLE
-    );
+    assert_intercepted(&app);
 
     let log = home.log_path();
     let (lines, agent) = std::thread::scope(|s| {
-        let load = s.spawn(|| app.run(&["connect", UNREACHABLE, "--seconds", "3", "--linger0"]));
+        let load = s.spawn(|| {
+            app.run(&[
+                "connect",
+                UNREACHABLE,
+                "--seconds",
+                LOAD_SECONDS,
+                "--linger0",
+            ])
+        });
         std::thread::sleep(Duration::from_millis(300));
         agent.kill();
         let agent = home.agent().log_to(&log).start();
@@ -890,9 +876,6 @@ fn map_pins_removed_under_a_running_agent_lose_no_pod() {
     home.assert_consistent();
     assert_eq!(home.pods().len(), 1);
     assert!(maps.exists(), "pinned again");
-    assert_eq!(
-        app.connect(UNREACHABLE).proxy_orig().to_string(),
-        UNREACHABLE
-    );
+    assert_intercepted(&app);
     agent.stop();
 }

@@ -422,7 +422,11 @@ fn start_ebpf(agent: &mut Agent, cgroup: &Path, before: &MapsBefore) -> anyhow::
         for dir in older {
             remove_maps_dir(dir);
         }
-        info!(in_flight_copied = copied, "map layout migration done");
+        if before.lost {
+            info!("the new maps hold every pod and the links use them");
+        } else {
+            info!(in_flight_copied = copied, "map layout migration done");
+        }
     } else {
         agent.restore(false)?;
     }
