@@ -7,6 +7,7 @@ use anyhow::{Context as _, ensure};
 use crate::{cmd, kernels, setup, workspace_root};
 
 pub fn run(
+    upgrade_only: bool,
     random_configs: Option<u32>,
     cargo_args: &[OsString],
     test_args: &[OsString],
@@ -15,6 +16,23 @@ pub fn run(
     crate::release::check()?;
     ensure_root()?;
     let path = setup::run()?;
+    // The upgrade test's previous release, from this repository's history.
+    let previous = crate::upgrade::build_previous(&path)?;
+    if upgrade_only {
+        return cmd::run(
+            cmd::cargo()
+                .current_dir(workspace_root())
+                .args(["test", "-p", "interceptor-tests", "--test", "upgrade"])
+                .args(cargo_args)
+                .arg("--")
+                .args(test_args)
+                .env("PATH", &path)
+                .env(crate::upgrade::BINARY_ENV, &previous.binary)
+                .env(crate::upgrade::NAME_ENV, &previous.name)
+                .env("INTERCEPTOR_REQUIRE_PRIVILEGED", "1"),
+        )
+        .context("the upgrade test failed; the output above says where");
+    }
     clippy(&path)?;
     // The tests load and run the image the DaemonSet runs.
     let image = crate::image::build()?;
@@ -27,6 +45,8 @@ pub fn run(
         .args(cargo_args)
         .env("PATH", &path)
         .env("INTERCEPTOR_IMAGE", image)
+        .env(crate::upgrade::BINARY_ENV, &previous.binary)
+        .env(crate::upgrade::NAME_ENV, &previous.name)
         // Turns every "skipped: not privileged" into a failure, so a green run means the
         // kernel tests really ran.
         .env("INTERCEPTOR_REQUIRE_PRIVILEGED", "1");
