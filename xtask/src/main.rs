@@ -135,7 +135,7 @@ fn run(task: Task) -> anyhow::Result<()> {
             series,
             binaries,
             test_threads,
-        } => test::kernels(&kernels::Options {
+        } => test::kernels(kernels::Options {
             scope: if full {
                 kernels::Scope::Full
             } else {
@@ -144,6 +144,7 @@ fn run(task: Task) -> anyhow::Result<()> {
             series,
             binaries,
             test_threads,
+            previous_release: None,
         }),
         Task::Demo => kit::run("demo", &[]),
         Task::Bench { args } => kit::run("bench", &args),

@@ -27,8 +27,7 @@ pub fn run(
                 .arg("--")
                 .args(test_args)
                 .env("PATH", &path)
-                .env(crate::upgrade::BINARY_ENV, &previous.binary)
-                .env(crate::upgrade::NAME_ENV, &previous.name)
+                .envs(previous.env())
                 .env("INTERCEPTOR_REQUIRE_PRIVILEGED", "1"),
         )
         .context("the upgrade test failed; the output above says where");
@@ -45,8 +44,7 @@ pub fn run(
         .args(cargo_args)
         .env("PATH", &path)
         .env("INTERCEPTOR_IMAGE", image)
-        .env(crate::upgrade::BINARY_ENV, &previous.binary)
-        .env(crate::upgrade::NAME_ENV, &previous.name)
+        .envs(previous.env())
         // Turns every "skipped: not privileged" into a failure, so a green run means the
         // kernel tests really ran.
         .env("INTERCEPTOR_REQUIRE_PRIVILEGED", "1");
@@ -75,15 +73,18 @@ pub fn run(
             series: Vec::new(),
             binaries: Vec::new(),
             test_threads: DEFAULT_GUEST_TEST_THREADS,
+            previous_release: Some(previous),
         },
     )
 }
 
 /// `cargo xtask kernels`: the kernel matrix alone.
-pub fn kernels(options: &kernels::Options) -> anyhow::Result<()> {
+pub fn kernels(mut options: kernels::Options) -> anyhow::Result<()> {
     ensure_root()?;
     let path = setup::run()?;
-    kernels::run(&path, options)
+    // The upgrade runs of `--full` start from it.
+    options.previous_release = Some(crate::upgrade::build_previous(&path)?);
+    kernels::run(&path, &options)
 }
 
 /// libtest threads in a guest of two vCPUs: the kernel tests spend much of their time waiting

@@ -21,10 +21,21 @@ use crate::{cmd, release, workspace_root};
 pub const BINARY_ENV: &str = "INTERCEPTOR_PREVIOUS_RELEASE_BIN";
 pub const NAME_ENV: &str = "INTERCEPTOR_PREVIOUS_RELEASE";
 
+#[derive(Clone)]
 pub struct PreviousBuild {
-    /// `0.1.0 (baseline, 07eb428a3e9e)`: what the test's messages call it.
+    /// `Baseline 0.1.0 - 2026-11-27 (07eb428a3e9e)`: what the test's messages call it.
     pub name: String,
     pub binary: PathBuf,
+}
+
+impl PreviousBuild {
+    /// The upgrade test's environment: where the previous release's binary is, and its name.
+    pub fn env(&self) -> [(&'static str, String); 2] {
+        [
+            (BINARY_ENV, self.binary.display().to_string()),
+            (NAME_ENV, self.name.clone()),
+        ]
+    }
 }
 
 /// Builds the previous release's `interceptor` (quick when it already is).
