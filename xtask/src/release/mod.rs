@@ -251,13 +251,24 @@ impl<'a> Git<'a> {
     }
 
     fn check_recorded(&self, hash: &str, heading: &str) -> anyhow::Result<()> {
-        if !self.succeeds(&["cat-file", "-e", &format!("{hash}^{{commit}}")])? {
+        let present = || self.succeeds(&["cat-file", "-e", &format!("{hash}^{{commit}}")]);
+        if !present()? {
             let shallow =
                 cmd::output(&mut self.command(&["rev-parse", "--is-shallow-repository"]))?;
+            // A CI clone is often shallow: its history is one fetch away.
+            if shallow.trim() == "true" {
+                println!(
+                    "release check: {heading}'s commit is not in this shallow clone: git fetch --unshallow"
+                );
+                if self.succeeds(&["fetch", "--quiet", "--unshallow"])? && present()? {
+                    return self.check_recorded(hash, heading);
+                }
+            }
             bail!(
                 "CHANGELOG.md: {heading} records commit {hash}, which this clone does not have{}",
                 if shallow.trim() == "true" {
-                    ": the clone is shallow, run `git fetch --unshallow`"
+                    ": the clone is shallow, and `git fetch --unshallow` did not bring it: fetch \
+                     the history that holds it"
                 } else {
                     ": fetch the history that holds it, or correct the entry"
                 }
