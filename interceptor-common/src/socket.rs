@@ -164,14 +164,30 @@ pub mod pending_phase {
         ((tag as u64) << 32) | ((secs & SECS_MASK) << 8) | (phase & MASK)
     }
 
-    /// The tag of an app socket: the low half of its cookie. `getpeername()` answers only the
-    /// socket whose tag its connection's entry holds, so an entry left behind (its sockets'
-    /// closes never reported) does not answer for another socket of the same 4-tuple: two
-    /// sockets of one pod and 4-tuple whose cookies share their low 32 bits are 4 billion
-    /// sockets apart.
+    /// The tag of an app socket: the low half of its cookie, never [`UNTAGGED`]. `getpeername()`
+    /// answers only the socket whose tag its connection's entry holds, so an entry left behind
+    /// (its sockets' closes never reported) does not answer for another socket of the same
+    /// 4-tuple: two sockets of one pod and 4-tuple whose cookies share their low 32 bits are 4
+    /// billion sockets apart.
     #[inline(always)]
     pub const fn app_tag(socket_cookie: u64) -> u32 {
-        socket_cookie as u32
+        match socket_cookie as u32 {
+            UNTAGGED => 1,
+            tag => tag,
+        }
+    }
+
+    /// The tag of an entry copied from a map layout before 8, which kept none: it answers the
+    /// app socket of its 4-tuple whatever its cookie, as layouts before 8 did, so that
+    /// `getpeername()` stays right across the upgrade for a connection made before it. A
+    /// connection of the same 4-tuple made after takes the entry over when it records its own.
+    pub const UNTAGGED: u32 = 0;
+
+    /// Whether an entry whose state is `state` answers the app socket tagged `tag`.
+    #[inline(always)]
+    pub const fn answers_app(state: u64, tag: u32) -> bool {
+        let held = self::tag(state);
+        held == tag || held == UNTAGGED
     }
 
     /// The app socket's tag a state holds.
@@ -311,6 +327,18 @@ mod tests {
         assert_eq!(age(state, 0x1234_5678_9abc + 3), 3);
         assert_eq!(age(state, 0x1234_5679_0000 + 3), 0x1_0000 - 0x9abc + 3);
         assert_eq!(age(pending_phase::state(RECORDED, SECS_MASK, 0), 2), 3);
+    }
+
+    #[test]
+    fn an_app_socket_is_never_untagged_and_an_untagged_entry_answers_any() {
+        use pending_phase::*;
+        assert_eq!(app_tag(1 << 32), 1, "a cookie whose low half is 0");
+        assert_eq!(app_tag(0xdead_beef), 0xdead_beef);
+        let tagged = state(WATCHED, 5, app_tag(7));
+        assert!(answers_app(tagged, app_tag(7)));
+        assert!(!answers_app(tagged, app_tag(8)));
+        let migrated = state(WATCHED, 0, UNTAGGED);
+        assert!(answers_app(migrated, app_tag(7)) && answers_app(migrated, app_tag(1 << 32)));
     }
 
     #[test]

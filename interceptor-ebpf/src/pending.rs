@@ -144,7 +144,7 @@ fn owns(entry: &PendingSlot, key: &PendingKey, owner: Owner) -> bool {
         && entry.key == *key
         && match owner {
             Owner::Proxy { isn_next } => entry.orig.server_isn_next == isn_next,
-            Owner::App { tag } => phase::tag(entry.state) == tag,
+            Owner::App { tag } => phase::answers_app(entry.state, tag),
             Owner::MultipathApp => true,
         }
 }

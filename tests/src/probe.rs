@@ -118,6 +118,25 @@ impl Probe {
         succeeded(args, out)
     }
 
+    /// One connection, kept open until [`Held::peer_now`] asks about it again.
+    pub fn hold(&self, target: &str) -> Held {
+        let mut child = self
+            .command(&["hold", target])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn netprobe");
+        let mut line = String::new();
+        // The first line only: the rest is read once stdin closes.
+        let stdout = child.stdout.as_mut().expect("stdout");
+        let mut byte = [0u8; 1];
+        while std::io::Read::read(stdout, &mut byte).unwrap_or(0) == 1 && byte[0] != b'\n' {
+            line.push(char::from(byte[0]));
+        }
+        Held { child, line }
+    }
+
     /// One connection: where it landed.
     pub fn connect(&self, target: &str) -> Landing {
         self.connect_with(target, &[])
@@ -139,6 +158,38 @@ impl Probe {
             .find_map(|kv| kv.strip_prefix("app_peer="))
             .map(str::to_owned);
         (Landing::parse(line), app_peer)
+    }
+}
+
+/// A connection [`Probe::hold`] keeps open.
+pub struct Held {
+    child: Child,
+    /// The peer's line with the app's `getpeername()` (`app_peer=`), as it connected.
+    pub line: String,
+}
+
+impl Held {
+    /// Where it landed when it connected.
+    pub fn landing(&self) -> Landing {
+        Landing::parse(&self.line)
+    }
+
+    /// Closes the probe's stdin: it asks `getpeername()` again, on the connection still open,
+    /// and exits. Returns that answer.
+    pub fn peer_now(mut self) -> String {
+        drop(self.child.stdin.take());
+        let out = self.child.wait_with_output().expect("netprobe hold output");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("app_peer_after="))
+            .unwrap_or_else(|| {
+                panic!(
+                    "netprobe hold: no app_peer_after= in {stdout:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            })
+            .to_owned()
     }
 }
 

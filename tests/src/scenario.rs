@@ -15,6 +15,7 @@ use interceptor::config::{InterceptionConfig, PortRange, PortSet, linkerd};
 
 use crate::{
     PodFixture,
+    agent_home::UNREACHABLE,
     fixture::{POD_ADDR, POD_ADDR6, REMOTE_ADDR, REMOTE_ADDR6},
     probe::{Landing, Listener},
 };
@@ -598,5 +599,46 @@ pub fn run_in(backend: &dyn Backend, scenario: &Scenario, family: Family, fixtur
         ok,
         "scenario {} ({family:?}, {target}): expected {:?}, got {landing:?}",
         scenario.name, scenario.expect
+    );
+}
+
+/// A pod of `fixture` meshed with [`crate::agent_home::LINKERD_FLAGS`], whatever the backend: the
+/// app's connects (both families) land on the outbound proxy with their original destination
+/// (`SO_ORIGINAL_DST`), the proxy's own connect is not redirected, and inbound connections reach
+/// the inbound proxy except on an ignored port (4190). Needs [`Servers::start`].
+pub fn assert_meshed(fixture: &PodFixture) {
+    let app = fixture.in_pod().uid(APP_UID);
+    assert_eq!(
+        app.connect(UNREACHABLE).proxy_orig().to_string(),
+        UNREACHABLE
+    );
+    assert_eq!(
+        app.connect("[2001:db8::2]:1404").proxy_orig().to_string(),
+        "[2001:db8::2]:1404"
+    );
+    assert_eq!(
+        fixture
+            .in_pod()
+            .uid(PROXY_UID)
+            .connect("10.77.0.2:80")
+            .server_name(),
+        "remote-80",
+        "the proxy's UID is exempt"
+    );
+    match fixture.on_remote().connect("10.77.0.1:80") {
+        Landing::Proxy {
+            name,
+            orig: Ok(orig),
+            ..
+        } => {
+            assert_eq!(name, "inbound");
+            assert_eq!(orig.to_string(), "10.77.0.1:80");
+        }
+        other => panic!("expected the inbound proxy, got {other:?}"),
+    }
+    assert_eq!(
+        fixture.on_remote().connect("10.77.0.1:4190").server_name(),
+        "app-4190",
+        "an ignored inbound port reaches the app"
     );
 }

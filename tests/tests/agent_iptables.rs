@@ -16,7 +16,7 @@ use interceptor_tests::{
     },
     cni_network::{CniNetwork, injected},
     privileged,
-    scenario::{APP_UID, PROXY_UID, Servers},
+    scenario::{APP_UID, Servers, assert_meshed},
 };
 use serde_json::Value;
 
@@ -76,46 +76,6 @@ fn assert_no_chains(pod: &Path) {
         let listing = nat(pod, save, false);
         assert!(!listing.contains("PROXY_INIT"), "{save}:\n{listing}");
     }
-}
-
-/// The app's connect lands on the outbound proxy with its original destination (conntrack's
-/// SO_ORIGINAL_DST), the proxy's own connect is not redirected, and inbound connections reach
-/// the inbound proxy except on an ignored port.
-fn assert_meshed(fixture: &PodFixture) {
-    let app = fixture.in_pod().uid(APP_UID);
-    assert_eq!(
-        app.connect(UNREACHABLE).proxy_orig().to_string(),
-        UNREACHABLE
-    );
-    assert_eq!(
-        app.connect("[2001:db8::2]:1404").proxy_orig().to_string(),
-        "[2001:db8::2]:1404"
-    );
-    assert_eq!(
-        fixture
-            .in_pod()
-            .uid(PROXY_UID)
-            .connect("10.77.0.2:80")
-            .server_name(),
-        "remote-80",
-        "the proxy's UID is exempt"
-    );
-    match fixture.on_remote().connect("10.77.0.1:80") {
-        Landing::Proxy {
-            name,
-            orig: Ok(orig),
-            ..
-        } => {
-            assert_eq!(name, "inbound");
-            assert_eq!(orig.to_string(), "10.77.0.1:80");
-        }
-        other => panic!("expected the inbound proxy, got {other:?}"),
-    }
-    assert_eq!(
-        fixture.on_remote().connect("10.77.0.1:4190").server_name(),
-        "app-4190",
-        "an ignored inbound port reaches the app"
-    );
 }
 
 /// The packets the outbound redirect rule has matched: reset if the chain is written again.

@@ -461,7 +461,7 @@ fn the_daemonset_runs_the_agent_and_the_installer_as_this_build_expects() {
     );
     assert_eq!(security["seLinuxOptions"]["type"], "spc_t");
     for container in init.iter().chain(pod["containers"].as_array().unwrap()) {
-        assert_eq!(container["image"], "localhost/interceptor:0.1.0");
+        assert_eq!(container["image"], interceptor_tests::node_image::IMAGE);
         assert_eq!(container["imagePullPolicy"], "IfNotPresent");
     }
 
@@ -847,7 +847,7 @@ fn the_namespace_gets_linkerd_cnis_labels_whoever_installs() {
     );
     let containers = pod["containers"].as_array().unwrap();
     assert_eq!(containers.len(), 1);
-    assert_eq!(containers[0]["image"], "localhost/interceptor:0.1.0");
+    assert_eq!(containers[0]["image"], interceptor_tests::node_image::IMAGE);
     let args = args_of(&containers[0], &BTreeMap::new(), NAMESPACE);
     let interceptor::cli::Command::NamespaceMetadata(metadata) =
         parse(&args, "namespace-metadata Job").command
@@ -881,7 +881,10 @@ fn linkerds_cni_plugin_image_is_refused() {
     let rendered = render(&[r#"{"image": {"name": "registry.example.com/linkerd/interceptor"}}"#]);
     assert_eq!(
         container(rendered.daemonset(), "agent")["image"],
-        "registry.example.com/linkerd/interceptor:0.1.0"
+        format!(
+            "registry.example.com/linkerd/interceptor:{}",
+            env!("CARGO_PKG_VERSION")
+        )
     );
 }
 
@@ -913,7 +916,7 @@ fn a_linkerd2_cni_image_version_and_pull_policy_are_ignored_without_image_name()
             .collect()
     };
     let local = BTreeSet::from([(
-        "localhost/interceptor:0.1.0".to_owned(),
+        interceptor_tests::node_image::IMAGE.to_owned(),
         "IfNotPresent".to_owned(),
     )]);
     let default = render(&[]);
@@ -931,17 +934,23 @@ fn a_linkerd2_cni_image_version_and_pull_policy_are_ignored_without_image_name()
         assert!(
             notes.contains(&format!(
                 "{value} is ignored: a linkerd2-cni values file sets it for linkerd-cni's image; \
-                 without image.name the image is localhost/interceptor:0.1.0, imagePullPolicy \
-                 IfNotPresent."
+                 without image.name the image is {}, imagePullPolicy IfNotPresent.",
+                interceptor_tests::node_image::IMAGE
             )),
             "{value}: {notes}"
         );
     }
     // What fits a local image is kept, and not mentioned.
-    let kept = render(&[r#"{"image": {"version": "0.1.0", "pullPolicy": "Never"}}"#]);
+    let kept = render(&[
+        &json!({"image": {"version": env!("CARGO_PKG_VERSION"), "pullPolicy": "Never"}})
+            .to_string(),
+    ]);
     assert_eq!(
         images(&kept),
-        BTreeSet::from([("localhost/interceptor:0.1.0".to_owned(), "Never".to_owned())])
+        BTreeSet::from([(
+            interceptor_tests::node_image::IMAGE.to_owned(),
+            "Never".to_owned()
+        )])
     );
     assert!(!kept.notes.contains("is ignored"), "{}", kept.notes);
     // With image.name, as given.
@@ -1159,7 +1168,10 @@ fn the_image_runs_the_agent_the_plugin_and_both_iptables_modes() {
     };
 
     let version = podman.run(&[], "/usr/local/bin/interceptor", &["--version"], None);
-    assert_eq!(version.trim(), "interceptor 0.1.0");
+    assert_eq!(
+        version.trim(),
+        concat!("interceptor ", env!("CARGO_PKG_VERSION"))
+    );
     let plugin = podman.run(
         &["--env", "CNI_COMMAND=VERSION"],
         "/usr/local/bin/interceptor-cni",

@@ -9,6 +9,7 @@ mod kit;
 mod release;
 mod setup;
 mod test;
+mod upgrade;
 
 use std::{ffi::OsString, path::Path, process::ExitCode};
 
@@ -28,6 +29,10 @@ enum Task {
     Setup,
     /// Run setup, then every test with privileged tests required to run. Needs root.
     Test {
+        /// Only the upgrade test (tests/tests/upgrade.rs): the previous release, built from
+        /// this repository's history, handing its pods over to this tree's agent and back.
+        #[arg(long)]
+        upgrade: bool,
         /// Configurations the randomized behaviour table draws (tests/tests/behaviour_random.rs;
         /// 12 when not given), as INTERCEPTOR_RANDOM_CONFIGS; give it before any test filter.
         #[arg(long)]
@@ -120,16 +125,17 @@ fn run(task: Task) -> anyhow::Result<()> {
     match task {
         Task::Setup => setup::run().map(drop),
         Task::Test {
+            upgrade,
             random_configs,
             cargo_args,
             test_args,
-        } => test::run(random_configs, &cargo_args, &test_args),
+        } => test::run(upgrade, random_configs, &cargo_args, &test_args),
         Task::Kernels {
             full,
             series,
             binaries,
             test_threads,
-        } => test::kernels(&kernels::Options {
+        } => test::kernels(kernels::Options {
             scope: if full {
                 kernels::Scope::Full
             } else {
@@ -138,6 +144,7 @@ fn run(task: Task) -> anyhow::Result<()> {
             series,
             binaries,
             test_threads,
+            previous_release: None,
         }),
         Task::Demo => kit::run("demo", &[]),
         Task::Bench { args } => kit::run("bench", &args),

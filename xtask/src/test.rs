@@ -7,6 +7,7 @@ use anyhow::{Context as _, ensure};
 use crate::{cmd, kernels, setup, workspace_root};
 
 pub fn run(
+    upgrade_only: bool,
     random_configs: Option<u32>,
     cargo_args: &[OsString],
     test_args: &[OsString],
@@ -15,6 +16,22 @@ pub fn run(
     crate::release::check()?;
     ensure_root()?;
     let path = setup::run()?;
+    // The upgrade test's previous release, from this repository's history.
+    let previous = crate::upgrade::build_previous(&path)?;
+    if upgrade_only {
+        return cmd::run(
+            cmd::cargo()
+                .current_dir(workspace_root())
+                .args(["test", "-p", "interceptor-tests", "--test", "upgrade"])
+                .args(cargo_args)
+                .arg("--")
+                .args(test_args)
+                .env("PATH", &path)
+                .envs(previous.env())
+                .env("INTERCEPTOR_REQUIRE_PRIVILEGED", "1"),
+        )
+        .context("the upgrade test failed; the output above says where");
+    }
     clippy(&path)?;
     // The tests load and run the image the DaemonSet runs.
     let image = crate::image::build()?;
@@ -27,6 +44,7 @@ pub fn run(
         .args(cargo_args)
         .env("PATH", &path)
         .env("INTERCEPTOR_IMAGE", image)
+        .envs(previous.env())
         // Turns every "skipped: not privileged" into a failure, so a green run means the
         // kernel tests really ran.
         .env("INTERCEPTOR_REQUIRE_PRIVILEGED", "1");
@@ -55,15 +73,18 @@ pub fn run(
             series: Vec::new(),
             binaries: Vec::new(),
             test_threads: DEFAULT_GUEST_TEST_THREADS,
+            previous_release: Some(previous),
         },
     )
 }
 
 /// `cargo xtask kernels`: the kernel matrix alone.
-pub fn kernels(options: &kernels::Options) -> anyhow::Result<()> {
+pub fn kernels(mut options: kernels::Options) -> anyhow::Result<()> {
     ensure_root()?;
     let path = setup::run()?;
-    kernels::run(&path, options)
+    // The upgrade runs of `--full` start from it.
+    options.previous_release = Some(crate::upgrade::build_previous(&path)?);
+    kernels::run(&path, &options)
 }
 
 /// libtest threads in a guest of two vCPUs: the kernel tests spend much of their time waiting

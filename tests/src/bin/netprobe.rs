@@ -31,6 +31,8 @@ fn usage() -> ! {
            check ADDR... [--count N | --seconds S] [--threads T]  connect in a loop, verify every orig\n  \
            bench ADDR... --seconds S [--threads T] connect in a loop for S seconds, print the rate\n  \
            udp-server ADDR | udp-send ADDR MSG\n  \
+           hold ADDR  one connection kept open: the peer's line and getpeername(), then, once stdin\n  \
+             closes, getpeername() again (app_peer_after=)\n  \
            probes  one connection per stdin line: ADDR [--via PATH] [--bind ADDR]\n  \
              [--creds R:E:RG:EG] [--socket-creds R:E:RG:EG] [--groups G,...]; also reads to the end and\n  \
              prints getpeername() after the peer's close (app_peer_after=)"
@@ -53,6 +55,7 @@ fn main() {
         "udp-server" => udp_server(&args),
         "udp-send" => udp_send(&args),
         "probes" => probes_cmd(),
+        "hold" => hold_cmd(&args),
         _ => usage(),
     }
 }
@@ -239,10 +242,17 @@ fn accept_loop(
             );
             if !inline && !close {
                 // Read what the client sent (fast-open clients send a line) until it closes:
-                // closing with unread data would reset the connection under the reply.
+                // closing with unread data would reset the connection under the reply. A
+                // `hold` client's line keeps this side open until it closes.
                 let _ = stream.shutdown(std::net::Shutdown::Write);
                 stream.set_read_timeout(Some(Duration::from_secs(2))).ok();
-                let _ = stream.read_to_end(&mut Vec::new());
+                let mut reader = BufReader::new(&stream);
+                let mut first = String::new();
+                let _ = reader.read_line(&mut first);
+                if first == HOLD_LINE {
+                    stream.set_read_timeout(Some(HOLD_TIMEOUT)).ok();
+                }
+                let _ = reader.read_to_end(&mut Vec::new());
             }
         };
         if inline {
@@ -284,6 +294,48 @@ impl Via {
             _ => usage(),
         }
     }
+}
+
+/// What a `hold` client sends once answered: the proxy keeps its side open until the client
+/// closes (at most [`HOLD_TIMEOUT`]), as a proxy forwarding a long connection does.
+const HOLD_LINE: &str = "hold\n";
+const HOLD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// `hold ADDR`: a connection made before an event (an agent's upgrade) and asked about after it.
+/// Prints the peer's line with the app's `getpeername()` at once; once stdin closes, prints
+/// `app_peer_after=` with `getpeername()` again, the connection still open.
+fn hold_cmd(args: &[String]) {
+    let [target] = args else { usage() };
+    let target = parse_addr(target);
+    let connected = open_socket(target, Via::Connect).and_then(|socket| {
+        connect_blocking(&socket, &SockAddr::from(target)).map_err(|e| errno("connect", e))?;
+        Ok(TcpStream::from(socket))
+    });
+    let stream = match connected {
+        Ok(stream) => stream,
+        Err(e) => {
+            println!("error={e}");
+            return;
+        }
+    };
+    let peer_name = || {
+        stream
+            .peer_addr()
+            .map_or_else(|e| format!("error:{}", errno_name(&e)), |a| a.to_string())
+    };
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok();
+    let mut line = String::new();
+    match BufReader::new(&stream).read_line(&mut line) {
+        Ok(n) if n > 0 => {
+            println!("{} app_peer={}", line.trim_end(), peer_name());
+            (&stream).write_all(HOLD_LINE.as_bytes()).ok();
+        }
+        Ok(_) => println!("error=read:eof"),
+        Err(e) => println!("error=read:{e}"),
+    }
+    std::io::stdout().flush().ok();
+    std::io::stdin().read_to_end(&mut Vec::new()).ok();
+    println!("app_peer_after={}", peer_name());
 }
 
 /// Connects (optionally from a fixed local address), returns the peer's line.

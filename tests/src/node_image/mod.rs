@@ -8,8 +8,8 @@ mod agent_pod;
 
 pub use agent_pod::AgentPod;
 
-/// The image's name and tag once loaded.
-const IMAGE: &str = "localhost/interceptor:0.1.0";
+/// The image's name and tag once loaded: the workspace's version, as `cargo xtask image` tags it.
+pub const IMAGE: &str = concat!("localhost/interceptor:", env!("CARGO_PKG_VERSION"));
 
 /// The image's OCI archive, `INTERCEPTOR_IMAGE`; `None`, after saying why the test skips, when
 /// it is not set, unless `INTERCEPTOR_REQUIRE_PRIVILEGED=1` forbids skipping.

@@ -50,6 +50,8 @@ pub struct Options {
     pub binaries: Vec<String>,
     /// libtest's `--test-threads` in the guests.
     pub test_threads: u32,
+    /// The upgrade test's previous release (the guests see the host's files).
+    pub previous_release: Option<crate::upgrade::PreviousBuild>,
 }
 
 /// Runs the matrix; fails if any test expected to pass on a kernel failed there.
@@ -178,6 +180,9 @@ fn run_kernel(
                 env.retain(|(k, _)| *k != name);
                 env.push((name, value));
             }
+        }
+        if let Some(previous) = &options.previous_release {
+            env.extend(previous.env());
         }
         let slug = format!("{index:02}-{}", run.binary);
         planned.push(guest::GuestCommand {

@@ -285,6 +285,21 @@ pub const RUNS: &[TestRun] = &[
         Features::Native,
         Needs::Ebpf,
     )),
+    // The previous release's agent handing its pods to this tree's and taking them back (the
+    // host runs both in the test command): with the programs where they load, with proxy-init's
+    // chains where they cannot.
+    full(run(
+        "upgrade",
+        &["an_ebpf_node_"],
+        Features::Native,
+        Needs::Ebpf,
+    )),
+    full(run(
+        "upgrade",
+        &["an_iptables_node_"],
+        Features::Native,
+        Needs::NoEbpf,
+    )),
     full(run(
         "cni",
         &[

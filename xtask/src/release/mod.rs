@@ -121,6 +121,43 @@ pub fn check() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The release before HEAD's, as the changelog records it: the upgrade test's starting point.
+pub struct Previous {
+    /// Its heading, e.g. `## [0.2.0] - 2026-12-01`.
+    pub heading: String,
+    pub version: String,
+    /// Its full commit hash, in this clone's history.
+    pub commit: String,
+}
+
+/// The newest changelog entry that is not HEAD's own release: skipped are a `pending` entry (HEAD
+/// is the release commit) and one whose commit's tree is HEAD's but for CHANGELOG.md (HEAD
+/// records it). Fails, saying how to get it, where the clone lacks its commit.
+pub fn previous() -> anyhow::Result<Previous> {
+    let root = workspace_root();
+    let changelog = check_files(&Files::read(root)?)?;
+    let git = Git::open(root)?.context(
+        "the upgrade test builds the previous release from this repository's history: run it in \
+         a git clone",
+    )?;
+    for entry in &changelog.entries {
+        let Commit::Hash(hash) = &entry.commit else {
+            continue;
+        };
+        git.check_recorded(hash, &entry.heading)?;
+        if git.differs_beyond_changelog(hash)? {
+            return Ok(Previous {
+                heading: entry.heading.trim_start_matches('#').trim().to_owned(),
+                version: entry.version.to_string(),
+                commit: hash.clone(),
+            });
+        }
+    }
+    bail!(
+        "CHANGELOG.md records no release before HEAD's: the upgrade test has nothing to start from"
+    )
+}
+
 /// `cargo xtask release cut VERSION`: the release commit and the commit that records it.
 pub fn cut(version: &str) -> anyhow::Result<()> {
     let version = Version::parse(version)?;
@@ -214,13 +251,24 @@ impl<'a> Git<'a> {
     }
 
     fn check_recorded(&self, hash: &str, heading: &str) -> anyhow::Result<()> {
-        if !self.succeeds(&["cat-file", "-e", &format!("{hash}^{{commit}}")])? {
+        let present = || self.succeeds(&["cat-file", "-e", &format!("{hash}^{{commit}}")]);
+        if !present()? {
             let shallow =
                 cmd::output(&mut self.command(&["rev-parse", "--is-shallow-repository"]))?;
+            // A CI clone is often shallow: its history is one fetch away.
+            if shallow.trim() == "true" {
+                println!(
+                    "release check: {heading}'s commit is not in this shallow clone: git fetch --unshallow"
+                );
+                if self.succeeds(&["fetch", "--quiet", "--unshallow"])? && present()? {
+                    return self.check_recorded(hash, heading);
+                }
+            }
             bail!(
                 "CHANGELOG.md: {heading} records commit {hash}, which this clone does not have{}",
                 if shallow.trim() == "true" {
-                    ": the clone is shallow, run `git fetch --unshallow`"
+                    ": the clone is shallow, and `git fetch --unshallow` did not bring it: fetch \
+                     the history that holds it"
                 } else {
                     ": fetch the history that holds it, or correct the entry"
                 }

@@ -42,8 +42,8 @@ impl PodWriter {
         }
         // Likewise a connection in an old pending slot, in the LRU map, where the new programs
         // look when their slot does not hold it and which they free as a slot. Its phase is
-        // kept; its date and tag are not of this layout before 8: it ages at once, and the
-        // app's `getpeername()` no longer finds it (the proxy's address, as before an upgrade).
+        // kept; its date and tag are not of this layout before 8: it ages at once, and, untagged,
+        // answers the app's `getpeername()` by its 4-tuple, as the old programs did.
         if let Some(old) = open(names::MAP_PENDING_SLOTS)
             .and_then(|m| Array::<MapData, PendingSlot>::try_from(m).ok())
         {
@@ -77,7 +77,11 @@ impl PodWriter {
                 {
                     for (key, orig) in old.iter().filter_map(Result::ok) {
                         let entry = PendingSlot {
-                            state: pending_phase::state(pending_phase::RECORDED, 0, 0),
+                            state: pending_phase::state(
+                                pending_phase::RECORDED,
+                                0,
+                                pending_phase::UNTAGGED,
+                            ),
                             key,
                             orig,
                         };
@@ -92,7 +96,7 @@ impl PodWriter {
 }
 
 /// The state of an entry copied from an older layout, whose dates and tags may have had
-/// another form: its phase alone, undated and untagged.
+/// another form: its phase alone, undated and untagged (`pending_phase::UNTAGGED`).
 fn phase_only(state: u64) -> u64 {
-    pending_phase::state(state & pending_phase::MASK, 0, 0)
+    pending_phase::state(state & pending_phase::MASK, 0, pending_phase::UNTAGGED)
 }
