@@ -36,13 +36,15 @@ pub fn listening_inodes(table: &str, port: u16) -> HashSet<u64> {
     inodes
 }
 
-/// The socket inode a `/proc/PID/fd/N` link names (`socket:[12345]`), if it names one.
+/// The socket inode a `/proc/PID/fd/N` link names (`socket:[12345]`), if it names one: in the
+/// kernel's form only (decimal, no sign, no leading zero), so one link names one inode.
 pub fn socket_inode(link: &Path) -> Option<u64> {
-    link.to_str()?
-        .strip_prefix("socket:[")?
-        .strip_suffix(']')?
-        .parse()
-        .ok()
+    let digits = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?;
+    if !digits.bytes().all(|b| b.is_ascii_digit()) || (digits.len() > 1 && digits.starts_with('0'))
+    {
+        return None;
+    }
+    digits.parse().ok()
 }
 
 /// The mount point of the first cgroup2 filesystem in a `/proc/PID/mountinfo` table. Lines:

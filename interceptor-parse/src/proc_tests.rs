@@ -32,6 +32,16 @@ fn a_socket_link_names_its_inode() {
     assert_eq!(socket_inode(Path::new("/dev/null")), None);
 }
 
+/// `socket:[032]` and `socket:[+32]` were read as inode 32: the kernel writes neither. Found by
+/// the `proc` fuzz target.
+#[test]
+fn a_socket_link_is_read_only_in_the_kernels_form() {
+    assert_eq!(socket_inode(Path::new("socket:[0]")), Some(0));
+    assert_eq!(socket_inode(Path::new("socket:[032]")), None);
+    assert_eq!(socket_inode(Path::new("socket:[+32]")), None);
+    assert_eq!(socket_inode(Path::new("socket:[]")), None);
+}
+
 #[test]
 fn finds_the_cgroup2_mount_in_a_hybrid_layout() {
     let mountinfo = "\
