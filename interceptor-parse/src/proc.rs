@@ -48,17 +48,18 @@ pub fn socket_inode(link: &Path) -> Option<u64> {
 }
 
 /// The mount point of the first cgroup2 filesystem in a `/proc/PID/mountinfo` table. Lines:
-/// `id parent major:minor root mount-point options... - fstype source super`, each field
-/// after one space: the kernel escapes only space, tab, newline and backslash in a path, so any
-/// other whitespace is the path's own.
+/// `id parent major:minor root mount-point options [optional...] - fstype source super`, each
+/// field after one space: the kernel escapes only space, tab, newline and backslash in a path,
+/// so any other whitespace is the path's own. The separator is the first field `-` after the
+/// options, not the first ` - ` of the line, which a path of its own could hold.
 pub fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
     mountinfo.split('\n').find_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        if right.split(' ').next()? != "cgroup2" {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let separator = 6 + fields.get(6..)?.iter().position(|f| *f == "-")?;
+        if *fields.get(separator + 1)? != "cgroup2" {
             return None;
         }
-        let mount_point = left.split(' ').nth(4)?;
-        Some(unescape_mountinfo(mount_point))
+        Some(unescape_mountinfo(fields[4]))
     })
 }
 

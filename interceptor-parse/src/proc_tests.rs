@@ -100,3 +100,22 @@ fn whitespace_the_kernel_does_not_escape_is_the_paths_own() {
         );
     }
 }
+
+/// A mount point `-` made the line's first ` - ` the separator, and the cgroup2 mount was not
+/// found. Found by the `proc` fuzz target.
+#[test]
+fn the_separator_is_the_field_after_the_options() {
+    let mountinfo = "26 25 0:24 / - rw,nosuid shared:9 - cgroup2 cgroup2 rw\n";
+    assert_eq!(cgroup2_mount(mountinfo), Some(PathBuf::from("-")));
+    let mountinfo = "26 25 0:24 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+    assert_eq!(
+        cgroup2_mount(mountinfo),
+        Some(PathBuf::from("/sys/fs/cgroup"))
+    );
+    assert_eq!(
+        cgroup2_mount("26 25 0:24 / /x rw - cgroup2"),
+        Some(PathBuf::from("/x"))
+    );
+    assert_eq!(cgroup2_mount("26 25 0:24 / /x rw cgroup2 -"), None);
+    assert_eq!(cgroup2_mount("- cgroup2"), None);
+}
