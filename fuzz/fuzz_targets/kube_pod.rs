@@ -6,10 +6,16 @@
 //! how to mesh the pod (`interceptor_config::mesh::pod_plan`: annotations pod over namespace,
 //! which pods are meshed).
 //!
+//! The agent's answer is built by its own code (`KubePod::complete`, which `KubePods` calls
+//! with its lookups of the namespace and the Service), the lookups answered by the input.
+//!
 //! Input: the Pod's JSON, then optionally a line `---` and the Namespace's JSON (none, or not
-//! one: the agent takes it as one without annotations, as when it may not read it), then
-//! optionally another `---` line and the Service's JSON (none, or no ports: 443 and 6443).
+//! one: the agent takes it as one without annotations, as when it may not read it; `error`:
+//! the API does not answer), then optionally another `---` line and the Service's JSON (none:
+//! it cannot be read; no ports: 443 and 6443).
 #![no_main]
+
+use std::task::{Context, Poll, Waker};
 
 use interceptor_api::{KubePod, Response};
 use interceptor_config::mesh::{Plan, PodSettings, Pods, pod_plan};
@@ -29,14 +35,16 @@ fuzz_target!(|data: &[u8]| {
     let Ok(pod) = serde_json::from_str::<kube::Pod>(parts.next().unwrap_or_default()) else {
         return;
     };
-    let namespace: kube::Namespace = parts
+    let namespace: Result<kube::Namespace, String> = match parts.next() {
+        Some("error") => Err("the Kubernetes API did not answer".into()),
+        json => Ok(json
+            .and_then(|json| serde_json::from_str(json).ok())
+            .unwrap_or_default()),
+    };
+    let service: Result<kube::Service, String> = parts
         .next()
-        .and_then(|json| serde_json::from_str(json).ok())
-        .unwrap_or_default();
-    let service: kube::Service = parts
-        .next()
-        .and_then(|json| serde_json::from_str(json).ok())
-        .unwrap_or_default();
+        .map(|json| serde_json::from_str(json).map_err(|e| e.to_string()))
+        .unwrap_or_else(|| Err("not read".into()));
 
     let facts = PodFacts::of(&pod);
     if let Some((namespace, name)) = kube::key(&pod) {
@@ -52,29 +60,67 @@ fuzz_target!(|data: &[u8]| {
         assert_ne!(facts.control_plane_component.as_deref(), Some(""));
     }
 
-    // The agent's answer, as `KubePods::complete` builds it.
-    let namespace_annotations = if facts.needs_namespace() {
-        namespace.config_annotations()
-    } else {
-        Default::default()
+    // The agent's answer, by its own code; each lookup is made only when the facts need it.
+    let (mut asked_namespace, mut asked_service, mut fell_back) = (false, false, None);
+    let completed = KubePod::complete(
+        facts.clone(),
+        || {
+            asked_namespace = true;
+            std::future::ready(namespace.clone().map(|n| n.config_annotations()))
+        },
+        || {
+            asked_service = true;
+            std::future::ready(service.clone().map(|s| s.api_server_ports()))
+        },
+        |why: &str| fell_back = Some(why.to_owned()),
+    );
+    // The lookups answer at once: one poll.
+    let Poll::Ready(completed) =
+        std::pin::pin!(completed).poll(&mut Context::from_waker(Waker::noop()))
+    else {
+        panic!("the answer waits for nothing");
+    };
+    assert_eq!(
+        asked_namespace,
+        facts.needs_namespace(),
+        "the namespace only when meshed"
+    );
+    assert_eq!(asked_service, facts.needs_api_server_ports());
+    let answer = match completed {
+        Ok(answer) => answer,
+        Err(e) => {
+            assert!(
+                asked_namespace && namespace.is_err(),
+                "only the namespace fails it: {e}"
+            );
+            return;
+        }
     };
     assert!(
-        namespace_annotations
+        answer
+            .namespace_annotations
             .keys()
             .all(|name| name.starts_with(CONFIG_PREFIX)),
         "a namespace gives only config.linkerd.io annotations"
     );
-    let api_server_ports = if facts.needs_api_server_ports() {
-        let ports = service.api_server_ports();
-        if ports.is_empty() {
-            DEFAULT_API_SERVER_PORTS.to_vec()
+    if asked_service {
+        let read = service
+            .as_ref()
+            .map(|s| s.api_server_ports())
+            .unwrap_or_default();
+        if read.is_empty() {
+            assert_eq!(answer.api_server_ports, DEFAULT_API_SERVER_PORTS);
+            assert!(
+                fell_back.is_some_and(|why| !why.is_empty()),
+                "a fallback says why"
+            );
         } else {
-            ports
+            assert_eq!(answer.api_server_ports, read);
+            assert!(fell_back.is_none());
         }
     } else {
-        Vec::new()
-    };
-    let answer = KubePod::from_facts(facts.clone(), namespace_annotations, api_server_ports);
+        assert!(answer.api_server_ports.is_empty());
+    }
     // Through the API's JSON form, as the plugin reads it.
     let json = serde_json::to_string(&Response::Annotations(answer.clone()))
         .expect("an answer serializes");

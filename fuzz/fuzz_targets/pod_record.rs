@@ -3,14 +3,17 @@
 //! decides from the set against what the maps hold: which pods it takes back and how (by
 //! either backend, bringing a pod over from the other one), which it forgets, keeps, or for
 //! which it stops a map migration, and which cookies in the maps are leftovers to remove. The
-//! kernel's side (opening the namespace, registering in the maps, writing chains) is simulated
-//! by the input; the decisions are the agent's own functions.
+//! kernel's side (opening the namespace, reading it, registering in the maps, writing chains)
+//! is simulated by the input; the decisions are the agent's own functions (`take_back` and
+//! `leftovers_after_restore`, which `Agent::restore` calls for each record).
 //!
 //! Input (UTF-8): option lines (`iptables`: the agent's backend; `migrating`: filling new maps;
 //! `maps=1,2`: the cookies the maps and pins hold something of), then files, each a line
-//! `--- <file name> [found=<cookie>|found=gone] [outcome=ok|refused|kept]` (by default the
-//! namespace is still there with the recorded cookie and the backend takes the pod) and the
-//! file's content up to the next such line.
+//! `--- <file name> [found=<cookie>|found=gone|found=unread|found=unread:<cookie>]
+//! [outcome=ok|refused|kept]` (by default the namespace is still there with the recorded cookie
+//! and the backend takes the pod; `unread`: the namespace is there, with the recorded cookie or
+//! the one given, but a netlink dump of it failed) and the file's content up to the next such
+//! line.
 #![no_main]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,7 +21,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use interceptor_api::{
     Backend, InterceptionConfig, NetnsCookie,
     records::{
-        self, Found, NotRestored, PodBackend, PodRecord, Restore, Then, leftovers, restore_step,
+        self, Found, NotRestored, PodBackend, PodRecord, Restore, Then, leftovers_after_restore,
+        take_back,
     },
 };
 use libfuzzer_sys::fuzz_target;
@@ -39,8 +43,19 @@ enum Mode {
     Plain,
 }
 
+/// What the agent finds of one record's pod's namespace, as the input says.
+#[derive(Clone)]
+enum Namespace {
+    /// There, with this key, read (or not).
+    There {
+        key: Option<NetnsCookie>,
+        read: bool,
+    },
+    Gone,
+}
+
 /// What the kernel makes of one record's pod, as the input says.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Outcome {
     Ok,
     Refused,
@@ -49,7 +64,7 @@ enum Outcome {
 
 struct File {
     content: String,
-    found: Option<Found>,
+    namespace: Namespace,
     outcome: Outcome,
 }
 
@@ -69,16 +84,22 @@ fuzz_target!(|data: &[u8]| {
             let name = words.next().unwrap_or_default();
             let mut file = File {
                 content: String::new(),
-                found: None,
+                namespace: Namespace::There {
+                    key: None,
+                    read: true,
+                },
                 outcome: Outcome::Ok,
             };
             for word in words {
                 match word.split_once('=') {
-                    Some(("found", "gone")) => {
-                        file.found = Some(Found::Gone("no such file".into()))
-                    }
-                    Some(("found", n)) => {
-                        file.found = n.parse().ok().map(|n| Found::Key(NetnsCookie(n)));
+                    Some(("found", "gone")) => file.namespace = Namespace::Gone,
+                    Some(("found", found)) => {
+                        let (read, key) = match found.strip_prefix("unread") {
+                            Some(key) => (false, key.strip_prefix(':').unwrap_or(key)),
+                            None => (true, found),
+                        };
+                        let key = key.parse().ok().map(NetnsCookie);
+                        file.namespace = Namespace::There { key, read };
                     }
                     Some(("outcome", "refused")) => file.outcome = Outcome::Refused,
                     Some(("outcome", "kept")) => file.outcome = Outcome::Kept,
@@ -145,74 +166,93 @@ fuzz_target!(|data: &[u8]| {
     let mut forgotten = BTreeSet::new();
     for (record, file) in &loaded {
         let cookie = record.netns_cookie;
-        let found = file.found.clone().unwrap_or(Found::Key(cookie));
-        let result = match restore_step(record, agent, found.clone()) {
-            Ok(how) => {
-                assert_eq!(
-                    found,
-                    Found::Key(cookie),
-                    "only a pod whose namespace is its own"
-                );
-                match (agent, how) {
-                    (Backend::Ebpf, Restore::Ebpf { take_over }) => {
-                        assert_eq!(take_over, record.backend.kind() == Backend::Iptables);
-                    }
-                    (Backend::Iptables, Restore::Iptables { recorded }) => {
-                        let chains = match &record.backend {
-                            PodBackend::Iptables(chains) => Some(chains),
-                            PodBackend::Ebpf => None,
-                        };
-                        assert_eq!(recorded, chains, "the chains compared are those recorded");
-                    }
-                    (agent, how) => panic!("an agent of {agent} restores as {how:?}"),
-                }
-                match (agent, file.outcome) {
-                    (_, Outcome::Ok) => Ok(()),
-                    // The maps refuse a pod; writing chains that fail keeps it as it was.
-                    (Backend::Ebpf, _) => Err(NotRestored::Refused("the maps are full".into())),
-                    (Backend::Iptables, _) => Err(NotRestored::Kept("iptables failed".into())),
-                }
-            }
-            Err(not) => {
-                assert!(matches!(not, NotRestored::Gone(_)), "{not:?}");
-                assert_ne!(
-                    found,
-                    Found::Key(cookie),
-                    "a pod whose namespace is its own"
-                );
-                Err(not)
-            }
+        let found = match &file.namespace {
+            Namespace::Gone => Found::Gone("no such file".into()),
+            Namespace::There { key, read: true } => Found::Key(key.unwrap_or(cookie)),
+            Namespace::There { key, read: false } => Found::Unread {
+                key: key.unwrap_or(cookie),
+                why: "RTM_GETROUTE: No buffer space available".into(),
+            },
         };
-        match result.map_err(|not| (not.clone(), not.then(migrating))) {
+        let its_own = match &found {
+            Found::Key(key) | Found::Unread { key, .. } => *key == cookie,
+            Found::Gone(_) => false,
+        };
+        let unread = matches!(found, Found::Unread { .. });
+        let mut applied = false;
+        let result = take_back(record, agent, found, migrating, |how| {
+            applied = true;
+            match (agent, how) {
+                (Backend::Ebpf, Restore::Ebpf { take_over }) => {
+                    assert_eq!(take_over, record.backend.kind() == Backend::Iptables);
+                }
+                (Backend::Iptables, Restore::Iptables { recorded }) => {
+                    let chains = match &record.backend {
+                        PodBackend::Iptables(chains) => Some(chains),
+                        PodBackend::Ebpf => None,
+                    };
+                    assert_eq!(recorded, chains, "the chains compared are those recorded");
+                }
+                (agent, how) => panic!("an agent of {agent} restores as {how:?}"),
+            }
+            match (agent, file.outcome) {
+                (_, Outcome::Ok) => Ok(()),
+                // The maps refuse a pod; writing chains that fail keeps it as it was.
+                (Backend::Ebpf, _) => Err(NotRestored::Refused("the maps are full".into())),
+                (Backend::Iptables, _) => Err(NotRestored::Kept("iptables failed".into())),
+            }
+        });
+        assert_eq!(
+            applied, its_own,
+            "only a pod whose namespace is its own is taken back"
+        );
+        match result {
             Ok(()) => {
                 registered.insert(cookie);
             }
-            Err((not, Then::Abort(why))) => {
-                assert!(migrating && matches!(not, NotRestored::Refused(_)));
+            Err(Then::Abort(why)) => {
+                assert!(migrating && its_own && agent == Backend::Ebpf);
+                assert_ne!(file.outcome, Outcome::Ok);
                 assert!(!why.is_empty());
                 // The start-up stops: nothing is switched, nothing removed.
                 return;
             }
-            Err((not, Then::Keep(_))) => assert!(matches!(not, NotRestored::Kept(_))),
-            Err((not, Then::Forget(why))) => {
-                assert!(
-                    !matches!(not, NotRestored::Kept(_)),
-                    "a kept pod is not forgotten"
-                );
+            Err(Then::Keep(why)) => {
+                assert!(its_own, "only a pod whose namespace is there is kept");
+                assert!(!why.is_empty(), "a kept pod says why");
+            }
+            Err(Then::Forget(why)) => {
                 assert!(!why.is_empty(), "a forgotten pod says why");
+                // A namespace that is there but could not be read never passes for gone,
+                // whatever the backend makes of the pod.
+                assert!(
+                    !(its_own && unread),
+                    "a pod whose namespace is there is not forgotten: {why}"
+                );
+                assert!(
+                    !its_own || (agent == Backend::Ebpf && file.outcome != Outcome::Ok),
+                    "a pod whose namespace is its own is forgotten only when the maps refuse it"
+                );
                 forgotten.insert(cookie);
             }
         }
     }
     assert!(registered.is_disjoint(&forgotten));
-    let left = leftovers(in_maps.iter().copied(), |c| registered.contains(&c));
-    assert!(
-        left.is_disjoint(&registered),
-        "a restored pod's entries stay"
+    // Records left: those of pods not forgotten.
+    let recorded: BTreeSet<NetnsCookie> = cookies.difference(&forgotten).copied().collect();
+    let left = leftovers_after_restore(
+        in_maps.iter().copied(),
+        |c| registered.contains(&c),
+        &recorded,
     );
     for cookie in &in_maps {
-        assert_eq!(left.contains(cookie), !registered.contains(cookie));
+        assert_eq!(
+            left.contains(cookie),
+            !recorded.contains(cookie) && !registered.contains(cookie),
+            "what the maps hold of a pod with a record stays; of one without, goes"
+        );
     }
+    assert!(left.iter().all(|c| in_maps.contains(c)));
 });
 
 /// A record's configuration is valid: it survives its JSON form and proxy-init's flags.

@@ -282,6 +282,46 @@ pub fn restore_step<C>(
     })
 }
 
+/// What a restarted agent does with one record's pod: how it takes it back given what it
+/// `found` of its namespace ([`restore_step`]), then `apply` (the backend's work), and what
+/// becomes of a pod not restored ([`NotRestored::then`]), as `Agent::restore` does for each
+/// record. A pod whose namespace is there but could not be read ([`Found::Unread`]) is never
+/// forgotten for the backend's refusal ([`NotRestored::unread`]).
+pub fn take_back<'a, C, T>(
+    record: &'a PodRecord<C>,
+    agent: Backend,
+    found: Found,
+    migrating: bool,
+    apply: impl FnOnce(Restore<'a, C>) -> Result<T, NotRestored>,
+) -> Result<T, Then> {
+    let unread = match &found {
+        Found::Unread { why, .. } => Some(why.clone()),
+        Found::Key(_) | Found::Gone(_) => None,
+    };
+    restore_step(record, agent, found)
+        .and_then(|how| {
+            apply(how).map_err(|not| match &unread {
+                Some(why) => not.unread(why, migrating),
+                None => not,
+            })
+        })
+        .map_err(|not| not.then(migrating))
+}
+
+/// What the maps or the pins hold (`in_maps`) of pods with neither a registration nor a record,
+/// once the records are restored: their leftovers are removed. A pod left as it was
+/// ([`Then::Keep`]) has a record and is not registered: what the maps hold of it keeps it
+/// intercepted, and stays.
+pub fn leftovers_after_restore(
+    in_maps: impl IntoIterator<Item = NetnsCookie>,
+    registered: impl Fn(NetnsCookie) -> bool,
+    recorded: &BTreeSet<NetnsCookie>,
+) -> BTreeSet<NetnsCookie> {
+    leftovers(in_maps, |cookie| {
+        registered(cookie) || recorded.contains(&cookie)
+    })
+}
+
 /// The pods the maps or the pins hold something of (`in_maps`) that are not registered: a
 /// registration or a removal cut short. Their leftovers are removed.
 pub fn leftovers(

@@ -240,3 +240,67 @@ fn a_second_record_of_a_pod_under_another_file_name_is_not_read() {
         "{other:?}"
     );
 }
+
+/// `take_back`, as `Agent::restore` calls it: the backend's refusal of a pod whose namespace is
+/// there but unread keeps the pod; of one read, forgets it; a gone pod never reaches the backend;
+/// what the maps hold of a kept pod (a record, no registration) is no leftover.
+#[test]
+fn take_back_keeps_an_unread_pod_the_backend_refuses() {
+    let ebpf = record(1, PodBackend::Ebpf);
+    let refuse = |_: Restore<'_, serde_json::Value>| -> Result<(), NotRestored> {
+        Err(NotRestored::Refused("the maps are full".into()))
+    };
+    let unread = Found::Unread {
+        key: NetnsCookie(1),
+        why: "RTM_GETADDR: No buffer space available".into(),
+    };
+    assert!(matches!(
+        take_back(&ebpf, Backend::Ebpf, unread.clone(), false, refuse),
+        Err(Then::Keep(why)) if why.contains("RTM_GETADDR")
+    ));
+    assert!(matches!(
+        take_back(&ebpf, Backend::Ebpf, unread, true, refuse),
+        Err(Then::Abort(_))
+    ));
+    assert!(matches!(
+        take_back(
+            &ebpf,
+            Backend::Ebpf,
+            Found::Key(NetnsCookie(1)),
+            false,
+            refuse
+        ),
+        Err(Then::Forget(_))
+    ));
+    let gone = Found::Gone("no such file".into());
+    assert!(matches!(
+        take_back(
+            &ebpf,
+            Backend::Ebpf,
+            gone,
+            false,
+            |_| -> Result<(), NotRestored> { panic!("a gone pod reaches the backend") }
+        ),
+        Err(Then::Forget(_))
+    ));
+    assert_eq!(
+        take_back(
+            &ebpf,
+            Backend::Ebpf,
+            Found::Key(NetnsCookie(1)),
+            false,
+            |how| {
+                assert_eq!(how, Restore::Ebpf { take_over: false });
+                Ok(7)
+            }
+        ),
+        Ok(7)
+    );
+    let recorded = BTreeSet::from([NetnsCookie(1)]);
+    let left = leftovers_after_restore(
+        [NetnsCookie(1), NetnsCookie(2), NetnsCookie(3)],
+        |c| c == NetnsCookie(3),
+        &recorded,
+    );
+    assert_eq!(left, BTreeSet::from([NetnsCookie(2)]));
+}

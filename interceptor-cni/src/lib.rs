@@ -74,8 +74,68 @@ fn error(code: u32, msg: impl Into<String>, details: impl Into<String>) -> CniEr
     }
 }
 
-/// What the runtime gives the plugin.
-struct Invocation {
+/// What the plugin talks to on its node: the agent's API at a socket, and its log file. The
+/// plugin's binary has [`Host`]; the `cni_commands` fuzz target plays both.
+pub trait Node {
+    /// A request to the agent at `socket` (`interceptor_api::call_within`).
+    fn call(
+        &self,
+        socket: &Path,
+        request: &Request,
+        deadline: Duration,
+    ) -> Result<Vec<PodInfo>, ClientError>;
+    /// The agent's view of a pod's Kubernetes object (`interceptor_api::pod_annotations`).
+    fn pod_annotations(
+        &self,
+        socket: &Path,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+        deadline: Duration,
+    ) -> Result<KubePod, ClientError>;
+    /// Appends `line` to the log file `file`; a log that cannot be written never fails the
+    /// command.
+    fn log(&self, file: &Path, line: &str);
+}
+
+/// The node the plugin's binary runs on.
+pub struct Host;
+
+impl Node for Host {
+    fn call(
+        &self,
+        socket: &Path,
+        request: &Request,
+        deadline: Duration,
+    ) -> Result<Vec<PodInfo>, ClientError> {
+        interceptor_api::call_within(socket, request, deadline)
+    }
+
+    fn pod_annotations(
+        &self,
+        socket: &Path,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+        deadline: Duration,
+    ) -> Result<KubePod, ClientError> {
+        interceptor_api::pod_annotations(socket, namespace, name, uid, deadline)
+    }
+
+    fn log(&self, file: &Path, line: &str) {
+        if let Ok(mut file) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(file)
+        {
+            let _ = writeln!(file, "{line}");
+        }
+    }
+}
+
+/// What the runtime gives the plugin, and the node it runs on.
+struct Invocation<'a> {
+    node: &'a dyn Node,
     container_id: String,
     netns: Option<PathBuf>,
     cni_args: BTreeMap<String, String>,
@@ -94,7 +154,7 @@ pub fn main() -> ExitCode {
     let result = std::io::stdin()
         .read_to_end(&mut stdin)
         .map_err(|e| error(code::IO_FAILURE, "reading the configuration", e.to_string()))
-        .and_then(|_| run(&command, &stdin));
+        .and_then(|_| run(&command, |name| std::env::var(name).ok(), &stdin, &Host));
     match result {
         Ok(Some(output)) => {
             println!("{output}");
@@ -115,14 +175,21 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Runs one command; `Some(json)` is what goes to stdout.
-fn run(command: &str, stdin: &[u8]) -> Result<Option<String>, CniError> {
+/// Runs one command with the runtime's environment (`env`, read by name) and configuration
+/// (`stdin`) on `node`; `Some(json)` is what goes to stdout. The plugin's binary runs it on
+/// [`Host`]; the `cni_commands` fuzz target on a node its input plays.
+pub fn run(
+    command: &str,
+    env: impl Fn(&str) -> Option<String>,
+    stdin: &[u8],
+    node: &dyn Node,
+) -> Result<Option<String>, CniError> {
     if command == "VERSION" {
         return Ok(Some(
             json!({ "cniVersion": "1.1.0", "supportedVersions": SUPPORTED_VERSIONS }).to_string(),
         ));
     }
-    let invocation = invocation(stdin, |name| std::env::var(name).ok())?;
+    let invocation = invocation(stdin, env, node)?;
     let log = Log::new(&invocation);
     let result = match command {
         "ADD" => add(&invocation, &log),
@@ -148,7 +215,11 @@ fn run(command: &str, stdin: &[u8]) -> Result<Option<String>, CniError> {
 
 /// The runtime's configuration (`stdin`) and environment (`env`, read by name) as one
 /// invocation: the configuration decoded and its version checked, `CNI_ARGS` parsed.
-fn invocation(stdin: &[u8], env: impl Fn(&str) -> Option<String>) -> Result<Invocation, CniError> {
+fn invocation<'a>(
+    stdin: &[u8],
+    env: impl Fn(&str) -> Option<String>,
+    node: &'a dyn Node,
+) -> Result<Invocation<'a>, CniError> {
     let conf: NetConf = serde_json::from_slice(stdin).map_err(|e| {
         error(
             code::DECODE_FAILURE,
@@ -165,6 +236,7 @@ fn invocation(stdin: &[u8], env: impl Fn(&str) -> Option<String>) -> Result<Invo
     }
     let env = |name: &str| env(name).filter(|v| !v.is_empty());
     Ok(Invocation {
+        node,
         container_id: env("CNI_CONTAINERID").unwrap_or_default(),
         netns: env("CNI_NETNS").map(PathBuf::from),
         cni_args: parse_cni_args(&env("CNI_ARGS").unwrap_or_default())
@@ -182,7 +254,8 @@ pub fn add_decision(
     stdin: &[u8],
     agent: impl Fn(AgentLookup) -> Result<KubePod, CniError>,
 ) -> Result<(Option<Request>, String), CniError> {
-    let inv = invocation(stdin, env)?;
+    // The agent is asked through `agent`: nothing is sent, and nothing logged.
+    let inv = invocation(stdin, env, &Host)?;
     let netns = require_netns(&inv)?;
     let request = match plan_with(&inv, agent)? {
         Plan::Mesh(settings) if settings.simulate => None,
@@ -208,7 +281,7 @@ fn socket(inv: &Invocation) -> PathBuf {
         .unwrap_or_else(|| config::DEFAULT_AGENT_SOCKET.into())
 }
 
-fn require_netns(inv: &Invocation) -> Result<&Path, CniError> {
+fn require_netns<'a>(inv: &'a Invocation) -> Result<&'a Path, CniError> {
     inv.netns
         .as_deref()
         .ok_or_else(|| error(code::INVALID_ENV, "CNI_NETNS is not set", ""))
@@ -293,28 +366,29 @@ fn look_up(inv: &Invocation) -> Result<KubePod, CniError> {
             ),
         ));
     };
-    interceptor_api::pod_annotations(
-        &socket(inv),
-        namespace,
-        name,
-        uid,
-        deadline::POD_ANNOTATIONS,
-    )
-    .map_err(|e| match e {
-        ClientError::Refused {
-            kind: ErrorKind::Unavailable | ErrorKind::NoKubernetes,
-            message,
-        } => error(
-            code::TRY_AGAIN_LATER,
-            "the runtime passed no pod annotations and the Kubernetes API could not give them: \
+    inv.node
+        .pod_annotations(
+            &socket(inv),
+            namespace,
+            name,
+            uid,
+            deadline::POD_ANNOTATIONS,
+        )
+        .map_err(|e| match e {
+            ClientError::Refused {
+                kind: ErrorKind::Unavailable | ErrorKind::NoKubernetes,
+                message,
+            } => error(
+                code::TRY_AGAIN_LATER,
+                "the runtime passed no pod annotations and the Kubernetes API could not give them: \
              cannot tell whether Linkerd injected the pod; try again later",
-            format!(
-                "{message}; or declare the capability {{\"{POD_ANNOTATIONS}\": true}} in the \
+                format!(
+                    "{message}; or declare the capability {{\"{POD_ANNOTATIONS}\": true}} in the \
                  plugin's conflist entry (interceptor cni install does)"
+                ),
             ),
-        ),
-        e => agent_error(e),
-    })
+            e => agent_error(e),
+        })
 }
 
 /// Whether an injected pod whose annotations the runtime passed is one of Linkerd's control
@@ -327,7 +401,7 @@ fn control_plane(inv: &Invocation) -> Result<KubePod, CniError> {
     let Some((namespace, name, uid)) = kubernetes_pod(inv) else {
         return Ok(KubePod::default());
     };
-    match interceptor_api::pod_annotations(
+    match inv.node.pod_annotations(
         &socket(inv),
         namespace,
         name,
@@ -353,7 +427,7 @@ fn control_plane(inv: &Invocation) -> Result<KubePod, CniError> {
 }
 
 /// The Kubernetes pod `CNI_ARGS` names: namespace, name and UID if given.
-fn kubernetes_pod(inv: &Invocation) -> Option<(&str, &str, Option<&str>)> {
+fn kubernetes_pod<'a>(inv: &'a Invocation) -> Option<(&'a str, &'a str, Option<&'a str>)> {
     let arg = |key: &str| {
         inv.cni_args
             .get(key)
@@ -438,7 +512,7 @@ fn skip(inv: &Invocation, log: &Log, reason: SkipReason) {
         meta.name.as_deref().unwrap_or("-"),
     ));
     let request = skipped(inv, reason);
-    if let Err(e) = interceptor_api::call_within(&socket(inv), &request, deadline::SKIPPED) {
+    if let Err(e) = inv.node.call(&socket(inv), &request, deadline::SKIPPED) {
         log.write(&format!("ADD: the agent was not told: {e}"));
     }
 }
@@ -504,7 +578,7 @@ fn register(
         // The first attempt has the whole deadline, as any other request's.
         let (mut within, mut attempt) = (deadline::REGISTER, 1);
         loop {
-            match interceptor_api::call_within(&socket(inv), &request, within) {
+            match inv.node.call(&socket(inv), &request, within) {
                 Err(ClientError::Refused {
                     kind: ErrorKind::Unavailable,
                     message,
@@ -530,7 +604,7 @@ fn register(
 
 /// The agent's pods, or `None` when the agent cannot be reached.
 fn pods(inv: &Invocation) -> Result<Option<Vec<PodInfo>>, CniError> {
-    match interceptor_api::call_within(&socket(inv), &Request::List, deadline::QUERY) {
+    match inv.node.call(&socket(inv), &Request::List, deadline::QUERY) {
         Ok(pods) => Ok(Some(pods)),
         Err(ClientError::Unreachable { .. }) => Ok(None),
         Err(e) => Err(agent_error(e)),
@@ -554,7 +628,7 @@ fn del(inv: &Invocation, log: &Log) -> Result<(), CniError> {
         log.write("DEL: no such pod registered: nothing to do");
         return Ok(());
     };
-    match interceptor_api::call_within(
+    match inv.node.call(
         &socket(inv),
         &Request::Remove {
             netns: netns.clone(),
@@ -577,24 +651,26 @@ fn check(inv: &Invocation) -> Result<(), CniError> {
         Plan::Mesh(settings) if !settings.simulate => settings,
         Plan::Mesh(_) | Plan::Skip(_) => return Ok(()),
     };
-    let pods = interceptor_api::call_within(
-        &socket(inv),
-        &Request::Get {
-            netns: netns.to_owned(),
-        },
-        deadline::QUERY,
-    )
-    .map_err(|e| match e {
-        ClientError::Refused {
-            kind: ErrorKind::UnknownNetns,
-            message,
-        } => error(
-            code::NOT_REGISTERED,
-            "the pod is not registered with the interceptor agent",
-            message,
-        ),
-        e => agent_error(e),
-    })?;
+    let pods = inv
+        .node
+        .call(
+            &socket(inv),
+            &Request::Get {
+                netns: netns.to_owned(),
+            },
+            deadline::QUERY,
+        )
+        .map_err(|e| match e {
+            ClientError::Refused {
+                kind: ErrorKind::UnknownNetns,
+                message,
+            } => error(
+                code::NOT_REGISTERED,
+                "the pod is not registered with the interceptor agent",
+                message,
+            ),
+            e => agent_error(e),
+        })?;
     match pods.first() {
         // Compared as configurations: an equivalent one spelled differently is the same.
         Some(pod) if pod.config == settings.config => Ok(()),
@@ -620,7 +696,10 @@ fn check(inv: &Invocation) -> Result<(), CniError> {
 fn status(inv: &Invocation, log: &Log) -> Result<(), CniError> {
     settings(inv)?;
     selection(inv)?;
-    if let Err(e) = interceptor_api::call_within(&socket(inv), &Request::List, deadline::STATUS) {
+    if let Err(e) = inv
+        .node
+        .call(&socket(inv), &Request::List, deadline::STATUS)
+    {
         log.write(&format!(
             "STATUS: ready, but the agent does not answer: pods Linkerd injected wait (ADD \
              answers 11) until it does; other pods start: {e}"
@@ -646,14 +725,15 @@ fn gc(inv: &Invocation, log: &Log) -> Result<(), CniError> {
             continue;
         };
         if !valid.contains(&container) {
-            interceptor_api::call_within(
-                &socket(inv),
-                &Request::Remove {
-                    netns: pod.netns.clone(),
-                },
-                deadline::QUERY,
-            )
-            .map_err(agent_error)?;
+            inv.node
+                .call(
+                    &socket(inv),
+                    &Request::Remove {
+                        netns: pod.netns.clone(),
+                    },
+                    deadline::QUERY,
+                )
+                .map_err(agent_error)?;
             log.write(&format!(
                 "GC: {} (container {container}) removed",
                 pod.netns.display()
@@ -663,15 +743,17 @@ fn gc(inv: &Invocation, log: &Log) -> Result<(), CniError> {
     Ok(())
 }
 
-/// Appends lines to the log file; a log that cannot be written never fails the command.
-struct Log {
+/// Lines for the log file, through the invocation's node.
+struct Log<'a> {
+    node: &'a dyn Node,
     path: PathBuf,
     prefix: String,
 }
 
-impl Log {
-    fn new(inv: &Invocation) -> Self {
+impl<'a> Log<'a> {
+    fn new(inv: &Invocation<'a>) -> Self {
         Self {
+            node: inv.node,
             path: inv
                 .conf
                 .log_file
@@ -689,12 +771,7 @@ impl Log {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        if let Ok(mut file) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.path)
-        {
-            let _ = writeln!(file, "{now:.3} {} {line}", self.prefix);
-        }
+        self.node
+            .log(&self.path, &format!("{now:.3} {} {line}", self.prefix));
     }
 }

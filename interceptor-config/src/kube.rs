@@ -186,6 +186,44 @@ impl KubePod {
             namespace_annotations,
         }
     }
+
+    /// The agent's answer about a pod ([`Self::from_facts`]), each lookup made only when its
+    /// facts need it, so that a pod that will not be meshed is never held up by the API: its
+    /// namespace's annotations (`namespace`), whose error fails the answer; the API server's
+    /// ports (`service`, the `kubernetes` Service's), 443 and 6443 when it has none or cannot be
+    /// read, as linkerd-cni falls back, and `fell_back` is told why.
+    pub async fn complete<N, S>(
+        facts: PodFacts,
+        namespace: impl FnOnce() -> N,
+        service: impl FnOnce() -> S,
+        fell_back: impl FnOnce(&str),
+    ) -> Result<Self, String>
+    where
+        N: Future<Output = Result<BTreeMap<String, String>, String>>,
+        S: Future<Output = Result<Vec<u16>, String>>,
+    {
+        let namespace_annotations = if facts.needs_namespace() {
+            namespace().await?
+        } else {
+            BTreeMap::new()
+        };
+        let api_server_ports = if facts.needs_api_server_ports() {
+            match service().await {
+                Ok(ports) if !ports.is_empty() => ports,
+                read => {
+                    fell_back(&read.err().unwrap_or_else(|| "it has no ports".into()));
+                    annotations::DEFAULT_API_SERVER_PORTS.to_vec()
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        Ok(Self::from_facts(
+            facts,
+            namespace_annotations,
+            api_server_ports,
+        ))
+    }
 }
 
 /// What the agent keeps of a pod of its node: a node runs hundreds, so nothing else.

@@ -152,3 +152,72 @@ fn the_api_servers_ports_are_its_ports_and_numeric_target_ports() {
     assert_eq!(service.api_server_ports(), [443, 6443, 8443]);
     assert!(Service::default().api_server_ports().is_empty());
 }
+
+/// `KubePod::complete`, with lookups that answer at once: one poll.
+fn complete(
+    facts: PodFacts,
+    namespace: Result<BTreeMap<String, String>, String>,
+    service: Result<Vec<u16>, String>,
+) -> (Result<KubePod, String>, [bool; 2], Option<String>) {
+    use std::task::{Context, Poll, Waker};
+    let (mut asked_namespace, mut asked_service, mut fell_back) = (false, false, None);
+    let answer = KubePod::complete(
+        facts,
+        || {
+            asked_namespace = true;
+            std::future::ready(namespace)
+        },
+        || {
+            asked_service = true;
+            std::future::ready(service)
+        },
+        |why: &str| fell_back = Some(why.to_owned()),
+    );
+    let Poll::Ready(answer) = std::pin::pin!(answer).poll(&mut Context::from_waker(Waker::noop()))
+    else {
+        panic!("the lookups answered at once");
+    };
+    (answer, [asked_namespace, asked_service], fell_back)
+}
+
+/// The answer about a pod asks only what its facts need: the namespace for a pod Linkerd
+/// injected (its error fails the answer), the Service for a control-plane pod (443 and 6443
+/// when it cannot be read, saying why).
+#[test]
+fn a_pod_is_completed_with_only_the_lookups_it_needs() {
+    let injected = PodFacts {
+        annotations: BTreeMap::from([(PROXY_VERSION.to_owned(), "stable".to_owned())]),
+        ..PodFacts::default()
+    };
+    let annotations = BTreeMap::from([(
+        format!("{CONFIG_PREFIX}skip-outbound-ports"),
+        "25".to_owned(),
+    )]);
+    let (answer, asked, _) = complete(injected.clone(), Ok(annotations.clone()), Ok(vec![]));
+    assert_eq!(asked, [true, false]);
+    assert_eq!(answer.unwrap().namespace_annotations, annotations);
+    let (answer, _, _) = complete(injected.clone(), Err("no answer".into()), Ok(vec![]));
+    assert_eq!(answer, Err("no answer".into()));
+
+    let control_plane = PodFacts {
+        control_plane_component: Some("destination".into()),
+        ..injected
+    };
+    let (answer, asked, fell_back) =
+        complete(control_plane.clone(), Ok(BTreeMap::new()), Ok(vec![8443]));
+    assert_eq!(asked, [true, true]);
+    assert_eq!(
+        (answer.unwrap().api_server_ports, fell_back),
+        (vec![8443], None)
+    );
+    let (answer, _, fell_back) = complete(control_plane, Ok(BTreeMap::new()), Err("403".into()));
+    assert_eq!(
+        answer.unwrap().api_server_ports,
+        annotations::DEFAULT_API_SERVER_PORTS
+    );
+    assert_eq!(fell_back.as_deref(), Some("403"));
+
+    let (answer, asked, _) = complete(PodFacts::default(), Err("x".into()), Err("x".into()));
+    assert_eq!(asked, [false, false], "a pod not meshed is never held up");
+    assert!(answer.is_ok());
+}

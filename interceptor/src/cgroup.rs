@@ -26,40 +26,7 @@ pub enum CgroupError {
 pub fn cgroup2_root() -> Result<PathBuf, CgroupError> {
     let mountinfo =
         std::fs::read_to_string("/proc/self/mountinfo").map_err(CgroupError::Mountinfo)?;
-    find_cgroup2_mount(&mountinfo).ok_or(CgroupError::NoCgroup2Mount)
-}
-
-/// mountinfo lines: `id parent major:minor root mount-point options... - fstype source super`.
-fn find_cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
-    mountinfo.lines().find_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        if right.split_whitespace().next()? != "cgroup2" {
-            return None;
-        }
-        let mount_point = left.split_whitespace().nth(4)?;
-        Some(PathBuf::from(unescape_mountinfo(mount_point)))
-    })
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let bytes = s.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 4 <= bytes.len()
-            && bytes[i + 1..i + 4].iter().all(u8::is_ascii_digit)
-        {
-            let code = u8::from_str_radix(&s[i + 1..i + 4], 8).unwrap_or(b'?');
-            out.push(code as char);
-            i += 4;
-        } else {
-            out.push(bytes[i] as char);
-            i += 1;
-        }
-    }
-    out
+    interceptor_parse::proc::cgroup2_mount(&mountinfo).ok_or(CgroupError::NoCgroup2Mount)
 }
 
 /// Opens `path` and checks it is a cgroup v2 directory.
@@ -284,19 +251,6 @@ pub fn path_of_id(id: u64) -> Option<PathBuf> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn finds_the_cgroup2_mount_in_a_hybrid_layout() {
-        let mountinfo = "\
-25 30 0:23 / /sys/fs/cgroup rw,nosuid - tmpfs tmpfs ro,mode=755
-26 25 0:24 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw
-27 25 0:25 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
-";
-        assert_eq!(
-            find_cgroup2_mount(mountinfo),
-            Some(PathBuf::from("/sys/fs/cgroup/unified"))
-        );
-    }
-
     /// A directory tree with `dirs` (relative paths) made under a fresh temporary directory,
     /// removed on drop.
     struct Tree(PathBuf);
@@ -477,18 +431,5 @@ mod tests {
             cgroup2_at(&plain),
             Err(CgroupError::NotCgroup2 { path }) if path == plain
         ));
-    }
-
-    #[test]
-    fn unescapes_mount_points() {
-        let mountinfo = "26 25 0:24 / /mnt/my\\040cgroups rw - cgroup2 none rw\n";
-        assert_eq!(
-            find_cgroup2_mount(mountinfo),
-            Some(PathBuf::from("/mnt/my cgroups"))
-        );
-        assert_eq!(
-            find_cgroup2_mount("1 2 0:1 / / rw - ext4 /dev/vda rw\n"),
-            None
-        );
     }
 }

@@ -83,7 +83,8 @@ enum Task {
         #[arg(long, default_value_t = 2.0)]
         minutes: f64,
         /// Only this target (cni, conflist, api_request, proxy_init_flags, annotations,
-        /// pod_record, kube_pod); may be repeated.
+        /// pod_record, kube_pod, id_map, cni_commands, netlink, proc, iptables_save); may be
+        /// repeated.
         #[arg(long = "target")]
         targets: Vec<String>,
     },

@@ -43,10 +43,7 @@ use tokio::{sync::mpsc, time::Instant};
 
 use futures::StreamExt as _;
 use interceptor_config::kube::KubePod;
-use interceptor_config::{
-    annotations::DEFAULT_API_SERVER_PORTS,
-    kube::{self as objects, PodFacts as Facts},
-};
+use interceptor_config::kube::{self as objects, PodFacts as Facts};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use kube::{
     Api, Client,
@@ -247,29 +244,21 @@ impl KubePods {
     }
 
     /// The pod's [`KubePod`] from its facts: for a pod Linkerd injected, its namespace's
-    /// `config.linkerd.io/*` annotations; for a control-plane pod, the API server's ports.
+    /// `config.linkerd.io/*` annotations; for a control-plane pod, the API server's ports
+    /// (`KubePod::complete` decides which it needs, the code the `kube_pod` fuzz target drives).
     async fn complete(
         &self,
         namespace: &str,
         facts: Facts,
         deadline: Instant,
     ) -> Result<KubePod, String> {
-        // Only for a pod that will be meshed: one that is not is never held up by the API.
-        let namespace_annotations = if facts.needs_namespace() {
-            self.namespace_config(namespace, deadline).await?
-        } else {
-            BTreeMap::new()
-        };
-        let api_server_ports = if facts.needs_api_server_ports() {
-            self.api_server_ports().await
-        } else {
-            Vec::new()
-        };
-        Ok(KubePod::from_facts(
+        KubePod::complete(
             facts,
-            namespace_annotations,
-            api_server_ports,
-        ))
+            || self.namespace_config(namespace, deadline),
+            || self.api_server_ports(),
+            |why| warn!(error = %why, "reading the kubernetes Service's ports for a control-plane pod: using 443 and 6443"),
+        )
+        .await
     }
 
     /// The `config.linkerd.io/*` annotations of `namespace`: kept for [`NAMESPACE_TTL`], else
@@ -317,24 +306,14 @@ impl KubePods {
     }
 
     /// The `kubernetes` Service's ports and target ports, as linkerd-cni reads them for a
-    /// control-plane pod; 443 and 6443 when it cannot be read, as linkerd-cni falls back.
-    async fn api_server_ports(&self) -> Vec<u16> {
-        let read = async {
-            let api: Api<Service> = Api::namespaced(self.client.clone()?, "default");
-            let service = tokio::time::timeout(LOOKUP_DEADLINE, api.get("kubernetes"))
-                .await
-                .map_err(|_| "no answer in time".to_owned())?
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>(read_as::<objects::Service>(&service).api_server_ports())
-        };
-        match read.await {
-            Ok(ports) if !ports.is_empty() => ports,
-            answer => {
-                let why = answer.err().unwrap_or_else(|| "it has no ports".into());
-                warn!(error = %why, "reading the kubernetes Service's ports for a control-plane pod: using 443 and 6443");
-                DEFAULT_API_SERVER_PORTS.to_vec()
-            }
-        }
+    /// control-plane pod.
+    async fn api_server_ports(&self) -> Result<Vec<u16>, String> {
+        let api: Api<Service> = Api::namespaced(self.client.clone()?, "default");
+        let service = tokio::time::timeout(LOOKUP_DEADLINE, api.get("kubernetes"))
+            .await
+            .map_err(|_| "no answer in time".to_owned())?
+            .map_err(|e| e.to_string())?;
+        Ok(read_as::<objects::Service>(&service).api_server_ports())
     }
 
     async fn get(

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use super::{
     Agent,
-    api::records::{Found, NotRestored, Then, leftovers, restore_step},
+    api::records::{Found, NotRestored, Then, leftovers, leftovers_after_restore, take_back},
     records::{PodBackend, PodRecord},
     registration::{namespace_id, proxy_ids_on_host, take_over_from_iptables},
     watch::Registering,
@@ -47,11 +47,7 @@ impl Agent {
         for record in self.records.load_all() {
             let cookie = record.netns_cookie;
             let netns = record.netns.clone();
-            // What becomes of a pod not restored: `interceptor_api::records` decides.
-            match self
-                .restore_one(&record, migrating)
-                .map_err(|not| not.then(migrating))
-            {
+            match self.restore_one(&record, migrating) {
                 Ok(registering) => {
                     self.netns_watch.watch(cookie, &netns, registering);
                     crash_point!("restore-pod");
@@ -76,58 +72,58 @@ impl Agent {
     }
 
     /// Restores one pod into the pod table; `migrating`: into new maps, where no pod is yet
-    /// (nothing to repair). Returns its registration with the address listener, to watch it.
+    /// (nothing to repair). Returns its registration with the address listener, to watch it;
+    /// what becomes of a pod not restored is `interceptor_api::records::take_back`'s decision
+    /// (the code the `pod_record` fuzz target drives).
     fn restore_one(
         &mut self,
         record: &PodRecord,
         migrating: bool,
-    ) -> Result<Option<Registering>, NotRestored> {
-        let gone = |e: crate::netns::NetnsError| NotRestored::Gone(e.to_string());
+    ) -> Result<Option<Registering>, Then> {
+        let gone = |e: crate::netns::NetnsError| NotRestored::Gone(e.to_string()).then(migrating);
         let netns = PodNetns::open(&record.netns).map_err(gone)?;
         // Before the read, as a registration does (`registration::add`).
         let registering = namespace_id(&netns).map(|id| self.netns_watch.registering(id));
         // Leniently, as the sweep: a dump that fails in a namespace that is there must not pass
         // for a gone pod (whose entries and record would go).
         let (cookie, local) = (self.pods.lenient_identifier())(&netns).map_err(gone)?;
-        let (found, local, unread) = match local {
-            Ok(local) => (Found::Key(cookie), Some(local), None),
-            Err(e) => {
-                let why = e.to_string();
-                let found = Found::Unread {
+        let (found, local) = match local {
+            Ok(local) => (Found::Key(cookie), Some(local)),
+            Err(e) => (
+                Found::Unread {
                     key: cookie,
-                    why: why.clone(),
-                };
-                (found, None, Some(why))
-            }
-        };
-        // How the pod is taken back, if its namespace is still the recorded one:
-        // `interceptor_api::records` decides.
-        let how = restore_step(record, self.pods.kind(), found)?;
-        let not_restored = |not: NotRestored| match (not, &unread) {
-            // The new maps would not have the pod the backend left as it was: at the switch it
-            // would lose its interception, so the migration stops.
-            (NotRestored::Kept(why), _) if migrating => NotRestored::Refused(why),
-            (not, Some(why)) => not.unread(why, migrating),
-            (not, None) => not,
-        };
-        // As recorded: a namespace's id maps never change once written. An older agent's
-        // record has none; a pod whose maps cannot be read now is left as it was.
-        let host_ids = match record.host_ids {
-            Some(ids) => ids,
-            None => proxy_ids_on_host(&netns, &record.config)
-                .map_err(|(_, why)| NotRestored::Kept(why))?,
+                    why: e.to_string(),
+                },
+                None,
+            ),
         };
         let path = record.netns.display().to_string();
-        if let Some(why) = &unread {
+        if let Found::Unread { why, .. } = &found {
             warn!(netns = %path, netns_cookie = %cookie, error = %why, "restoring the pod with the addresses and local routes in force before the restart: its network namespace is there but could not be read");
         }
-        let repaired = self
-            .pods
-            .restore(record, how, &netns, host_ids, local.as_ref())
-            .map_err(not_restored)?;
-        if let Some(what) = repaired.filter(|_| !migrating) {
-            warn!(netns = %path, netns_cookie = %cookie, "pod restored, repaired: {what}");
-        }
+        let kind = self.pods.kind();
+        take_back(record, kind, found, migrating, |how| {
+            // As recorded: a namespace's id maps never change once written. An older agent's
+            // record has none; a pod whose maps cannot be read now is left as it was.
+            let host_ids = match record.host_ids {
+                Some(ids) => ids,
+                None => proxy_ids_on_host(&netns, &record.config)
+                    .map_err(|(_, why)| NotRestored::Kept(why))?,
+            };
+            let repaired = self
+                .pods
+                .restore(record, how, &netns, host_ids, local.as_ref())
+                .map_err(|not| match not {
+                    // The new maps would not have the pod the backend left as it was: at the
+                    // switch it would lose its interception, so the migration stops.
+                    NotRestored::Kept(why) if migrating => NotRestored::Refused(why),
+                    not => not,
+                })?;
+            if let Some(what) = repaired.filter(|_| !migrating) {
+                warn!(netns = %path, netns_cookie = %cookie, "pod restored, repaired: {what}");
+            }
+            Ok(())
+        })?;
         // What the backend wrote anew (iptables: its chains) goes into the record.
         if let Some(now) = self.pods.record(cookie)
             && now != *record
@@ -190,9 +186,8 @@ impl Agent {
         let Some(ebpf) = self.pods.ebpf_mut() else {
             return;
         };
-        let without_record = leftovers(ebpf.held(&ebpf.census()), |cookie| {
-            ebpf.contains(cookie) || recorded.contains(&cookie)
-        });
+        let without_record =
+            leftovers_after_restore(ebpf.held(&ebpf.census()), |c| ebpf.contains(c), &recorded);
         for cookie in without_record {
             warn!(
                 netns_cookie = %cookie,

@@ -309,7 +309,9 @@ impl<'a> Runner<'a> {
 
     /// Which of our chains and jumps are already there.
     fn existing(&self, save: &str) -> Result<Existing, IptablesError> {
-        Ok(parse_existing(&self.output(save, &["-t", "nat"])?))
+        Ok(interceptor_parse::iptables::existing(
+            &self.output(save, &["-t", "nat"])?,
+        ))
     }
 }
 
@@ -331,22 +333,4 @@ fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt as _;
     path.metadata()
         .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-/// Reads `iptables-save -t nat` output.
-fn parse_existing(save: &str) -> Existing {
-    let jump = |chain: &str, target: &str| {
-        save.lines()
-            .any(|l| l.starts_with(&format!("-A {chain} ")) && l.contains(&format!("-j {target}")))
-    };
-    Existing {
-        redirect_chain: save
-            .lines()
-            .any(|l| l.starts_with(&format!(":{REDIRECT_CHAIN} "))),
-        output_chain: save
-            .lines()
-            .any(|l| l.starts_with(&format!(":{OUTPUT_CHAIN} "))),
-        prerouting_jump: jump("PREROUTING", REDIRECT_CHAIN),
-        output_jump: jump("OUTPUT", OUTPUT_CHAIN),
-    }
 }

@@ -6,8 +6,7 @@ use ipnet::IpNet;
 
 use crate::config::{InterceptionConfig, PortRange, PortSet};
 
-pub const REDIRECT_CHAIN: &str = "PROXY_INIT_REDIRECT";
-pub const OUTPUT_CHAIN: &str = "PROXY_INIT_OUTPUT";
+pub use interceptor_parse::iptables::{Existing, OUTPUT_CHAIN, REDIRECT_CHAIN};
 
 /// iptables' multiport match takes at most 15 port slots; a range takes two.
 const MULTIPORT_SLOTS: usize = 15;
@@ -52,16 +51,6 @@ fn append(chain: &str, mut matches: Vec<String>, target: &[&str], text: &str) ->
 
 fn strings(parts: &[&str]) -> Vec<String> {
     parts.iter().map(|s| (*s).to_owned()).collect()
-}
-
-/// Where the installation stands before it runs: re-running flushes an existing chain instead of
-/// creating it, and never adds a jump twice.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Existing {
-    pub redirect_chain: bool,
-    pub output_chain: bool,
-    pub prerouting_jump: bool,
-    pub output_jump: bool,
 }
 
 /// The commands that install interception for `config` on one address family.

@@ -2,22 +2,18 @@
 //! its own: the request sent, each answer read until `NLMSG_DONE`, what the caller picks from
 //! each message kept. Addresses and routes are read this way.
 //!
-//! A message that does not parse (a kind or attribute this crate's netlink types do not know,
-//! from a newer kernel) is skipped and counted rather than failing the dump: a pod's namespace
-//! must not pass for unreadable because of one message the pick would not have kept anyway.
+//! The datagrams are parsed by `interceptor_parse::netlink` (which the `netlink` fuzz target
+//! drives): a message that does not parse is skipped and counted there, not a failed dump.
 use std::{
     io,
     os::fd::{AsFd as _, OwnedFd},
     sync::atomic::{AtomicU64, Ordering},
 };
 
+use interceptor_parse::netlink;
 use interceptor_sys::netns::{recv, route_socket, send};
-use netlink_packet_core::{
-    NLM_F_DUMP, NLM_F_REQUEST, NLMSG_ALIGNTO, NetlinkBuffer, NetlinkHeader, NetlinkMessage,
-    NetlinkPayload,
-};
+use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage};
 use netlink_packet_route::RouteNetlinkMessage;
-use tracing::warn;
 
 use crate::crash_points::fault;
 
@@ -50,18 +46,12 @@ impl Dump {
     }
 }
 
-/// Dumps that failed since the process started, by [`Dump`]; messages skipped.
+/// Dumps that failed since the process started, by [`Dump`].
 static FAILED: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
-static SKIPPED: AtomicU64 = AtomicU64::new(0);
 
 /// How many dumps of `what` failed since the process started.
 pub fn failures(what: Dump) -> u64 {
     FAILED[what as usize].load(Ordering::Relaxed)
-}
-
-/// How many messages of dumps did not parse and were skipped since the process started.
-pub fn skipped() -> u64 {
-    SKIPPED.load(Ordering::Relaxed)
 }
 
 /// Sends `request` as a dump and returns what `pick` takes from the messages of the answer.
@@ -80,15 +70,15 @@ pub(super) fn dump<T>(
 
         let mut picked = Vec::new();
         let mut buf = vec![0u8; 32 * 1024];
-        let mut unknown = fault!("netns-dump-unknown-message").then(unknown_message);
+        let mut unknown = fault!("netns-dump-unknown-message").then(netlink::unknown_message);
         loop {
             let n = recv(fd.as_fd(), &mut buf)?;
             let done = match unknown.take() {
                 Some(mut datagram) => {
                     datagram.extend_from_slice(&buf[..n]);
-                    parse(&datagram, &mut picked, &mut pick)?
+                    netlink::parse_dump(&datagram, &mut picked, &mut pick)?
                 }
-                None => parse(&buf[..n], &mut picked, &mut pick)?,
+                None => netlink::parse_dump(&buf[..n], &mut picked, &mut pick)?,
             };
             if done {
                 return Ok(picked);
@@ -99,20 +89,6 @@ pub(super) fn dump<T>(
         FAILED[what as usize].fetch_add(1, Ordering::Relaxed);
     }
     dumped
-}
-
-/// A message of a kind no kernel sends yet (`RTM_*` types end far below it), as a newer kernel's
-/// would look to this crate: for the fault tests and the parser's.
-pub(super) fn unknown_message() -> Vec<u8> {
-    const LEN: u32 = 20;
-    let mut bytes = Vec::with_capacity(LEN as usize);
-    bytes.extend_from_slice(&LEN.to_ne_bytes());
-    bytes.extend_from_slice(&0x3ffu16.to_ne_bytes());
-    bytes.extend_from_slice(&(libc::NLM_F_MULTI as u16).to_ne_bytes());
-    bytes.extend_from_slice(&1u32.to_ne_bytes());
-    bytes.extend_from_slice(&0u32.to_ne_bytes());
-    bytes.extend_from_slice(&[0; 4]);
-    bytes
 }
 
 /// Sends one request on `socket`, with `flags` beside `NLM_F_REQUEST`, as sequence number 1.
@@ -129,35 +105,4 @@ pub(super) fn send_request(
     let mut datagram = vec![0u8; message.buffer_len()];
     message.serialize(&mut datagram);
     send(socket.as_fd(), &datagram).map(drop)
-}
-
-/// Parses one datagram of a dump, keeping what `pick` takes; true once the dump is done. Bytes
-/// too few for a message header are ignored, as the kernel's `NLMSG_OK` does. A message whose
-/// header holds but whose content does not parse is skipped and counted; a header whose length
-/// does not fit the datagram leaves nothing after it readable, and fails the dump.
-pub(super) fn parse<T>(
-    mut data: &[u8],
-    picked: &mut Vec<T>,
-    pick: &mut impl FnMut(RouteNetlinkMessage) -> Option<T>,
-) -> io::Result<bool> {
-    while data.len() >= size_of::<libc::nlmsghdr>() {
-        let header = NetlinkBuffer::new_checked(data)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        let (length, kind) = (header.length(), header.message_type());
-        let len = (length as usize).next_multiple_of(NLMSG_ALIGNTO.into());
-        match NetlinkMessage::<RouteNetlinkMessage>::deserialize(data) {
-            Ok(message) => match message.payload {
-                NetlinkPayload::Done(_) => return Ok(true),
-                NetlinkPayload::Error(e) => return Err(e.to_io()),
-                NetlinkPayload::InnerMessage(inner) => picked.extend(pick(inner)),
-                _ => {}
-            },
-            Err(error) => {
-                SKIPPED.fetch_add(1, Ordering::Relaxed);
-                warn!(message_type = kind, length, %error, "skipped a netlink message that does not parse");
-            }
-        }
-        data = data.get(len..).unwrap_or_default();
-    }
-    Ok(false)
 }

@@ -10,9 +10,6 @@ use std::{collections::HashSet, fs, os::fd::OwnedFd, os::unix::fs::MetadataExt a
 
 use super::PodNetns;
 
-/// `TCP_LISTEN` in /proc/net/tcp's `st` column.
-const TCP_LISTEN: &str = "0A";
-
 /// A listening socket found in a pod, and whether it is an IPv6 (`AF_INET6`) one.
 pub struct Listening {
     pub socket: OwnedFd,
@@ -100,12 +97,7 @@ fn steal_socket(proc_dir: &Path, pid: i32, inodes: &HashSet<u64>) -> Option<Owne
         let Ok(link) = fs::read_link(fd.path()) else {
             continue;
         };
-        let inode = link.to_str().and_then(|l| {
-            l.strip_prefix("socket:[")?
-                .strip_suffix(']')?
-                .parse::<u64>()
-                .ok()
-        });
+        let inode = interceptor_parse::proc::socket_inode(&link);
         if inode.is_some_and(|i| inodes.contains(&i))
             && let Some(fd_num) = fd.file_name().to_str().and_then(|n| n.parse().ok())
             && let Ok(dup) = interceptor_sys::duplicate_fd_of(pid, fd_num)
@@ -119,27 +111,8 @@ fn steal_socket(proc_dir: &Path, pid: i32, inodes: &HashSet<u64>) -> Option<Owne
 /// Inodes of sockets listening on `port` in the namespace of `proc_dir`'s process, from
 /// `net/tcp6` (IPv6 sockets, dual-stack ones included) or `net/tcp`.
 fn listening_inodes(proc_dir: &Path, port: u16, ipv6: bool) -> HashSet<u64> {
-    let mut inodes = HashSet::new();
     let table = if ipv6 { "net/tcp6" } else { "net/tcp" };
-    let Ok(text) = fs::read_to_string(proc_dir.join(table)) else {
-        return inodes;
-    };
-    for line in text.lines().skip(1) {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
-        let (Some(local), Some(state), Some(inode)) = (fields.get(1), fields.get(3), fields.get(9))
-        else {
-            continue;
-        };
-        let local_port = local
-            .rsplit_once(':')
-            .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
-        if *state == TCP_LISTEN
-            && local_port == Some(port)
-            && let Ok(inode) = inode.parse()
-        {
-            inodes.insert(inode);
-        }
-    }
-    inodes
+    fs::read_to_string(proc_dir.join(table))
+        .map(|text| interceptor_parse::proc::listening_inodes(&text, port))
+        .unwrap_or_default()
 }

@@ -8,7 +8,9 @@ pub mod nsid;
 mod routes;
 mod users;
 
-pub use dump::{Dump, failures as dump_failures, skipped as dump_messages_skipped};
+pub use dump::{Dump, failures as dump_failures};
+/// What a namespace delivers over `lo`, from its address and route dumps.
+pub use interceptor_parse::netlink::{LocalDestinations, skipped as dump_messages_skipped};
 
 use std::{
     fs::File,
@@ -240,46 +242,6 @@ impl PodNetns {
     }
 }
 
-/// What a namespace delivers over `lo` besides loopback (`127.0.0.0/8`, `::1`), which
-/// proxy-init's `-o lo -j RETURN` exempts: its interfaces' addresses, and the prefixes of its
-/// `local` routes that are not one of them (an AnyIP `ip route add local 10.250.64.0/24 dev
-/// lo`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LocalDestinations {
-    /// Sorted, without duplicates.
-    pub addresses: Vec<IpAddr>,
-    /// Sorted, without duplicates.
-    pub routes: Vec<ipnet::IpNet>,
-}
-
-impl LocalDestinations {
-    /// From the address dump and every `local` route: a route to one address of the namespace
-    /// (each address has one) or within loopback adds nothing.
-    pub fn new(mut addresses: Vec<IpAddr>, routes: Vec<ipnet::IpNet>) -> Self {
-        addresses.sort();
-        addresses.dedup();
-        let loopback: [ipnet::IpNet; 2] = [
-            ipnet::Ipv4Net::new(std::net::Ipv4Addr::new(127, 0, 0, 0), 8)
-                .expect("a valid prefix")
-                .into(),
-            ipnet::Ipv6Net::new(std::net::Ipv6Addr::LOCALHOST, 128)
-                .expect("a valid prefix")
-                .into(),
-        ];
-        let mut routes: Vec<ipnet::IpNet> = routes
-            .into_iter()
-            .filter(|net| !loopback.iter().any(|lo| lo.contains(net)))
-            .filter(|net| {
-                net.prefix_len() != net.max_prefix_len()
-                    || addresses.binary_search(&net.addr()).is_err()
-            })
-            .collect();
-        routes.sort();
-        routes.dedup();
-        Self { addresses, routes }
-    }
-}
-
 /// Where runtimes give pods' network namespaces a name that outlives their processes
 /// (containerd and CRI-O bind-mount them there, as `ip netns add` does); `/var/run` is a link to
 /// `/run` on most hosts, not on all.
@@ -374,7 +336,9 @@ impl LocalChanges {
     pub fn wait(&mut self) -> std::io::Result<Change> {
         loop {
             return match interceptor_sys::netns::recv(self.socket.as_fd(), &mut self.buf) {
-                Ok(n) if nsid::changes_local_delivery(&self.buf[..n]) => Ok(Change::Local),
+                Ok(n) if interceptor_parse::netlink::changes_local_delivery(&self.buf[..n]) => {
+                    Ok(Change::Local)
+                }
                 Ok(_) => Ok(Change::Other),
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => Ok(Change::Lost),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,

@@ -8,6 +8,7 @@
 //! namespaces (a socket keeps its namespace alive), and costs one file descriptor per node.
 use std::{io, os::fd::AsFd as _, os::fd::AsRawFd as _, os::fd::OwnedFd};
 
+use interceptor_parse::netlink;
 use interceptor_sys::netns::{listen_all_nsid, recv, recv_with_nsid, route_socket};
 use netlink_packet_core::{NLM_F_ACK, NLM_F_ECHO, NLMSG_ALIGNTO, NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::{
@@ -106,22 +107,6 @@ pub enum Heard {
     Lost,
 }
 
-/// Whether a notification can change what a namespace delivers over lo: an address, or a
-/// `local` route (an AnyIP one, or an address's own). Other route changes (a pod's default
-/// route, say) cannot, and check no pod.
-pub(super) fn changes_local_delivery(datagram: &[u8]) -> bool {
-    // The `rtmsg` after the message header: family, dst_len, src_len, tos, table, protocol,
-    // scope, type.
-    const RTM_TYPE: usize = size_of::<libc::nlmsghdr>() + 7;
-    let kind = datagram.get(4..6).map(|b| u16::from_ne_bytes([b[0], b[1]]));
-    match kind {
-        Some(libc::RTM_NEWROUTE | libc::RTM_DELROUTE) => {
-            datagram.get(RTM_TYPE).copied() == Some(libc::RTN_LOCAL)
-        }
-        _ => true,
-    }
-}
-
 impl AddressChanges {
     pub fn open() -> io::Result<Self> {
         // Routes too: an AnyIP `local` route changes what a pod delivers over lo. The node's
@@ -142,7 +127,9 @@ impl AddressChanges {
     /// Blocks until the next notification.
     pub fn wait(&mut self) -> io::Result<Heard> {
         match recv_with_nsid(self.socket.as_fd(), &mut self.buf) {
-            Ok((n, Some(id))) if changes_local_delivery(&self.buf[..n]) => Ok(Heard::In(id)),
+            Ok((n, Some(id))) if netlink::changes_local_delivery(&self.buf[..n]) => {
+                Ok(Heard::In(id))
+            }
             Ok((_, Some(_))) => Ok(Heard::Elsewhere),
             Ok((_, None)) => Ok(Heard::Elsewhere),
             Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => Ok(Heard::Lost),

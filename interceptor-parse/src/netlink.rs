@@ -1,0 +1,180 @@
+//! rtnetlink, as the agent reads it: the datagrams of a dump (`NLM_F_DUMP`) of a pod's
+//! addresses or routes, what it keeps of each message, what a namespace delivers over `lo`
+//! (its local destinations), and which notifications can change that.
+//!
+//! A message that does not parse (a kind or attribute this crate's netlink types do not know,
+//! from a newer kernel) is skipped and counted rather than failing the dump: a pod's namespace
+//! must not pass for unreadable because of one message the pick would not have kept anyway.
+use std::{
+    io,
+    net::IpAddr,
+    sync::atomic::{AtomicU64, Ordering},
+};
+
+use ipnet::IpNet;
+use netlink_packet_core::{NLMSG_ALIGNTO, NetlinkBuffer, NetlinkMessage, NetlinkPayload};
+use netlink_packet_route::{
+    RouteNetlinkMessage,
+    address::{AddressAttribute, AddressMessage},
+    route::{RouteAddress, RouteAttribute, RouteMessage, RouteType},
+};
+use tracing::warn;
+
+/// Messages of dumps that did not parse and were skipped since the process started.
+static SKIPPED: AtomicU64 = AtomicU64::new(0);
+
+/// How many messages of dumps did not parse and were skipped since the process started.
+pub fn skipped() -> u64 {
+    SKIPPED.load(Ordering::Relaxed)
+}
+
+/// Parses one datagram of a dump, keeping what `pick` takes; true once the dump is done. Bytes
+/// too few for a message header are ignored, as the kernel's `NLMSG_OK` does. A message whose
+/// header holds but whose content does not parse is skipped and counted; a header whose length
+/// does not fit the datagram leaves nothing after it readable, and fails the dump.
+pub fn parse_dump<T>(
+    mut data: &[u8],
+    picked: &mut Vec<T>,
+    pick: &mut impl FnMut(RouteNetlinkMessage) -> Option<T>,
+) -> io::Result<bool> {
+    while data.len() >= size_of::<libc::nlmsghdr>() {
+        let header = NetlinkBuffer::new_checked(data)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let (length, kind) = (header.length(), header.message_type());
+        let len = (length as usize).next_multiple_of(NLMSG_ALIGNTO.into());
+        match NetlinkMessage::<RouteNetlinkMessage>::deserialize(data) {
+            Ok(message) => match message.payload {
+                NetlinkPayload::Done(_) => return Ok(true),
+                NetlinkPayload::Error(e) => return Err(e.to_io()),
+                NetlinkPayload::InnerMessage(inner) => picked.extend(pick(inner)),
+                _ => {}
+            },
+            Err(error) => {
+                SKIPPED.fetch_add(1, Ordering::Relaxed);
+                warn!(message_type = kind, length, %error, "skipped a netlink message that does not parse");
+            }
+        }
+        data = data.get(len..).unwrap_or_default();
+    }
+    Ok(false)
+}
+
+/// A message of a kind no kernel sends yet (`RTM_*` types end far below it), as a newer kernel's
+/// would look to this crate: for the fault tests and the parser's.
+pub fn unknown_message() -> Vec<u8> {
+    const LEN: u32 = 20;
+    let mut bytes = Vec::with_capacity(LEN as usize);
+    bytes.extend_from_slice(&LEN.to_ne_bytes());
+    bytes.extend_from_slice(&0x3ffu16.to_ne_bytes());
+    bytes.extend_from_slice(&(libc::NLM_F_MULTI as u16).to_ne_bytes());
+    bytes.extend_from_slice(&1u32.to_ne_bytes());
+    bytes.extend_from_slice(&0u32.to_ne_bytes());
+    bytes.extend_from_slice(&[0; 4]);
+    bytes
+}
+
+/// What an `RTM_GETADDR` dump keeps of a message: the address it assigns to an interface, as
+/// `getifaddrs` names it (`IFA_LOCAL`, else `IFA_ADDRESS`: on a point-to-point link
+/// `IFA_ADDRESS` is the peer's).
+pub fn assigned_address(message: RouteNetlinkMessage) -> Option<IpAddr> {
+    let RouteNetlinkMessage::NewAddress(address) = message else {
+        return None;
+    };
+    assigned(&address)
+}
+
+fn assigned(message: &AddressMessage) -> Option<IpAddr> {
+    let (mut local, mut address) = (None, None);
+    for attribute in &message.attributes {
+        match attribute {
+            AddressAttribute::Local(ip) => local = Some(*ip),
+            AddressAttribute::Address(ip) => address = Some(*ip),
+            _ => {}
+        }
+    }
+    local.or(address)
+}
+
+/// What an `RTM_GETROUTE` dump keeps of a message: the destination of a `local` route. Every
+/// destination such a route covers is delivered over `lo`, which proxy-init's `-o lo -j RETURN`
+/// exempts whatever the address.
+pub fn local_route(message: RouteNetlinkMessage) -> Option<IpNet> {
+    let RouteNetlinkMessage::NewRoute(route) = message else {
+        return None;
+    };
+    local_prefix(&route)
+}
+
+fn local_prefix(route: &RouteMessage) -> Option<IpNet> {
+    if route.header.kind != RouteType::Local {
+        return None;
+    }
+    let ip: IpAddr = route.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some((*ip).into()),
+        RouteAttribute::Destination(RouteAddress::Inet6(ip)) => Some((*ip).into()),
+        _ => None,
+    })?;
+    IpNet::new(ip, route.header.destination_prefix_length)
+        .ok()
+        .map(|net| net.trunc())
+}
+
+/// What a namespace delivers over `lo` besides loopback (`127.0.0.0/8`, `::1`), which
+/// proxy-init's `-o lo -j RETURN` exempts: its interfaces' addresses, and the prefixes of its
+/// `local` routes that are not one of them (an AnyIP `ip route add local 10.250.64.0/24 dev
+/// lo`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LocalDestinations {
+    /// Sorted, without duplicates.
+    pub addresses: Vec<IpAddr>,
+    /// Sorted, without duplicates.
+    pub routes: Vec<IpNet>,
+}
+
+impl LocalDestinations {
+    /// From the address dump and every `local` route: a route to one address of the namespace
+    /// (each address has one) or within loopback adds nothing.
+    pub fn new(mut addresses: Vec<IpAddr>, routes: Vec<IpNet>) -> Self {
+        addresses.sort();
+        addresses.dedup();
+        let loopback: [IpNet; 2] = [
+            ipnet::Ipv4Net::new(std::net::Ipv4Addr::new(127, 0, 0, 0), 8)
+                .expect("a valid prefix")
+                .into(),
+            ipnet::Ipv6Net::new(std::net::Ipv6Addr::LOCALHOST, 128)
+                .expect("a valid prefix")
+                .into(),
+        ];
+        let mut routes: Vec<IpNet> = routes
+            .into_iter()
+            .filter(|net| !loopback.iter().any(|lo| lo.contains(net)))
+            .filter(|net| {
+                net.prefix_len() != net.max_prefix_len()
+                    || addresses.binary_search(&net.addr()).is_err()
+            })
+            .collect();
+        routes.sort();
+        routes.dedup();
+        Self { addresses, routes }
+    }
+}
+
+/// Whether a notification can change what a namespace delivers over lo: an address, or a
+/// `local` route (an AnyIP one, or an address's own). Other route changes (a pod's default
+/// route, say) cannot, and check no pod.
+pub fn changes_local_delivery(datagram: &[u8]) -> bool {
+    // The `rtmsg` after the message header: family, dst_len, src_len, tos, table, protocol,
+    // scope, type.
+    const RTM_TYPE: usize = size_of::<libc::nlmsghdr>() + 7;
+    let kind = datagram.get(4..6).map(|b| u16::from_ne_bytes([b[0], b[1]]));
+    match kind {
+        Some(libc::RTM_NEWROUTE | libc::RTM_DELROUTE) => {
+            datagram.get(RTM_TYPE).copied() == Some(libc::RTN_LOCAL)
+        }
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+#[path = "netlink_tests.rs"]
+mod tests;
