@@ -102,6 +102,41 @@ pub fn around_the_proxy(lines: &[String]) -> Vec<&String> {
         .collect()
 }
 
+/// The app's connections to `targets` (`netprobe connect`, each reset at its close) while
+/// `during` runs, and for a second after: every line. The app connects in rounds of a second
+/// until then, however long `during` takes (an agent's migration on a busy machine, or in an
+/// emulated guest, takes many seconds), so the load always spans it.
+pub fn connections_while<T>(
+    app: &Probe,
+    targets: &[&str],
+    during: impl FnOnce() -> T,
+) -> (Vec<String>, T) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let load = s.spawn(|| {
+            let mut args = vec!["connect"];
+            args.extend_from_slice(targets);
+            args.extend(["--seconds", "1", "--linger0"]);
+            let mut lines = Vec::new();
+            loop {
+                let last = done.load(Ordering::Acquire);
+                lines.extend(app.run(&args));
+                if last {
+                    return lines;
+                }
+            }
+        });
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let result = {
+            // A panic in `during` must end the load too, or the scope waits for ever.
+            let _done = StopOnDrop(&done);
+            during()
+        };
+        (load.join().expect("the load"), result)
+    })
+}
+
 /// Sets the flag when dropped, unwinding included: a load that runs until the flag is set ends
 /// when a check fails, instead of keeping its scope waiting for ever.
 pub struct StopOnDrop<'a>(pub &'a std::sync::atomic::AtomicBool);

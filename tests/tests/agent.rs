@@ -13,7 +13,7 @@ use interceptor_tests::{
     Landing, Netns, PodFixture,
     agent_home::{
         AgentHome, LINKERD_FLAGS, UNREACHABLE, all_reached_the_proxy, around_the_proxy, check_load,
-        free_loopback_addr, http_get, metric, stderr,
+        connections_while, free_loopback_addr, http_get, metric, stderr,
     },
     eventually,
     fixture::Namespaces,
@@ -1181,22 +1181,9 @@ fn a_new_map_layout_is_migrated_to_without_a_gap() {
     }
 
     let app = fixture.in_pod().uid(APP_UID);
-    let (lines, new) = std::thread::scope(|s| {
-        let load = s.spawn(|| {
-            app.run(&[
-                "connect",
-                UNREACHABLE,
-                "[2001:db8::2]:1404",
-                "--seconds",
-                LOAD_SECONDS,
-                "--linger0",
-            ])
-        });
-        std::thread::sleep(Duration::from_millis(100));
+    let (lines, new) = connections_while(&app, &[UNREACHABLE, "[2001:db8::2]:1404"], || {
         old.kill();
-        let new = home.agent().start();
-        assert!(!load.is_finished(), "the load outlasts the migration");
-        (load.join().expect("load"), new)
+        home.agent().start()
     });
     // No connection may reach its destination around the proxy. One whose connect was recorded
     // by the replaced programs in the moment the links switch over can miss its original

@@ -3,15 +3,11 @@
 //! and the rollback to it, as a DaemonSet's rolling update and `helm rollback` do them on a
 //! node: the running agent gets SIGTERM, the other release's agent starts on the same bpffs and
 //! state directory, while the pod's app connects without pause. Each backend in its own test.
-use std::{
-    path::PathBuf,
-    sync::atomic::{AtomicBool, Ordering},
-    time::Duration,
-};
+use std::path::PathBuf;
 
 use interceptor_tests::{
     PodFixture,
-    agent_home::{Agent, AgentHome, UNREACHABLE, interceptor_bin},
+    agent_home::{Agent, AgentHome, UNREACHABLE, connections_while, interceptor_bin},
     privileged,
     probe::Landing,
     scenario::{APP_UID, Servers, assert_meshed},
@@ -39,43 +35,13 @@ fn previous_release() -> Option<(PathBuf, String)> {
     }
 }
 
-/// The app's connections while `switch` replaces one agent with another, and for a second
-/// after: every line. The app connects in rounds of a second until then, however long the
-/// switch takes (in an emulated guest, many seconds).
+/// The app's connections (both families) while `switch` replaces one agent with another.
 fn connections_across(
     fixture: &PodFixture,
     switch: impl FnOnce() -> Agent,
 ) -> (Vec<String>, Agent) {
     let app = fixture.in_pod().uid(APP_UID);
-    let switched = AtomicBool::new(false);
-    std::thread::scope(|s| {
-        let load = s.spawn(|| {
-            let mut lines = Vec::new();
-            loop {
-                let done = switched.load(Ordering::Acquire);
-                lines.extend(app.run(&[
-                    "connect",
-                    UNREACHABLE,
-                    "[2001:db8::2]:1404",
-                    "--seconds",
-                    "1",
-                    "--linger0",
-                ]));
-                if done {
-                    return lines;
-                }
-            }
-        });
-        std::thread::sleep(Duration::from_millis(300));
-        // A panic in the switch must end the load too, or the scope waits for ever.
-        let agent = std::panic::catch_unwind(std::panic::AssertUnwindSafe(switch));
-        switched.store(true, Ordering::Release);
-        let lines = load.join().expect("load");
-        match agent {
-            Ok(agent) => (lines, agent),
-            Err(panic) => std::panic::resume_unwind(panic),
-        }
-    })
+    connections_while(&app, &[UNREACHABLE, "[2001:db8::2]:1404"], switch)
 }
 
 /// No connection reached its destination around the proxy; the proxy's `SO_ORIGINAL_DST` and the
