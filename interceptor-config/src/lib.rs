@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod annotations;
+pub mod flags;
 pub mod kube;
 pub mod mesh;
 pub mod ports;
@@ -22,6 +23,8 @@ pub mod user_ids;
 
 use std::fmt;
 
+use flags::flag_names;
+pub use flags::{FLAGS, Flag, SETTINGS, Setting};
 use ipnet::IpNet;
 pub use ports::{PortRange, PortSet};
 use serde::{Deserialize, Serialize};
@@ -57,20 +60,6 @@ pub enum ConfigError {
     #[error("--{setting} is required")]
     Missing { setting: &'static str },
 }
-
-/// The settings, by proxy-init's flag names (which Linkerd's CNI configuration uses too).
-pub const SETTINGS: [&str; 10] = [
-    "incoming-proxy-port",
-    "outgoing-proxy-port",
-    "proxy-uid",
-    "proxy-gid",
-    "inbound-ports-to-ignore",
-    "outbound-ports-to-ignore",
-    "ports-to-redirect",
-    "subnets-to-ignore",
-    "outbound-subnets-to-ignore",
-    "ipv6",
-];
 
 /// How one pod is intercepted. Every value is already validated.
 ///
@@ -118,97 +107,8 @@ impl InterceptionConfig {
     /// Sets one setting, by proxy-init's flag name, from its text form; a list replaces the
     /// list there was.
     pub fn set(&mut self, setting: &str, value: &str) -> Result<(), ConfigError> {
-        let invalid = |reason: String| ConfigError::Invalid {
-            setting: setting.to_owned(),
-            value: value.to_owned(),
-            reason,
-        };
-        match setting {
-            "incoming-proxy-port" => {
-                self.incoming_proxy_port = ports::parse_port(value).map_err(invalid)?;
-            }
-            "outgoing-proxy-port" => {
-                self.outgoing_proxy_port = ports::parse_port(value).map_err(invalid)?;
-            }
-            "proxy-uid" => self.proxy_uid = positive(parse_id(value).map_err(invalid)?),
-            "proxy-gid" => self.proxy_gid = positive(parse_id(value).map_err(invalid)?),
-            "inbound-ports-to-ignore" => {
-                self.inbound_ports_to_ignore = value.parse().map_err(invalid)?;
-            }
-            "outbound-ports-to-ignore" => {
-                self.outbound_ports_to_ignore = value.parse().map_err(invalid)?;
-            }
-            "ports-to-redirect" => {
-                self.ports_to_redirect = ports::parse_port_list(value).map_err(invalid)?;
-            }
-            "subnets-to-ignore" => {
-                self.subnets_to_ignore = subnets::parse_cidr_list(value).map_err(invalid)?;
-            }
-            "outbound-subnets-to-ignore" => {
-                self.outbound_subnets_to_ignore =
-                    subnets::parse_cidr_list(value).map_err(invalid)?;
-            }
-            "ipv6" => self.ipv6 = parse_bool(value).map_err(invalid)?,
-            _ => {
-                return Err(ConfigError::Unknown {
-                    setting: setting.to_owned(),
-                });
-            }
-        }
+        self.apply(Setting::parse(setting, value)?);
         Ok(())
-    }
-
-    /// Reads proxy-init's flags (`-p 4143 -o 4140 -u 2102 --inbound-ports-to-ignore 4190,4191
-    /// --ipv6=false`): `interceptor run`'s and `pod add`'s, and the pod records of agents before
-    /// configuration was JSON. The one parser of these flags; where it could differ from
-    /// proxy-init's (Go's pflag), it reads them as proxy-init does: a value follows its flag
-    /// (`-p 4143`), after `=` (`--incoming-proxy-port=4143`, `-p=4143`) or, for a short flag,
-    /// attached (`-p4143`); a flag given twice takes its last value, a list flag's values add up;
-    /// `--ipv6` alone is true. Unlike proxy-init, `--ipv6 false` (a separate true or false) is
-    /// `--ipv6=false` rather than true and a stray argument. The two proxy ports are required.
-    pub fn from_proxy_init_args(args: &[String]) -> Result<Self, ConfigError> {
-        let mut config = Self::linkerd();
-        config.proxy_uid = None;
-        config.inbound_ports_to_ignore = PortSet::default();
-        let mut lists: Vec<(&'static str, Vec<&str>)> = Vec::new();
-        let mut seen = Vec::new();
-        let mut args = args.iter().map(String::as_str).peekable();
-        while let Some(arg) = args.next() {
-            let (setting, inline) = split_flag(arg).ok_or_else(|| ConfigError::UnknownFlag {
-                flag: arg.to_owned(),
-            })?;
-            let value = match (inline, setting) {
-                (Some(value), _) => value,
-                // `--ipv6` alone means true; a following boolean is its value.
-                (None, "ipv6") => match args.peek() {
-                    Some(next) if parse_bool(next).is_ok() => args.next().unwrap_or("true"),
-                    _ => "true",
-                },
-                (None, _) => args.next().ok_or(ConfigError::Invalid {
-                    setting: format!("--{setting}"),
-                    value: String::new(),
-                    reason: "a value is required".into(),
-                })?,
-            };
-            if is_list(setting) {
-                match lists.iter_mut().find(|(name, _)| *name == setting) {
-                    Some((_, values)) => values.push(value),
-                    None => lists.push((setting, vec![value])),
-                }
-            } else {
-                config.set(setting, value).map_err(as_flag)?;
-            }
-            seen.push(setting);
-        }
-        for (setting, values) in lists {
-            config.set(setting, &values.join(",")).map_err(as_flag)?;
-        }
-        for required in ["incoming-proxy-port", "outgoing-proxy-port"] {
-            if !seen.contains(&required) {
-                return Err(ConfigError::Missing { setting: required });
-            }
-        }
-        Ok(config)
     }
 
     /// The configuration as proxy-init's flags; [`Self::from_proxy_init_args`] (and `interceptor
@@ -390,69 +290,9 @@ pub fn parse_bool(s: &str) -> Result<bool, String> {
     }
 }
 
-/// An error of a setting given as a flag names the flag.
-fn as_flag(e: ConfigError) -> ConfigError {
-    match e {
-        ConfigError::Invalid {
-            setting,
-            value,
-            reason,
-        } => ConfigError::Invalid {
-            setting: format!("--{setting}"),
-            value,
-            reason,
-        },
-        e => e,
-    }
-}
-
 /// proxy-init only exempts a UID or GID above 0.
 fn positive(id: u32) -> Option<u32> {
     (id > 0).then_some(id)
-}
-
-fn is_list(setting: &str) -> bool {
-    setting.ends_with("-to-ignore") || setting == "ports-to-redirect"
-}
-
-/// proxy-init's short flags and the settings they set.
-const SHORT_FLAGS: [(char, &str); 5] = [
-    ('p', "incoming-proxy-port"),
-    ('o', "outgoing-proxy-port"),
-    ('u', "proxy-uid"),
-    ('g', "proxy-gid"),
-    ('r', "ports-to-redirect"),
-];
-
-/// The setting a flag sets and the value it carries, if any: `--name`, `--name=value`, `-p`,
-/// `-p=value`, `-pvalue`.
-fn split_flag(arg: &str) -> Option<(&'static str, Option<&str>)> {
-    if let Some(long) = arg.strip_prefix("--") {
-        let (name, value) = match long.split_once('=') {
-            Some((name, value)) => (name, Some(value)),
-            None => (long, None),
-        };
-        let setting = SETTINGS.iter().copied().find(|s| *s == name)?;
-        return Some((setting, value));
-    }
-    let mut chars = arg.strip_prefix('-')?.chars();
-    let short = chars.next()?;
-    let (_, setting) = SHORT_FLAGS.iter().find(|(c, _)| *c == short)?;
-    let rest = chars.as_str();
-    let value = rest.strip_prefix('=').unwrap_or(rest);
-    Some((setting, (!rest.is_empty()).then_some(value)))
-}
-
-/// The flags, for a message: `--incoming-proxy-port (-p), ..., --ipv6`.
-fn flag_names() -> String {
-    SETTINGS
-        .iter()
-        .map(|name| match SHORT_FLAGS.iter().find(|(_, s)| s == name) {
-            Some((short, _)) => format!("--{name} (-{short})"),
-            None => format!("--{name}"),
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// Empty entries of a comma-separated list are skipped.

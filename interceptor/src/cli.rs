@@ -1,11 +1,11 @@
 //! The command line's shape: its commands and flags. proxy-init's flags, for a pod's
-//! configuration, are collected here and parsed by the `interceptor-config` crate, as every
-//! other reader of them does. Running the commands is `commands`' job.
+//! configuration, are the `interceptor-config` crate's table and value parser, as for every
+//! other reader of them. Running the commands is `commands`' job.
 use std::path::PathBuf;
 
-use clap::{ArgAction, ArgMatches, Args, FromArgMatches, Parser, Subcommand, ValueEnum};
+use clap::{Arg, ArgAction, ArgMatches, Args, FromArgMatches, Parser, Subcommand, ValueEnum};
 
-use crate::config::InterceptionConfig;
+use crate::config::{ConfigError, FLAGS, Flag, InterceptionConfig, Setting};
 use crate::{iptables::IptablesMode, kubernetes::DaemonSetRef, logging::LogFormat};
 
 #[derive(Debug, Parser)]
@@ -467,102 +467,53 @@ pub struct StatusArgs {
     pub agent_bpffs: PathBuf,
 }
 
-/// The pod's configuration from proxy-init's flags among `run`'s: clap collects them as they
-/// come, [`InterceptionConfig::from_proxy_init_args`] parses them.
+/// The pod's configuration from proxy-init's flags among `run`'s. The arguments are built from
+/// the configuration crate's one table of the flags ([`FLAGS`]), whose value parser clap runs, so
+/// each value reaches the configuration parsed once, typed ([`Setting`]).
 #[derive(Debug)]
 pub struct InterceptionArgs {
     pub config: InterceptionConfig,
 }
 
-/// proxy-init's flags as given, each in the order given, for `interceptor-config` to read. List
-/// flags take comma-separated values; every flag may be repeated (a list's values add up, any
-/// other flag takes its last value).
-#[derive(Debug, Args)]
-struct ProxyInitFlags {
-    /// Port of the proxy's inbound listener.
-    #[arg(short = 'p', long, required = true, action = ArgAction::Append)]
-    incoming_proxy_port: Vec<String>,
-
-    /// Port of the proxy's outbound listener (on 127.0.0.1).
-    #[arg(short = 'o', long, required = true, action = ArgAction::Append)]
-    outgoing_proxy_port: Vec<String>,
-
-    /// Connections opened by this UID are never redirected (ignored when 0).
-    #[arg(short = 'u', long, allow_hyphen_values = true, action = ArgAction::Append)]
-    proxy_uid: Vec<String>,
-
-    /// Connections opened by this GID are never redirected (ignored when 0).
-    #[arg(short = 'g', long, allow_hyphen_values = true, action = ArgAction::Append)]
-    proxy_gid: Vec<String>,
-
-    /// Inbound ports and ranges never steered to the proxy (e.g. 4190,4191,25-30).
-    #[arg(long, action = ArgAction::Append)]
-    inbound_ports_to_ignore: Vec<String>,
-
-    /// Outbound ports and ranges never redirected to the proxy.
-    #[arg(long, action = ArgAction::Append)]
-    outbound_ports_to_ignore: Vec<String>,
-
-    /// If set, only these inbound ports are steered to the proxy.
-    #[arg(short = 'r', long, action = ArgAction::Append)]
-    ports_to_redirect: Vec<String>,
-
-    /// Inbound connections from these CIDRs are not steered.
-    #[arg(long, action = ArgAction::Append)]
-    subnets_to_ignore: Vec<String>,
-
-    /// Outbound connections to these CIDRs are not redirected (extension to proxy-init).
-    #[arg(long, action = ArgAction::Append)]
-    outbound_subnets_to_ignore: Vec<String>,
-
-    /// Also intercept IPv6 (`--ipv6=false` to turn off, as with proxy-init).
-    #[arg(long, num_args = 0..=1, default_value = "true", default_missing_value = "true",
-          action = ArgAction::Append)]
-    ipv6: Vec<String>,
-}
-
-impl ProxyInitFlags {
-    /// The flags as proxy-init's arguments, `--name=value`.
-    fn args(&self) -> Vec<String> {
-        [
-            ("incoming-proxy-port", &self.incoming_proxy_port),
-            ("outgoing-proxy-port", &self.outgoing_proxy_port),
-            ("proxy-uid", &self.proxy_uid),
-            ("proxy-gid", &self.proxy_gid),
-            ("inbound-ports-to-ignore", &self.inbound_ports_to_ignore),
-            ("outbound-ports-to-ignore", &self.outbound_ports_to_ignore),
-            ("ports-to-redirect", &self.ports_to_redirect),
-            ("subnets-to-ignore", &self.subnets_to_ignore),
-            (
-                "outbound-subnets-to-ignore",
-                &self.outbound_subnets_to_ignore,
-            ),
-            ("ipv6", &self.ipv6),
-        ]
-        .into_iter()
-        .flat_map(|(name, values)| values.iter().map(move |v| format!("--{name}={v}")))
-        .collect()
+/// proxy-init's flag as an argument: repeatable, its value parsed by the configuration crate
+/// (a bad one refused as clap refuses any, exit status 2, naming the flag).
+fn proxy_init_arg(flag: &'static Flag) -> Arg {
+    let name = flag.name;
+    let parse = move |value: &str| match Setting::parse(name, value) {
+        Ok(setting) => Ok(setting),
+        Err(ConfigError::Invalid { reason, .. }) => Err(reason),
+        Err(e) => Err(e.to_string()),
+    };
+    let mut arg = Arg::new(name)
+        .long(name)
+        .value_name(flag.value)
+        .help(flag.help)
+        .required(flag.required)
+        .action(ArgAction::Append)
+        .value_parser(parse);
+    if let Some(short) = flag.short {
+        arg = arg.short(short);
     }
-}
-
-/// Parses proxy-init's flags; what does not parse is refused as clap refuses a bad flag (exit
-/// status 2), with the usage of the command that took them (`["run"]`, `["pod", "add"]`).
-fn parse_config(args: &[String], command: &[&str]) -> Result<InterceptionConfig, clap::Error> {
-    InterceptionConfig::from_proxy_init_args(args).map_err(|e| {
-        let mut cli = <Cli as clap::CommandFactory>::command();
-        cli.build();
-        let command = command.iter().fold(&mut cli, |cmd, name| {
-            cmd.find_subcommand_mut(name)
-                .expect("a command of this command line")
-        });
-        clap::Error::raw(clap::error::ErrorKind::ValueValidation, e).format(command)
-    })
+    match name {
+        // proxy-init's default, and linkerd-cni's "none", is -1.
+        "proxy-uid" | "proxy-gid" => arg.allow_hyphen_values(true),
+        // `--ipv6` alone is true, as with proxy-init.
+        "ipv6" => arg.num_args(0..=1).default_missing_value("true"),
+        _ => arg,
+    }
 }
 
 impl FromArgMatches for InterceptionArgs {
     fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
-        let flags = ProxyInitFlags::from_arg_matches(matches)?;
-        let config = parse_config(&flags.args(), &["run"])?;
+        let given = FLAGS.iter().flat_map(|flag| {
+            matches
+                .get_many::<Setting>(flag.name)
+                .into_iter()
+                .flatten()
+                .cloned()
+        });
+        let config = InterceptionConfig::from_settings(given)
+            .map_err(|e| clap::Error::raw(clap::error::ErrorKind::MissingRequiredArgument, e))?;
         Ok(Self { config })
     }
 
@@ -574,12 +525,28 @@ impl FromArgMatches for InterceptionArgs {
 
 impl Args for InterceptionArgs {
     fn augment_args(cmd: clap::Command) -> clap::Command {
-        ProxyInitFlags::augment_args(cmd)
+        FLAGS
+            .iter()
+            .fold(cmd, |cmd, flag| cmd.arg(proxy_init_arg(flag)))
     }
 
     fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
-        ProxyInitFlags::augment_args_for_update(cmd)
+        Self::augment_args(cmd)
     }
+}
+
+/// Parses proxy-init's flags given after `--`; what does not parse is refused as clap refuses a
+/// bad flag (exit status 2), with the usage of the command that took them.
+fn parse_config(args: &[String], command: &[&str]) -> Result<InterceptionConfig, clap::Error> {
+    InterceptionConfig::from_proxy_init_args(args).map_err(|e| {
+        let mut cli = <Cli as clap::CommandFactory>::command();
+        cli.build();
+        let command = command.iter().fold(&mut cli, |cmd, name| {
+            cmd.find_subcommand_mut(name)
+                .expect("a command of this command line")
+        });
+        clap::Error::raw(clap::error::ErrorKind::ValueValidation, e).format(command)
+    })
 }
 
 /// A pod's configuration as proxy-init's flags after `--`, as `interceptor run` takes them:
