@@ -21,8 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use interceptor_api::{
     Backend, InterceptionConfig, NetnsCookie,
     records::{
-        self, Found, NotRestored, PodBackend, PodRecord, Restore, Then, leftovers_after_restore,
-        take_back,
+        self, Found, NotRestored, PodRecord, Restore, Then, leftovers_after_restore, take_back,
     },
 };
 use libfuzzer_sys::fuzz_target;
@@ -133,9 +132,9 @@ fuzz_target!(|data: &[u8]| {
     }
 
     // Reading back, as `Records::load_all`: unreadable files are skipped.
-    let mut loaded: Vec<(PodRecord<Chains>, &File)> = Vec::new();
+    let mut loaded: Vec<(PodRecord, &File)> = Vec::new();
     for (name, file) in &files {
-        match records::parse::<Chains>(name, file.content.as_bytes()) {
+        match records::parse(name, file.content.as_bytes()) {
             Ok(back) => {
                 let record = back.record;
                 assert_eq!(
@@ -146,7 +145,7 @@ fuzz_target!(|data: &[u8]| {
                 check_config(&record.config);
                 // What the agent writes (a rewrite of an older one too) reads back the same.
                 let json = records::to_json(&record).expect("a record serializes");
-                let again = records::parse::<Chains>(name, &json)
+                let again = records::parse(name, &json)
                     .unwrap_or_else(|e| panic!("a written record reads back: {e}"));
                 assert!(!again.older, "a written record has its configuration");
                 assert_eq!(again.record, record, "a written record reads back the same");
@@ -182,18 +181,22 @@ fuzz_target!(|data: &[u8]| {
         let mut applied = false;
         let result = take_back(record, agent, found, migrating, |how| {
             applied = true;
-            match (agent, how) {
-                (Backend::Ebpf, Restore::Ebpf { take_over }) => {
-                    assert_eq!(take_over, record.backend.kind() == Backend::Iptables);
+            match how {
+                Restore::Own(part) => {
+                    assert_eq!(record.meshed_by.kind, agent);
+                    assert_eq!(part, &record.meshed_by, "the part compared is the one recorded");
+                    // The iptables backend reads its chains from it, or writes them anew.
+                    if agent == Backend::Iptables
+                        && let Ok(chains) = part.part::<Chains>()
+                    {
+                        let again = records::MeshedBy::with_part(agent, &chains).unwrap();
+                        assert_eq!(again.part::<Chains>().unwrap(), chains);
+                    }
                 }
-                (Backend::Iptables, Restore::Iptables { recorded }) => {
-                    let chains = match &record.backend {
-                        PodBackend::Iptables(chains) => Some(chains),
-                        PodBackend::Ebpf => None,
-                    };
-                    assert_eq!(recorded, chains, "the chains compared are those recorded");
+                Restore::From(other) => {
+                    assert_ne!(other, agent, "taken over from another backend");
+                    assert_eq!(other, record.meshed_by.kind);
                 }
-                (agent, how) => panic!("an agent of {agent} restores as {how:?}"),
             }
             match (agent, file.outcome) {
                 (_, Outcome::Ok) => Ok(()),

@@ -225,6 +225,87 @@ pub async fn confirm_access(client: &Client, daemonset: &DaemonSetRef, what: &st
 /// How long the API may take to answer for the DaemonSet: the pod's grace period is 10 s.
 pub const OWNER_DEADLINE: Duration = Duration::from_secs(5);
 
+/// The DaemonSet a process of ours runs in, and whether the API has answered about it since the
+/// process started: the one decision, for the agent and the CNI installer alike (Istio's CNI
+/// agent asks the same question), of whether a termination is the DaemonSet going or this pod
+/// being replaced. Both containers of the pod come to the same answer.
+pub struct Owner {
+    daemonset: DaemonSetRef,
+    client: Client,
+    confirmed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// What a process says of what it installed on the node, at termination.
+pub struct Installed {
+    /// What it installed, for the log ("the CNI plugin", "the pinned programs and maps").
+    pub what: &'static str,
+    /// What stays for the next pod when this one is being replaced.
+    pub kept: &'static str,
+    /// What stays, and what an operator does, when the API cannot tell.
+    pub unknown: &'static str,
+}
+
+impl Owner {
+    /// A client for the API, and a task on the current runtime asking it for the DaemonSet
+    /// until it answers once (then a refusal at termination means access was withdrawn, not
+    /// never granted). A kubeconfig that cannot be read is refused now.
+    pub async fn start(
+        daemonset: DaemonSetRef,
+        kubeconfig: Option<&Path>,
+        installed: &Installed,
+    ) -> Result<Self, String> {
+        let client = client(kubeconfig)
+            .await
+            .map_err(|e| format!("--daemonset {daemonset}: {e}"))?;
+        let confirmed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (task_client, task_daemonset, task_confirmed, what) = (
+            client.clone(),
+            daemonset.clone(),
+            confirmed.clone(),
+            installed.what,
+        );
+        tokio::spawn(async move {
+            confirm_access(&task_client, &task_daemonset, what).await;
+            task_confirmed.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        Ok(Self {
+            daemonset,
+            client,
+            confirmed,
+        })
+    }
+
+    pub fn daemonset(&self) -> &DaemonSetRef {
+        &self.daemonset
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Why what was installed is to be removed now, or `None` to keep it; says which in the log.
+    pub async fn removal_reason(&self, installed: &Installed) -> Option<&'static str> {
+        let access = if self.confirmed.load(std::sync::atomic::Ordering::Relaxed) {
+            Access::Confirmed
+        } else {
+            Access::Unconfirmed
+        };
+        let daemonset = &self.daemonset;
+        match ending_now(&self.client, daemonset, access).await {
+            Ending::Removal(reason) => Some(reason),
+            Ending::Succession => {
+                tracing::info!(%daemonset, "the DaemonSet remains: this pod is being replaced (a rolling update, the node shutting down); {}", installed.kept);
+                None
+            }
+            // Fail closed: what was installed stays; an operator can remove it by hand.
+            Ending::Unknown(e) => {
+                tracing::error!(%daemonset, error = %e, "cannot tell whether the DaemonSet is being deleted: {}", installed.unknown);
+                None
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

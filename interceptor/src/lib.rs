@@ -23,6 +23,7 @@ pub use interceptor_config as config;
 pub mod crash_points;
 pub mod ebpf;
 pub mod health;
+pub mod installer;
 pub mod iptables;
 pub mod kubernetes;
 pub mod logging;

@@ -15,9 +15,10 @@ use std::{
 const LAYERS: &[&[&str]] = &[
     // The command line: its shape (`cli`) and what runs it.
     &["commands", "cli"],
-    // The node agent, `run`'s record of the one instance it attached, and the cluster's check
-    // of every node's agent (`health`, read from the Kubernetes API).
-    &["agent", "state", "health"],
+    // The node agent, the CNI installer's runtime, `run`'s record of the one instance it
+    // attached, and the cluster's check of every node's agent (`health`, read from the
+    // Kubernetes API).
+    &["agent", "installer", "state", "health"],
     // The node's pod table and the trait its backends implement (`node`), and the two backends.
     &["node", "ebpf", "iptables"],
     // What they attach to and pin in, and the Kubernetes API client.
@@ -72,15 +73,18 @@ fn no_module_imports_a_layer_above_its_own_or_in_a_circle() {
 }
 
 /// The CNI plugin is a client of the agent, never the other way round: which pods are meshed
-/// and how is configuration (`config::mesh`) that both read. Only the command that installs
-/// the plugin (`interceptor cni`, in `commands`) uses the plugin's crate.
+/// and how is configuration (`config::mesh`) that both read. Only what installs the plugin
+/// (`interceptor cni` in `commands`, and the installer's runtime, `installer`) uses the
+/// plugin's crate.
 #[test]
-fn only_the_commands_use_the_cni_plugins_crate() {
+fn only_the_installer_uses_the_cni_plugins_crate() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut users = Vec::new();
     for file in rust_files(&src) {
         let relative = file.strip_prefix(&src).expect("under src");
-        if module_path(relative).is_some_and(|path| path[0] == "commands") {
+        if module_path(relative)
+            .is_some_and(|path| ["commands", "installer"].contains(&path[0].as_str()))
+        {
             continue;
         }
         let code = without_comments(&fs::read_to_string(&file).expect("reading a source file"));
@@ -293,4 +297,120 @@ fn find_circle(edges: &Edges) -> Option<Vec<String>> {
     edges
         .keys()
         .find_map(|module| visit(module, edges, &mut Vec::new(), &mut done))
+}
+
+/// docs/architecture.md's list of the layers and its account of the pod table's trait and the
+/// agent's capabilities are what the code has: a layer, a trait method or a capability added,
+/// removed or moved fails here until the page says so.
+#[test]
+fn the_architecture_page_says_what_the_code_has() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = fs::read_to_string(root.join("../docs/architecture.md"))
+        .expect("reading docs/architecture.md");
+
+    let section = page
+        .split("## Layers inside `interceptor`")
+        .nth(1)
+        .expect("the page's section on the layers");
+    let documented: Vec<Vec<String>> = section
+        .lines()
+        .skip_while(|line| !line.starts_with("1. "))
+        .take_while(|line| !line.trim().is_empty())
+        .filter(|line| line.starts_with(|c: char| c.is_ascii_digit()))
+        .map(|line| {
+            let names = line.split_once(':').expect("`module`, ...: what it is").0;
+            backticked(names)
+        })
+        .collect();
+    let code: Vec<Vec<String>> = LAYERS
+        .iter()
+        .map(|layer| layer.iter().map(|m| m.to_string()).collect())
+        .collect();
+    assert_eq!(
+        documented, code,
+        "the page's layers, highest first, against LAYERS"
+    );
+
+    let node = fs::read_to_string(root.join("src/node/mod.rs")).expect("reading node/mod.rs");
+    let (methods, types) = trait_items(&node, "pub trait Interception");
+    let sentence = between(&page, "`node::Interception`: its types are ", ".");
+    let (doc_types, doc_methods) = sentence
+        .split_once("its methods are")
+        .expect("the sentence names the trait's types, then its methods");
+    assert_eq!(
+        backticked(doc_types),
+        types,
+        "the Interception trait's types on the page"
+    );
+    assert_eq!(
+        backticked(doc_methods),
+        methods,
+        "the Interception trait's methods on the page, in the trait's order"
+    );
+
+    let capabilities = fs::read_to_string(root.join("src/agent/capabilities.rs"))
+        .expect("reading agent/capabilities.rs");
+    let traits: Vec<String> = without_comments(&capabilities)
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("pub trait "))
+        .map(|rest| rest.split([' ', '{']).next().unwrap_or_default().to_owned())
+        .collect();
+    let sentence = between(&page, "the agent's capabilities are ", ".");
+    assert_eq!(
+        backticked(&sentence),
+        traits,
+        "the agent's capabilities on the page"
+    );
+}
+
+/// The names in backticks in `text`, in order.
+fn backticked(text: &str) -> Vec<String> {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|name| name.rsplit("::").next().unwrap_or(name).to_owned())
+        .collect()
+}
+
+/// The text of `page` after `start`, up to the first `end` after it (sentences on the page
+/// are wrapped: line breaks become spaces).
+fn between(page: &str, start: &str, end: &str) -> String {
+    let flat = page.replace('\n', " ");
+    let from = flat
+        .find(start)
+        .unwrap_or_else(|| panic!("the page says {start:?}"))
+        + start.len();
+    let rest = &flat[from..];
+    rest[..rest.find(end).unwrap_or(rest.len())].to_owned()
+}
+
+/// The method and associated type names of the trait declared by `header` in `code`, in order.
+fn trait_items(code: &str, header: &str) -> (Vec<String>, Vec<String>) {
+    let code = without_comments(code);
+    let body = code
+        .split(header)
+        .nth(1)
+        .expect("the trait is declared")
+        .split("\n}")
+        .next()
+        .unwrap_or_default();
+    let (mut methods, mut types) = (Vec::new(), Vec::new());
+    for line in body.lines() {
+        // Items are indented once; their bodies and wrapped signatures further.
+        let Some(item) = line.strip_prefix("    ").filter(|l| !l.starts_with(' ')) else {
+            continue;
+        };
+        let name = |rest: &str| {
+            rest.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        };
+        if let Some(rest) = item.strip_prefix("fn ") {
+            methods.push(name(rest));
+        } else if let Some(rest) = item.strip_prefix("type ") {
+            types.push(name(rest));
+        }
+    }
+    (methods, types)
 }

@@ -15,9 +15,7 @@ const INTERCEPTOR: &str = env!("CARGO_BIN_EXE_interceptor-under-test");
 const PLUGIN: &str = env!("CARGO_BIN_EXE_interceptor-cni-under-test");
 
 /// The node files no installer can change, as the installer's own tests run them.
-#[path = "../../interceptor-cni/src/malformed_cases.rs"]
-mod malformed_cases;
-use malformed_cases::MALFORMED;
+use interceptor_test_cases::malformed_cases::MALFORMED;
 
 /// A node's conf and bin directories holding `file` with `text`, as an earlier install left
 /// them: our binary, the primary's, and the state of a `.conf` converted (so uninstall has

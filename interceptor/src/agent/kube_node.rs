@@ -18,10 +18,7 @@
 //! chained), the same condition without a controller that may read every pod. It removes every
 //! taint with that key, once, with the Node's `resourceVersion` in the patch so that a taint
 //! another controller changed meanwhile is not lost (a conflict reads the Node again).
-use std::{
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use interceptor_api::node_status::{
     ChainReport, MAX_PODS_NAMED, NODE_STATUS_ANNOTATION, NodeStatus, PodProblem,
@@ -35,7 +32,7 @@ use prometheus_client::metrics::{counter::Counter, family::Family};
 use tokio::{sync::Notify, time::Instant};
 use tracing::{debug, info, warn};
 
-use super::{Agent, lock};
+use super::{Agent, Shared, lock};
 
 /// At most one write of the status per this long.
 const MIN_INTERVAL: Duration = Duration::from_secs(2);
@@ -89,12 +86,9 @@ impl Agent {
     pub(super) fn node_problems(&self) -> Vec<String> {
         let mut problems: Vec<String> = self
             .pods
-            .ebpf()
-            .map(|ebpf| ebpf.backend().link_problems(&self.cgroup))
-            .unwrap_or_default()
-            .iter()
-            .map(ToString::to_string)
-            .collect();
+            .programs()
+            .map(|programs| programs.link_problems(&self.cgroup))
+            .unwrap_or_default();
         if let Some(problem) = self
             .chain_report
             .as_deref()
@@ -144,21 +138,12 @@ impl Agent {
     }
 
     /// The node's status as of now.
-    pub(super) fn node_status(&mut self) -> NodeStatus {
+    pub(super) fn node_status(&mut self, not_meshed: &BTreeMap<String, PodProblem>) -> NodeStatus {
         let problems = self.readiness();
         let variants = self
             .pods
-            .ebpf()
-            .map(|ebpf| {
-                ebpf.backend()
-                    .programs()
-                    .iter()
-                    .map(|p| {
-                        let hook = p.attach_type.split(',').next().unwrap_or_default();
-                        format!("{hook}={}", p.variant)
-                    })
-                    .collect()
-            })
+            .programs()
+            .map(|programs| programs.variants())
             .unwrap_or_default();
         // Unknown (absent) while the installer has not reported: `problems` says why.
         let chained = self
@@ -167,7 +152,7 @@ impl Agent {
             .and_then(|path| ChainReport::read(path).ok())
             .map(|report| report.chained);
         let (drifted, drifted_total) = capped(self.drifted());
-        let (not_meshed, not_meshed_total) = capped(self.not_meshed.values().cloned().collect());
+        let (not_meshed, not_meshed_total) = capped(not_meshed.values().cloned().collect());
         NodeStatus {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             backend: self.pods.kind(),
@@ -245,8 +230,8 @@ impl Coalescer {
 
 /// Starts keeping the Node's status (and removing `startup_taint`) for an agent that reads the
 /// API with a node name; says why not for one that does not.
-pub(super) fn publish(agent: &Arc<Mutex<Agent>>, startup_taint: Option<String>) {
-    let kube = lock(agent).kube.clone();
+pub(super) fn publish(agent: &Arc<Shared>, startup_taint: Option<String>) {
+    let kube = agent.kube.clone();
     let Some(kube) = kube else { return };
     let (Some(client), Some(node)) = (kube.client(), kube.node_name()) else {
         let why = match kube.no_client() {
@@ -273,7 +258,7 @@ pub(super) fn publish(agent: &Arc<Mutex<Agent>>, startup_taint: Option<String>) 
 /// Starts the task that keeps the Node's status (and removes the startup taint); returns what
 /// wakes it. The first status is built at once.
 fn start(
-    agent: Arc<Mutex<Agent>>,
+    agent: Arc<Shared>,
     client: kube::Client,
     options: NodeOptions,
     writes: StatusWrites,
@@ -290,8 +275,11 @@ fn start(
             changed.notified().await;
             tokio::time::sleep(coalescer.wait(Instant::now())).await;
             let building = agent.clone();
-            let Ok(status) =
-                tokio::task::spawn_blocking(move || lock(&building).node_status()).await
+            let Ok(status) = tokio::task::spawn_blocking(move || {
+                let mut state = lock(&building);
+                state.node_status(&building.not_meshed())
+            })
+            .await
             else {
                 continue;
             };

@@ -6,10 +6,7 @@
 //! A pod whose interception drifted is that pod's problem, not the node's: it is in
 //! `interceptor_pods_drifted`, `status`, an Event and the node's status, and `/ready` stays 200
 //! (the DaemonSet's readiness is what `linkerd check` waits on).
-use std::{
-    net::SocketAddr,
-    sync::{Arc, Mutex},
-};
+use std::{net::SocketAddr, sync::Arc};
 
 use anyhow::Context as _;
 use prometheus_client::{
@@ -18,7 +15,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::Agent;
+use super::Shared;
 use crate::{
     config::annotations::SkipReason,
     netns::{Dump, dump_failures as dump_failures_of, dump_messages_skipped},
@@ -26,8 +23,38 @@ use crate::{
 
 type Labels = Vec<(String, String)>;
 
+/// The agent's counters and histograms: each is atomic, so they are kept outside the agent's
+/// lock and counted without it.
+#[derive(Clone)]
+pub struct AgentMetrics {
+    pub registration_seconds: Histogram,
+    /// Pods the CNI plugin let through unmeshed, by reason.
+    pub pods_skipped: PodsSkipped,
+    /// Registrations refused, by the API's error kind.
+    pub registrations_refused: RegistrationsRefused,
+    /// Times the CNI installer chained the plugin again after the primary CNI dropped it.
+    pub cni_chain_restored: Counter,
+    /// Pods checked against their namespaces, by trigger.
+    pub pod_checks: PodChecks,
+    /// What the repair of pods started without the CNI plugin did, when it is on.
+    pub repairs: Option<Repairs>,
+}
+
+impl Default for AgentMetrics {
+    fn default() -> Self {
+        Self {
+            registration_seconds: registration_histogram(),
+            pods_skipped: PodsSkipped::default(),
+            registrations_refused: RegistrationsRefused::default(),
+            cni_chain_restored: Counter::default(),
+            pod_checks: PodChecks::default(),
+            repairs: None,
+        }
+    }
+}
+
 /// Registration latency buckets: 100 µs to about 1.6 s.
-pub fn registration_histogram() -> Histogram {
+fn registration_histogram() -> Histogram {
     Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
         0.0001, 2.0, 15,
     ))
@@ -35,7 +62,7 @@ pub fn registration_histogram() -> Histogram {
 
 /// Pods the CNI plugin let through unmeshed, by reason. The reasons come from the plugin: only
 /// the known ones become labels, so a client cannot grow the series without bound.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct PodsSkipped(Family<Labels, Counter>);
 
 impl PodsSkipped {
@@ -53,7 +80,7 @@ impl PodsSkipped {
 
 /// Registrations (`pod add`, the CNI plugin's ADD) refused, by the API's error kind: a label
 /// set as bounded as the kinds.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct RegistrationsRefused(Family<Labels, Counter>);
 
 impl RegistrationsRefused {
@@ -97,7 +124,7 @@ impl Repairs {
 }
 
 /// Serves `/metrics`, `/ready` and `/live` on `addr` from a thread of its own.
-pub fn serve(addr: SocketAddr, agent: Arc<Mutex<Agent>>) -> anyhow::Result<()> {
+pub fn serve(addr: SocketAddr, agent: Arc<Shared>) -> anyhow::Result<()> {
     let server = tiny_http::Server::http(addr)
         .map_err(|e| anyhow::anyhow!("{e}"))
         .with_context(|| format!("serving metrics on {addr}"))?;
@@ -105,7 +132,7 @@ pub fn serve(addr: SocketAddr, agent: Arc<Mutex<Agent>>) -> anyhow::Result<()> {
         for request in server.incoming_requests() {
             let response = match request.url() {
                 "/metrics" => {
-                    let body = render(&super::lock(&agent));
+                    let body = render(&agent);
                     tiny_http::Response::from_string(body).with_header(
                         tiny_http::Header::from_bytes(
                             "Content-Type",
@@ -156,7 +183,9 @@ fn direction_and_reason(name: &str) -> (&str, &str) {
     ("outbound", name)
 }
 
-fn render(agent: &Agent) -> String {
+fn render(shared: &Shared) -> String {
+    let agent = &*super::lock(shared);
+    let counts = &shared.metrics;
     let mut registry = Registry::with_prefix("interceptor");
     let decisions = Family::<Labels, Counter>::default();
     for info in agent.all_info() {
@@ -199,19 +228,19 @@ fn render(agent: &Agent) -> String {
     by_backend.register(
         "pod_registration_seconds",
         "Time from a pod add request to its interception being in force",
-        agent.registration_seconds.clone(),
+        counts.registration_seconds.clone(),
     );
     registry.register(
         "pod_registrations_refused",
         "Pod registrations refused, by the API's error kind (table_full: a map the kernel found full too; unavailable: a namespace that could not be read, a map update short of memory; internal: a pod record that could not be written, among others); each is logged with the pod and the reason",
-        agent.registrations_refused.0.clone(),
+        counts.registrations_refused.0.clone(),
     );
     registry.register(
         "cni_pods_skipped",
         "Pods the CNI plugin let through without meshing them, by reason",
-        agent.pods_skipped.0.clone(),
+        counts.pods_skipped.0.clone(),
     );
-    if let Some(repairs) = &agent.repairs {
+    if let Some(repairs) = &counts.repairs {
         registry.register(
             "pods_repaired",
             "Pods that started without the CNI plugin (not chained when their sandbox was created) and that the agent registered in place",
@@ -231,7 +260,7 @@ fn render(agent: &Agent) -> String {
         drifted,
     );
     let not_meshed = Gauge::<i64>::default();
-    not_meshed.set(agent.not_meshed.len() as i64);
+    not_meshed.set(shared.not_meshed().len() as i64);
     registry.register(
         "pods_not_meshed",
         "Pods Linkerd injected that started without the CNI plugin and that the agent could not mesh after retrying (it keeps trying)",
@@ -257,7 +286,7 @@ fn render(agent: &Agent) -> String {
     registry.register(
         "pod_checks",
         "Pods checked against their network namespace (gone, replaced, addresses changed), by trigger: event (a namespace removed, an address notification), lost (notifications were lost: every pod) sweep (the safety sweep, one pod at a time over --reconcile-ms) or unheard (every 2 s, the pods whose changes the agent cannot hear: no CAP_NET_BROADCAST, or a namespace without an id)",
-        agent.pod_checks.0.clone(),
+        counts.pod_checks.0.clone(),
     );
     let dump_failures = Family::<Labels, Counter>::default();
     for what in Dump::ALL {
@@ -280,23 +309,18 @@ fn render(agent: &Agent) -> String {
     registry.register(
         "cni_chain_restored",
         "Times the CNI installer chained the plugin again into the node's primary network configuration, which the primary CNI had rewritten without it (as the installer reported them)",
-        agent.cni_chain_restored.clone(),
+        counts.cni_chain_restored.clone(),
     );
-    if let Some(kube) = &agent.kube {
+    if let Some(kube) = &shared.kube {
         registry.register(
             "kubernetes_pod_lookups",
             "Pods looked up for the CNI plugin (their annotations when the runtime passed none; the control-plane label and init containers of every pod Linkerd injected), by where the answer came from (cache, api, failed)",
             kube.lookups(),
         );
     }
-    if let Some(node) = agent.pods.ebpf() {
+    if let Some(programs) = agent.pods.programs() {
         let fill = Family::<Labels, Gauge<i64>>::default();
-        let levels = node.backend().maps().fill_levels();
-        for (map, entries) in [
-            ("pending_orig_dst", levels.pending),
-            ("connecting", levels.connecting),
-            ("listeners", levels.listeners),
-        ] {
+        for (map, entries) in programs.map_entries() {
             fill.get_or_create(&vec![("map".to_owned(), map.to_owned())])
                 .set(entries as i64);
         }

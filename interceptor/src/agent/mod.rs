@@ -12,6 +12,7 @@
 //! records, restore and metrics.
 pub use interceptor_api as api;
 use interceptor_common::names;
+mod capabilities;
 mod events;
 mod kube_node;
 pub mod kube_pods;
@@ -121,32 +122,31 @@ impl AgentPaths {
     }
 }
 
-/// The agent's view: the node (programs and maps) with the table of its pods, and their records
-/// on disk.
+/// The agent as its tasks share it, split by what guards each part: the pod table and what is
+/// kept beside it behind one lock ([`Agent`]); the Kubernetes facts (the node's pods, read
+/// from the API, and those the repair gave up on) behind their own; the counters without one
+/// (each is atomic). A registration takes the pod table's lock and nothing else; counting a
+/// refusal or answering a pod's annotations never waits for one.
+struct Shared {
+    state: Mutex<Agent>,
+    /// This node's pods in the Kubernetes API, when the agent was given access.
+    kube: Option<Arc<kube_pods::KubePods>>,
+    /// Pods Linkerd injected that the repair gave up on (reported, still failing), by UID.
+    not_meshed: Mutex<std::collections::BTreeMap<String, api::node_status::PodProblem>>,
+    metrics: metrics::AgentMetrics,
+}
+
+/// The agent's view: the node (programs and maps) with the table of its pods, their records on
+/// disk, and the node's and Kubernetes' facts the agent reports.
 struct Agent {
     /// The node's one table of the pods, with the agent's facts (see [`table::AgentPods`]).
     pods: Box<dyn table::AgentPods>,
     /// Written from the table after each change, read back at start-up.
     records: Records,
-    registration_seconds: prometheus_client::metrics::histogram::Histogram,
-    /// Pods the CNI plugin let through unmeshed, by reason.
-    pods_skipped: metrics::PodsSkipped,
-    /// Registrations refused, by the API's error kind.
-    registrations_refused: metrics::RegistrationsRefused,
-    /// Times the CNI installer chained the plugin again after the primary CNI dropped it.
-    cni_chain_restored: prometheus_client::metrics::counter::Counter,
-    /// This node's pods in the Kubernetes API, when the agent was given access.
-    kube: Option<Arc<kube_pods::KubePods>>,
-    /// What the repair of pods started without the CNI plugin did, when it is on.
-    repairs: Option<metrics::Repairs>,
-    /// Pods checked against their namespaces, by trigger.
-    pod_checks: metrics::PodChecks,
     /// What the last check of each pod's entries found wrong (see [`Agent::recheck`]):
     /// `/ready`, polled every few seconds, answers from it instead of reading every pod's
     /// entries and pins from the kernel.
     pod_problems: std::collections::BTreeMap<interceptor_common::NetnsCookie, String>,
-    /// Pods Linkerd injected that the repair gave up on (reported, still failing), by UID.
-    not_meshed: std::collections::BTreeMap<String, api::node_status::PodProblem>,
     /// The installer's report of the CNI chain, when readiness goes by it (`--cni-chain-report`).
     chain_report: Option<PathBuf>,
     /// The node's problems as `/ready` last found them.
@@ -195,101 +195,37 @@ type Refusal = (ErrorKind, String);
 
 /// Runs the agent until SIGINT/SIGTERM; interception stays in force after it exits.
 pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()> {
-    let cgroup = options.cgroup.as_path();
-    let _lock = match paths.lock_agent(false)? {
-        Some(lock) => lock,
-        None => {
-            info!(lock = %paths.lock().display(), "another agent is running: waiting for it to exit, then taking over");
-            paths.lock_agent(true)?.context("taking the agent lock")?
-        }
-    };
+    let _lock = take_agent_lock(&paths)?;
     let records = Records::open(&paths.records())
         .with_context(|| format!("opening {}", paths.records().display()))?;
-    // The one place that picks a backend.
-    let (pods, before) = match options.backend {
-        BackendChoice::Ebpf => {
-            let (node, before) = load_ebpf(&paths, &options)?;
-            (table::pods_over(node), before)
-        }
-        BackendChoice::Iptables(settings) => {
-            if paths.bpffs.join("link_icpt_connect4").exists() || !paths.all_maps_dirs().is_empty()
-            {
-                warn!(bpffs = %paths.bpffs.display(), "an eBPF agent's pinned programs and maps are here: left alone (their programs keep intercepting the pods whose entries they hold); `interceptor uninstall` removes them");
-            }
-            let backend = crate::iptables::IptablesBackend::new(settings, options.max_pods);
-            (table::pods_over(backend), MapsBefore::default())
-        }
-    };
-    // The pins are the eBPF backend's: their directory exists once the programs are loaded.
-    let pins = pods.ebpf().is_some().then_some(paths.bpffs.as_path());
+    let (pods, before) = pick_backend(&paths, &options)?;
+    // The pins are the node programs': their directory exists once the programs are loaded.
+    let pins = pods.programs().is_some().then_some(paths.bpffs.as_path());
     let (netns_watch, mut events) = watch::Watch::start(pins)?;
     let mut agent = Agent {
         pods,
         records,
-        registration_seconds: metrics::registration_histogram(),
-        pods_skipped: metrics::PodsSkipped::default(),
-        registrations_refused: metrics::RegistrationsRefused::default(),
-        cni_chain_restored: Default::default(),
-        kube: None,
-        repairs: None,
-        pod_checks: metrics::PodChecks::default(),
         pod_problems: Default::default(),
-        not_meshed: Default::default(),
         chain_report: options.cni_chain_report.clone(),
         last_node_problems: None,
         status_changed: Default::default(),
         status_writes: Default::default(),
         events: None,
         netns_watch,
-        cgroup: cgroup.to_owned(),
+        cgroup: options.cgroup.clone(),
     };
-    if agent.pods.ebpf().is_some() {
-        start_ebpf(&mut agent, cgroup, &before)?;
-    } else {
-        agent.restore(false)?;
-        agent.recheck_all();
-    }
-    let (changes, repair_changes) = match &options.repair {
-        Some(_) => {
-            let (changes, receiver) = tokio::sync::mpsc::unbounded_channel();
-            (Some(changes), Some(receiver))
-        }
-        None => (None, None),
-    };
+    take_back_pods(&mut agent, &options.cgroup, &before)?;
     let owner = match (&options.daemonset, &options.kubernetes) {
         (Some(daemonset), Some(kube)) => {
             Some(teardown::Owner::start(daemonset.clone(), kube).await?)
         }
         _ => None,
     };
-    if let Some(kube) = options.kubernetes {
-        agent.kube = Some(kube_pods::KubePods::start(kube, changes).await);
-    }
-    let enabled = repair::enabled(agent.kube.as_deref(), options.repair.as_ref());
-    let repair = match (enabled, agent.kube.clone(), options.repair, repair_changes) {
-        (true, Some(kube), Some(options), Some(changes)) => {
-            let metrics = metrics::Repairs::default();
-            agent.repairs = Some(metrics.clone());
-            Some((kube, options, metrics, changes))
-        }
-        _ => None,
-    };
-    agent.events = agent.kube.as_deref().and_then(events::Events::for_pods);
-    let agent = Arc::new(Mutex::new(agent));
-    if let Some((kube, options, metrics, changes)) = repair {
-        let repair = repair::Repair::new(agent.clone(), kube, options, metrics);
-        tokio::spawn(repair.run(changes));
-    }
+    let agent = start_kubernetes(agent, &options).await;
     if let Some(addr) = options.metrics_addr {
         metrics::serve(addr, agent.clone())?;
     }
-
-    let socket = paths.socket();
-    let _ = std::fs::remove_file(&socket);
-    let listener =
-        UnixListener::bind(&socket).with_context(|| format!("binding {}", socket.display()))?;
-    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("chmod 0600 {}", socket.display()))?;
+    let (socket, listener) = bind_api(&paths)?;
     let (backend, pods) = {
         let agent = lock(&agent);
         (agent.pods.kind(), agent.pods.len())
@@ -297,7 +233,7 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
     info!(
         socket = %socket.display(),
         %backend,
-        cgroup = %cgroup.display(),
+        cgroup = %options.cgroup.display(),
         bpffs = %paths.bpffs.display(),
         pods,
         "agent ready"
@@ -336,6 +272,91 @@ pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()>
         "agent exiting; interception stays in force (pinned) until the next agent takes over"
     );
     Ok(())
+}
+
+/// One agent at a time: a new one started for an upgrade waits for the running one to exit.
+fn take_agent_lock(paths: &AgentPaths) -> anyhow::Result<Flock<File>> {
+    if let Some(lock) = paths.lock_agent(false)? {
+        return Ok(lock);
+    }
+    info!(lock = %paths.lock().display(), "another agent is running: waiting for it to exit, then taking over");
+    paths.lock_agent(true)?.context("taking the agent lock")
+}
+
+/// The one place that picks a backend: the table over it, and what an earlier agent left
+/// pinned that the programs do not load on.
+fn pick_backend(
+    paths: &AgentPaths,
+    options: &AgentOptions,
+) -> anyhow::Result<(Box<dyn table::AgentPods>, MapsBefore)> {
+    Ok(match options.backend {
+        BackendChoice::Ebpf => {
+            let (node, before) = load_ebpf(paths, options)?;
+            (table::pods_over(node), before)
+        }
+        BackendChoice::Iptables(settings) => {
+            if paths.bpffs.join("link_icpt_connect4").exists() || !paths.all_maps_dirs().is_empty()
+            {
+                warn!(bpffs = %paths.bpffs.display(), "an eBPF agent's pinned programs and maps are here: left alone (their programs keep intercepting the pods whose entries they hold); `interceptor uninstall` removes them");
+            }
+            let backend = crate::iptables::IptablesBackend::new(settings, options.max_pods);
+            (table::pods_over(backend), MapsBefore::default())
+        }
+    })
+}
+
+/// Starts what reads the Kubernetes API, when the agent was given access: the node's pods (for
+/// the plugin and the repair), the repair, the Events; returns the agent as its tasks share it.
+async fn start_kubernetes(mut agent: Agent, options: &AgentOptions) -> Arc<Shared> {
+    let (changes, repair_changes) = match &options.repair {
+        Some(_) => {
+            let (changes, receiver) = tokio::sync::mpsc::unbounded_channel();
+            (Some(changes), Some(receiver))
+        }
+        None => (None, None),
+    };
+    let kube = match options.kubernetes.clone() {
+        Some(kube) => Some(kube_pods::KubePods::start(kube, changes).await),
+        None => None,
+    };
+    let enabled = repair::enabled(kube.as_deref(), options.repair.as_ref());
+    let mut metrics = metrics::AgentMetrics::default();
+    let repair = match (
+        enabled,
+        kube.clone(),
+        options.repair.clone(),
+        repair_changes,
+    ) {
+        (true, Some(kube), Some(options), Some(changes)) => {
+            let repairs = metrics::Repairs::default();
+            metrics.repairs = Some(repairs.clone());
+            Some((kube, options, repairs, changes))
+        }
+        _ => None,
+    };
+    agent.events = kube.as_deref().and_then(events::Events::for_pods);
+    let agent = Arc::new(Shared {
+        state: Mutex::new(agent),
+        kube,
+        not_meshed: Mutex::default(),
+        metrics,
+    });
+    if let Some((kube, options, metrics, changes)) = repair {
+        let repair = repair::Repair::new(agent.clone(), kube, options, metrics);
+        tokio::spawn(repair.run(changes));
+    }
+    agent
+}
+
+/// The API's socket, for this node's root only.
+fn bind_api(paths: &AgentPaths) -> anyhow::Result<(PathBuf, UnixListener)> {
+    let socket = paths.socket();
+    let _ = std::fs::remove_file(&socket);
+    let listener =
+        UnixListener::bind(&socket).with_context(|| format!("binding {}", socket.display()))?;
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("chmod 0600 {}", socket.display()))?;
+    Ok((socket, listener))
 }
 
 /// What an earlier agent left pinned that the programs do not load on.
@@ -392,28 +413,28 @@ fn load_ebpf(paths: &AgentPaths, options: &AgentOptions) -> anyhow::Result<(Ebpf
     Ok((node, MapsBefore { older, lost }))
 }
 
-/// Takes the pods back into the loaded node's maps and swaps its programs into the pinned
-/// links; with new maps (older map layouts, or this layout's pins lost), builds them first and
-/// copies what is in flight from the older ones.
-fn start_ebpf(agent: &mut Agent, cgroup: &Path, before: &MapsBefore) -> anyhow::Result<()> {
+/// Takes the pods back into the backend and, where it has node programs, swaps them into the
+/// pinned links; with new maps (older map layouts, or this layout's pins lost), builds them
+/// first and copies what is in flight from the older ones.
+fn take_back_pods(agent: &mut Agent, cgroup: &Path, before: &MapsBefore) -> anyhow::Result<()> {
     let migrating = before.new_maps();
     let older = &before.older;
     // Original destinations the replaced programs record until the switch: copied before it,
     // and again after it for those recorded meanwhile.
-    let import_in_flight = |agent: &mut Agent| match agent.pods.ebpf_mut() {
-        Some(node) => older
-            .iter()
-            .map(|dir| node.backend_mut().maps_mut().import_in_flight(dir))
-            .sum::<usize>(),
-        None => 0,
+    let import_in_flight = |agent: &mut Agent| {
+        agent
+            .pods
+            .programs_mut()
+            .map_or(0, |programs| programs.import_in_flight(older))
     };
     if migrating {
         agent.restore(true)?;
         import_in_flight(agent);
         crash_point!("migration-built");
     }
-    if let Some(node) = agent.pods.ebpf_mut() {
-        node.attach(cgroup)
+    if let Some(programs) = agent.pods.programs_mut() {
+        programs
+            .attach(cgroup)
             .with_context(|| format!("attaching to cgroup {}", cgroup.display()))?;
     }
     if migrating {
@@ -438,10 +459,23 @@ fn start_ebpf(agent: &mut Agent, cgroup: &Path, before: &MapsBefore) -> anyhow::
 /// The agent, shared by the API's handlers, the reconciliation and the metrics thread. A panic
 /// while it was held must not stop the agent from serving: the maps it guards are consistent
 /// after every single operation.
-fn lock(agent: &Mutex<Agent>) -> std::sync::MutexGuard<'_, Agent> {
+fn lock(agent: &Shared) -> std::sync::MutexGuard<'_, Agent> {
     agent
+        .state
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Shared {
+    /// The pods the repair gave up on; taken after the pod table's lock where both are held.
+    fn not_meshed(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<String, api::node_status::PodProblem>>
+    {
+        self.not_meshed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// Every map name a layout's directory may hold: this layout's, and those only earlier layouts
@@ -497,19 +531,9 @@ pub fn uninstall(paths: &AgentPaths) -> anyhow::Result<Vec<PathBuf>> {
     };
     let records = Records::open(&paths.records())?;
     for record in records.load_all() {
-        // What the iptables backend wrote in a pod that still exists goes too.
-        if let records::PodBackend::Iptables(chains) = &record.backend
-            && record.netns.exists()
-        {
-            let options = crate::iptables::IptablesOptions {
-                mode: chains.mode,
-                wait: true,
-                ipv6: record.config.ipv6,
-                netns: Some(record.netns.clone()),
-            };
-            crate::iptables::cleanup(&options).with_context(|| {
-                format!("removing the iptables chains in {}", record.netns.display())
-            })?;
+        // What a backend wrote in a pod that still exists (iptables: its chains) goes too.
+        if record.netns.exists() {
+            table::remove_recorded(&record)?;
         }
         remove(
             paths

@@ -12,7 +12,7 @@
 //! namespace (a switch into it per pod); the lock is taken only to apply what changed.
 use std::{
     path::PathBuf,
-    sync::{Arc, Mutex, mpsc},
+    sync::{Arc, mpsc},
     time::Duration,
 };
 
@@ -20,7 +20,7 @@ use interceptor_common::NetnsCookie;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::{Agent, lock, watch::Event};
+use super::{Agent, Shared, lock, watch::Event};
 use crate::netns::PodNetns;
 
 /// Work for the reconciler's thread.
@@ -41,7 +41,7 @@ pub(super) struct Reconciler {
 }
 
 impl Reconciler {
-    pub fn start(agent: Arc<Mutex<Agent>>) -> Self {
+    pub fn start(agent: Arc<Shared>) -> Self {
         let (work, receiver) = mpsc::channel();
         std::thread::Builder::new()
             .name("reconcile".into())
@@ -72,7 +72,7 @@ impl Reconciler {
     }
 }
 
-fn run(agent: &Mutex<Agent>, work: Work) {
+fn run(agent: &Shared, work: Work) {
     let (pods, trigger) = match work {
         Work::Pods(pods, trigger) => (pods, trigger),
         Work::At(path) => {
@@ -98,15 +98,15 @@ fn run(agent: &Mutex<Agent>, work: Work) {
 
 /// Checks one pod against its namespace: removed if the namespace is gone or was replaced, its
 /// addresses applied if they changed.
-fn check(agent: &Mutex<Agent>, cookie: NetnsCookie, trigger: &'static str) {
+fn check(agent: &Shared, cookie: NetnsCookie, trigger: &'static str) {
     let (identify, path) = {
-        let agent = lock(agent);
-        let Some(netns) = agent.pods.netns(cookie) else {
+        let state = lock(agent);
+        let Some(netns) = state.pods.netns(cookie) else {
             return;
         };
-        agent.pod_checks.count(trigger);
-        (agent.pods.lenient_identifier(), netns.to_owned())
+        (state.pods.lenient_identifier(), netns.to_owned())
     };
+    agent.metrics.pod_checks.count(trigger);
     // One switch into the namespace for both.
     let current = PodNetns::open(&path).and_then(|n| identify(&n));
     let mut agent = lock(agent);
@@ -133,7 +133,7 @@ fn check(agent: &Mutex<Agent>, cookie: NetnsCookie, trigger: &'static str) {
 
 /// Pins again what went missing, then takes every pod's problem afresh (a pod's link may be
 /// among the pins).
-fn repin(agent: &Mutex<Agent>) {
+fn repin(agent: &Shared) {
     let mut agent = lock(agent);
     restore_missing_pins(&agent);
     agent.recheck_all();
@@ -142,10 +142,10 @@ fn repin(agent: &Mutex<Agent>) {
 /// A pin removed by hand (or by a cleanup script) while the agent runs leaves the attachment
 /// held by this process only: pinned again here, the next restart or crash does not end it.
 fn restore_missing_pins(agent: &Agent) {
-    let Some(node) = agent.pods.ebpf() else {
+    let Some(programs) = agent.pods.programs() else {
         return;
     };
-    let (pinned, failed) = node.restore_missing_pins();
+    let (pinned, failed) = programs.restore_missing_pins();
     for path in pinned {
         warn!(path = %path.display(), "a link's pin was removed while the agent held the link; pinned it again");
     }
@@ -191,7 +191,7 @@ impl Sweep {
 
     /// Hands the next pod (and at a round's start, the pins) to the reconciler, and schedules
     /// the next step.
-    pub fn step(&mut self, agent: &Mutex<Agent>, reconciler: &Reconciler) {
+    pub fn step(&mut self, agent: &Shared, reconciler: &Reconciler) {
         let (next, pods) = {
             let agent = lock(agent);
             let pods = agent.pods.len();

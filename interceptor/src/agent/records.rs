@@ -9,17 +9,11 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::iptables::ChainsInForce;
-
 /// The record format and its reading are `interceptor_api::records`' (what the `pod_record`
-/// fuzz target drives); the iptables backend's part is the chains it wrote.
-pub type PodRecord = super::api::records::PodRecord<ChainsInForce>;
-/// Which backend meshed a pod, and for iptables what it wrote. Records of agents that predate
-/// the choice are eBPF.
-pub type PodBackend = super::api::records::PodBackend<ChainsInForce>;
-
-/// What the agent keeps with each pod in its backend's table.
-pub type PodFacts = super::api::records::PodFacts<ChainsInForce>;
+/// fuzz target drives); each backend writes and reads its own part of a record (`MeshedBy`,
+/// see `AgentBackend::meshed_by`). `PodFacts` is what the agent keeps with each pod in its
+/// backend's table.
+pub use super::api::records::{MeshedBy, PodFacts, PodRecord};
 
 pub struct Records {
     dir: PathBuf,
@@ -122,8 +116,8 @@ mod tests {
         assert_eq!(loaded[0].config.outbound_ports_to_ignore.to_string(), "25");
         assert_eq!(loaded[0].config.proxy_uid, Some(2102));
         assert_eq!(
-            loaded[0].backend,
-            PodBackend::Ebpf,
+            loaded[0].meshed_by,
+            MeshedBy::new(crate::agent::api::Backend::Ebpf),
             "an older record is eBPF's"
         );
         let rewritten: serde_json::Value =

@@ -6,17 +6,17 @@
 //! slow (opening the pod's namespace, looking through `/proc` for its proxy's listener, running
 //! iptables) is done without holding the agent's lock.
 use interceptor_common::NetnsCookie;
-use std::{collections::BTreeSet, path::Path, sync::Mutex, time::Instant};
+use std::{collections::BTreeSet, path::Path, time::Instant};
 
 use tracing::{info, warn};
 
 use super::{
-    Agent, Refusal,
-    api::{ErrorKind, Health, PodAdd, PodInfo},
+    Agent, Refusal, Shared,
+    api::{Backend as Kind, ErrorKind, Health, PodAdd, PodInfo},
     events::Occurrence,
     kube_pods::PodRef,
     lock,
-    records::{PodBackend, PodFacts},
+    records::{MeshedBy, PodFacts},
 };
 use crate::{
     config::{InterceptionConfig, user_ids::HostIds},
@@ -35,7 +35,7 @@ enum Applied {
 
 /// `add`: registers a pod, or applies a new configuration with `update`. Answers once the
 /// pod's interception is in force.
-pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Refusal> {
+pub(super) fn add(agent: &Shared, add: PodAdd) -> Result<Vec<PodInfo>, Refusal> {
     let started = Instant::now();
     let config = add.config.clone();
     let unknown = |e: crate::netns::NetnsError| (ErrorKind::UnknownNetns, e.to_string());
@@ -43,13 +43,13 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
     // The id first, and the registration noted with the listener, then the read: a change made
     // after the read began is heard, one made before is in it.
     let nsid = namespace_id(&netns);
-    let (backend, identify, ebpf, registering) = {
+    let (backend, identify, holds_listeners, registering) = {
         let agent = lock(agent);
         let pods = &agent.pods;
         (
             pods.kind(),
             pods.lenient_identifier(),
-            pods.ebpf().is_some(),
+            pods.listeners().is_some(),
             nsid.map(|id| agent.netns_watch.registering(id)),
         )
     };
@@ -75,21 +75,36 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
     };
     let facts = PodFacts {
         meta: add.meta.clone(),
-        meshed_by: PodBackend::default(),
+        meshed_by: MeshedBy::default(),
     };
-    let applied = lock(agent).apply(cookie, &pod, facts, registering, add.update)?;
-    if applied != Applied::Nothing {
-        let agent = if ebpf {
+    // The answer's problem is the one `apply` left: none, as its writes (or its check of a pod
+    // already in force) succeeded, unless a check since found one. Reading back what was just
+    // written (the pod's 24 KiB configuration entry, its link and program) would cost a tenth of
+    // a registration and find nothing more. Its listener is looked up alone, not every pod's.
+    let answer = |state: &Agent| state.info_checked(cookie, None, Checked::Just);
+    let info = {
+        let mut state = lock(agent);
+        let applied = state.apply(cookie, &pod, facts, registering, add.update)?;
+        if applied == Applied::Nothing || !holds_listeners {
+            Ok((applied, answer(&state)))
+        } else {
+            Err(applied)
+        }
+    };
+    let (applied, info) = match info {
+        Ok(done) => done,
+        Err(applied) => {
             // Its configuration is in force, so a listen() from here on is caught by sock_ops;
             // one made before is looked for now, in /proc, without the lock.
             let found = find_listeners(&netns, config.incoming_proxy_port);
-            let mut agent = lock(agent);
-            agent.adopt_listeners(cookie, found, applied == Applied::NewPod)?;
-            agent
-        } else {
-            lock(agent)
-        };
+            let mut state = lock(agent);
+            state.adopt_listeners(cookie, found, applied == Applied::NewPod)?;
+            (applied, answer(&state))
+        }
+    };
+    if applied != Applied::Nothing {
         agent
+            .metrics
             .registration_seconds
             .observe(started.elapsed().as_secs_f64());
         info!(
@@ -105,14 +120,9 @@ pub(super) fn add(agent: &Mutex<Agent>, add: PodAdd) -> Result<Vec<PodInfo>, Ref
         );
     }
     // With the iptables backend the chains are ours: there is nothing to take over.
-    if add.takeover_iptables && ebpf {
+    if add.takeover_iptables && backend != Kind::Iptables {
         take_over_from_iptables(&add.netns)?;
     }
-    // The answer's problem is the one `apply` left: none, as its writes (or its check of a pod
-    // already in force) succeeded, unless a check since found one. Reading back what was just
-    // written (the pod's 24 KiB configuration entry, its link and program) would cost a tenth of
-    // a registration and find nothing more. Its listener is looked up alone, not every pod's.
-    let info = lock(agent).info_checked(cookie, None, Checked::Just);
     Ok(info.into_iter().collect())
 }
 
@@ -219,7 +229,7 @@ impl Agent {
         }
         if names_only && let Some(existing) = &existing {
             let facts = PodFacts {
-                meshed_by: existing.backend.clone(),
+                meshed_by: existing.meshed_by.clone(),
                 ..facts
             };
             self.pods.set_facts(cookie, facts);
@@ -271,21 +281,23 @@ impl Agent {
     }
 
     /// Puts the proxy's listeners that existed before the pod was registered into the listener
-    /// map. A new pod that cannot have them is removed again: it would drop inbound connections.
+    /// map, where the backend holds listeners. A new pod that cannot have them is taken out of
+    /// the table again by the backend (`Listeners::adopt`), and untracked here.
     fn adopt_listeners(
         &mut self,
         cookie: NetnsCookie,
         found: Vec<crate::netns::listener::Listening>,
         is_new: bool,
     ) -> Result<(), Refusal> {
-        let Some(ebpf) = self.pods.ebpf_mut() else {
+        let Some(listeners) = self.pods.listeners_mut() else {
             return Ok(());
         };
-        let Err(e) = ebpf.adopt_listeners(cookie, found) else {
+        let Err(e) = listeners.adopt(cookie, found, is_new) else {
             return Ok(());
         };
-        if is_new {
-            self.forget(cookie, "its proxy's listener could not be adopted");
+        if self.pods.facts(cookie).is_none() {
+            self.untrack(cookie);
+            warn!(netns_cookie = %cookie, "pod removed: its proxy's listener could not be adopted");
         }
         Err((
             ErrorKind::Internal,
@@ -372,7 +384,7 @@ impl Agent {
             netns: record.netns,
             netns_cookie: cookie,
             meta: record.meta,
-            backend: record.backend.kind(),
+            backend: record.meshed_by.kind,
             slot: details.slot,
             args: record.config.to_args(),
             config: record.config,

@@ -31,7 +31,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Duration,
 };
 
@@ -39,7 +39,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::{
-    Agent,
+    Shared,
     api::{ErrorKind, PodAdd, PodMeta, node_status::PodProblem},
     events::Occurrence,
     kube_pods::{Change, KubePods, PodRef},
@@ -137,7 +137,7 @@ struct Failing {
 }
 
 pub(super) struct Repair {
-    agent: Arc<Mutex<Agent>>,
+    agent: Arc<Shared>,
     kube: Arc<KubePods>,
     options: RepairOptions,
     metrics: Repairs,
@@ -147,7 +147,7 @@ pub(super) struct Repair {
 
 impl Repair {
     pub(super) fn new(
-        agent: Arc<Mutex<Agent>>,
+        agent: Arc<Shared>,
         kube: Arc<KubePods>,
         options: RepairOptions,
         metrics: Repairs,
@@ -223,10 +223,11 @@ impl Repair {
             .iter()
             .filter_map(|(uid, failing)| Some((uid.clone(), failing.reported.clone()?)))
             .collect();
-        let mut agent = lock(&self.agent);
-        if agent.not_meshed != not_meshed {
-            agent.not_meshed = not_meshed;
-            agent.status_changed.notify();
+        let mut now = self.agent.not_meshed();
+        if *now != not_meshed {
+            *now = not_meshed;
+            drop(now);
+            lock(&self.agent).status_changed.notify();
         }
     }
 
@@ -350,7 +351,7 @@ impl Repair {
 
 /// Finds the pod's network namespace and registers it; returns the path registered.
 fn register(
-    agent: &Mutex<Agent>,
+    agent: &Shared,
     pods_cgroup: &Path,
     pod: &PodRef,
     config: InterceptionConfig,

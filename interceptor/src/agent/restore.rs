@@ -14,8 +14,11 @@ use tracing::{info, warn};
 
 use super::{
     Agent,
-    api::records::{Found, NotRestored, Then, leftovers, leftovers_after_restore, take_back},
-    records::{PodBackend, PodRecord},
+    api::{
+        Backend as Kind,
+        records::{Found, NotRestored, Then, take_back},
+    },
+    records::PodRecord,
     registration::{namespace_id, proxy_ids_on_host, take_over_from_iptables},
     watch::Registering,
 };
@@ -61,8 +64,8 @@ impl Agent {
                 }
                 Err(Then::Forget(why)) => {
                     warn!(netns = %netns.display(), netns_cookie = %cookie, "not restoring pod: {why}");
-                    if let Some(ebpf) = self.pods.ebpf_mut() {
-                        let _ = ebpf.purge(cookie);
+                    if let Some(leftovers) = self.pods.leftovers_mut() {
+                        let _ = leftovers.purge(cookie);
                     }
                     let _ = self.records.remove(cookie);
                 }
@@ -134,41 +137,43 @@ impl Agent {
         Ok(registering)
     }
 
-    /// Moves the pods the iptables backend meshed, registered in the maps by
-    /// [`Self::restore`], to the programs alone: their proxy's existing listener is adopted,
-    /// then their chains are removed (the programs already intercept them, so there is no
-    /// moment without interception) and their records say eBPF. Called once the programs are
-    /// attached.
+    /// Moves the pods the iptables backend meshed, registered by another backend in
+    /// [`Self::restore`] (their records still say iptables), to that backend alone: their
+    /// proxy's existing listener is adopted where the backend holds listeners, then their
+    /// chains are removed (the backend already intercepts them, so there is no moment without
+    /// interception) and their records say the backend's. Called once the backend intercepts
+    /// (the programs attached). An iptables agent's records all say iptables: nothing to do.
     pub(super) fn take_over_iptables_pods(&mut self) {
+        let ours = self.pods.kind();
         let meshed_by_iptables: Vec<PodRecord> = self
             .pods
             .keys()
             .into_iter()
             .filter_map(|cookie| self.pods.record(cookie))
-            .filter(|r| matches!(r.backend, PodBackend::Iptables(_)))
+            .filter(|r| r.meshed_by.kind == Kind::Iptables && ours != Kind::Iptables)
             .collect();
-        for mut record in meshed_by_iptables {
+        for record in meshed_by_iptables {
             let cookie = record.netns_cookie;
-            let Some(ebpf) = self.pods.ebpf_mut() else {
-                return;
-            };
-            let found = PodNetns::open(&record.netns)
-                .map(|netns| find_listeners(&netns, record.config.incoming_proxy_port))
-                .unwrap_or_default();
-            if let Err(e) = ebpf.adopt_listeners(cookie, found) {
-                warn!(netns = %record.netns.display(), error = %e, "not taking over a pod from iptables (its proxy's listener could not be adopted): its chains stay in force");
-                continue;
+            if let Some(listeners) = self.pods.listeners_mut() {
+                let found = PodNetns::open(&record.netns)
+                    .map(|netns| find_listeners(&netns, record.config.incoming_proxy_port))
+                    .unwrap_or_default();
+                if let Err(e) = listeners.adopt(cookie, found, false) {
+                    warn!(netns = %record.netns.display(), error = %e, "not taking over a pod from iptables (its proxy's listener could not be adopted): its chains stay in force");
+                    continue;
+                }
             }
             if let Err((_, e)) = take_over_from_iptables(&record.netns) {
                 warn!(netns = %record.netns.display(), "{e}");
                 continue;
             }
-            record.backend = PodBackend::Ebpf;
-            self.pods.set_facts(cookie, record.facts());
+            let Some(record) = self.pods.claim(cookie) else {
+                continue;
+            };
             if let Err(e) = self.records.save(&record) {
                 warn!(netns = %record.netns.display(), error = %e, "saving the pod record");
             }
-            info!(netns = %record.netns.display(), netns_cookie = %cookie, "took over a pod from iptables: the programs intercept it, its chains are removed");
+            info!(netns = %record.netns.display(), netns_cookie = %cookie, "took over a pod from iptables: the backend intercepts it, its chains are removed");
         }
     }
 
@@ -183,17 +188,15 @@ impl Agent {
             .iter()
             .map(|record| record.netns_cookie)
             .collect();
-        let Some(ebpf) = self.pods.ebpf_mut() else {
+        let Some(leftovers) = self.pods.leftovers_mut() else {
             return;
         };
-        let without_record =
-            leftovers_after_restore(ebpf.held(&ebpf.census()), |c| ebpf.contains(c), &recorded);
-        for cookie in without_record {
+        for cookie in leftovers.without_record(&recorded) {
             warn!(
                 netns_cookie = %cookie,
                 "removing what the maps and pins hold for a pod without a record"
             );
-            if let Err(e) = ebpf.purge(cookie) {
+            if let Err(e) = leftovers.purge(cookie) {
                 warn!(netns_cookie = %cookie, error = %e, "removing a pod's leftovers");
             }
         }
@@ -202,9 +205,9 @@ impl Agent {
     /// The pods the maps or the pins hold something of, and that are not registered
     /// (`interceptor_api::records` decides).
     pub(super) fn unregistered(&self) -> BTreeSet<NetnsCookie> {
-        let Some(ebpf) = self.pods.ebpf() else {
-            return BTreeSet::new();
-        };
-        leftovers(ebpf.held(&ebpf.census()), |cookie| ebpf.contains(cookie))
+        self.pods
+            .leftovers()
+            .map(|leftovers| leftovers.unregistered())
+            .unwrap_or_default()
     }
 }

@@ -4,11 +4,7 @@
 //! and answered on a blocking thread, so a client that connects and says nothing delays nobody:
 //! not another client's `pod add` (a pod waiting to start), nor the periodic reconciliation. The
 //! agent's lock is held only for the map and record changes themselves (see `registration`).
-use std::{
-    io::Write as _,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{io::Write as _, sync::Arc, time::Duration};
 
 use tokio::{
     io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
@@ -18,7 +14,7 @@ use tokio::{
 use tracing::{info, warn};
 
 use super::{
-    Agent, Refusal,
+    Refusal, Shared,
     api::{ErrorKind, InterceptionConfig, PodAddRequest, Request, Response},
     lock, registration,
 };
@@ -30,7 +26,7 @@ pub(super) const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
 const MAX_REQUEST_BYTES: u64 = 1 << 20;
 
 /// Serves one connection: reads its request within the deadline, handles it, answers.
-pub(super) async fn serve(agent: Arc<Mutex<Agent>>, stream: UnixStream) {
+pub(super) async fn serve(agent: Arc<Shared>, stream: UnixStream) {
     let uid = stream.peer_cred().map(|c| c.uid()).ok();
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
@@ -52,7 +48,7 @@ pub(super) async fn serve(agent: Arc<Mutex<Agent>>, stream: UnixStream) {
                     name,
                     uid,
                 }) => {
-                    let kube = lock(&agent).kube.clone();
+                    let kube = agent.kube.clone();
                     pod_annotations(kube, &namespace, &name, uid.as_deref()).await
                 }
                 Ok(request) => {
@@ -135,7 +131,7 @@ async fn pod_annotations(
 /// [`handle`], with a panic while handling answered as an `internal` refusal, as the runtime
 /// answered it when requests were handled on its tasks: the client learns that its request
 /// failed instead of seeing its connection close, and the agent serves on (see `lock`).
-fn handle_or_refuse(agent: &Mutex<Agent>, request: Request) -> Response {
+fn handle_or_refuse(agent: &Shared, request: Request) -> Response {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle(agent, request)))
         .unwrap_or_else(|_| {
             refuse((
@@ -145,14 +141,14 @@ fn handle_or_refuse(agent: &Mutex<Agent>, request: Request) -> Response {
         })
 }
 
-fn handle(agent: &Mutex<Agent>, request: Request) -> Response {
+fn handle(agent: &Shared, request: Request) -> Response {
     let result = match request {
         Request::Add(add) => {
             let netns = add.netns.clone();
             let added = registration::add(agent, add);
             if let Err((kind, message)) = &added {
                 warn!(netns = %netns.display(), ?kind, error = %message, "pod registration refused");
-                lock(agent).registrations_refused.count(*kind);
+                agent.metrics.registrations_refused.count(*kind);
             }
             added
         }
@@ -173,12 +169,12 @@ fn handle(agent: &Mutex<Agent>, request: Request) -> Response {
                 reason,
                 "pod not meshed"
             );
-            lock(agent).pods_skipped.count(&reason);
+            agent.metrics.pods_skipped.count(&reason);
             Ok(Vec::new())
         }
         Request::ChainRestored { conf } => {
             info!(conf = %conf.display(), "the CNI installer chained the plugin again: the primary CNI had rewritten its configuration without it");
-            lock(agent).cni_chain_restored.inc();
+            agent.metrics.cni_chain_restored.inc();
             Ok(Vec::new())
         }
         Request::PodAnnotations { .. } => {

@@ -4,7 +4,8 @@
 //! The agent holds it as a `Box<dyn AgentPods>` ([`pods_over`]): its start-up picks the backend,
 //! and nothing else asks which one it is. What differs between backends for the agent (how a refusal is
 //! worded, what a record says was written) is [`AgentBackend`], one impl per backend; what only
-//! eBPF can do (counters, listeners, pins) is reached through [`AgentPods::ebpf`].
+//! some backends can do (listeners, counters, leftovers, node programs) is a capability
+//! (`capabilities`), asked for by what it is.
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -20,11 +21,12 @@ use super::{
         Backend as Kind, ErrorKind,
         records::{NotRestored, Restore},
     },
-    records::{PodBackend, PodFacts, PodRecord},
+    capabilities::{Counters, Leftovers, Listeners, NodePrograms},
+    records::{MeshedBy, PodFacts, PodRecord},
 };
 use crate::{
     config::user_ids::HostIds,
-    ebpf::{EbpfError, EbpfNode, EbpfPods, EbpfWritten, InMaps},
+    ebpf::{EbpfError, EbpfNode, EbpfWritten, InMaps},
     iptables::{ChainsInForce, IptablesBackend, IptablesError, IptablesSettings},
     netns::{LocalDestinations, NetnsError, PodNetns},
     node::{Interception, PodTable, Wanted},
@@ -122,16 +124,25 @@ pub trait AgentPods: Send {
     fn restore(
         &mut self,
         record: &PodRecord,
-        how: Restore<'_, ChainsInForce>,
+        how: Restore<'_>,
         netns: &PodNetns,
         host_ids: HostIds,
         local: Option<&LocalDestinations>,
     ) -> Result<Option<String>, NotRestored>;
     /// Drops what [`Self::restore`] read once for all pods.
     fn end_restore(&mut self);
-    /// The eBPF table, for what only eBPF has (counters, listeners, pins, map leftovers).
-    fn ebpf(&self) -> Option<&EbpfPods<PodFacts>>;
-    fn ebpf_mut(&mut self) -> Option<&mut EbpfPods<PodFacts>>;
+    /// Says that this backend alone meshes a registered pod from now on (its chains, written by
+    /// the iptables backend, are removed); returns its record, to be saved.
+    fn claim(&mut self, key: NetnsCookie) -> Option<PodRecord>;
+    /// The backend's listeners, if it holds the proxies' listeners.
+    fn listeners(&self) -> Option<&dyn Listeners>;
+    fn listeners_mut(&mut self) -> Option<&mut dyn Listeners>;
+    /// The backend's state outside the table, if it keeps any that outlives the agent.
+    fn leftovers(&self) -> Option<&dyn Leftovers>;
+    fn leftovers_mut(&mut self) -> Option<&mut dyn Leftovers>;
+    /// The backend's programs attached for the whole node, if it has any.
+    fn programs(&self) -> Option<&dyn NodePrograms>;
+    fn programs_mut(&mut self) -> Option<&mut dyn NodePrograms>;
 }
 
 /// What differs between backends for the agent.
@@ -141,14 +152,14 @@ pub trait AgentBackend: Interception<Written: Send, Census: Send> + Sized + Send
     fn refusal(e: Self::Error) -> Refusal;
     /// What becomes of a pod whose restore the backend refused.
     fn not_restored(e: Self::Error) -> NotRestored;
-    /// What the restore decision (`interceptor_api::records::restore_step`) says this backend
-    /// wrote for the pod, where the record keeps that.
-    fn recorded<'r>(how: &Restore<'r, ChainsInForce>) -> Option<&'r Self::Written>;
-    /// What a record says meshed the pod once this backend wrote `written`; `before`: what it
-    /// said before a restore.
-    fn meshed_by(written: &Self::Written, before: Option<&PodBackend>) -> PodBackend;
-    /// What to say of a restored pod the other backend meshed (as `how` says), if anything.
-    fn taken_from_the_other(how: &Restore<'_, ChainsInForce>) -> Option<&'static str>;
+    /// What this backend wrote for a pod, read back from its own part of the pod's record
+    /// (what [`Self::meshed_by`] wrote), where it keeps that; `None`: written anew.
+    fn recorded(part: &MeshedBy) -> Option<Self::Written>;
+    /// The record's part of this backend once it wrote `written` for a pod; `before`: the
+    /// record's part before a restore.
+    fn meshed_by(written: &Self::Written, before: Option<&MeshedBy>) -> MeshedBy;
+    /// What to say of a restored pod another backend meshed (`from`), if anything.
+    fn taken_from(from: Kind) -> Option<String>;
     /// What the pod `key` delivers over lo as the backend has it in force, before a restore
     /// takes it back (`census`: as the restore reads it): kept when its namespace cannot be read.
     fn local_in_force(
@@ -156,8 +167,28 @@ pub trait AgentBackend: Interception<Written: Send, Census: Send> + Sized + Send
         key: NetnsCookie,
         census: &Self::Census,
     ) -> LocalDestinations;
-    fn as_ebpf(table: &PodTable<Self, PodFacts>) -> Option<&EbpfPods<PodFacts>>;
-    fn as_ebpf_mut(table: &mut PodTable<Self, PodFacts>) -> Option<&mut EbpfPods<PodFacts>>;
+    // The capabilities the backend has (`capabilities`), said here once: none by default.
+    fn counters(_table: &PodTable<Self, PodFacts>) -> Option<&dyn Counters> {
+        None
+    }
+    fn listeners(_table: &PodTable<Self, PodFacts>) -> Option<&dyn Listeners> {
+        None
+    }
+    fn listeners_mut(_table: &mut PodTable<Self, PodFacts>) -> Option<&mut dyn Listeners> {
+        None
+    }
+    fn leftovers(_table: &PodTable<Self, PodFacts>) -> Option<&dyn Leftovers> {
+        None
+    }
+    fn leftovers_mut(_table: &mut PodTable<Self, PodFacts>) -> Option<&mut dyn Leftovers> {
+        None
+    }
+    fn programs(_table: &PodTable<Self, PodFacts>) -> Option<&dyn NodePrograms> {
+        None
+    }
+    fn programs_mut(_table: &mut PodTable<Self, PodFacts>) -> Option<&mut dyn NodePrograms> {
+        None
+    }
 }
 
 impl AgentBackend for EbpfNode {
@@ -177,18 +208,18 @@ impl AgentBackend for EbpfNode {
     }
 
     /// Nothing of what eBPF writes is recorded: the maps and pins are read back.
-    fn recorded<'r>(_how: &Restore<'r, ChainsInForce>) -> Option<&'r EbpfWritten> {
+    fn recorded(_part: &MeshedBy) -> Option<EbpfWritten> {
         None
     }
 
     /// A pod taken back from iptables keeps saying so until its chains are removed
     /// (`take_over_iptables_pods`).
-    fn meshed_by(_written: &EbpfWritten, before: Option<&PodBackend>) -> PodBackend {
-        before.cloned().unwrap_or(PodBackend::Ebpf)
+    fn meshed_by(_written: &EbpfWritten, before: Option<&MeshedBy>) -> MeshedBy {
+        before.cloned().unwrap_or_else(|| MeshedBy::new(Kind::Ebpf))
     }
 
     /// Its chains are removed once the programs are attached (`take_over_iptables_pods`).
-    fn taken_from_the_other(_how: &Restore<'_, ChainsInForce>) -> Option<&'static str> {
+    fn taken_from(_from: Kind) -> Option<String> {
         None
     }
 
@@ -201,11 +232,32 @@ impl AgentBackend for EbpfNode {
         table.backend().maps().local_in_force(key, census)
     }
 
-    fn as_ebpf(table: &PodTable<Self, PodFacts>) -> Option<&EbpfPods<PodFacts>> {
+    // Every capability: listeners, counters, leftovers in the maps and pins, node programs.
+    fn counters(table: &PodTable<Self, PodFacts>) -> Option<&dyn Counters> {
         Some(table)
     }
 
-    fn as_ebpf_mut(table: &mut PodTable<Self, PodFacts>) -> Option<&mut EbpfPods<PodFacts>> {
+    fn listeners(table: &PodTable<Self, PodFacts>) -> Option<&dyn Listeners> {
+        Some(table)
+    }
+
+    fn listeners_mut(table: &mut PodTable<Self, PodFacts>) -> Option<&mut dyn Listeners> {
+        Some(table)
+    }
+
+    fn leftovers(table: &PodTable<Self, PodFacts>) -> Option<&dyn Leftovers> {
+        Some(table)
+    }
+
+    fn leftovers_mut(table: &mut PodTable<Self, PodFacts>) -> Option<&mut dyn Leftovers> {
+        Some(table)
+    }
+
+    fn programs(table: &PodTable<Self, PodFacts>) -> Option<&dyn NodePrograms> {
+        Some(table)
+    }
+
+    fn programs_mut(table: &mut PodTable<Self, PodFacts>) -> Option<&mut dyn NodePrograms> {
         Some(table)
     }
 }
@@ -226,21 +278,22 @@ impl AgentBackend for IptablesBackend {
         NotRestored::Kept(format!("writing its iptables chains: {e}"))
     }
 
-    fn recorded<'r>(how: &Restore<'r, ChainsInForce>) -> Option<&'r ChainsInForce> {
-        match how {
-            Restore::Iptables { recorded } => *recorded,
-            Restore::Ebpf { .. } => None,
-        }
+    /// The chains in force, as written: kept at a restore unless they changed. A part that
+    /// does not read (written by another release, damaged) has them written anew.
+    fn recorded(part: &MeshedBy) -> Option<ChainsInForce> {
+        part.part().ok()
     }
 
-    fn meshed_by(written: &ChainsInForce, _before: Option<&PodBackend>) -> PodBackend {
-        PodBackend::Iptables(written.clone())
+    fn meshed_by(written: &ChainsInForce, _before: Option<&MeshedBy>) -> MeshedBy {
+        // A struct of two fields, neither `kind`: always an object of its own.
+        MeshedBy::with_part(Kind::Iptables, written)
+            .unwrap_or_else(|_| MeshedBy::new(Kind::Iptables))
     }
 
-    fn taken_from_the_other(how: &Restore<'_, ChainsInForce>) -> Option<&'static str> {
-        matches!(how, Restore::Iptables { recorded: None }).then_some(
-            "pod meshed by eBPF: its iptables chains are written; its pinned eBPF state is left alone",
-        )
+    fn taken_from(from: Kind) -> Option<String> {
+        Some(format!(
+            "pod meshed by {from}: its iptables chains are written; what {from} left of it is left alone"
+        ))
     }
 
     /// The chains need none: `-o lo` covers whatever the pod delivers over lo.
@@ -251,13 +304,31 @@ impl AgentBackend for IptablesBackend {
     ) -> LocalDestinations {
         LocalDestinations::default()
     }
+}
 
-    fn as_ebpf(_table: &PodTable<Self, PodFacts>) -> Option<&EbpfPods<PodFacts>> {
-        None
-    }
-
-    fn as_ebpf_mut(_table: &mut PodTable<Self, PodFacts>) -> Option<&mut EbpfPods<PodFacts>> {
-        None
+/// Removes what the backend that meshed a record's pod wrote in its namespace, as `interceptor
+/// uninstall` does for a pod that still exists (iptables: its chains; eBPF's maps and pins are
+/// removed whole, not per pod).
+pub fn remove_recorded(record: &PodRecord) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    match record.meshed_by.kind {
+        Kind::Ebpf => Ok(()),
+        Kind::Iptables => {
+            let Some(chains) = IptablesBackend::recorded(&record.meshed_by) else {
+                return Ok(());
+            };
+            let options = crate::iptables::IptablesOptions {
+                mode: chains.mode,
+                wait: true,
+                ipv6: record.config.ipv6,
+                netns: Some(record.netns.clone()),
+            };
+            crate::iptables::cleanup(&options)
+                .map(drop)
+                .with_context(|| {
+                    format!("removing the iptables chains in {}", record.netns.display())
+                })
+        }
     }
 }
 
@@ -297,7 +368,7 @@ impl<B: AgentBackend> AgentTable<B> {
     }
 
     /// Puts what was written for a pod into the agent's facts (`before`: what its record said).
-    fn say_meshed_by(&mut self, key: NetnsCookie, before: Option<&PodBackend>) {
+    fn say_meshed_by(&mut self, key: NetnsCookie, before: Option<&MeshedBy>) {
         let Some(entry) = self.table.get(key) else {
             return;
         };
@@ -413,26 +484,22 @@ impl<B: AgentBackend> AgentPods for AgentTable<B> {
             addresses: entry.pod.local.addresses.clone(),
             problem: if check { self.table.problem(key) } else { None },
         };
-        if let Some(ebpf) = B::as_ebpf(&self.table) {
-            details.slot = ebpf.slot(key);
-            details.counters = Some(
-                ebpf.counters(key)
-                    .ok()
-                    .flatten()
-                    .map(|c| c.named().map(|(k, v)| (k.to_owned(), v)).collect())
-                    .unwrap_or_default(),
-            );
+        if let Some(counters) = B::counters(&self.table) {
+            details.slot = counters.slot(key);
+            details.counters = Some(counters.counters(key));
+        }
+        if let Some(listeners) = self.listeners() {
             details.inbound_listener = Some(match listening {
                 Some(listening) => listening.contains(&key),
-                None => ebpf.has_listener(key),
+                None => listeners.has_listener(key),
             });
         }
         Some(details)
     }
 
     fn listening(&self) -> BTreeSet<NetnsCookie> {
-        B::as_ebpf(&self.table)
-            .map(|ebpf| ebpf.backend().maps().listening_cookies())
+        self.listeners()
+            .map(|listeners| listeners.listening())
             .unwrap_or_default()
     }
 
@@ -447,7 +514,7 @@ impl<B: AgentBackend> AgentPods for AgentTable<B> {
     fn restore(
         &mut self,
         record: &PodRecord,
-        how: Restore<'_, ChainsInForce>,
+        how: Restore<'_>,
         netns: &PodNetns,
         host_ids: HostIds,
         local: Option<&LocalDestinations>,
@@ -468,21 +535,27 @@ impl<B: AgentBackend> AgentPods for AgentTable<B> {
             local,
         };
         let key = record.netns_cookie;
+        let recorded = match how {
+            Restore::Own(part) => B::recorded(part),
+            Restore::From(_) => None,
+        };
         let repaired = self
             .table
             .adopt(
                 key,
                 &record.netns,
                 &wanted,
-                B::recorded(&how),
+                recorded.as_ref(),
                 census,
                 record.facts(),
             )
             .map_err(B::not_restored)?;
-        if let Some(note) = B::taken_from_the_other(&how) {
+        if let Restore::From(from) = how
+            && let Some(note) = B::taken_from(from)
+        {
             info!(netns = %record.netns.display(), netns_cookie = %key, "{note}");
         }
-        self.say_meshed_by(key, Some(&record.backend));
+        self.say_meshed_by(key, Some(&record.meshed_by));
         Ok(repaired)
     }
 
@@ -490,11 +563,32 @@ impl<B: AgentBackend> AgentPods for AgentTable<B> {
         self.census = None;
     }
 
-    fn ebpf(&self) -> Option<&EbpfPods<PodFacts>> {
-        B::as_ebpf(&self.table)
+    fn claim(&mut self, key: NetnsCookie) -> Option<PodRecord> {
+        self.say_meshed_by(key, None);
+        self.record(key)
     }
 
-    fn ebpf_mut(&mut self) -> Option<&mut EbpfPods<PodFacts>> {
-        B::as_ebpf_mut(&mut self.table)
+    fn listeners(&self) -> Option<&dyn Listeners> {
+        B::listeners(&self.table)
+    }
+
+    fn listeners_mut(&mut self) -> Option<&mut dyn Listeners> {
+        B::listeners_mut(&mut self.table)
+    }
+
+    fn leftovers(&self) -> Option<&dyn Leftovers> {
+        B::leftovers(&self.table)
+    }
+
+    fn leftovers_mut(&mut self) -> Option<&mut dyn Leftovers> {
+        B::leftovers_mut(&mut self.table)
+    }
+
+    fn programs(&self) -> Option<&dyn NodePrograms> {
+        B::programs(&self.table)
+    }
+
+    fn programs_mut(&mut self) -> Option<&mut dyn NodePrograms> {
+        B::programs_mut(&mut self.table)
     }
 }

@@ -122,13 +122,25 @@ impl<F> PodTable<EbpfNode, F> {
         let is_new = !self.contains(key);
         self.write(key, path, wanted, facts)?;
         let found = find_listeners(wanted.netns, wanted.config.incoming_proxy_port);
-        if let Err(e) = self.adopt_listeners(key, found) {
-            if is_new {
-                let _ = self.remove(key);
-            }
-            return Err(e);
-        }
+        self.adopt_listeners_or_undo(key, found, is_new)?;
         Ok(self.slot(key).expect("a pod just written is in the table"))
+    }
+
+    /// Adopts the listeners `found` for a pod just written (see [`Self::adopt_listeners`]).
+    /// A pod that cannot have them would drop inbound connections: if it is new (`is_new`), it
+    /// is removed again; a pod written before stays as it was. The one place of this policy:
+    /// `add` and the agent's registration and take-over of iptables pods all come here.
+    pub fn adopt_listeners_or_undo(
+        &mut self,
+        key: NetnsCookie,
+        found: Vec<Listening>,
+        is_new: bool,
+    ) -> Result<(), EbpfError> {
+        let adopted = self.adopt_listeners(key, found);
+        if adopted.is_err() && is_new {
+            let _ = self.remove(key);
+        }
+        adopted
     }
 
     /// Puts the listeners of a registered pod's proxy that existed before it was registered

@@ -1,8 +1,7 @@
 //! proxy-init's flags, valid and not, and what each gives: the one table every reader of them
-//! runs, the configuration crate's parser here, `interceptor run` and `pod add` in the CLI's
-//! tests, and the CNI plugin's `linkerd` block (the cases written as `--name=value` only, which
-//! map onto its keys) in the plugin's tests. Plain strings, so that each crate includes it as
-//! it is.
+//! runs, the configuration crate's parser, `interceptor run` and `pod add` in the CLI's tests,
+//! and the CNI plugin's `linkerd` block (the cases written as `--name=value` only, which map
+//! onto its keys) in the plugin's tests.
 
 /// One case: the flags, and either the configuration they give as
 /// `InterceptionConfig::to_args` writes it (space-separated) or a piece of the error.

@@ -1,7 +1,6 @@
 //! A node's CNI files that no installer can change, and what the error must say is wrong: the
-//! one list that the installer's tests here and the CLI's (`cni install`, `cni uninstall`, the
-//! watching installer, in `tests/tests/cni_malformed.rs`) both run. Plain strings, so that each
-//! crate includes it as it is.
+//! one list that the installer's tests (`interceptor-cni`) and the CLI's (`cni install`, `cni
+//! uninstall`, the watching installer, in `tests/tests/cni_malformed.rs`) both run.
 
 /// One case: the file's name in the conf directory, what it holds, and a piece of the error.
 pub type MalformedCase = (&'static str, &'static str, &'static str);
