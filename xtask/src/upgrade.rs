@@ -2,10 +2,11 @@
 //! test (tests/tests/upgrade.rs, docs/releasing.md "The upgrade test").
 //!
 //! Its source is the commit CHANGELOG.md records for the release before HEAD's, unpacked with
-//! `git archive` under target/upgrade/. It builds into the workspace's own target directory, so
-//! the dependencies both trees share (most of them) build once: its workspace crates live at
-//! another path, so cargo keeps their artifacts apart from ours. Only the binary cargo copies to
-//! target/debug/interceptor would collide: it is moved out, and ours put back.
+//! `git archive` under target/upgrade/. It builds into a target directory of its own,
+//! target/upgrade/target (kept from one run to the next): cargo names a workspace crate's
+//! artifacts by its name, version and path relative to its workspace, so a previous release of
+//! the same version as HEAD (every commit after a release until the next is cut) would share
+//! ours, and one tree's build would pass for the other's.
 use std::{
     ffi::OsString,
     fs,
@@ -52,13 +53,8 @@ pub fn build_previous(path: &OsString) -> anyhow::Result<PreviousBuild> {
         source.display()
     );
 
-    let target_dir = root.join("target");
-    let uplifted = target_dir.join("debug").join("interceptor");
-    let ours = home.join("interceptor-of-this-tree");
-    if uplifted.exists() {
-        fs::rename(&uplifted, &ours).context("set this tree's target/debug/interceptor aside")?;
-    }
-    let built = cmd::run(
+    let target_dir = root.join("target").join("upgrade").join("target");
+    cmd::run(
         cmd::cargo()
             .current_dir(&source)
             .args([
@@ -77,15 +73,10 @@ pub fn build_previous(path: &OsString) -> anyhow::Result<PreviousBuild> {
             .env_remove("RUSTC")
             .env_remove("CARGO_MANIFEST_DIR"),
     )
-    .with_context(|| format!("building {name} failed: the output above says why"));
+    .with_context(|| format!("building {name} failed: the output above says why"))?;
     let binary = home.join("interceptor");
-    let moved = built.and_then(|()| {
-        fs::rename(&uplifted, &binary).context("move the previous release's interceptor out")
-    });
-    if ours.exists() {
-        fs::rename(&ours, &uplifted).context("put this tree's target/debug/interceptor back")?;
-    }
-    moved?;
+    fs::copy(target_dir.join("debug").join("interceptor"), &binary)
+        .context("copy the previous release's interceptor out of its target directory")?;
     let version = cmd::output(Command::new(&binary).arg("--version"))?;
     ensure!(
         version.trim() == format!("interceptor {}", previous.version),
