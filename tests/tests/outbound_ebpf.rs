@@ -211,7 +211,7 @@ fn thousands_of_short_connections_all_get_their_original_destination() {
     // Every proxy socket closed: nothing is left behind, once the kernel has processed the
     // last closes (the app's runs end before the proxy's side closes).
     eventually_eq("pending original destinations", 0, || {
-        node.backend().maps().pending_orig_dst_entries()
+        node.backend().pod_writer().pending_orig_dst_entries()
     });
 }
 
@@ -238,7 +238,7 @@ fn entries_go_when_the_proxy_socket_closes_read_or_not() {
     assert!(out.iter().all(|l| l.starts_with("who=proxy")), "{out:?}");
     // The app has its line before the proxy closes its side: wait for the last close.
     eventually_eq("pending original destinations", 0, || {
-        node.backend().maps().pending_orig_dst_entries()
+        node.backend().pod_writer().pending_orig_dst_entries()
     });
 }
 
@@ -278,7 +278,7 @@ fn entries_nobody_removes_are_bounded() {
         "--linger0",
     ]);
     assert!(out.iter().all(|l| l.starts_with("who=proxy")), "{out:?}");
-    let pending = node.backend().maps().fill_levels().pending_in_lru;
+    let pending = node.backend().pod_writer().fill_levels().pending_in_lru;
     assert!(pending <= 64 && pending > 0, "pending entries: {pending}");
 }
 
@@ -299,7 +299,7 @@ fn a_stale_entry_never_answers_for_a_reused_tuple() {
         let _proxy = proxy_outside_the_cgroup(&fixture);
         let landing = app.connect_with("192.0.2.1:80", &["--bind", "127.0.0.1:41000", "--linger0"]);
         assert!(matches!(landing, Landing::Proxy { .. }), "{landing:?}");
-        assert_eq!(node.backend().maps().pending_orig_dst_entries(), 1);
+        assert_eq!(node.backend().pod_writer().pending_orig_dst_entries(), 1);
     }
     // 2. A direct (loopback, not redirected) connection from the very same 4-tuple, to a proxy
     //    the programs see.
@@ -463,7 +463,7 @@ fn a_taken_connect_slot_sends_the_connect_to_the_lru_map_and_a_stale_one_is_take
         "a slot taken by a connect in flight was taken from it"
     );
     assert_eq!(
-        node.backend().maps().fill_levels().connecting,
+        node.backend().pod_writer().fill_levels().connecting,
         0,
         "moved on once established"
     );
@@ -601,7 +601,7 @@ fn a_held_pending_slot_sends_the_connection_to_the_lru_map_and_a_stale_or_same_k
             "phase {phase}"
         );
         eventually_eq(&format!("pending in the LRU map, phase {phase}"), 0, || {
-            node.backend().maps().fill_levels().pending_in_lru
+            node.backend().pod_writer().fill_levels().pending_in_lru
         });
     }
 
@@ -821,7 +821,7 @@ fn churned_connections_in_every_close_order_leave_every_slot_free() {
             .collect()
     });
     eventually_eq("LRU entries of connections and connects", (0, 0), || {
-        let levels = node.backend().maps().fill_levels();
+        let levels = node.backend().pod_writer().fill_levels();
         (levels.pending_in_lru, levels.connecting)
     });
     let taken = pinned_array::<ConnectSlot>(&connect_slots)
@@ -875,7 +875,10 @@ fn layout_7s_entries_in_flight_are_copied_as_pending_slots() {
     .unwrap();
     slots.set(2, in_slot, 0).unwrap();
 
-    assert_eq!(node.backend_mut().maps_mut().import_in_flight(&old), 2);
+    assert_eq!(
+        node.backend_mut().pod_writer_mut().import_in_flight(&old),
+        2
+    );
     std::fs::remove_dir_all(&old).unwrap();
     let copied: aya::maps::HashMap<MapData, PendingKey, PendingSlot> =
         Map::from_map_data(MapData::from_pin(&new_lru).unwrap())

@@ -78,7 +78,7 @@ impl Listeners for EbpfPods<PodFacts> {
     }
 
     fn listening(&self) -> BTreeSet<NetnsCookie> {
-        self.backend().maps().listening_cookies()
+        self.backend().pod_writer().listening_cookies()
     }
 
     fn has_listener(&self, key: NetnsCookie) -> bool {
@@ -124,7 +124,7 @@ impl NodePrograms for EbpfPods<PodFacts> {
     }
 
     fn import_in_flight(&mut self, dirs: &[PathBuf]) -> usize {
-        let maps = self.backend_mut().maps_mut();
+        let maps = self.backend_mut().pod_writer_mut();
         dirs.iter().map(|dir| maps.import_in_flight(dir)).sum()
     }
 
@@ -148,7 +148,7 @@ impl NodePrograms for EbpfPods<PodFacts> {
     }
 
     fn map_entries(&self) -> Vec<(&'static str, usize)> {
-        let levels = self.backend().maps().fill_levels();
+        let levels = self.backend().pod_writer().fill_levels();
         vec![
             ("pending_orig_dst", levels.pending),
             ("connecting", levels.connecting),

@@ -8,7 +8,7 @@
 //! (`records`), keeping their slots and counters. Only `interceptor uninstall` detaches.
 //!
 //! Where the programs cannot load, the agent's backend is iptables instead (`--mode`, see
-//! `table`): each pod gets proxy-init's chains in its namespace, behind the same pod table, API,
+//! `pods`): each pod gets proxy-init's chains in its namespace, behind the same pod table, API,
 //! records, restore and metrics.
 pub use interceptor_api as api;
 use interceptor_common::names;
@@ -18,13 +18,13 @@ mod kube_node;
 pub mod kube_pods;
 mod metrics;
 pub mod open_files;
+mod pods;
 mod reconcile;
 mod records;
 mod registration;
 mod repair;
 mod restore;
 mod server;
-mod table;
 mod teardown;
 mod watch;
 
@@ -48,8 +48,8 @@ use tokio::{
 use tracing::{info, warn};
 
 pub use crate::iptables::IptablesSettings;
+pub use pods::BackendChoice;
 pub use repair::RepairOptions;
-pub use table::BackendChoice;
 
 use crate::{
     crash_points::crash_point,
@@ -139,8 +139,8 @@ struct Shared {
 /// The agent's view: the node (programs and maps) with the table of its pods, their records on
 /// disk, and the node's and Kubernetes' facts the agent reports.
 struct Agent {
-    /// The node's one table of the pods, with the agent's facts (see [`table::AgentPods`]).
-    pods: Box<dyn table::AgentPods>,
+    /// The node's one table of the pods, with the agent's facts (see [`pods::AgentPods`]).
+    pods: Box<dyn pods::AgentPods>,
     /// Written from the table after each change, read back at start-up.
     records: Records,
     /// What the last check of each pod's entries found wrong (see [`Agent::recheck`]):
@@ -191,7 +191,22 @@ pub struct AgentOptions {
     pub daemonset: Option<crate::kubernetes::DaemonSetRef>,
 }
 
-type Refusal = (ErrorKind, String);
+/// Why the API refused a request: its kind, which the plugin acts on (retry, give up, report),
+/// and what to tell the user.
+#[derive(Debug)]
+struct Refusal {
+    kind: ErrorKind,
+    message: String,
+}
+
+impl Refusal {
+    fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+}
 
 /// Runs the agent until SIGINT/SIGTERM; interception stays in force after it exits.
 pub async fn run(paths: AgentPaths, options: AgentOptions) -> anyhow::Result<()> {
@@ -288,11 +303,11 @@ fn take_agent_lock(paths: &AgentPaths) -> anyhow::Result<Flock<File>> {
 fn pick_backend(
     paths: &AgentPaths,
     options: &AgentOptions,
-) -> anyhow::Result<(Box<dyn table::AgentPods>, MapsBefore)> {
+) -> anyhow::Result<(Box<dyn pods::AgentPods>, MapsBefore)> {
     Ok(match options.backend {
         BackendChoice::Ebpf => {
             let (node, before) = load_ebpf(paths, options)?;
-            (table::pods_over(node), before)
+            (pods::pods_over(node), before)
         }
         BackendChoice::Iptables(settings) => {
             if paths.bpffs.join("link_icpt_connect4").exists() || !paths.all_maps_dirs().is_empty()
@@ -300,7 +315,7 @@ fn pick_backend(
                 warn!(bpffs = %paths.bpffs.display(), "an eBPF agent's pinned programs and maps are here: left alone (their programs keep intercepting the pods whose entries they hold); `interceptor uninstall` removes them");
             }
             let backend = crate::iptables::IptablesBackend::new(settings, options.max_pods);
-            (table::pods_over(backend), MapsBefore::default())
+            (pods::pods_over(backend), MapsBefore::default())
         }
     })
 }
@@ -533,7 +548,7 @@ pub fn uninstall(paths: &AgentPaths) -> anyhow::Result<Vec<PathBuf>> {
     for record in records.load_all() {
         // What a backend wrote in a pod that still exists (iptables: its chains) goes too.
         if record.netns.exists() {
-            table::remove_recorded(&record)?;
+            pods::remove_recorded(&record)?;
         }
         remove(
             paths

@@ -38,7 +38,8 @@ enum Applied {
 pub(super) fn add(agent: &Shared, add: PodAdd) -> Result<Vec<PodInfo>, Refusal> {
     let started = Instant::now();
     let config = add.config.clone();
-    let unknown = |e: crate::netns::NetnsError| (ErrorKind::UnknownNetns, e.to_string());
+    let unknown =
+        |e: crate::netns::NetnsError| Refusal::new(ErrorKind::UnknownNetns, e.to_string());
     let netns = PodNetns::open(&add.netns).map_err(unknown)?;
     // The id first, and the registration noted with the listener, then the read: a change made
     // after the read began is heard, one made before is in it.
@@ -58,7 +59,7 @@ pub(super) fn add(agent: &Shared, add: PodAdd) -> Result<Vec<PodInfo>, Refusal> 
     // The namespace is there but its addresses or routes cannot be read now: nothing is
     // written, and the plugin tries again within its deadline, then has the runtime retry.
     let local = local.map_err(|e| {
-        (
+        Refusal::new(
             ErrorKind::Unavailable,
             format!(
                 "reading what the pod delivers over lo failed: {e}; nothing of the pod was written: try again"
@@ -156,10 +157,10 @@ pub(super) fn proxy_ids_on_host(
 ) -> Result<HostIds, Refusal> {
     let users = netns
         .users()
-        .map_err(|e| (ErrorKind::Internal, e.to_string()))?;
+        .map_err(|e| Refusal::new(ErrorKind::Internal, e.to_string()))?;
     users
         .host_ids(config)
-        .map_err(|e| (ErrorKind::InvalidConfig, e.to_string()))
+        .map_err(|e| Refusal::new(ErrorKind::InvalidConfig, e.to_string()))
 }
 
 /// Where a pod's report takes its problem from.
@@ -198,7 +199,7 @@ impl Agent {
                 // maps and its record) is written now, so a restart restores the pod.
                 if !self.records.exists(cookie) {
                     self.records.save(existing).map_err(|e| {
-                        (ErrorKind::Internal, format!("saving the pod record: {e}"))
+                        Refusal::new(ErrorKind::Internal, format!("saving the pod record: {e}"))
                     })?;
                 }
                 if self.pod_problems.remove(&cookie).is_some() {
@@ -208,7 +209,7 @@ impl Agent {
             }
             names_only = settled;
             if !same && !update {
-                return Err((
+                return Err(Refusal::new(
                     ErrorKind::Conflict,
                     format!(
                         "pod {} is already registered with another configuration ({}); pass --update to apply the new one in place",
@@ -257,14 +258,14 @@ impl Agent {
                     };
                     self.pods
                         .apply(cookie, &existing.netns, &before.wanted(), existing.facts())
-                        .map_err(|(_, message)| message)
+                        .map_err(|refusal| refusal.message)
                 }
                 None => self.pods.remove(cookie),
             };
             if let Err(undo) = undone {
                 warn!(netns = %record.netns.display(), error = %undo, "undoing a change whose record could not be saved");
             }
-            return Err((
+            return Err(Refusal::new(
                 ErrorKind::Internal,
                 format!("saving the pod record: {e}; the pod's interception is as it was"),
             ));
@@ -299,7 +300,7 @@ impl Agent {
             self.untrack(cookie);
             warn!(netns_cookie = %cookie, "pod removed: its proxy's listener could not be adopted");
         }
-        Err((
+        Err(Refusal::new(
             ErrorKind::Internal,
             format!("adopting the proxy's inbound listener: {e}"),
         ))
@@ -307,7 +308,7 @@ impl Agent {
 
     pub(super) fn find(&self, netns: &Path) -> Result<NetnsCookie, Refusal> {
         self.pods.find(netns).ok_or_else(|| {
-            (
+            Refusal::new(
                 ErrorKind::UnknownNetns,
                 format!("no pod is registered for {}", netns.display()),
             )
@@ -321,7 +322,7 @@ impl Agent {
         let info = self.info(cookie);
         self.pods
             .remove(cookie)
-            .map_err(|e| (ErrorKind::Internal, e))?;
+            .map_err(|e| Refusal::new(ErrorKind::Internal, e))?;
         crash_point!("agent-before-record-removal");
         self.untrack(cookie);
         info!(netns = %netns.display(), netns_cookie = %cookie, "pod removed");
@@ -365,7 +366,7 @@ impl Agent {
         self.info_checked(cookie, None, Checked::Now)
     }
 
-    /// `listening`: as [`super::table::AgentPods::details`] takes it.
+    /// `listening`: as [`super::pods::AgentPods::details`] takes it.
     fn info_checked(
         &self,
         cookie: NetnsCookie,
@@ -503,7 +504,7 @@ pub(super) fn namespace_id(netns: &PodNetns) -> Option<i32> {
 /// Called once the pod is intercepted by the programs: its iptables chains can go.
 pub(super) fn take_over_from_iptables(netns: &Path) -> Result<(), Refusal> {
     remove_iptables_chains(netns).map_err(|e| {
-        (
+        Refusal::new(
             ErrorKind::Internal,
             format!("the pod is registered and intercepted, but removing its iptables chains failed: {e}"),
         )

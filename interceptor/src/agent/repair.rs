@@ -39,7 +39,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::{
-    Shared,
+    Refusal, Shared,
     api::{ErrorKind, PodAdd, PodMeta, node_status::PodProblem},
     events::Occurrence,
     kube_pods::{Change, KubePods, PodRef},
@@ -374,9 +374,15 @@ fn register(
     };
     match registration::add(agent, add) {
         Ok(_) => Ok(netns),
-        Err((ErrorKind::UnknownNetns, message)) => Err(Failure::NetnsGone(message)),
-        Err((ErrorKind::InvalidConfig, message)) => Err(Failure::InvalidConfig(message)),
-        Err((kind, message)) => Err(Failure::Refused(format!("{kind:?}: {message}"))),
+        Err(Refusal {
+            kind: ErrorKind::UnknownNetns,
+            message,
+        }) => Err(Failure::NetnsGone(message)),
+        Err(Refusal {
+            kind: ErrorKind::InvalidConfig,
+            message,
+        }) => Err(Failure::InvalidConfig(message)),
+        Err(Refusal { kind, message }) => Err(Failure::Refused(format!("{kind:?}: {message}"))),
     }
 }
 

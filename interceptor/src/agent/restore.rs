@@ -13,7 +13,7 @@ use interceptor_common::NetnsCookie;
 use tracing::{info, warn};
 
 use super::{
-    Agent,
+    Agent, Refusal,
     api::{
         Backend as Kind,
         records::{Found, NotRestored, Then, take_back},
@@ -111,7 +111,7 @@ impl Agent {
             let host_ids = match record.host_ids {
                 Some(ids) => ids,
                 None => proxy_ids_on_host(&netns, &record.config)
-                    .map_err(|(_, why)| NotRestored::Kept(why))?,
+                    .map_err(|refusal| NotRestored::Kept(refusal.message))?,
             };
             let repaired = self
                 .pods
@@ -163,7 +163,7 @@ impl Agent {
                     continue;
                 }
             }
-            if let Err((_, e)) = take_over_from_iptables(&record.netns) {
+            if let Err(Refusal { message: e, .. }) = take_over_from_iptables(&record.netns) {
                 warn!(netns = %record.netns.display(), "{e}");
                 continue;
             }

@@ -35,9 +35,9 @@ pub(super) async fn serve(agent: Arc<Shared>, stream: UnixStream) {
     // The socket is mode 0600 already; the peer's credentials are checked too, in case it is
     // reached through a descriptor passed on.
     let response = if uid != Some(0) {
-        refuse((
+        refuse(Refusal::new(
             ErrorKind::PermissionDenied,
-            "the interceptor agent's API is for root only".into(),
+            "the interceptor agent's API is for root only",
         ))
     } else {
         match read {
@@ -68,8 +68,8 @@ pub(super) async fn serve(agent: Arc<Shared>, stream: UnixStream) {
                 }
                 Err(e) => refuse(not_a_request(&line, e)),
             },
-            Ok(_) => refuse((ErrorKind::BadRequest, "no request read".into())),
-            Err(_) => refuse((
+            Ok(_) => refuse(Refusal::new(ErrorKind::BadRequest, "no request read")),
+            Err(_) => refuse(Refusal::new(
                 ErrorKind::BadRequest,
                 format!("no request within {} s", REQUEST_DEADLINE.as_secs_f32()),
             )),
@@ -111,20 +111,20 @@ async fn pod_annotations(
     uid: Option<&str>,
 ) -> Response {
     let Some(kube) = kube else {
-        return refuse((
+        return refuse(Refusal::new(
             ErrorKind::NoKubernetes,
-            "this agent does not read the Kubernetes API (start it with --kubernetes)".into(),
+            "this agent does not read the Kubernetes API (start it with --kubernetes)",
         ));
     };
     if let Some(why) = kube.no_client() {
-        return refuse((
+        return refuse(Refusal::new(
             ErrorKind::NoKubernetes,
             format!("this agent has no Kubernetes client: {why}"),
         ));
     }
     match kube.pod(namespace, name, uid).await {
         Ok(pod) => Response::Annotations(pod),
-        Err(message) => refuse((ErrorKind::Unavailable, message)),
+        Err(message) => refuse(Refusal::new(ErrorKind::Unavailable, message)),
     }
 }
 
@@ -134,9 +134,9 @@ async fn pod_annotations(
 fn handle_or_refuse(agent: &Shared, request: Request) -> Response {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle(agent, request)))
         .unwrap_or_else(|_| {
-            refuse((
+            refuse(Refusal::new(
                 ErrorKind::Internal,
-                "the agent failed while handling the request (its log says why)".into(),
+                "the agent failed while handling the request (its log says why)",
             ))
         })
 }
@@ -146,7 +146,7 @@ fn handle(agent: &Shared, request: Request) -> Response {
         Request::Add(add) => {
             let netns = add.netns.clone();
             let added = registration::add(agent, add);
-            if let Err((kind, message)) = &added {
+            if let Err(Refusal { kind, message }) = &added {
                 warn!(netns = %netns.display(), ?kind, error = %message, "pod registration refused");
                 agent.metrics.registrations_refused.count(*kind);
             }
@@ -205,11 +205,11 @@ fn not_a_request(line: &str, e: serde_json::Error) -> Refusal {
                 .map(|e| e.to_string()),
         });
     match invalid_config {
-        Some(e) => (ErrorKind::InvalidConfig, e),
-        None => (ErrorKind::BadRequest, format!("not a request: {e}")),
+        Some(e) => Refusal::new(ErrorKind::InvalidConfig, e),
+        None => Refusal::new(ErrorKind::BadRequest, format!("not a request: {e}")),
     }
 }
 
-fn refuse((kind, message): Refusal) -> Response {
+fn refuse(Refusal { kind, message }: Refusal) -> Response {
     Response::Error { kind, message }
 }

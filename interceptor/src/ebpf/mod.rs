@@ -11,8 +11,8 @@ mod links;
 mod loader;
 mod maps;
 mod pod_lookup;
+mod pod_table;
 mod pods;
-mod table;
 pub mod variants;
 
 use std::path::{Path, PathBuf};
@@ -21,8 +21,8 @@ use aya::{maps::MapError, programs::ProgramError};
 use interceptor_common::counters::{COUNTERS_PER_POD, Decision};
 pub use links::{LinkProblem, PinError, remove_ours};
 pub use loader::{ProgramState, VariantLoad, pinned_programs};
+pub use pod_table::EbpfPods;
 pub use pods::{EbpfWritten, FillLevels, InMaps, PodWriter, read_counters};
-pub use table::EbpfPods;
 
 /// The object built from `interceptor-ebpf`, embedded at compile time.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/interceptor-ebpf"));
@@ -231,7 +231,8 @@ fn with_throwaway_pins<T>(
 /// order: links first, then the maps' pins; the pods' own links went with the table's entries).
 pub struct EbpfNode {
     attached: loader::Attached,
-    maps: PodWriter,
+    /// Writes, reads back and removes the pods' entries in the shared maps.
+    pod_writer: PodWriter,
 }
 
 impl EbpfNode {
@@ -244,8 +245,11 @@ impl EbpfNode {
             source,
         })?;
         let loaded = loader::Attached::load(&options).and_then(|(attached, maps)| {
-            let maps = PodWriter::new(maps, &options, attached.loopback_by_ifindex())?;
-            Ok(Self { attached, maps })
+            let pod_writer = PodWriter::new(maps, &options, attached.loopback_by_ifindex())?;
+            Ok(Self {
+                attached,
+                pod_writer,
+            })
         });
         // The maps are pinned as they are created, before a program the verifier refuses: a
         // process that pinned them for itself alone takes them away again, as dropping the
@@ -273,12 +277,12 @@ impl EbpfNode {
     }
 
     /// The pods' entries in the maps, and the maps' fill levels.
-    pub fn maps(&self) -> &PodWriter {
-        &self.maps
+    pub fn pod_writer(&self) -> &PodWriter {
+        &self.pod_writer
     }
 
-    pub fn maps_mut(&mut self) -> &mut PodWriter {
-        &mut self.maps
+    pub fn pod_writer_mut(&mut self) -> &mut PodWriter {
+        &mut self.pod_writer
     }
 }
 

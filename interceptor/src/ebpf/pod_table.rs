@@ -45,8 +45,8 @@ impl Interception for EbpfNode {
         before: Option<&mut Pod<EbpfWritten>>,
     ) -> Result<EbpfWritten, EbpfError> {
         match before {
-            None => self.maps_mut().write_new(key, wanted),
-            Some(before) => self.maps_mut().update(key, wanted, before),
+            None => self.pod_writer_mut().write_new(key, wanted),
+            Some(before) => self.pod_writer_mut().update(key, wanted, before),
         }
     }
 
@@ -56,24 +56,24 @@ impl Interception for EbpfNode {
         pod: &mut Pod<EbpfWritten>,
         local: &LocalDestinations,
     ) -> Result<(), EbpfError> {
-        self.maps_mut().set_local(key, pod, local)
+        self.pod_writer_mut().set_local(key, pod, local)
     }
 
     fn remove(&mut self, key: NetnsCookie, pod: &mut Pod<EbpfWritten>) -> Result<(), EbpfError> {
-        self.maps_mut().remove(key, &mut pod.written)
+        self.pod_writer_mut().remove(key, &mut pod.written)
     }
 
     /// The maps outlive the namespace: its entries are removed as for [`Self::remove`].
     fn forget(&mut self, key: NetnsCookie, pod: &mut Pod<EbpfWritten>) -> Result<(), EbpfError> {
-        self.maps_mut().remove(key, &mut pod.written)
+        self.pod_writer_mut().remove(key, &mut pod.written)
     }
 
     fn problem(&self, key: NetnsCookie, pod: &Pod<EbpfWritten>) -> Option<String> {
-        self.maps().problem(key, pod)
+        self.pod_writer().problem(key, pod)
     }
 
     fn census(&self) -> InMaps {
-        self.maps().in_maps()
+        self.pod_writer().in_maps()
     }
 
     /// The pod's subnet entries in `census` against those written (its configuration entry,
@@ -84,7 +84,7 @@ impl Interception for EbpfNode {
         pod: &Pod<EbpfWritten>,
         census: Option<&InMaps>,
     ) -> Option<String> {
-        self.maps().entries_differ(key, &pod.written, census?)
+        self.pod_writer().entries_differ(key, &pod.written, census?)
     }
 
     /// Nothing of what eBPF writes is recorded: the maps and pins are read back.
@@ -95,7 +95,7 @@ impl Interception for EbpfNode {
         _recorded: Option<&EbpfWritten>,
         census: &mut InMaps,
     ) -> Result<Adopted<EbpfWritten>, EbpfError> {
-        self.maps_mut().restore(key, wanted, census)
+        self.pod_writer_mut().restore(key, wanted, census)
     }
 }
 
@@ -154,7 +154,9 @@ impl<F> PodTable<EbpfNode, F> {
         if !self.contains(key) {
             return Ok(());
         }
-        self.backend_mut().maps_mut().adopt_listeners(key, found)
+        self.backend_mut()
+            .pod_writer_mut()
+            .adopt_listeners(key, found)
     }
 
     /// Removes everything the maps and pins hold for a pod: through the table if it is
@@ -163,7 +165,7 @@ impl<F> PodTable<EbpfNode, F> {
         if self.contains(key) {
             return self.remove(key).map(drop);
         }
-        self.backend_mut().maps_mut().purge(key)
+        self.backend_mut().pod_writer_mut().purge(key)
     }
 
     /// A registered pod's counter slot.
@@ -176,13 +178,13 @@ impl<F> PodTable<EbpfNode, F> {
         let Some(slot) = self.slot(key) else {
             return Ok(None);
         };
-        self.backend().maps().counters(slot).map(Some)
+        self.backend().pod_writer().counters(slot).map(Some)
     }
 
     /// Whether the pod's proxy is listening, in either family (see
     /// [`super::PodWriter::has_listener`]).
     pub fn has_listener(&self, key: NetnsCookie) -> bool {
-        self.backend().maps().has_listener(key)
+        self.backend().pod_writer().has_listener(key)
     }
 
     /// The pod's own sk_lookup program instance, as `status` reports it.
@@ -194,7 +196,7 @@ impl<F> PodTable<EbpfNode, F> {
     /// of, registered or not: those not registered are what a registration or a removal cut
     /// short left behind.
     pub fn held(&self, in_maps: &InMaps) -> Vec<NetnsCookie> {
-        let maps = self.backend().maps();
+        let maps = self.backend().pod_writer();
         maps.cookies_in_maps()
             .into_iter()
             .chain(in_maps.cookies())

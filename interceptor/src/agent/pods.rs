@@ -229,7 +229,7 @@ impl AgentBackend for EbpfNode {
         key: NetnsCookie,
         census: &InMaps,
     ) -> LocalDestinations {
-        table.backend().maps().local_in_force(key, census)
+        table.backend().pod_writer().local_in_force(key, census)
     }
 
     // Every capability: listeners, counters, leftovers in the maps and pins, node programs.
@@ -268,10 +268,10 @@ impl AgentBackend for IptablesBackend {
     fn refusal(e: IptablesError) -> Refusal {
         let kind = match &e {
             IptablesError::Netns { .. } => ErrorKind::UnknownNetns,
-            IptablesError::Full(_) => return (ErrorKind::PodTableFull, e.to_string()),
+            IptablesError::Full(_) => return Refusal::new(ErrorKind::PodTableFull, e.to_string()),
             _ => ErrorKind::Internal,
         };
-        (kind, format!("writing the pod's iptables chains: {e}"))
+        Refusal::new(kind, format!("writing the pod's iptables chains: {e}"))
     }
 
     fn not_restored(e: IptablesError) -> NotRestored {
@@ -350,7 +350,7 @@ pub fn ebpf_refusal(e: EbpfError) -> Refusal {
         Some(_) => format!("{e}; nothing of the change was written: try again later"),
         None => e.to_string(),
     };
-    (kind, message)
+    Refusal::new(kind, message)
 }
 
 /// The node's pod table with the agent's facts, and what a restore reads once for all pods.
