@@ -12,7 +12,9 @@ use std::{
 };
 
 use ipnet::IpNet;
-use netlink_packet_core::{NLMSG_ALIGNTO, NetlinkBuffer, NetlinkMessage, NetlinkPayload};
+use netlink_packet_core::{
+    ErrorMessage, NLMSG_ALIGNTO, NetlinkBuffer, NetlinkMessage, NetlinkPayload,
+};
 use netlink_packet_route::{
     RouteNetlinkMessage,
     address::{AddressAttribute, AddressMessage},
@@ -45,7 +47,7 @@ pub fn parse_dump<T>(
         match NetlinkMessage::<RouteNetlinkMessage>::deserialize(data) {
             Ok(message) => match message.payload {
                 NetlinkPayload::Done(_) => return Ok(true),
-                NetlinkPayload::Error(e) => return Err(e.to_io()),
+                NetlinkPayload::Error(e) => return Err(error_to_io(&e)),
                 NetlinkPayload::InnerMessage(inner) => picked.extend(pick(inner)),
                 _ => {}
             },
@@ -57,6 +59,21 @@ pub fn parse_dump<T>(
         data = data.get(len..).unwrap_or_default();
     }
     Ok(false)
+}
+
+/// An `NLMSG_ERROR` message as the error it reports: the kernel's code is a negated errno (0, an
+/// acknowledgement, reads as success, as `ErrorMessage::to_io` has it). A code that is no errno
+/// is refused as data: `to_io` takes its absolute value, which panics on `i32::MIN` in a debug
+/// build (found by the `netlink` fuzz target).
+pub fn error_to_io(e: &ErrorMessage) -> io::Error {
+    let code = e.raw_code();
+    match i32::try_from(code.unsigned_abs()) {
+        Ok(errno) => io::Error::from_raw_os_error(errno),
+        Err(_) => io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a netlink error message with code {code}, which is no errno"),
+        ),
+    }
 }
 
 /// A message of a kind no kernel sends yet (`RTM_*` types end far below it), as a newer kernel's
@@ -251,6 +268,25 @@ mod tests {
         let data = bytes(NetlinkPayload::Error(error));
         let err = addresses(&data).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EPERM));
+    }
+
+    /// Found by the `netlink` fuzz target: an error message whose code is `i32::MIN` made the
+    /// dump's reader panic (`ErrorMessage::to_io` negates it), in the agent, on the kernel's
+    /// answer. It is an error of its own now.
+    #[test]
+    fn an_error_code_that_is_no_errno_is_an_error_not_a_panic() {
+        let mut error = ErrorMessage::default();
+        error.code = std::num::NonZeroI32::new(i32::MIN);
+        let data = bytes(NetlinkPayload::Error(error));
+        let err = addresses(&data).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert!(err.to_string().contains("-2147483648"), "{err}");
+        // The fuzz target's input, as it found it.
+        let found = b"\x24\x00\x00\x00\x02\x00\x00\x00\x00\x00\x04\x00\x00\x00\x00\x00\
+            \x00\x00\x00\x80\x00\x00\x00\x06\xff\xff\xff\xff\xff\xff\x0a\x4d\
+            \x00\x40\xff\xff\xff\x84\xf6\x2e\x00\x84\xf6\x2e\x00\x50\x00\x00\
+            \x00\x14\x00\x02\x00\x00\x14\x00\x00\x00\x00";
+        assert!(addresses(found).is_err());
     }
 
     #[test]

@@ -73,7 +73,7 @@ fn ask(socket: &OwnedFd, request: RouteNetlinkMessage, flags: u16) -> io::Result
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
             match reply.payload {
                 NetlinkPayload::Error(e) => match e.code {
-                    Some(_) => return Err(e.to_io()),
+                    Some(_) => return Err(interceptor_parse::netlink::error_to_io(&e)),
                     None => return Ok(id),
                 },
                 NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewNsId(answer)) => {
