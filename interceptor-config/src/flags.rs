@@ -59,6 +59,11 @@ const fn required(name: &'static str, short: char, help: &'static str) -> Flag {
     }
 }
 
+/// The value kind of a boolean flag: alone, it means true.
+pub const BOOL: &str = "BOOL";
+/// The value kinds of ids, where a negative one means none (proxy-init's default is -1).
+pub const IDS: [&str; 2] = ["UID", "GID"];
+
 /// proxy-init's flags, in the order its usage lists them.
 pub const FLAGS: [Flag; 10] = [
     required(
@@ -74,13 +79,13 @@ pub const FLAGS: [Flag; 10] = [
     flag(
         "proxy-uid",
         Some('u'),
-        "UID",
+        IDS[0],
         "Connections opened by this UID are never redirected (ignored when 0 or negative).",
     ),
     flag(
         "proxy-gid",
         Some('g'),
-        "GID",
+        IDS[1],
         "Connections opened by this GID are never redirected (ignored when 0 or negative).",
     ),
     list(
@@ -116,7 +121,7 @@ pub const FLAGS: [Flag; 10] = [
     flag(
         "ipv6",
         None,
-        "BOOL",
+        BOOL,
         "Also intercept IPv6 (`--ipv6=false` to turn off, as with proxy-init).",
     ),
 ];
@@ -195,6 +200,22 @@ impl Setting {
         })
     }
 
+    /// The flag it is the value of.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::IncomingProxyPort(_) => "incoming-proxy-port",
+            Self::OutgoingProxyPort(_) => "outgoing-proxy-port",
+            Self::ProxyUid(_) => "proxy-uid",
+            Self::ProxyGid(_) => "proxy-gid",
+            Self::InboundPortsToIgnore(_) => "inbound-ports-to-ignore",
+            Self::OutboundPortsToIgnore(_) => "outbound-ports-to-ignore",
+            Self::PortsToRedirect(_) => "ports-to-redirect",
+            Self::SubnetsToIgnore(_) => "subnets-to-ignore",
+            Self::OutboundSubnetsToIgnore(_) => "outbound-subnets-to-ignore",
+            Self::Ipv6(_) => "ipv6",
+        }
+    }
+
     /// This setting given again as `later`: a list's values add up, anything else takes the
     /// later value.
     pub fn then(self, later: Self) -> Self {
@@ -251,24 +272,17 @@ impl InterceptionConfig {
         config.inbound_ports_to_ignore = PortSet::default();
         let mut merged: Vec<Setting> = Vec::new();
         for setting in given {
-            let same = std::mem::discriminant(&setting);
-            match merged
-                .iter_mut()
-                .find(|s| std::mem::discriminant(*s) == same)
-            {
+            match merged.iter_mut().find(|s| s.name() == setting.name()) {
                 Some(earlier) => *earlier = earlier.clone().then(setting),
                 None => merged.push(setting),
             }
         }
-        let has = |wanted: fn(&Setting) -> bool| merged.iter().any(wanted);
-        if !has(|s| matches!(s, Setting::IncomingProxyPort(_))) {
+        if let Some(missing) = FLAGS
+            .iter()
+            .find(|flag| flag.required && !merged.iter().any(|s| s.name() == flag.name))
+        {
             return Err(ConfigError::Missing {
-                setting: "incoming-proxy-port",
-            });
-        }
-        if !has(|s| matches!(s, Setting::OutgoingProxyPort(_))) {
-            return Err(ConfigError::Missing {
-                setting: "outgoing-proxy-port",
+                setting: missing.name,
             });
         }
         for setting in merged {
@@ -292,15 +306,15 @@ impl InterceptionConfig {
             let (flag, inline) = split_flag(arg).ok_or_else(|| ConfigError::UnknownFlag {
                 flag: arg.to_owned(),
             })?;
-            let value = match (inline, flag.name) {
+            let value = match (inline, flag.value) {
                 (Some(value), _) => value,
-                // `--ipv6` alone means true; a following boolean is its value.
-                (None, "ipv6") => match args.peek() {
+                // A boolean flag alone (`--ipv6`) means true; a following boolean is its value.
+                (None, BOOL) => match args.peek() {
                     Some(next) if parse_bool(next).is_ok() => args.next().unwrap_or("true"),
                     _ => "true",
                 },
-                (None, name) => args.next().ok_or(ConfigError::Invalid {
-                    setting: format!("--{name}"),
+                (None, _) => args.next().ok_or(ConfigError::Invalid {
+                    setting: format!("--{}", flag.name),
                     value: String::new(),
                     reason: "a value is required".into(),
                 })?,

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Arg, ArgAction, ArgMatches, Args, FromArgMatches, Parser, Subcommand, ValueEnum};
 
-use crate::config::{ConfigError, FLAGS, Flag, InterceptionConfig, Setting};
+use crate::config::{ConfigError, FLAGS, Flag, InterceptionConfig, Setting, flags};
 use crate::{iptables::IptablesMode, kubernetes::DaemonSetRef, logging::LogFormat};
 
 #[derive(Debug, Parser)]
@@ -494,11 +494,11 @@ fn proxy_init_arg(flag: &'static Flag) -> Arg {
     if let Some(short) = flag.short {
         arg = arg.short(short);
     }
-    match name {
+    match flag.value {
         // proxy-init's default, and linkerd-cni's "none", is -1.
-        "proxy-uid" | "proxy-gid" => arg.allow_hyphen_values(true),
+        value if flags::IDS.contains(&value) => arg.allow_hyphen_values(true),
         // `--ipv6` alone is true, as with proxy-init.
-        "ipv6" => arg.num_args(0..=1).default_missing_value("true"),
+        flags::BOOL => arg.num_args(0..=1).default_missing_value("true"),
         _ => arg,
     }
 }

@@ -131,6 +131,9 @@ pub trait AgentPods: Send {
     ) -> Result<Option<String>, NotRestored>;
     /// Drops what [`Self::restore`] read once for all pods.
     fn end_restore(&mut self);
+    /// Whether this backend takes a pod over from proxy-init's chains (and removes them) rather
+    /// than writing them itself.
+    fn takes_over_iptables(&self) -> bool;
     /// Says that this backend alone meshes a registered pod from now on (its chains, written by
     /// the iptables backend, are removed); returns its record, to be saved.
     fn claim(&mut self, key: NetnsCookie) -> Option<PodRecord>;
@@ -148,6 +151,9 @@ pub trait AgentPods: Send {
 /// What differs between backends for the agent.
 pub trait AgentBackend: Interception<Written: Send, Census: Send> + Sized + Send + 'static {
     const KIND: Kind;
+    /// Whether it takes a pod over from proxy-init's chains, removing them once it intercepts
+    /// the pod, rather than writing them itself.
+    const TAKES_OVER_IPTABLES: bool;
     /// The API's error kind and message for a change the backend refused.
     fn refusal(e: Self::Error) -> Refusal;
     /// What becomes of a pod whose restore the backend refused.
@@ -193,6 +199,7 @@ pub trait AgentBackend: Interception<Written: Send, Census: Send> + Sized + Send
 
 impl AgentBackend for EbpfNode {
     const KIND: Kind = Kind::Ebpf;
+    const TAKES_OVER_IPTABLES: bool = true;
 
     fn refusal(e: EbpfError) -> Refusal {
         ebpf_refusal(e)
@@ -264,6 +271,8 @@ impl AgentBackend for EbpfNode {
 
 impl AgentBackend for IptablesBackend {
     const KIND: Kind = Kind::Iptables;
+    /// The chains are its own.
+    const TAKES_OVER_IPTABLES: bool = false;
 
     fn refusal(e: IptablesError) -> Refusal {
         let kind = match &e {
@@ -561,6 +570,10 @@ impl<B: AgentBackend> AgentPods for AgentTable<B> {
 
     fn end_restore(&mut self) {
         self.census = None;
+    }
+
+    fn takes_over_iptables(&self) -> bool {
+        B::TAKES_OVER_IPTABLES
     }
 
     fn claim(&mut self, key: NetnsCookie) -> Option<PodRecord> {

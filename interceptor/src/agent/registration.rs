@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 use super::{
     Agent, Refusal, Shared,
-    api::{Backend as Kind, ErrorKind, Health, PodAdd, PodInfo},
+    api::{ErrorKind, Health, PodAdd, PodInfo},
     events::Occurrence,
     kube_pods::PodRef,
     lock,
@@ -44,13 +44,14 @@ pub(super) fn add(agent: &Shared, add: PodAdd) -> Result<Vec<PodInfo>, Refusal> 
     // The id first, and the registration noted with the listener, then the read: a change made
     // after the read began is heard, one made before is in it.
     let nsid = namespace_id(&netns);
-    let (backend, identify, holds_listeners, registering) = {
+    let (backend, identify, holds_listeners, takes_over_chains, registering) = {
         let agent = lock(agent);
         let pods = &agent.pods;
         (
             pods.kind(),
             pods.lenient_identifier(),
             pods.listeners().is_some(),
+            pods.takes_over_iptables(),
             nsid.map(|id| agent.netns_watch.registering(id)),
         )
     };
@@ -83,24 +84,22 @@ pub(super) fn add(agent: &Shared, add: PodAdd) -> Result<Vec<PodInfo>, Refusal> 
     // written (the pod's 24 KiB configuration entry, its link and program) would cost a tenth of
     // a registration and find nothing more. Its listener is looked up alone, not every pod's.
     let answer = |state: &Agent| state.info_checked(cookie, None, Checked::Just);
-    let info = {
+    // Answered under the same lock as the change, unless listeners are still to be adopted.
+    let (applied, answered) = {
         let mut state = lock(agent);
         let applied = state.apply(cookie, &pod, facts, registering, add.update)?;
-        if applied == Applied::Nothing || !holds_listeners {
-            Ok((applied, answer(&state)))
-        } else {
-            Err(applied)
-        }
+        let done = applied == Applied::Nothing || !holds_listeners;
+        (applied, done.then(|| answer(&state)))
     };
-    let (applied, info) = match info {
-        Ok(done) => done,
-        Err(applied) => {
+    let info = match answered {
+        Some(info) => info,
+        None => {
             // Its configuration is in force, so a listen() from here on is caught by sock_ops;
             // one made before is looked for now, in /proc, without the lock.
             let found = find_listeners(&netns, config.incoming_proxy_port);
             let mut state = lock(agent);
             state.adopt_listeners(cookie, found, applied == Applied::NewPod)?;
-            (applied, answer(&state))
+            answer(&state)
         }
     };
     if applied != Applied::Nothing {
@@ -120,8 +119,7 @@ pub(super) fn add(agent: &Shared, add: PodAdd) -> Result<Vec<PodInfo>, Refusal> 
             "pod registered"
         );
     }
-    // With the iptables backend the chains are ours: there is nothing to take over.
-    if add.takeover_iptables && backend != Kind::Iptables {
+    if add.takeover_iptables && takes_over_chains {
         take_over_from_iptables(&add.netns)?;
     }
     Ok(info.into_iter().collect())

@@ -144,13 +144,15 @@ impl Agent {
     /// interception) and their records say the backend's. Called once the backend intercepts
     /// (the programs attached). An iptables agent's records all say iptables: nothing to do.
     pub(super) fn take_over_iptables_pods(&mut self) {
-        let ours = self.pods.kind();
+        if !self.pods.takes_over_iptables() {
+            return;
+        }
         let meshed_by_iptables: Vec<PodRecord> = self
             .pods
             .keys()
             .into_iter()
             .filter_map(|cookie| self.pods.record(cookie))
-            .filter(|r| r.meshed_by.kind == Kind::Iptables && ours != Kind::Iptables)
+            .filter(|r| r.meshed_by.kind == Kind::Iptables)
             .collect();
         for record in meshed_by_iptables {
             let cookie = record.netns_cookie;
