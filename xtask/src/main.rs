@@ -2,6 +2,7 @@
 
 mod cmd;
 mod crash_points;
+mod disk;
 mod fuzz;
 mod image;
 mod kernels;
@@ -117,6 +118,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");
+            if let Some(hint) = disk::full_disk_hint(&workspace_root().join("target")) {
+                eprintln!("{hint}");
+            }
             ExitCode::FAILURE
         }
     }

@@ -15,6 +15,10 @@ pub fn run(
     // Cheap and offline: a version out of step fails before anything builds.
     crate::release::check()?;
     ensure_root()?;
+    crate::disk::warn_if_short(
+        &workspace_root().join("target"),
+        crate::disk::TEST_RUN_NEEDS,
+    );
     let path = setup::run()?;
     // The upgrade test's previous release, from this repository's history.
     let previous = crate::upgrade::build_previous(&path)?;
