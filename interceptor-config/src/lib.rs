@@ -326,6 +326,19 @@ mod tests {
         assert!(config.ipv6);
     }
 
+    /// `Setting::name` spells each flag's name again; merging repeated flags and the check for
+    /// required ones compare it with the table's.
+    #[test]
+    fn every_setting_names_the_flag_it_was_parsed_from() {
+        for flag in &FLAGS {
+            let setting = ["1", "true", "10.0.0.0/8"]
+                .into_iter()
+                .find_map(|value| Setting::parse(flag.name, value).ok())
+                .unwrap_or_else(|| panic!("no sample value parses for --{}", flag.name));
+            assert_eq!(setting.name(), flag.name);
+        }
+    }
+
     #[test]
     fn every_setting_is_parsed_and_checked_by_name() {
         let mut config = InterceptionConfig::linkerd();

@@ -16,7 +16,7 @@ const GB: u64 = 1 << 30;
 
 /// Bytes an unprivileged process may still write on the filesystem holding `path` (its
 /// nearest existing ancestor: target/ is not there before the first build).
-pub fn free_bytes(path: &Path) -> io::Result<u64> {
+fn free_bytes(path: &Path) -> io::Result<u64> {
     let existing = path
         .ancestors()
         .find(|dir| dir.exists())
